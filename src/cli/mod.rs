@@ -1,0 +1,2 @@
+//! placeholder
+pub fn main() -> i32 { 0 }

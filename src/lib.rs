@@ -1,0 +1,14 @@
+//! uraid: a user-space RAID engine, on-disk compatible with Linux md.
+//!
+//! The modules follow the layers of docs/ARCHITECTURE.md, from the bottom up:
+//! `format` (md superblocks, pure), `geometry` (md's address mapping, pure),
+//! `parity` (GF(2^8) P/Q, pure), `member` (the storage trait and its backends),
+//! `array` (an assembled array: its levels' I/O over members), and `cli`.
+
+pub mod array;
+pub mod cli;
+pub mod format;
+pub mod geometry;
+pub mod member;
+pub mod parity;
+pub mod units;

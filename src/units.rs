@@ -1,0 +1,60 @@
+//! Units and size parsing shared by every layer.
+//!
+//! Sizes inside uraid are plain integers whose names carry their unit
+//! (`_sectors`, `_bytes`, `_kib`). A sector is always 512 bytes, as in md,
+//! whatever the logical block size of the member.
+
+/// Bytes in one md sector.
+pub const SECTOR_BYTES: u64 = 512;
+
+/// Parses a size as mdadm does: a number with an optional K, M, G or T
+/// suffix (powers of 1024). A bare number is taken as KiB, like mdadm's
+/// `--chunk` and `--size`. Returns bytes.
+pub fn parse_size_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (digits, multiplier_kib) = match text.chars().last() {
+        Some('K') | Some('k') => (&text[..text.len() - 1], 1u64),
+        Some('M') | Some('m') => (&text[..text.len() - 1], 1024),
+        Some('G') | Some('g') => (&text[..text.len() - 1], 1024 * 1024),
+        Some('T') | Some('t') => (&text[..text.len() - 1], 1024 * 1024 * 1024),
+        _ => (text, 1),
+    };
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("invalid size '{text}': expected a number with an optional K, M, G or T suffix"))?;
+    value
+        .checked_mul(multiplier_kib * 1024)
+        .ok_or_else(|| format!("size '{text}' is too large"))
+}
+
+/// Formats bytes the way mdadm prints sizes in --examine/--detail:
+/// "62.00 MiB 65.01 MB".
+pub fn human_size(bytes: u64) -> String {
+    const KIB: f64 = 1024.0;
+    let b = bytes as f64;
+    if bytes < 2 * 1024 * 1024 {
+        return format!("{:.2} KiB {:.2} KB", b / KIB, b / 1000.0);
+    }
+    if bytes < 2 * 1024 * 1024 * 1024 {
+        return format!("{:.2} MiB {:.2} MB", b / KIB / KIB, b / 1e6);
+    }
+    if bytes < 2 * 1024 * 1024 * 1024 * 1024 {
+        return format!("{:.2} GiB {:.2} GB", b / KIB / KIB / KIB, b / 1e9);
+    }
+    format!("{:.2} TiB {:.2} TB", b / KIB / KIB / KIB / KIB, b / 1e12)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_like_mdadm() {
+        assert_eq!(parse_size_bytes("512K").unwrap(), 512 * 1024);
+        assert_eq!(parse_size_bytes("64").unwrap(), 64 * 1024);
+        assert_eq!(parse_size_bytes("1M").unwrap(), 1 << 20);
+        assert_eq!(parse_size_bytes("2G").unwrap(), 2 << 30);
+        assert!(parse_size_bytes("12Q").is_err());
+        assert!(parse_size_bytes("").is_err());
+    }
+}

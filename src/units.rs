@@ -27,21 +27,25 @@ pub fn parse_size_bytes(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size '{text}' is too large"))
 }
 
-/// Formats bytes the way mdadm prints sizes in --examine/--detail:
-/// "62.00 MiB 65.01 MB".
+/// Formats bytes the way mdadm prints sizes in --examine/--detail
+/// ("62.00 MiB 65.01 MB"), with mdadm's rounding to hundredths: binary and
+/// decimal units side by side, MiB below 2 GiB, GiB below 2 TiB, else TiB.
 pub fn human_size(bytes: u64) -> String {
-    const KIB: f64 = 1024.0;
-    let b = bytes as f64;
-    if bytes < 2 * 1024 * 1024 {
-        return format!("{:.2} KiB {:.2} KB", b / KIB, b / 1000.0);
-    }
-    if bytes < 2 * 1024 * 1024 * 1024 {
-        return format!("{:.2} MiB {:.2} MB", b / KIB / KIB, b / 1e6);
-    }
-    if bytes < 2 * 1024 * 1024 * 1024 * 1024 {
-        return format!("{:.2} GiB {:.2} GB", b / KIB / KIB / KIB, b / 1e9);
-    }
-    format!("{:.2} TiB {:.2} TB", b / KIB / KIB / KIB / KIB, b / 1e12)
+    let b = bytes as u128;
+    let (binary, decimal, unit_bin, unit_dec) = if b < 2 << 30 {
+        ((b * 200 / (1 << 20) + 1) / 2, (b / (1_000_000 / 200) + 1) / 2, "MiB", "MB")
+    } else if b < 2 << 40 {
+        ((b * 200 / (1 << 30) + 1) / 2, (b / (1_000_000_000 / 200) + 1) / 2, "GiB", "GB")
+    } else {
+        ((b * 200 / (1 << 40) + 1) / 2, (b / (1_000_000_000_000 / 200) + 1) / 2, "TiB", "TB")
+    };
+    format!(
+        "{}.{:02} {unit_bin} {}.{:02} {unit_dec}",
+        binary / 100,
+        binary % 100,
+        decimal / 100,
+        decimal % 100
+    )
 }
 
 #[cfg(test)]
@@ -56,5 +60,8 @@ mod tests {
         assert_eq!(parse_size_bytes("2G").unwrap(), 2 << 30);
         assert!(parse_size_bytes("12Q").is_err());
         assert!(parse_size_bytes("").is_err());
+        // Figures from a real mdadm --examine of a 64 MiB member.
+        assert_eq!(human_size(126976 * 512), "62.00 MiB 65.01 MB");
+        assert_eq!(human_size(126976 * 1024), "124.00 MiB 130.02 MB");
     }
 }

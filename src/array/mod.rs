@@ -1,1 +1,30 @@
-//! placeholder
+//! An array assembled from its members: which member holds which role, where
+//! each member's data starts, and the stripe-level data path over them.
+
+mod assemble;
+// mod create;
+mod resync;
+mod stripe_io;
+mod superblocks;
+mod update;
+
+pub use assemble::{assemble, AssembleError, Assembled, DeviceState, FoundDevice};
+// create: pending
+pub use resync::{resync, ResyncReport};
+pub use stripe_io::{StripeError, StripeIo};
+pub use superblocks::{read_superblock, write_superblock, SuperblockError};
+pub use update::{write_array_state, Cleanliness};
+
+use crate::member::MemberRef;
+
+/// A member in its raid role, and where its data area starts.
+#[derive(Clone)]
+pub struct Slot {
+    pub member: MemberRef,
+    pub data_offset_bytes: u64,
+}
+
+/// The members of an array by raid role; `None` where a member is missing.
+pub type Slots = Vec<Option<Slot>>;
+#[cfg(test)]
+mod tests;

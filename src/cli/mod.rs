@@ -1,2 +1,84 @@
-//! placeholder
-pub fn main() -> i32 { 0 }
+//! The `uraid` command line. Offline commands (create, examine, detail on
+//! devices, copy-in, copy-out) work on member devices directly.
+//!
+//! Every failure is reported as one line, `uraid: <reason>`, with exit status 1
+//! (2 for usage errors, as clap does), and a refused command writes nothing.
+
+mod copy;
+mod detail;
+mod examine;
+mod text;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(name = "uraid", version, about = "A user-space RAID engine, on-disk compatible with Linux md")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print the md superblock of each device, as mdadm --examine does.
+    Examine {
+        #[arg(long)]
+        json: bool,
+        #[arg(required = true)]
+        devices: Vec<PathBuf>,
+    },
+    /// Describe an array from its members, as mdadm --detail does.
+    Detail {
+        #[arg(long)]
+        json: bool,
+        /// The control socket of a running `uraid serve`.
+        #[arg(long)]
+        control: Option<PathBuf>,
+        devices: Vec<PathBuf>,
+    },
+    /// Write an image into the array (offline), keeping parity consistent.
+    CopyIn {
+        #[arg(long)]
+        input: PathBuf,
+        #[arg(required = true)]
+        devices: Vec<PathBuf>,
+    },
+    /// Read the array's contents (offline, degraded if members are missing) into a file.
+    CopyOut {
+        #[arg(long)]
+        output: PathBuf,
+        #[arg(required = true)]
+        devices: Vec<PathBuf>,
+    },
+}
+
+/// A command's failure: one line for the user.
+pub type CliResult = Result<(), String>;
+
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return code;
+        }
+    };
+    let result = match cli.command {
+        Command::Examine { json, devices } => examine::run(&devices, json),
+        Command::Detail { json, control, devices } => match control {
+            Some(_) => Err("detail --control needs a running `uraid serve`, which this build does not have yet".into()),
+            None => detail::run(&devices, json),
+        },
+        Command::CopyIn { input, devices } => copy::copy_in(&input, &devices),
+        Command::CopyOut { output, devices } => copy::copy_out(&output, &devices),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(message) => {
+            eprintln!("uraid: {message}");
+            1
+        }
+    }
+}

@@ -1,1 +1,295 @@
-//! placeholder
+//! md's address mapping, as pure code.
+//!
+//! A [`Geometry`] says where every array sector lives on the members, for each md
+//! level and layout, exactly as the Linux kernel lays it out (raid0.c, raid1.c,
+//! raid10.c, raid5.c). It does no I/O. The unit it hands out is the *stripe*: the
+//! smallest group of member chunks that is read, written and kept consistent
+//! together (one row across the members for raid0/4/5/6, one chunk and its copies
+//! for raid10, one extent and its mirrors for raid1 and linear). Everything above
+//! (offline copy, the live engine, rebuild) works stripe by stripe, so it never
+//! needs to know which level it is serving.
+//!
+//! Member sectors are relative to each member's data offset.
+
+mod layout_names;
+mod linear;
+mod raid0;
+mod raid1;
+mod raid10;
+mod raid456;
+
+pub use layout_names::{layout_from_name, layout_name, level_from_name, level_name};
+pub use raid0::Raid0Layout;
+
+use std::fmt;
+
+/// md's RAID levels, with the numbers md stores in the superblock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Level {
+    Linear,
+    Raid0,
+    Raid1,
+    Raid4,
+    Raid5,
+    Raid6,
+    Raid10,
+}
+
+impl Level {
+    /// The level number md writes into the superblock.
+    pub fn md_number(self) -> i32 {
+        match self {
+            Level::Linear => -1,
+            Level::Raid0 => 0,
+            Level::Raid1 => 1,
+            Level::Raid4 => 4,
+            Level::Raid5 => 5,
+            Level::Raid6 => 6,
+            Level::Raid10 => 10,
+        }
+    }
+
+    pub fn from_md_number(number: i32) -> Option<Level> {
+        Some(match number {
+            -1 => Level::Linear,
+            0 => Level::Raid0,
+            1 => Level::Raid1,
+            4 => Level::Raid4,
+            5 => Level::Raid5,
+            6 => Level::Raid6,
+            10 => Level::Raid10,
+            _ => return None,
+        })
+    }
+
+    /// Parity blocks per stripe (0 for levels without parity).
+    pub fn parity_members(self) -> usize {
+        match self {
+            Level::Raid4 | Level::Raid5 => 1,
+            Level::Raid6 => 2,
+            _ => 0,
+        }
+    }
+
+    /// Levels whose stripes carry parity that must be kept consistent.
+    pub fn has_parity(self) -> bool {
+        self.parity_members() > 0
+    }
+
+    /// The fewest members md accepts for the level at create time.
+    pub fn min_raid_disks(self) -> u32 {
+        match self {
+            Level::Linear | Level::Raid0 | Level::Raid1 => 1,
+            Level::Raid4 | Level::Raid5 => 2,
+            Level::Raid6 => 4,
+            Level::Raid10 => 2,
+        }
+    }
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(level_name(*self))
+    }
+}
+
+/// One place where a chunk of the array is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    /// The member's raid role (0..raid_disks).
+    pub member: usize,
+    /// Sector on the member, relative to its data offset.
+    pub member_sector: u64,
+}
+
+/// One data strip of a stripe: a run of array sectors and the places that hold it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataStrip {
+    /// Every copy: one for striped and parity levels, several for mirrors.
+    pub copies: Vec<Place>,
+    /// The coefficient exponent of this strip in the stripe's Q syndrome
+    /// (Q = sum of g^q_exponent * D); 0 and meaningless without Q.
+    pub q_exponent: u8,
+}
+
+/// The shape of one stripe: its data strips in array order and its parity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StripeMap {
+    /// The stripe's number, 0..stripe_count.
+    pub stripe: u64,
+    /// The first array sector of the stripe.
+    pub array_sector: u64,
+    /// Length of every strip of this stripe (data and parity), in sectors.
+    pub strip_sectors: u64,
+    /// Data strips in array order: strip i covers array sectors
+    /// `array_sector + i*strip_sectors ..`.
+    pub data: Vec<DataStrip>,
+    /// The P (XOR) strip, for raid4/5/6.
+    pub p: Option<Place>,
+    /// The Q (Reed-Solomon) strip, for raid6.
+    pub q: Option<Place>,
+}
+
+impl StripeMap {
+    /// Array sectors covered by the stripe.
+    pub fn data_sectors(&self) -> u64 {
+        self.strip_sectors * self.data.len() as u64
+    }
+}
+
+/// The errors a geometry can be refused with at construction.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GeometryError {
+    #[error("unknown layout {layout} for {level}")]
+    UnknownLayout { level: Level, layout: u32 },
+    #[error("{level} needs at least {min} raid devices, got {got}")]
+    TooFewDisks { level: Level, min: u32, got: u32 },
+    #[error("chunk size must be a power of two of at least 4 KiB for {level}, got {chunk_sectors} sectors")]
+    BadChunk { level: Level, chunk_sectors: u64 },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// md's mapping for one array, built from what its superblocks say.
+#[derive(Clone, Debug)]
+pub enum Geometry {
+    Linear(linear::Linear),
+    Raid0(raid0::Raid0),
+    Raid1(raid1::Raid1),
+    Raid456(raid456::Raid456),
+    Raid10(raid10::Raid10),
+}
+
+/// What a geometry is built from: the superblock's fields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GeometryParams {
+    pub level: Level,
+    pub layout: u32,
+    pub chunk_sectors: u64,
+    pub raid_disks: u32,
+    /// md's per-device "size": sectors of each member the array uses
+    /// (raid1/4/5/6/10). Ignored by raid0 and linear.
+    pub dev_sectors: u64,
+    /// Each member's usable data size (the superblock's data_size), by role.
+    /// raid0 and linear use these, since their members may differ in size.
+    pub member_data_sectors: Vec<u64>,
+    /// raid0 only: whether the superblock carries MD_FEATURE_RAID0_LAYOUT.
+    /// Without it md treats the layout as unset (-1).
+    pub raid0_layout_feature: bool,
+}
+
+impl Geometry {
+    pub fn new(params: &GeometryParams) -> Result<Geometry, GeometryError> {
+        let level = params.level;
+        if params.raid_disks < level.min_raid_disks() {
+            return Err(GeometryError::TooFewDisks {
+                level,
+                min: level.min_raid_disks(),
+                got: params.raid_disks,
+            });
+        }
+        Ok(match level {
+            Level::Linear => Geometry::Linear(linear::Linear::new(params)?),
+            Level::Raid0 => Geometry::Raid0(raid0::Raid0::new(params)?),
+            Level::Raid1 => Geometry::Raid1(raid1::Raid1::new(params)?),
+            Level::Raid4 | Level::Raid5 | Level::Raid6 => Geometry::Raid456(raid456::Raid456::new(params)?),
+            Level::Raid10 => Geometry::Raid10(raid10::Raid10::new(params)?),
+        })
+    }
+
+    pub fn level(&self) -> Level {
+        match self {
+            Geometry::Linear(_) => Level::Linear,
+            Geometry::Raid0(_) => Level::Raid0,
+            Geometry::Raid1(_) => Level::Raid1,
+            Geometry::Raid456(g) => g.level(),
+            Geometry::Raid10(_) => Level::Raid10,
+        }
+    }
+
+    pub fn raid_disks(&self) -> usize {
+        match self {
+            Geometry::Linear(g) => g.raid_disks(),
+            Geometry::Raid0(g) => g.raid_disks(),
+            Geometry::Raid1(g) => g.raid_disks(),
+            Geometry::Raid456(g) => g.raid_disks(),
+            Geometry::Raid10(g) => g.raid_disks(),
+        }
+    }
+
+    /// The array's size in sectors, as md computes it.
+    pub fn array_sectors(&self) -> u64 {
+        match self {
+            Geometry::Linear(g) => g.array_sectors(),
+            Geometry::Raid0(g) => g.array_sectors(),
+            Geometry::Raid1(g) => g.array_sectors(),
+            Geometry::Raid456(g) => g.array_sectors(),
+            Geometry::Raid10(g) => g.array_sectors(),
+        }
+    }
+
+    pub fn stripe_count(&self) -> u64 {
+        match self {
+            Geometry::Linear(g) => g.stripe_count(),
+            Geometry::Raid0(g) => g.stripe_count(),
+            Geometry::Raid1(g) => g.stripe_count(),
+            Geometry::Raid456(g) => g.stripe_count(),
+            Geometry::Raid10(g) => g.stripe_count(),
+        }
+    }
+
+    /// The stripe holding `array_sector` (which must be below array_sectors()).
+    pub fn stripe_of(&self, array_sector: u64) -> u64 {
+        assert!(array_sector < self.array_sectors(), "sector {array_sector} beyond the array");
+        match self {
+            Geometry::Linear(g) => g.stripe_of(array_sector),
+            Geometry::Raid0(g) => g.stripe_of(array_sector),
+            Geometry::Raid1(g) => g.stripe_of(array_sector),
+            Geometry::Raid456(g) => g.stripe_of(array_sector),
+            Geometry::Raid10(g) => g.stripe_of(array_sector),
+        }
+    }
+
+    /// The shape of stripe `stripe` (which must be below stripe_count()).
+    pub fn stripe(&self, stripe: u64) -> StripeMap {
+        assert!(stripe < self.stripe_count(), "stripe {stripe} beyond the array");
+        let map = match self {
+            Geometry::Linear(g) => g.stripe(stripe),
+            Geometry::Raid0(g) => g.stripe(stripe),
+            Geometry::Raid1(g) => g.stripe(stripe),
+            Geometry::Raid456(g) => g.stripe(stripe),
+            Geometry::Raid10(g) => g.stripe(stripe),
+        };
+        debug_assert!(map.array_sector + map.data_sectors() <= self.array_sectors());
+        debug_assert!(map.data.iter().all(|d| d.copies.iter().all(|c| c.member < self.raid_disks())));
+        map
+    }
+
+    /// How many members may be lost in the worst case without losing data.
+    /// Mirrored levels may survive more when the right members fail: use
+    /// [`Geometry::survives`] for the exact answer.
+    pub fn max_failed_members(&self) -> usize {
+        match self {
+            Geometry::Linear(_) | Geometry::Raid0(_) => 0,
+            Geometry::Raid1(g) => g.raid_disks() - 1,
+            Geometry::Raid456(g) => g.level().parity_members(),
+            Geometry::Raid10(g) => g.copies() - 1,
+        }
+    }
+
+    /// Whether every array sector is still readable with the members marked
+    /// missing in `missing` (indexed by role). This is the degradation rule.
+    pub fn survives(&self, missing: &[bool]) -> bool {
+        assert_eq!(missing.len(), self.raid_disks());
+        let lost = missing.iter().filter(|m| **m).count();
+        match self {
+            Geometry::Linear(_) | Geometry::Raid0(_) => lost == 0,
+            Geometry::Raid1(_) => lost < missing.len(),
+            Geometry::Raid456(g) => lost <= g.level().parity_members(),
+            Geometry::Raid10(g) => g.survives(missing),
+        }
+    }
+}
+
+#[cfg(test)]
+mod kernel_tables;

@@ -1,0 +1,226 @@
+//! Assembly: from a set of devices to an array, with md's rules. Every device
+//! must carry a valid superblock of the same array; the freshest superblock
+//! (highest events) speaks for the array; devices that fell behind are left
+//! out; roles come from the freshest superblock's role table.
+
+use super::superblocks::{read_superblock, SuperblockError};
+use super::{Slot, Slots};
+use crate::format::{MemberSuper, Role, MD_FEATURE_RAID0_LAYOUT, MD_FEATURE_RECOVERY_OFFSET};
+use crate::geometry::{Geometry, GeometryError, GeometryParams, Level};
+use crate::member::{FileMember, MemberRef, OpenOptions};
+use crate::units::SECTOR_BYTES;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AssembleError {
+    #[error("no devices given")]
+    NoDevices,
+    #[error("{0} is given twice")]
+    Duplicate(String),
+    #[error("{0}")]
+    Open(String),
+    #[error(transparent)]
+    Superblock(#[from] SuperblockError),
+    #[error("{0}: no md superblock found")]
+    NoSuperblock(String),
+    #[error("{first} and {second} belong to different arrays ({first_uuid} and {second_uuid})")]
+    MixedArrays { first: String, second: String, first_uuid: String, second_uuid: String },
+    #[error("{first} and {second} are the same member of the array (device number {dev_number})")]
+    SameMember { first: String, second: String, dev_number: u32 },
+    #[error("unsupported md level {0}")]
+    UnknownLevel(i32),
+    #[error("{0}")]
+    Geometry(#[from] GeometryError),
+    #[error("{device}: too small for its superblock ({device_sectors} sectors, needs {needed_sectors})")]
+    TooSmall { device: String, device_sectors: u64, needed_sectors: u64 },
+    #[error("cannot start {level} array: {present} of {raid_disks} members present, missing roles {missing:?}")]
+    TooManyMissing { level: Level, present: usize, raid_disks: usize, missing: Vec<usize> },
+}
+
+/// What one device is in the assembled array.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub enum DeviceState {
+    /// In sync, serving `role`.
+    Active { role: usize },
+    /// Holds `role` but was only rebuilt up to `recovery_offset_sectors`.
+    Recovering { role: usize, recovery_offset_sectors: u64 },
+    Spare,
+    Faulty,
+    /// Its events counter fell behind the array's: its data is out of date.
+    Stale { events: u64 },
+    /// Claims a role another, fresher device already holds.
+    Duplicate { role: usize },
+}
+
+pub struct FoundDevice {
+    pub path: String,
+    pub sb: MemberSuper,
+    pub state: DeviceState,
+    pub member: MemberRef,
+}
+
+/// An array put together from its devices.
+pub struct Assembled {
+    /// The freshest superblock: it speaks for the array.
+    pub sb: MemberSuper,
+    pub geometry: Geometry,
+    /// Members in use, by role.
+    pub slots: Slots,
+    /// Every device that was given, in the order given.
+    pub devices: Vec<FoundDevice>,
+}
+
+impl Assembled {
+    pub fn level(&self) -> Level {
+        self.geometry.level()
+    }
+
+    /// Roles with no member in use.
+    pub fn missing_roles(&self) -> Vec<usize> {
+        (0..self.slots.len()).filter(|r| self.slots[*r].is_none()).collect()
+    }
+
+    /// Whether every array sector can still be read.
+    pub fn runnable(&self) -> bool {
+        let missing: Vec<bool> = self.slots.iter().map(|s| s.is_none()).collect();
+        self.geometry.survives(&missing)
+    }
+
+    /// Refuses an array that cannot serve all of its data.
+    pub fn require_runnable(&self) -> Result<(), AssembleError> {
+        if self.runnable() {
+            return Ok(());
+        }
+        Err(AssembleError::TooManyMissing {
+            level: self.level(),
+            present: self.slots.iter().filter(|s| s.is_some()).count(),
+            raid_disks: self.slots.len(),
+            missing: self.missing_roles(),
+        })
+    }
+
+    /// Whether the array was shut down cleanly (no resync owed).
+    pub fn is_clean(&self) -> bool {
+        self.sb.is_clean()
+    }
+
+    /// The array's size in sectors.
+    pub fn array_sectors(&self) -> u64 {
+        self.geometry.array_sectors()
+    }
+}
+
+/// Opens the devices at `paths` and assembles them.
+pub fn assemble(paths: &[PathBuf], write: bool) -> Result<Assembled, AssembleError> {
+    if paths.is_empty() {
+        return Err(AssembleError::NoDevices);
+    }
+    let mut seen = Vec::new();
+    let mut members: Vec<(String, MemberRef)> = Vec::new();
+    for path in paths {
+        let name = path.display().to_string();
+        let meta = std::fs::metadata(path).map_err(|e| AssembleError::Open(format!("{name}: {e}")))?;
+        // The same file or device under two names is still one member.
+        let identity = if meta.file_type().is_file() { (meta.dev(), meta.ino()) } else { (meta.rdev(), 0) };
+        if seen.contains(&identity) {
+            return Err(AssembleError::Duplicate(name));
+        }
+        seen.push(identity);
+        let member = FileMember::open(path, OpenOptions { write }).map_err(|e| AssembleError::Open(e.to_string()))?;
+        members.push((name, Arc::new(member)));
+    }
+    assemble_members(members)
+}
+
+/// Assembles already-opened members (files, devices or test backends).
+pub fn assemble_members(members: Vec<(String, MemberRef)>) -> Result<Assembled, AssembleError> {
+    if members.is_empty() {
+        return Err(AssembleError::NoDevices);
+    }
+    let mut found: Vec<(String, MemberSuper, MemberRef)> = Vec::new();
+    for (name, member) in members {
+        let sb = read_superblock(&*member)?.ok_or_else(|| AssembleError::NoSuperblock(name.clone()))?;
+        if let Some((first, first_sb, _)) = found.first() {
+            if first_sb.set_uuid != sb.set_uuid {
+                return Err(AssembleError::MixedArrays {
+                    first: first.clone(),
+                    second: name,
+                    first_uuid: first_sb.uuid_string(),
+                    second_uuid: sb.uuid_string(),
+                });
+            }
+        }
+        if let Some((other, _, _)) = found.iter().find(|(_, s, _)| s.dev_number == sb.dev_number) {
+            return Err(AssembleError::SameMember { first: other.clone(), second: name, dev_number: sb.dev_number });
+        }
+        found.push((name, sb, member));
+    }
+    let freshest = found.iter().max_by_key(|(_, sb, _)| sb.events).map(|(_, sb, _)| sb.clone()).expect("non-empty");
+    let level = Level::from_md_number(freshest.level).ok_or(AssembleError::UnknownLevel(freshest.level))?;
+    let raid_disks = freshest.raid_disks as usize;
+
+    let mut slots: Slots = vec![None; raid_disks];
+    let mut devices = Vec::new();
+    let mut member_data_sectors = vec![0u64; raid_disks];
+    for (path, sb, member) in found {
+        let needed_sectors = sb.data_offset_sectors + sb.data_size_sectors;
+        if member.size_sectors() < needed_sectors {
+            return Err(AssembleError::TooSmall { device: path, device_sectors: member.size_sectors(), needed_sectors });
+        }
+        let state = device_state(&freshest, &sb, &slots);
+        if let DeviceState::Active { role } = state {
+            member_data_sectors[role] = sb.data_size_sectors;
+            slots[role] = Some(Slot { member: member.clone(), data_offset_bytes: sb.data_offset_sectors * SECTOR_BYTES });
+        }
+        devices.push(FoundDevice { path, sb, state, member });
+    }
+    // raid0 and linear take their shape from every member's size, and cannot
+    // lose any member: with one missing there is no array to read.
+    if matches!(level, Level::Raid0 | Level::Linear) && slots.iter().any(|s| s.is_none()) {
+        return Err(AssembleError::TooManyMissing {
+            level,
+            present: slots.iter().filter(|s| s.is_some()).count(),
+            raid_disks,
+            missing: (0..raid_disks).filter(|r| slots[*r].is_none()).collect(),
+        });
+    }
+    let geometry = Geometry::new(&GeometryParams {
+        level,
+        layout: freshest.layout,
+        chunk_sectors: freshest.chunk_sectors as u64,
+        raid_disks: freshest.raid_disks,
+        dev_sectors: freshest.size_sectors,
+        member_data_sectors,
+        raid0_layout_feature: freshest.feature_map & MD_FEATURE_RAID0_LAYOUT != 0,
+    })?;
+    Ok(Assembled { sb: freshest, geometry, slots, devices })
+}
+
+/// md's view of one device against the freshest superblock (super_1_validate).
+fn device_state(freshest: &MemberSuper, sb: &MemberSuper, slots: &Slots) -> DeviceState {
+    let role = freshest.role_of(sb.dev_number);
+    match role {
+        Role::Spare | Role::Journal => return DeviceState::Spare,
+        Role::Faulty => return DeviceState::Faulty,
+        Role::Active(_) => {}
+    }
+    // md accepts a member at most one event behind: it missed only the last
+    // clean/dirty transition, never data.
+    if sb.events + 1 < freshest.events {
+        return DeviceState::Stale { events: sb.events };
+    }
+    let Role::Active(role) = role else { unreachable!() };
+    let role = role as usize;
+    if role >= slots.len() {
+        return DeviceState::Spare;
+    }
+    if slots[role].is_some() {
+        return DeviceState::Duplicate { role };
+    }
+    if sb.feature_map & MD_FEATURE_RECOVERY_OFFSET != 0 && sb.recovery_offset_sectors < freshest.size_sectors {
+        return DeviceState::Recovering { role, recovery_offset_sectors: sb.recovery_offset_sectors };
+    }
+    DeviceState::Active { role }
+}

@@ -1,0 +1,1 @@
+//! placeholder until the format layer's create plan lands

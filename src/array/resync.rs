@@ -1,0 +1,114 @@
+//! Resync: make every stripe's redundancy agree with its data, as md's resync
+//! and "repair" do. Each stripe is read whole; parity is recomputed from the
+//! data and mirror copies are compared with the first copy; only what differs
+//! is written, so a resync of already-consistent (or sparse, all-zero) members
+//! writes nothing and keeps sparse files sparse.
+
+use super::stripe_io::StripeError;
+use super::Slots;
+use crate::geometry::{Geometry, Place, StripeMap};
+use crate::parity;
+use crate::units::SECTOR_BYTES;
+
+/// What a resync found and did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ResyncReport {
+    pub stripes: u64,
+    /// Sectors whose redundancy disagreed with the data (md's mismatch_cnt unit).
+    pub mismatch_sectors: u64,
+}
+
+/// Resyncs stripes `range` of the array; with `repair` false it only counts
+/// (md's "check"). `progress` is called with the number of stripes done.
+pub fn resync(
+    geometry: &Geometry,
+    slots: &Slots,
+    range: std::ops::Range<u64>,
+    repair: bool,
+    mut progress: impl FnMut(u64),
+) -> Result<ResyncReport, StripeError> {
+    let mut report = ResyncReport::default();
+    let mut scratch = Scratch::default();
+    for stripe in range {
+        let map = geometry.stripe(stripe);
+        report.mismatch_sectors += resync_stripe(&map, slots, repair, &mut scratch)?;
+        report.stripes += 1;
+        progress(report.stripes);
+    }
+    Ok(report)
+}
+
+#[derive(Default)]
+struct Scratch {
+    data: Vec<u8>,
+    expected: Vec<u8>,
+    found: Vec<u8>,
+}
+
+fn read(slots: &Slots, place: &Place, buf: &mut [u8]) -> std::io::Result<()> {
+    let slot = slots[place.member].as_ref().expect("present member");
+    slot.member.read_at(buf, slot.data_offset_bytes + place.member_sector * SECTOR_BYTES)
+}
+
+fn write(slots: &Slots, place: &Place, buf: &[u8]) -> std::io::Result<()> {
+    let slot = slots[place.member].as_ref().expect("present member");
+    slot.member.write_at(buf, slot.data_offset_bytes + place.member_sector * SECTOR_BYTES)
+}
+
+/// Compares `found` with `expected` in 4 KiB pages, as md counts mismatches
+/// (a page at a time, reported in sectors).
+fn mismatch_sectors(expected: &[u8], found: &[u8]) -> u64 {
+    expected.chunks(4096).zip(found.chunks(4096)).filter(|(a, b)| a != b).map(|(a, _)| a.len() as u64 / 512).sum()
+}
+
+fn resync_stripe(map: &StripeMap, slots: &Slots, repair: bool, s: &mut Scratch) -> Result<u64, StripeError> {
+    let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
+    let present = |p: &Place| slots[p.member].is_some();
+    let mut mismatches = 0;
+    s.data.resize(strip_bytes * map.data.len(), 0);
+    s.found.resize(strip_bytes, 0);
+    // Mirrors: the first present copy is the reference for the others.
+    for (strip, buf) in map.data.iter().zip(s.data.chunks_mut(strip_bytes)) {
+        let mut copies = strip.copies.iter().filter(|c| present(c));
+        let Some(first) = copies.next() else {
+            // A lost data strip leaves nothing to compare against: a degraded
+            // array resyncs nothing there (md does not resync degraded arrays).
+            return Ok(0);
+        };
+        read(slots, first, buf)?;
+        for copy in copies {
+            read(slots, copy, &mut s.found)?;
+            let differ = mismatch_sectors(buf, &s.found);
+            if differ > 0 {
+                mismatches += differ;
+                if repair {
+                    write(slots, copy, buf)?;
+                }
+            }
+        }
+    }
+    let Some(p_place) = map.p else { return Ok(mismatches) };
+    let strips: Vec<&[u8]> = s.data.chunks(strip_bytes).collect();
+    let syndrome = parity::default_impl();
+    s.expected.resize(strip_bytes * 2, 0);
+    let (p, q) = s.expected.split_at_mut(strip_bytes);
+    match map.q {
+        None => syndrome.gen_p(&strips, p),
+        Some(_) => {
+            let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
+            syndrome.gen_pq(&strips, &exps, p, q);
+        }
+    }
+    for (place, expected) in [(Some(p_place), &*p), (map.q, &*q)] {
+        let Some(place) = place.filter(present) else { continue };
+        read(slots, &place, &mut s.found)?;
+        let differ = mismatch_sectors(expected, &s.found);
+        if differ > 0 {
+            mismatches += differ;
+            if repair {
+                write(slots, &place, expected)?;
+            }
+        }
+    }
+    Ok(mismatches)
+}

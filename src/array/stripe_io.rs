@@ -1,0 +1,186 @@
+//! Whole-stripe reads and writes over the members, with parity kept right and
+//! lost members reconstructed. This is the reference data path: simple, one
+//! stripe at a time, and used by the offline commands (create, copy-in,
+//! copy-out) and as the oracle that faster paths are tested against.
+
+use super::Slots;
+use crate::geometry::{Geometry, Place, StripeMap};
+use crate::parity::{self, Syndrome};
+use crate::units::SECTOR_BYTES;
+use std::io;
+
+/// Errors of the stripe path.
+#[derive(Debug, thiserror::Error)]
+pub enum StripeError {
+    #[error("stripe {stripe}: {lost} blocks lost, the array can rebuild at most {max}")]
+    TooManyLost { stripe: u64, lost: usize, max: usize },
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// Reads and writes stripes of one array.
+pub struct StripeIo<'a> {
+    geometry: &'a Geometry,
+    slots: &'a Slots,
+    syndrome: &'static dyn Syndrome,
+}
+
+impl<'a> StripeIo<'a> {
+    pub fn new(geometry: &'a Geometry, slots: &'a Slots) -> StripeIo<'a> {
+        assert_eq!(slots.len(), geometry.raid_disks());
+        StripeIo { geometry, slots, syndrome: parity::default_impl() }
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        self.geometry
+    }
+
+    fn present(&self, place: &Place) -> bool {
+        self.slots[place.member].is_some()
+    }
+
+    fn read_place(&self, place: &Place, buf: &mut [u8]) -> io::Result<()> {
+        let slot = self.slots[place.member].as_ref().expect("read from a present member");
+        slot.member.read_at(buf, slot.data_offset_bytes + place.member_sector * SECTOR_BYTES)
+    }
+
+    fn write_place(&self, place: &Place, buf: &[u8]) -> io::Result<()> {
+        match &self.slots[place.member] {
+            // A missing member simply does not receive the write; parity (or
+            // another copy) carries its share until it is rebuilt.
+            None => Ok(()),
+            Some(slot) => slot.member.write_at(buf, slot.data_offset_bytes + place.member_sector * SECTOR_BYTES),
+        }
+    }
+
+    /// Reads the data of stripe `map` into `out` (exactly map.data_sectors()
+    /// sectors), reconstructing what lost members held.
+    pub fn read_stripe(&self, map: &StripeMap, out: &mut [u8]) -> Result<(), StripeError> {
+        let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
+        assert_eq!(out.len(), strip_bytes * map.data.len());
+        let mut lost = Vec::new();
+        for (i, (strip, buf)) in map.data.iter().zip(out.chunks_mut(strip_bytes)).enumerate() {
+            match strip.copies.iter().find(|c| self.present(c)) {
+                Some(copy) => self.read_place(copy, buf)?,
+                None => lost.push(i),
+            }
+        }
+        if lost.is_empty() {
+            return Ok(());
+        }
+        self.reconstruct(map, out, &lost)
+    }
+
+    /// Rebuilds the data strips listed in `lost` from the other strips and parity.
+    fn reconstruct(&self, map: &StripeMap, out: &mut [u8], lost: &[usize]) -> Result<(), StripeError> {
+        let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
+        let read_parity = |place: &Option<Place>| -> io::Result<Option<Vec<u8>>> {
+            match place {
+                Some(p) if self.present(p) => {
+                    let mut buf = vec![0u8; strip_bytes];
+                    self.read_place(p, &mut buf)?;
+                    Ok(Some(buf))
+                }
+                _ => Ok(None),
+            }
+        };
+        let p = read_parity(&map.p)?;
+        let q = read_parity(&map.q)?;
+        let usable = p.is_some() as usize + q.is_some() as usize;
+        if lost.len() > usable {
+            let max = map.p.is_some() as usize + map.q.is_some() as usize;
+            return Err(StripeError::TooManyLost { stripe: map.stripe, lost: lost.len(), max });
+        }
+        let mut strips: Vec<&mut [u8]> = out.chunks_mut(strip_bytes).collect();
+        let (mut missing, present): (Vec<(usize, &mut [u8])>, Vec<(usize, &mut [u8])>) =
+            strips.drain(..).enumerate().partition(|(i, _)| lost.contains(i));
+        let present_exps: Vec<u8> = present.iter().map(|(i, _)| map.data[*i].q_exponent).collect();
+        let present_data: Vec<&[u8]> = present.iter().map(|(_, b)| &**b).collect();
+        match (&mut missing[..], &p, &q) {
+            ([(_, x)], Some(p), _) => parity::recover_data_from_p(self.syndrome, &present_data, p, x),
+            ([(i, x)], None, Some(q)) => {
+                parity::recover_data_from_q(self.syndrome, &present_data, &present_exps, q, map.data[*i].q_exponent, x)
+            }
+            ([(i, x), (j, y)], Some(p), Some(q)) => {
+                let (ex, ey) = (map.data[*i].q_exponent, map.data[*j].q_exponent);
+                parity::recover_two_data(self.syndrome, &present_data, &present_exps, p, q, ex, ey, x, y)
+            }
+            _ => unreachable!("lost strips were counted against the usable parity"),
+        }
+        Ok(())
+    }
+
+    /// Writes a whole stripe: every copy of every data strip, and fresh parity.
+    pub fn write_stripe(&self, map: &StripeMap, data: &[u8]) -> Result<(), StripeError> {
+        let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
+        assert_eq!(data.len(), strip_bytes * map.data.len());
+        let strips: Vec<&[u8]> = data.chunks(strip_bytes).collect();
+        for (strip, buf) in map.data.iter().zip(&strips) {
+            for copy in &strip.copies {
+                self.write_place(copy, buf)?;
+            }
+        }
+        if let Some(p_place) = &map.p {
+            let mut p = vec![0u8; strip_bytes];
+            match &map.q {
+                None => self.syndrome.gen_p(&strips, &mut p),
+                Some(q_place) => {
+                    let mut q = vec![0u8; strip_bytes];
+                    let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
+                    self.syndrome.gen_pq(&strips, &exps, &mut p, &mut q);
+                    self.write_place(q_place, &q)?;
+                }
+            }
+            self.write_place(p_place, &p)?;
+        }
+        Ok(())
+    }
+
+    /// Reads `out.len()` bytes of the array at `offset_bytes`, any alignment.
+    pub fn read_bytes(&self, offset_bytes: u64, out: &mut [u8]) -> Result<(), StripeError> {
+        self.for_each_stripe_piece(offset_bytes, out.len(), |map, stripe_buf, in_stripe, range| {
+            self.read_stripe(map, stripe_buf)?;
+            out[range.clone()].copy_from_slice(&stripe_buf[in_stripe..in_stripe + range.len()]);
+            Ok(())
+        })
+    }
+
+    /// Writes `data` at `offset_bytes`, any alignment: whole stripes are
+    /// written directly, partial ones are read, merged and written back.
+    pub fn write_bytes(&self, offset_bytes: u64, data: &[u8]) -> Result<(), StripeError> {
+        self.for_each_stripe_piece(offset_bytes, data.len(), |map, stripe_buf, in_stripe, range| {
+            if range.len() < stripe_buf.len() {
+                self.read_stripe(map, stripe_buf)?;
+            }
+            stripe_buf[in_stripe..in_stripe + range.len()].copy_from_slice(&data[range]);
+            self.write_stripe(map, stripe_buf)
+        })
+    }
+
+    /// Splits an array byte range into per-stripe pieces and calls `f` with the
+    /// stripe map, a stripe-sized scratch buffer, the piece's offset inside the
+    /// stripe, and its range within the caller's buffer.
+    fn for_each_stripe_piece(
+        &self,
+        offset_bytes: u64,
+        len: usize,
+        mut f: impl FnMut(&StripeMap, &mut [u8], usize, std::ops::Range<usize>) -> Result<(), StripeError>,
+    ) -> Result<(), StripeError> {
+        let array_bytes = self.geometry.array_sectors() * SECTOR_BYTES;
+        assert!(offset_bytes + len as u64 <= array_bytes, "I/O beyond the end of the array");
+        let mut done = 0usize;
+        let mut scratch = Vec::new();
+        while done < len {
+            let at = offset_bytes + done as u64;
+            let map = self.geometry.stripe(self.geometry.stripe_of(at / SECTOR_BYTES));
+            let stripe_start = map.array_sector * SECTOR_BYTES;
+            let stripe_bytes = (map.data_sectors() * SECTOR_BYTES) as usize;
+            let in_stripe = (at - stripe_start) as usize;
+            let piece = (stripe_bytes - in_stripe).min(len - done);
+            scratch.resize(stripe_bytes, 0);
+            f(&map, &mut scratch, in_stripe, done..done + piece)?;
+            done += piece;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,63 @@
+//! Superblock updates of an assembled array, the way md's super_1_sync writes
+//! them: one array-wide state (events, update time, clean/dirty, role table)
+//! copied onto every member that is part of the array.
+
+use super::assemble::{Assembled, DeviceState};
+use super::superblocks::{write_superblock, SuperblockError};
+use crate::format::{MAX_SECTOR, MD_DISK_ROLE_FAULTY, MD_DISK_ROLE_SPARE};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Whether the array is (about to be) written without its redundancy being
+/// guaranteed: md's "active" (dirty) versus "clean".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cleanliness {
+    Dirty,
+    Clean,
+}
+
+/// Bumps the events counter, stamps the time, sets clean or dirty, rebuilds
+/// the role table from the devices present, writes every member's superblock
+/// and flushes. Devices that were left out (stale or duplicate) are not
+/// written: md no longer counts them as members.
+pub fn write_array_state(array: &mut Assembled, state: Cleanliness) -> Result<(), SuperblockError> {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970");
+    let mut roles = vec![MD_DISK_ROLE_SPARE; array.sb.max_dev as usize];
+    for device in &array.devices {
+        let slot = device.sb.dev_number as usize;
+        if slot >= roles.len() {
+            continue;
+        }
+        roles[slot] = match device.state {
+            DeviceState::Active { role } | DeviceState::Recovering { role, .. } => role as u16,
+            DeviceState::Faulty => MD_DISK_ROLE_FAULTY,
+            DeviceState::Spare | DeviceState::Stale { .. } | DeviceState::Duplicate { .. } => MD_DISK_ROLE_SPARE,
+        };
+    }
+    array.sb.events += 1;
+    array.sb.utime_secs = now.as_secs();
+    array.sb.utime_micros = now.subsec_micros();
+    array.sb.resync_offset_sectors = match state {
+        Cleanliness::Clean => MAX_SECTOR,
+        Cleanliness::Dirty => 0,
+    };
+    array.sb.dev_roles = roles.clone();
+    for device in &mut array.devices {
+        if matches!(device.state, DeviceState::Stale { .. } | DeviceState::Duplicate { .. }) {
+            continue;
+        }
+        let sb = &mut device.sb;
+        sb.events = array.sb.events;
+        sb.utime_secs = array.sb.utime_secs;
+        sb.utime_micros = array.sb.utime_micros;
+        sb.resync_offset_sectors = array.sb.resync_offset_sectors;
+        sb.dev_roles = roles.clone();
+        write_superblock(&*device.member, sb)?;
+    }
+    for device in &array.devices {
+        device.member.flush().map_err(|source| super::superblocks::SuperblockError::Io {
+            device: device.path.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}

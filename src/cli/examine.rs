@@ -1,0 +1,283 @@
+//! `uraid examine`: each device's superblock, laid out as mdadm --examine
+//! prints it so that people (and scripts) that know mdadm read it at once.
+
+use super::text::{chunk_text, ctime, hostname, human_size_paren};
+use super::CliResult;
+use crate::array::read_superblock;
+use crate::format::{
+    MemberSuper, Metadata, Role, MD_FEATURE_BAD_BLOCKS, MD_FEATURE_BITMAP_OFFSET, MD_FEATURE_NEW_OFFSET,
+    MD_FEATURE_RAID0_LAYOUT, MD_FEATURE_RECOVERY_OFFSET, MD_FEATURE_REPLACEMENT, MD_FEATURE_RESHAPE_ACTIVE,
+};
+use crate::geometry::{layout_name, Level};
+use crate::member::{FileMember, Member, OpenOptions};
+use std::fmt::Write;
+use std::path::PathBuf;
+
+pub fn run(devices: &[PathBuf], json: bool) -> CliResult {
+    let mut reports = Vec::new();
+    let mut text = String::new();
+    for path in devices {
+        let member = FileMember::open(path, OpenOptions::default()).map_err(|e| e.to_string())?;
+        let sb = read_superblock(&member)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("{}: no md superblock found", path.display()))?;
+        if json {
+            reports.push(summary(&path.display().to_string(), &sb, member.size_sectors()));
+        } else {
+            let _ = writeln!(text, "{}:", path.display());
+            text.push_str(&examine_text(&sb, member.size_sectors(), &hostname()));
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&reports).expect("serializable"));
+    } else {
+        print!("{text}");
+    }
+    Ok(())
+}
+
+/// The facts of one superblock, for --json and for tests.
+#[derive(serde::Serialize, Debug, Clone, PartialEq)]
+pub struct Summary {
+    pub device: String,
+    pub metadata: String,
+    pub uuid: String,
+    pub name: String,
+    pub level: String,
+    pub layout: Option<String>,
+    pub layout_number: u32,
+    pub chunk_kib: u32,
+    pub raid_disks: u32,
+    pub role: String,
+    pub dev_number: u32,
+    pub data_offset_sectors: u64,
+    pub super_offset_sectors: u64,
+    pub avail_dev_size_sectors: u64,
+    pub used_dev_size_sectors: u64,
+    pub array_size_kib: Option<u64>,
+    pub events: u64,
+    pub state: &'static str,
+    pub device_uuid: String,
+    pub feature_map: u32,
+    pub array_state: String,
+}
+
+fn level_text(level: i32) -> String {
+    Level::from_md_number(level).map(|l| l.to_string()).unwrap_or_else(|| "-unknown-".into())
+}
+
+pub fn summary(device: &str, sb: &MemberSuper, _device_sectors: u64) -> Summary {
+    let level = Level::from_md_number(sb.level);
+    Summary {
+        device: device.to_string(),
+        metadata: sb.metadata.as_str().to_string(),
+        uuid: sb.uuid_string(),
+        name: sb.set_name.clone(),
+        level: level_text(sb.level),
+        layout: level.and_then(|l| layout_name(l, sb.layout)),
+        layout_number: sb.layout,
+        chunk_kib: sb.chunk_sectors / 2,
+        raid_disks: sb.raid_disks,
+        role: role_text(sb),
+        dev_number: sb.dev_number,
+        data_offset_sectors: sb.data_offset_sectors,
+        super_offset_sectors: sb.super_offset_sectors,
+        avail_dev_size_sectors: sb.data_size_sectors,
+        used_dev_size_sectors: sb.size_sectors,
+        array_size_kib: array_size_bytes(sb).map(|b| b >> 10),
+        events: sb.events,
+        state: if sb.is_clean() { "clean" } else { "active" },
+        device_uuid: sb.device_uuid_string(),
+        feature_map: sb.feature_map,
+        array_state: array_state(sb),
+    }
+}
+
+/// The array size as examine derives it from one superblock (data members
+/// times the used size); None for raid0 and linear, whose size needs every member.
+fn array_size_bytes(sb: &MemberSuper) -> Option<u64> {
+    let (data, denominator) = match sb.level {
+        1 => (1, 1),
+        4 | 5 => (sb.raid_disks as u64 - 1, 1),
+        6 => (sb.raid_disks as u64 - 2, 1),
+        10 => (sb.raid_disks as u64, ((sb.layout & 255) * ((sb.layout >> 8) & 255)).max(1) as u64),
+        _ => return None,
+    };
+    Some((sb.size_sectors << 9) * data / denominator)
+}
+
+fn role_text(sb: &MemberSuper) -> String {
+    match sb.this_role() {
+        Role::Spare | Role::Faulty => "spare".into(),
+        Role::Journal => "Journal".into(),
+        Role::Active(r) if sb.has_feature(MD_FEATURE_REPLACEMENT) => format!("Replacement device {r}"),
+        Role::Active(r) => format!("Active device {r}"),
+    }
+}
+
+/// One character per raid slot: A active, R active with a replacement, . missing.
+fn array_state(sb: &MemberSuper) -> String {
+    let slots = sb.raid_disks as i64 + if sb.has_feature(MD_FEATURE_RESHAPE_ACTIVE) { (-sb.delta_disks).max(0) as i64 } else { 0 };
+    (0..slots)
+        .map(|slot| {
+            let holders = sb.dev_roles.iter().filter(|r| **r as i64 == slot).count();
+            match holders {
+                0 => '.',
+                1 => 'A',
+                2 if sb.level > 0 => 'R',
+                _ => '?',
+            }
+        })
+        .collect()
+}
+
+/// Space before and after the data area, as mdadm's getinfo_super1 computes it.
+fn unused_space(sb: &MemberSuper, device_sectors: u64) -> (u64, u64) {
+    let data_size = if sb.level <= 0 { sb.data_size_sectors } else { sb.size_sectors };
+    let super_offset = sb.super_offset_sectors;
+    let (before, after);
+    if sb.data_offset_sectors < super_offset {
+        // 1.0: data first, superblock (and bad-block log, bitmap) at the end.
+        let mut end = super_offset;
+        if sb.bblog_offset_sectors != 0 && sb.bblog_size_sectors != 0 {
+            end = end.min(super_offset.saturating_add_signed(sb.bblog_offset_sectors as i64));
+        }
+        if sb.has_feature(MD_FEATURE_BITMAP_OFFSET) {
+            end = end.min(super_offset.saturating_add_signed(sb.bitmap_offset_sectors as i64));
+        }
+        before = sb.data_offset_sectors;
+        after = end.saturating_sub(sb.data_offset_sectors + data_size);
+    } else {
+        // The kernel keeps the first 36 KiB after the superblock for itself.
+        let mut earliest = super_offset + 72;
+        if sb.bblog_offset_sectors != 0 && sb.bblog_size_sectors != 0 {
+            let bb_end = super_offset.saturating_add_signed(sb.bblog_offset_sectors as i64) + sb.bblog_size_sectors as u64;
+            earliest = earliest.max(bb_end);
+        }
+        before = sb.data_offset_sectors.saturating_sub(earliest);
+        after = device_sectors.saturating_sub(data_size + sb.data_offset_sectors);
+    }
+    if before == 0 && after == 0 {
+        (0, 1)
+    } else {
+        (before, after)
+    }
+}
+
+/// mdadm --examine's text for a version-1 superblock (0.90 gets the same
+/// fields in a shorter form).
+pub fn examine_text(sb: &MemberSuper, device_sectors: u64, homehost: &str) -> String {
+    let mut o = String::new();
+    let level = Level::from_md_number(sb.level);
+    let _ = writeln!(o, "          Magic : a92b4efc");
+    let _ = writeln!(o, "        Version : {}", if sb.metadata == Metadata::V0_90 { "0.90.00" } else { sb.metadata.as_str() });
+    let _ = writeln!(o, "    Feature Map : {:#x}", sb.feature_map);
+    let _ = writeln!(o, "     Array UUID : {}", sb.uuid_string());
+    let local = !homehost.is_empty()
+        && homehost.len() < 32
+        && sb.set_name.len() > homehost.len()
+        && sb.set_name.starts_with(homehost)
+        && sb.set_name.as_bytes()[homehost.len()] == b':';
+    let _ = writeln!(
+        o,
+        "           Name : {}{}",
+        sb.set_name,
+        if local { format!("  (local to host {homehost})") } else { String::new() }
+    );
+    let _ = writeln!(o, "  Creation Time : {}", ctime(sb.ctime_secs));
+    let _ = writeln!(o, "     Raid Level : {}", level_text(sb.level));
+    let _ = writeln!(o, "   Raid Devices : {}", sb.raid_disks);
+    let _ = writeln!(o);
+    let _ = writeln!(o, " Avail Dev Size : {} sectors{}", sb.data_size_sectors, human_size_paren(sb.data_size_sectors << 9));
+    if sb.level > 0 {
+        if let Some(bytes) = array_size_bytes(sb) {
+            let _ = writeln!(o, "     Array Size : {} KiB{}", bytes >> 10, human_size_paren(bytes));
+        }
+        if sb.size_sectors != sb.data_size_sectors {
+            let _ = writeln!(o, "  Used Dev Size : {} sectors{}", sb.size_sectors, human_size_paren(sb.size_sectors << 9));
+        }
+    }
+    if sb.data_offset_sectors != 0 {
+        let _ = writeln!(o, "    Data Offset : {} sectors", sb.data_offset_sectors);
+    }
+    if sb.new_offset_sectors != 0 && sb.has_feature(MD_FEATURE_NEW_OFFSET) {
+        let _ = writeln!(o, "     New Offset : {} sectors", sb.new_data_offset_sectors());
+    }
+    let _ = writeln!(o, "   Super Offset : {} sectors", sb.super_offset_sectors);
+    if sb.has_feature(MD_FEATURE_RECOVERY_OFFSET) {
+        let _ = writeln!(o, "Recovery Offset : {} sectors", sb.recovery_offset_sectors);
+    }
+    let (before, after) = unused_space(sb, device_sectors);
+    if after != 1 && !sb.has_feature(MD_FEATURE_NEW_OFFSET) {
+        let _ = writeln!(o, "   Unused Space : before={before} sectors, after={after} sectors");
+    }
+    let _ = writeln!(o, "          State : {}", if sb.is_clean() { "clean" } else { "active" });
+    let _ = writeln!(o, "    Device UUID : {}", sb.device_uuid_string());
+    let _ = writeln!(o);
+    if sb.has_feature(MD_FEATURE_BITMAP_OFFSET) {
+        let _ = writeln!(o, "Internal Bitmap : {} sectors from superblock", sb.bitmap_offset_sectors);
+    }
+    if sb.has_feature(MD_FEATURE_RESHAPE_ACTIVE) {
+        let _ = writeln!(
+            o,
+            "  Reshape pos'n : {}{}",
+            sb.reshape_position_sectors / 2,
+            human_size_paren(sb.reshape_position_sectors << 9)
+        );
+        if sb.delta_disks != 0 {
+            let old = sb.raid_disks as i64 - sb.delta_disks as i64;
+            let _ = writeln!(o, "  Delta Devices : {} ({}->{})", sb.delta_disks, old, sb.raid_disks);
+        }
+        let _ = writeln!(o);
+    }
+    let _ = writeln!(o, "    Update Time : {}", ctime(sb.utime_secs));
+    if sb.bblog_size_sectors != 0 && sb.bblog_offset_sectors != 0 {
+        let _ = writeln!(
+            o,
+            "  Bad Block Log : {} entries available at offset {} sectors{}",
+            sb.bblog_size_sectors as u32 * 512 / 8,
+            sb.bblog_offset_sectors,
+            if sb.has_feature(MD_FEATURE_BAD_BLOCKS) { " - bad blocks present." } else { "" }
+        );
+    }
+    // A superblock that failed its checksum is refused before it gets here.
+    let _ = writeln!(o, "       Checksum : {:x} - correct", checksum_of(sb));
+    let _ = writeln!(o, "         Events : {}", sb.events);
+    let _ = writeln!(o);
+    if let Some(level) = level {
+        let show_layout = match level {
+            Level::Raid0 => sb.has_feature(MD_FEATURE_RAID0_LAYOUT),
+            Level::Raid5 | Level::Raid6 | Level::Raid10 => true,
+            _ => false,
+        };
+        if show_layout {
+            let name = layout_name(level, sb.layout).unwrap_or_else(|| "-unknown-".into());
+            let _ = writeln!(o, "         Layout : {name}");
+        }
+        match level {
+            Level::Raid0 | Level::Raid4 | Level::Raid5 | Level::Raid6 | Level::Raid10 => {
+                let _ = writeln!(o, "     Chunk Size : {}", chunk_text(sb.chunk_sectors));
+            }
+            Level::Linear => {
+                let _ = writeln!(o, "       Rounding : {}", chunk_text(sb.chunk_sectors));
+            }
+            Level::Raid1 => {}
+        }
+    }
+    let _ = writeln!(o);
+    let _ = writeln!(o, "   Device Role : {}", role_text(sb));
+    let _ = writeln!(o, "   Array State : {} ('A' == active, '.' == missing, 'R' == replacing)", array_state(sb));
+    o
+}
+
+/// The checksum as stored, recomputed from the encoding (they are equal for
+/// any superblock that decoded).
+fn checksum_of(sb: &MemberSuper) -> u32 {
+    match sb.metadata {
+        Metadata::V0_90 => crate::format::sb090::encode(sb)
+            .ok()
+            .and_then(|b| crate::format::sb090::checksum(&b).ok())
+            .unwrap_or(0),
+        _ => crate::format::sb1::encode(sb).ok().and_then(|b| crate::format::sb1::checksum(&b).ok()).unwrap_or(0),
+    }
+}

@@ -1,1 +1,189 @@
-//! placeholder
+//! RAID parity: md's P and Q syndromes over GF(2^8), and recovery from them.
+//!
+//! This layer is pure code: it computes on byte slices and does no I/O.
+//!
+//! # The algebra
+//!
+//! A stripe has data blocks D_k, each with a coefficient exponent e_k in 0..=254,
+//! and up to two parity blocks, computed bytewise in GF(2^8) (see [`gf`]):
+//!
+//! ```text
+//! P = Σ_k D_k               (XOR)
+//! Q = Σ_k g^{e_k} · D_k     (g = {02})
+//! ```
+//!
+//! md's coefficient order depends on the layout, and DDF layouts leave gaps (for
+//! example exponents 2, 3, 4), so every function that computes or uses Q takes an
+//! explicit exponent per data block rather than assuming 0, 1, 2, ... Exponents
+//! of one stripe must be distinct: two blocks sharing a coefficient could not be
+//! told apart by Q.
+//!
+//! # Implementations
+//!
+//! The bulk work is behind the object-safe [`Syndrome`] trait so that SIMD
+//! implementations can be added next to the portable [`Scalar`] one and chosen
+//! at run time ([`implementations`], [`default_impl`]). The recovery functions in
+//! [`recover`] are written once, on top of the trait, and are re-exported here.
+
+pub mod gf;
+pub mod recover;
+mod scalar;
+
+#[cfg(test)]
+mod testutil;
+
+pub use recover::{recover_data_from_p, recover_data_from_q, recover_two_data};
+pub use scalar::Scalar;
+
+/// The largest number of data blocks a stripe may have with Q: exponents are
+/// distinct values in 0..=254. (md itself allows at most 256 members, so at most
+/// 254 data blocks in RAID-6.)
+pub const MAX_Q_DATA: usize = gf::ORDER;
+
+/// One implementation of the parity kernels.
+///
+/// All blocks passed to one call must have the same length, which may be zero;
+/// implementations assert it. Every output is fully overwritten (`gen_*`) or
+/// updated in place (`xor_into`, `mul_acc`, `scale`); none reads uninitialised
+/// state or keeps any between calls, so one instance may serve many threads.
+pub trait Syndrome: Send + Sync {
+    /// A short stable name for logs and benchmarks, such as "scalar".
+    fn name(&self) -> &'static str;
+
+    /// P = XOR of all `data` blocks. With no data blocks, P is all zero.
+    fn gen_p(&self, data: &[&[u8]], p: &mut [u8]);
+
+    /// P as in [`gen_p`](Self::gen_p) and Q = Σ_k g^(`exps[k]`)·`data[k]`, in one pass.
+    ///
+    /// `exps` has one exponent per data block; they must be distinct and in 0..=254.
+    fn gen_pq(&self, data: &[&[u8]], exps: &[u8], p: &mut [u8], q: &mut [u8]);
+
+    /// Q alone, with the same contract as [`gen_pq`](Self::gen_pq).
+    ///
+    /// The default builds Q from [`mul_acc`](Self::mul_acc), one pass per data
+    /// block; implementations should override it with a single pass.
+    fn gen_q(&self, data: &[&[u8]], exps: &[u8], q: &mut [u8]) {
+        check_q_args(data, exps, q.len());
+        q.fill(0);
+        for (block, &e) in data.iter().zip(exps) {
+            self.mul_acc(q, block, gf::pow2(e));
+        }
+    }
+
+    /// dst ^= src.
+    fn xor_into(&self, dst: &mut [u8], src: &[u8]);
+
+    /// dst ^= coef · src, bytewise in GF(2^8).
+    fn mul_acc(&self, dst: &mut [u8], src: &[u8], coef: u8);
+
+    /// buf = coef · buf, bytewise in GF(2^8).
+    fn scale(&self, buf: &mut [u8], coef: u8);
+}
+
+/// Every implementation usable on this machine, the portable one first.
+///
+/// SIMD implementations will be appended here after a run-time CPU feature check,
+/// so callers (benchmarks, cross-checking tests) see only what can run.
+pub fn implementations() -> Vec<&'static dyn Syndrome> {
+    vec![&Scalar]
+}
+
+/// The implementation to use by default: today the portable one.
+///
+/// When SIMD implementations exist, this will pick the fastest available one
+/// (as md's raid6_select_algo does), once, and cache the choice.
+pub fn default_impl() -> &'static dyn Syndrome {
+    &Scalar
+}
+
+/// Asserts the preconditions shared by every P-only computation: all data blocks
+/// have the parity block's length.
+#[inline]
+pub(crate) fn check_p_args(data: &[&[u8]], len: usize) {
+    for (k, block) in data.iter().enumerate() {
+        assert_eq!(
+            block.len(),
+            len,
+            "parity: data block {k} has length {}, expected {len}",
+            block.len()
+        );
+    }
+}
+
+/// Asserts the preconditions shared by every computation involving Q: equal
+/// lengths, one exponent per data block, exponents in 0..=254 and distinct.
+#[inline]
+pub(crate) fn check_q_args(data: &[&[u8]], exps: &[u8], len: usize) {
+    assert_eq!(
+        exps.len(),
+        data.len(),
+        "parity: {} exponents for {} data blocks",
+        exps.len(),
+        data.len()
+    );
+    check_p_args(data, len);
+    check_exps_distinct(exps);
+}
+
+/// Asserts that every exponent is in 0..=254 and no exponent repeats.
+///
+/// 255 is refused although g^255 is defined, because it equals g^0 and so would
+/// silently alias exponent 0.
+pub(crate) fn check_exps_distinct(exps: &[u8]) {
+    let mut seen = [0u64; 4];
+    for &e in exps {
+        assert!(
+            (e as usize) < gf::ORDER,
+            "parity: exponent {e} out of range 0..=254"
+        );
+        let (word, bit) = (e as usize / 64, e as usize % 64);
+        assert!(seen[word] & (1 << bit) == 0, "parity: exponent {e} repeats");
+        seen[word] |= 1 << bit;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn md_test_vector() {
+        // Three one-byte data blocks of value 1 with exponents 0, 1, 2:
+        // P = 1 ^ 1 ^ 1 = 1 and Q = g^0 + g^1 + g^2 = 1 ^ 2 ^ 4 = 7.
+        for imp in implementations() {
+            let data: [&[u8]; 3] = [&[1], &[1], &[1]];
+            let (mut p, mut q) = ([0xaau8], [0x55u8]);
+            imp.gen_pq(&data, &[0, 1, 2], &mut p, &mut q);
+            assert_eq!((p[0], q[0]), (1, 7), "{}", imp.name());
+            let mut q_only = [0xffu8];
+            imp.gen_q(&data, &[0, 1, 2], &mut q_only);
+            assert_eq!(q_only[0], 7, "{}", imp.name());
+        }
+    }
+
+    #[test]
+    fn implementations_are_listed() {
+        let all = implementations();
+        assert!(!all.is_empty());
+        assert_eq!(all[0].name(), "scalar");
+        assert!(all.iter().any(|i| i.name() == default_impl().name()));
+    }
+
+    #[test]
+    #[should_panic(expected = "repeats")]
+    fn duplicate_exponents_are_refused() {
+        check_exps_distinct(&[3, 1, 3]);
+    }
+
+    #[test]
+    #[should_panic(expected = "out of range")]
+    fn exponent_255_is_refused() {
+        check_exps_distinct(&[0, 255]);
+    }
+
+    #[test]
+    fn all_exponents_0_to_254_are_accepted() {
+        let exps: Vec<u8> = (0..=254).rev().collect();
+        check_exps_distinct(&exps);
+    }
+}

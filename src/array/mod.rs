@@ -2,14 +2,14 @@
 //! each member's data starts, and the stripe-level data path over them.
 
 mod assemble;
-// mod create;
+mod create;
 mod resync;
 mod stripe_io;
 mod superblocks;
 mod update;
 
 pub use assemble::{assemble, AssembleError, Assembled, DeviceState, FoundDevice};
-// create: pending
+pub use create::{create, CreateError, CreateOptions, MemberSpec};
 pub use resync::{resync, ResyncReport};
 pub use stripe_io::{StripeError, StripeIo};
 pub use superblocks::{read_superblock, write_superblock, SuperblockError};

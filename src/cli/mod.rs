@@ -5,6 +5,7 @@
 //! (2 for usage errors, as clap does), and a refused command writes nothing.
 
 mod copy;
+mod create;
 mod detail;
 mod examine;
 mod text;
@@ -21,6 +22,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Create an array on member devices (block devices or image files).
+    Create(create::CreateArgs),
     /// Print the md superblock of each device, as mdadm --examine does.
     Examine {
         #[arg(long)]
@@ -66,6 +69,7 @@ pub fn main() -> i32 {
         }
     };
     let result = match cli.command {
+        Command::Create(args) => create::run(&args),
         Command::Examine { json, devices } => examine::run(&devices, json),
         Command::Detail { json, control, devices } => match control {
             Some(_) => Err("detail --control needs a running `uraid serve`, which this build does not have yet".into()),

@@ -78,7 +78,11 @@ pub fn layout_from_name(level: Level, name: &str) -> Option<u32> {
     let find = |table: &[(&str, u32)]| table.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
     match level {
         Level::Raid5 => find(R5_NAMES).or_else(|| find(R5_DDF_ALIASES)),
-        Level::Raid4 => (name == "parity-last" || name == "default").then_some(PARITY_N),
+        Level::Raid4 => match name {
+            "default" => Some(0),
+            "parity-last" => Some(PARITY_N),
+            _ => None,
+        },
         Level::Raid6 => find(R5_NAMES).or_else(|| find(R6_EXTRA_NAMES)),
         Level::Raid10 => raid10_layout_from_name(name),
         Level::Raid0 => match name {

@@ -1,0 +1,102 @@
+//! `uraid create`: a new array on member devices, with mdadm's options.
+
+use super::text::hostname;
+use super::CliResult;
+use crate::array::{create, CreateOptions, MemberSpec};
+use crate::format::Metadata;
+use crate::geometry::level_from_name;
+use crate::units::parse_size_bytes;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct CreateArgs {
+    /// RAID level: linear, raid0, raid1, raid4, raid5, raid6, raid10 (or 0, 1, 4, 5, 6, 10).
+    #[arg(long, short = 'l')]
+    level: String,
+    /// Number of active members; further devices become spares.
+    #[arg(long, short = 'n')]
+    raid_devices: u32,
+    /// Chunk size (K/M/G suffixes; a bare number is KiB), default 512K.
+    #[arg(long, short = 'c')]
+    chunk: Option<String>,
+    /// Layout by mdadm's name: left-symmetric, right-asymmetric, parity-first, n2, f2, o2, ...
+    #[arg(long, short = 'p')]
+    layout: Option<String>,
+    /// Write-intent bitmap: none (internal comes with the bitmap work).
+    #[arg(long, default_value = "none")]
+    bitmap: String,
+    /// Skip the initial resync: the members are known to be consistent (e.g. all zero).
+    #[arg(long)]
+    assume_clean: bool,
+    /// Array name (stored as "homehost:name").
+    #[arg(long, short = 'N', default_value = "uraid")]
+    name: String,
+    /// Space to use on each member (K/M/G suffixes; a bare number is KiB).
+    #[arg(long, short = 'z')]
+    size: Option<String>,
+    /// Superblock version: 1.2 (default), 1.1 or 1.0.
+    #[arg(long, short = 'e', default_value = "1.2")]
+    metadata: String,
+    /// Host name to record in the array name; "<none>" records none.
+    #[arg(long)]
+    homehost: Option<String>,
+    /// Overwrite devices that hold a filesystem, a partition table or another array.
+    #[arg(long, short = 'f')]
+    force: bool,
+    /// Member devices or image files; "missing" leaves a slot empty (degraded).
+    #[arg(required = true)]
+    devices: Vec<String>,
+}
+
+pub fn run(args: &CreateArgs) -> CliResult {
+    let level = level_from_name(&args.level).ok_or_else(|| format!("unknown level '{}'", args.level))?;
+    if args.bitmap != "none" {
+        return Err(format!("--bitmap {} is not supported yet; use --bitmap none", args.bitmap));
+    }
+    let metadata: Metadata = args.metadata.parse().map_err(|e: String| e)?;
+    let chunk_bytes = args.chunk.as_deref().map(parse_size_bytes).transpose()?;
+    let size_sectors = args.size.as_deref().map(parse_size_bytes).transpose()?.map(|b| b / 512);
+    let devices: Vec<MemberSpec> = args
+        .devices
+        .iter()
+        .map(|d| if d == "missing" { MemberSpec::Missing } else { MemberSpec::Device(PathBuf::from(d)) })
+        .collect();
+    let homehost = match args.homehost.as_deref() {
+        Some("<none>") => None,
+        Some(host) => Some(host.to_string()),
+        None => Some(hostname()).filter(|h| !h.is_empty()),
+    };
+    let options = CreateOptions {
+        level,
+        raid_disks: args.raid_devices,
+        chunk_bytes,
+        layout: args.layout.clone(),
+        metadata,
+        assume_clean: args.assume_clean,
+        name: args.name.clone(),
+        size_sectors,
+        force: args.force,
+        homehost,
+    };
+    let bar = ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template("resync [{bar:30}] {percent}% {pos}/{len} stripes eta {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    let array = create(&devices, &options, |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })
+    .map_err(|e| e.to_string())?;
+    bar.finish_and_clear();
+    eprintln!(
+        "uraid: created {} array {} ({} KiB) on {} devices",
+        level,
+        array.sb.uuid_string(),
+        array.array_sectors() / 2,
+        array.devices.len()
+    );
+    Ok(())
+}

@@ -1,0 +1,252 @@
+//! Exporting a block device to clients.
+//!
+//! The export layer sits on top of whatever provides the blocks (an assembled
+//! array, later; a [`MemoryBackend`] in tests) and speaks a block protocol to
+//! clients. The only protocol so far is NBD ([`nbd`]), which the kernel's
+//! `nbd` driver, qemu, libnbd tools and fio all speak.
+//!
+//! The contract between the two halves is [`BlockBackend`]: a synchronous,
+//! thread-safe byte-addressed device. The server calls it from many threads at
+//! once (several connections, several requests in flight per connection), so an
+//! implementation must not assume requests arrive one at a time or in order.
+
+pub mod memory;
+pub mod nbd;
+
+pub use memory::MemoryBackend;
+
+use std::io;
+
+/// The block size constraints a backend wants clients to obey, in bytes.
+///
+/// These are the three values of NBD's `NBD_INFO_BLOCK_SIZE`: the smallest
+/// addressable unit (requests must be aligned to it), the size below which
+/// I/O becomes inefficient (a RAID's read-modify-write threshold), and the
+/// largest payload of one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockSizes {
+    /// Power of two, at most 64 KiB. Every offset and length must be a
+    /// multiple of it.
+    pub min: u32,
+    /// Power of two, at least `max(min, 512)`.
+    pub preferred: u32,
+    /// At least `preferred`; a multiple of `min` (the server rounds it down).
+    pub max_payload: u32,
+}
+
+impl BlockSizes {
+    /// What the NBD spec assumes when nothing is advertised.
+    pub const PROTOCOL_DEFAULT: BlockSizes = BlockSizes {
+        min: 1,
+        preferred: 4096,
+        max_payload: 32 << 20,
+    };
+
+    /// Checks the constraints the protocol puts on advertised sizes, so that a
+    /// backend bug is reported when the server starts rather than as a client
+    /// refusing to connect.
+    pub fn validate(&self) -> Result<(), String> {
+        let BlockSizes {
+            min,
+            preferred,
+            max_payload,
+        } = *self;
+        if !min.is_power_of_two() || min > 65536 {
+            return Err(format!(
+                "minimum block size {min} must be a power of two no larger than 65536"
+            ));
+        }
+        if !preferred.is_power_of_two() || preferred < min.max(512) {
+            return Err(format!("preferred block size {preferred} must be a power of two of at least max({min}, 512)"));
+        }
+        if max_payload < preferred {
+            return Err(format!("maximum payload {max_payload} is smaller than the preferred block size {preferred}"));
+        }
+        Ok(())
+    }
+}
+
+/// Options of a write-zeroes request, passed to [`BlockBackend::write_zeroes`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ZeroFlags {
+    /// Do not return before the zeroes are durable (NBD's FUA flag).
+    pub fua: bool,
+    /// The backend may deallocate the range (punch a hole) instead of writing
+    /// zeroes, as long as it reads back as zeroes. False when the client sent
+    /// NBD's NO_HOLE flag, asking for the range to stay fully provisioned.
+    pub may_trim: bool,
+}
+
+/// A block device as the export layer sees it.
+///
+/// All offsets and lengths are in bytes. The server guarantees that every call
+/// is inside `size_bytes()`, aligned to `block_sizes().min`, and (for `read`
+/// and `write`) no longer than `block_sizes().max_payload`; the backend need
+/// not check again, although it may. Calls arrive concurrently from many
+/// threads; overlapping requests in flight at the same time have no defined
+/// order, exactly as on a real disk.
+///
+/// Errors are reported to the client as NBD error numbers:
+/// `EPERM`/`EACCES`/`EROFS` become EPERM, `ENOSPC`/`EDQUOT`/`EFBIG` ENOSPC,
+/// `EINVAL` EINVAL, `ENOMEM` ENOMEM, and anything else EIO.
+pub trait BlockBackend: Send + Sync {
+    /// The size of the device.
+    fn size_bytes(&self) -> u64;
+
+    /// The block size constraints to advertise and enforce.
+    fn block_sizes(&self) -> BlockSizes;
+
+    /// Whether writes are refused. The server then answers every write, trim
+    /// and write-zeroes with EPERM without calling the backend.
+    fn read_only(&self) -> bool;
+
+    /// Whether several connections may use the device at once safely: a
+    /// flush or FUA write on one connection makes data written through any
+    /// connection durable and visible to all of them. True for anything with a
+    /// single shared cache (one in-process engine); this becomes NBD's
+    /// `CAN_MULTI_CONN`, without which clients use a single connection.
+    fn multi_conn_safe(&self) -> bool;
+
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+
+    /// Writes all of `data` at `offset`. With `fua`, returns only once the
+    /// data is durable.
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()>;
+
+    /// Makes every write that has completed (returned) so far durable.
+    fn flush(&self) -> io::Result<()>;
+
+    /// A hint that a range is no longer needed; its contents become
+    /// unspecified until written again. Doing nothing is a valid
+    /// implementation.
+    fn trim(&self, offset: u64, len: u64) -> io::Result<()>;
+
+    /// Makes a range read back as zeroes. [`write_zeroes_by_writing`] is a
+    /// correct implementation for backends without a faster way.
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> io::Result<()>;
+
+    /// Whether `write_zeroes` is substantially faster than writing zeroes
+    /// with `write`. NBD clients that ask for a "fast zero" get ENOTSUP at
+    /// once when this is false, so that they can fall back to writing only
+    /// the data they have instead of zeroing everything first.
+    fn zeroes_are_fast(&self) -> bool {
+        false
+    }
+
+    /// Whether the device is a rotating disk (a scheduling hint for clients).
+    fn rotational(&self) -> bool {
+        false
+    }
+
+    /// A hint that a range will be read soon. The default does nothing.
+    fn cache(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Implements [`BlockBackend::write_zeroes`] by writing buffers of zeroes, for
+/// backends that have no cheaper way to zero a range.
+///
+/// The chunks are written without FUA and followed by one flush when FUA was
+/// asked for: that gives the same durability with a single flush instead of
+/// one per chunk.
+pub fn write_zeroes_by_writing(
+    backend: &dyn BlockBackend,
+    offset: u64,
+    len: u64,
+    flags: ZeroFlags,
+) -> io::Result<()> {
+    const CHUNK: u64 = 1 << 20;
+    let zeroes = vec![0u8; CHUNK.min(len) as usize];
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(CHUNK) as usize;
+        backend.write(offset + done, &zeroes[..n], false)?;
+        done += n as u64;
+    }
+    if flags.fua {
+        backend.flush()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_sizes_validation() {
+        assert!(BlockSizes::PROTOCOL_DEFAULT.validate().is_ok());
+        assert!(BlockSizes {
+            min: 512,
+            preferred: 4096,
+            max_payload: 4096
+        }
+        .validate()
+        .is_ok());
+        assert!(BlockSizes {
+            min: 4096,
+            preferred: 65536,
+            max_payload: 1 << 25
+        }
+        .validate()
+        .is_ok());
+        assert!(BlockSizes {
+            min: 3,
+            preferred: 4096,
+            max_payload: 1 << 20
+        }
+        .validate()
+        .is_err());
+        assert!(BlockSizes {
+            min: 1 << 17,
+            preferred: 1 << 17,
+            max_payload: 1 << 20
+        }
+        .validate()
+        .is_err());
+        assert!(BlockSizes {
+            min: 1,
+            preferred: 256,
+            max_payload: 1 << 20
+        }
+        .validate()
+        .is_err());
+        assert!(BlockSizes {
+            min: 4096,
+            preferred: 512,
+            max_payload: 1 << 20
+        }
+        .validate()
+        .is_err());
+        assert!(BlockSizes {
+            min: 512,
+            preferred: 4096,
+            max_payload: 4095
+        }
+        .validate()
+        .is_err());
+    }
+
+    #[test]
+    fn zeroing_by_writing() {
+        let m = MemoryBackend::new(3 << 20);
+        m.write(0, &vec![0xaa; 3 << 20], false).unwrap();
+        write_zeroes_by_writing(
+            &m,
+            4096,
+            (2 << 20) + 512,
+            ZeroFlags {
+                fua: true,
+                may_trim: false,
+            },
+        )
+        .unwrap();
+        let data = m.contents();
+        assert!(data[..4096].iter().all(|&b| b == 0xaa));
+        assert!(data[4096..4096 + (2 << 20) + 512].iter().all(|&b| b == 0));
+        assert!(data[4096 + (2 << 20) + 512..].iter().all(|&b| b == 0xaa));
+        assert_eq!(m.stats().flushes, 1);
+    }
+}

@@ -1,0 +1,760 @@
+//! One client connection: the handshake, then the transmission phase with
+//! requests executed concurrently by a small pool of worker threads.
+//!
+//! The connection thread is the only reader of the socket. It parses each
+//! request, refuses invalid ones itself, and hands valid ones to the workers.
+//! Workers call the backend and write their reply under the connection's
+//! writer lock, so replies go out whole but in completion order. A counter of
+//! requests and buffer bytes in flight bounds both concurrency and memory: when
+//! it is full the reader stops reading, and TCP flow control pushes back on
+//! the client.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+use super::io::{ReadError, Sock, SockReader};
+use super::proto::{
+    self, Command, InfoRequest, NbdError, ProtoError, RequestHeader, TransmissionParams,
+};
+use super::server::Shared;
+use crate::export::ZeroFlags;
+
+/// Option data beyond this is not buffered: the option is refused with
+/// `NBD_REP_ERR_TOO_BIG` (its data discarded) or, beyond
+/// `MAX_OPTION_DISCARD`, the client is dropped as hostile. The largest
+/// legitimate option is INFO/GO with a 4 KiB name and a few requests.
+const MAX_OPTION_DATA: u32 = 64 * 1024;
+const MAX_OPTION_DISCARD: u32 = 1 << 20;
+/// A client negotiating longer than this is not trying to connect.
+const MAX_OPTIONS: usize = 1024;
+
+/// Why a connection ended early.
+enum ConnError {
+    Read(ReadError),
+    Proto(ProtoError),
+    Write(std::io::Error),
+    Refused(String),
+}
+
+impl std::fmt::Display for ConnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnError::Read(e) => write!(f, "{e}"),
+            ConnError::Proto(e) => write!(f, "protocol violation: {e}"),
+            ConnError::Write(e) => write!(f, "write error: {e}"),
+            ConnError::Refused(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+impl From<ReadError> for ConnError {
+    fn from(e: ReadError) -> ConnError {
+        ConnError::Read(e)
+    }
+}
+
+impl From<ProtoError> for ConnError {
+    fn from(e: ProtoError) -> ConnError {
+        ConnError::Proto(e)
+    }
+}
+
+/// Identifies a connection in log lines.
+struct Log {
+    id: u64,
+    peer: String,
+}
+
+impl Log {
+    fn line(&self, msg: impl std::fmt::Display) {
+        eprintln!("uraid nbd: connection {} ({}): {msg}", self.id, self.peer);
+    }
+}
+
+/// Runs a connection to the end. Never panics on client input: every
+/// malformed message becomes a logged disconnect of this connection only.
+pub(crate) fn run(shared: Arc<Shared>, sock: Sock, id: u64, peer: String) {
+    let log = Log { id, peer };
+    if shared.options.log_connections {
+        log.line("connected");
+    }
+    let sock = Arc::new(sock);
+    let mut reader = SockReader::new(&sock, shared.wake_fd());
+    match handshake(&shared, &sock, &mut reader) {
+        Ok(Some(structured)) => transmission(&shared, &sock, reader, structured, &log),
+        Ok(None) => {}
+        // A client that leaves, or a server that stops, is not worth a log
+        // line; a liveness probe (connect, then close) looks exactly so.
+        Err(ConnError::Read(ReadError::Eof)) | Err(ConnError::Read(ReadError::Stopped)) => {}
+        Err(ConnError::Write(e)) if client_gone(&e) => {}
+        Err(e) => log.line(format_args!("during negotiation: {e}")),
+    }
+    sock.shutdown();
+    if shared.options.log_connections {
+        log.line("closed");
+    }
+}
+
+/// Whether a write failed only because the client closed the connection.
+fn client_gone(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+    )
+}
+
+// ---------------------------------------------------------------------------
+// Handshake.
+
+fn send(shared: &Shared, sock: &Sock, parts: &[&[u8]]) -> Result<(), ConnError> {
+    sock.send_all(parts, shared.options.io_timeout)
+        .map_err(ConnError::Write)
+}
+
+fn send_option_reply(
+    shared: &Shared,
+    sock: &Sock,
+    option: u32,
+    reply: u32,
+    data: &[u8],
+) -> Result<(), ConnError> {
+    send(
+        shared,
+        sock,
+        &[&proto::encode_option_reply(option, reply, data)],
+    )
+}
+
+/// Negotiates until the client enters transmission (returns whether it
+/// negotiated structured replies), aborts (returns `None`), or breaks the
+/// protocol.
+fn handshake(
+    shared: &Shared,
+    sock: &Sock,
+    reader: &mut SockReader,
+) -> Result<Option<bool>, ConnError> {
+    let deadline = shared.options.handshake_timeout.map(|t| Instant::now() + t);
+    let offered = proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES;
+    send(shared, sock, &[&proto::encode_greeting(offered)])?;
+    let mut flags = [0u8; 4];
+    reader.read_exact(&mut flags, deadline)?;
+    let client_flags = proto::decode_client_flags(&flags, offered)?;
+    let no_zeroes = client_flags & proto::FLAG_C_NO_ZEROES != 0;
+    let export = &shared.export;
+    let options = &shared.options;
+    let name_ok = |name: &str| name.is_empty() || name == options.export_name;
+    let mut structured = false;
+
+    for _ in 0..MAX_OPTIONS {
+        let mut header = [0u8; proto::OPTION_HEADER_LEN];
+        reader.read_exact(&mut header, deadline)?;
+        let header = proto::decode_option_header(&header)?;
+        let option = header.option;
+        if header.length > MAX_OPTION_DATA {
+            if option == proto::OPT_EXPORT_NAME || header.length > MAX_OPTION_DISCARD {
+                return Err(ConnError::Refused(format!(
+                    "option {option} with {} bytes of data is too large",
+                    header.length
+                )));
+            }
+            reader.discard(header.length as u64, deadline)?;
+            send_option_reply(
+                shared,
+                sock,
+                option,
+                proto::REP_ERR_TOO_BIG,
+                b"option data too large",
+            )?;
+            continue;
+        }
+        let mut data = vec![0u8; header.length as usize];
+        reader.read_exact(&mut data, deadline)?;
+
+        match option {
+            proto::OPT_EXPORT_NAME => {
+                // This option cannot be answered with an error, so every
+                // refusal is a disconnect, as the spec requires.
+                let name = proto::decode_string(&data)?;
+                if !name_ok(&name) {
+                    return Err(ConnError::Refused(format!(
+                        "OPT_EXPORT_NAME for unknown export '{name}'"
+                    )));
+                }
+                if options.require_block_size {
+                    return Err(ConnError::Refused(
+                        "OPT_EXPORT_NAME cannot negotiate block sizes, which this server requires"
+                            .into(),
+                    ));
+                }
+                let flags = export.transmission_flags(structured);
+                send(
+                    shared,
+                    sock,
+                    &[&proto::encode_export_name_reply(
+                        export.size,
+                        flags,
+                        no_zeroes,
+                    )],
+                )?;
+                return Ok(Some(structured));
+            }
+            proto::OPT_ABORT => {
+                // The client may already have closed; a failed ACK is fine.
+                let _ = send_option_reply(shared, sock, option, proto::REP_ACK, &[]);
+                return Ok(None);
+            }
+            proto::OPT_LIST => {
+                if !data.is_empty() {
+                    send_option_reply(
+                        shared,
+                        sock,
+                        option,
+                        proto::REP_ERR_INVALID,
+                        b"OPT_LIST takes no data",
+                    )?;
+                    continue;
+                }
+                let server = proto::encode_rep_server(&options.export_name, &options.description);
+                send_option_reply(shared, sock, option, proto::REP_SERVER, &server)?;
+                send_option_reply(shared, sock, option, proto::REP_ACK, &[])?;
+            }
+            proto::OPT_INFO | proto::OPT_GO => {
+                let request = match proto::decode_info_request(&data) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let msg = format!("malformed request: {e}");
+                        send_option_reply(
+                            shared,
+                            sock,
+                            option,
+                            proto::REP_ERR_INVALID,
+                            msg.as_bytes(),
+                        )?;
+                        continue;
+                    }
+                };
+                if !name_ok(&request.name) {
+                    let msg = format!("no export named '{}'", request.name);
+                    send_option_reply(
+                        shared,
+                        sock,
+                        option,
+                        proto::REP_ERR_UNKNOWN,
+                        msg.as_bytes(),
+                    )?;
+                    continue;
+                }
+                send_export_info(shared, sock, option, &request, structured)?;
+                if option == proto::OPT_GO
+                    && options.require_block_size
+                    && !request.wants(proto::INFO_BLOCK_SIZE)
+                {
+                    let msg = b"this export requires the client to accept block size constraints";
+                    send_option_reply(shared, sock, option, proto::REP_ERR_BLOCK_SIZE_REQD, msg)?;
+                    continue;
+                }
+                send_option_reply(shared, sock, option, proto::REP_ACK, &[])?;
+                if option == proto::OPT_GO {
+                    return Ok(Some(structured));
+                }
+            }
+            proto::OPT_STRUCTURED_REPLY => {
+                if !data.is_empty() {
+                    let msg = b"OPT_STRUCTURED_REPLY takes no data";
+                    send_option_reply(shared, sock, option, proto::REP_ERR_INVALID, msg)?;
+                    continue;
+                }
+                structured = true;
+                send_option_reply(shared, sock, option, proto::REP_ACK, &[])?;
+            }
+            proto::OPT_STARTTLS => {
+                send_option_reply(
+                    shared,
+                    sock,
+                    option,
+                    proto::REP_ERR_UNSUP,
+                    b"TLS is not supported",
+                )?;
+            }
+            _ => {
+                // Including LIST/SET_META_CONTEXT (no block status yet) and
+                // EXTENDED_HEADERS: clients fall back when told UNSUP.
+                send_option_reply(shared, sock, option, proto::REP_ERR_UNSUP, &[])?;
+            }
+        }
+    }
+    Err(ConnError::Refused(format!(
+        "more than {MAX_OPTIONS} options without entering transmission"
+    )))
+}
+
+/// The `NBD_REP_INFO` replies for INFO/GO (everything but the final reply).
+fn send_export_info(
+    shared: &Shared,
+    sock: &Sock,
+    option: u32,
+    request: &InfoRequest,
+    structured: bool,
+) -> Result<(), ConnError> {
+    let export = &shared.export;
+    let options = &shared.options;
+    let flags = export.transmission_flags(structured);
+    send_option_reply(
+        shared,
+        sock,
+        option,
+        proto::REP_INFO,
+        &proto::encode_info_export(export.size, flags),
+    )?;
+    if request.wants(proto::INFO_NAME) {
+        let info = proto::encode_info_string(proto::INFO_NAME, &options.export_name);
+        send_option_reply(shared, sock, option, proto::REP_INFO, &info)?;
+    }
+    if request.wants(proto::INFO_DESCRIPTION) && !options.description.is_empty() {
+        let info = proto::encode_info_string(proto::INFO_DESCRIPTION, &options.description);
+        send_option_reply(shared, sock, option, proto::REP_INFO, &info)?;
+    }
+    // Block sizes are sent even when not requested: the spec lets a server
+    // send information the client did not ask for (clients ignore what they
+    // do not want), and a client that learns the constraints avoids EINVAL.
+    let info = proto::encode_info_block_size(export.block_sizes);
+    send_option_reply(shared, sock, option, proto::REP_INFO, &info)
+}
+
+// ---------------------------------------------------------------------------
+// Transmission.
+
+/// Counts requests and buffer bytes in flight on one connection.
+struct Inflight {
+    state: Mutex<(usize, u64)>,
+    cond: Condvar,
+    max_requests: usize,
+    max_bytes: u64,
+}
+
+impl Inflight {
+    /// Waits for room for a request holding `bytes` of buffers. A request
+    /// bigger than the byte budget is admitted when nothing else is in
+    /// flight, so that it cannot wait forever.
+    fn acquire(&self, bytes: u64) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        while state.0 >= self.max_requests || (state.0 > 0 && state.1 + bytes > self.max_bytes) {
+            state = self.cond.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        state.0 += 1;
+        state.1 += bytes;
+    }
+
+    fn release(&self, bytes: u64) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.0 -= 1;
+        state.1 -= bytes;
+        self.cond.notify_all();
+    }
+}
+
+/// What workers share about their connection.
+struct Conn {
+    shared: Arc<Shared>,
+    sock: Arc<Sock>,
+    params: TransmissionParams,
+    /// Held while a reply is written, so that replies do not interleave.
+    /// The flag records that the connection can no longer be written to.
+    writer: Mutex<bool>,
+    inflight: Inflight,
+    log: Log,
+}
+
+/// A request handed to a worker.
+struct Job {
+    cookie: u64,
+    command: Command,
+    payload: Vec<u8>,
+    /// The bytes counted in `Inflight` for this request.
+    cost: u64,
+}
+
+/// How the reader loop ended.
+enum End {
+    /// The client sent NBD_CMD_DISC, closed the connection, or the server is
+    /// stopping: finish what is in flight and reply.
+    Graceful,
+    /// The client broke the protocol or the connection failed: drop it now.
+    Abort,
+}
+
+fn transmission(
+    shared: &Arc<Shared>,
+    sock: &Arc<Sock>,
+    mut reader: SockReader,
+    structured: bool,
+    log: &Log,
+) {
+    let options = &shared.options;
+    let params = TransmissionParams {
+        size: shared.export.size,
+        block_sizes: shared.export.block_sizes,
+        transmission_flags: shared.export.transmission_flags(structured),
+        structured_replies: structured,
+    };
+    let conn = Arc::new(Conn {
+        shared: shared.clone(),
+        sock: sock.clone(),
+        params,
+        writer: Mutex::new(false),
+        inflight: Inflight {
+            state: Mutex::new((0, 0)),
+            cond: Condvar::new(),
+            max_requests: options.max_inflight,
+            max_bytes: options.max_inflight_bytes,
+        },
+        log: Log {
+            id: log.id,
+            peer: log.peer.clone(),
+        },
+    });
+
+    let (tx, rx) = mpsc::channel::<Job>();
+    let rx = Arc::new(Mutex::new(rx));
+    let mut workers = Vec::new();
+    for n in 0..options.workers_per_connection {
+        let conn = conn.clone();
+        let rx = rx.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("nbd-worker-{}-{n}", log.id))
+            .spawn(move || worker(&conn, &rx));
+        match spawned {
+            Ok(t) => workers.push(t),
+            Err(e) => log.line(format_args!("cannot start worker thread {n}: {e}")),
+        }
+    }
+    if workers.is_empty() {
+        log.line("no worker threads; closing");
+        return;
+    }
+
+    let end = read_requests(&conn, &mut reader, &tx);
+    if let End::Abort = end {
+        // Replies to requests still in flight cannot be trusted to arrive;
+        // closing now tells the client at once.
+        sock.shutdown();
+    }
+    drop(tx);
+    for t in workers {
+        if t.join().is_err() {
+            log.line("a worker thread panicked");
+        }
+    }
+}
+
+/// Reads requests until the connection ends, dispatching valid ones to the
+/// workers and answering invalid ones directly.
+fn read_requests(conn: &Conn, reader: &mut SockReader, tx: &mpsc::Sender<Job>) -> End {
+    let io_timeout = conn.shared.options.io_timeout;
+    let mut header = [0u8; proto::REQUEST_HEADER_LEN];
+    loop {
+        if conn.shared.stopping() {
+            return End::Graceful;
+        }
+        // Idle time between requests is unlimited (an idle kernel client is
+        // normal); once a request has started, the rest must follow within
+        // the I/O timeout.
+        if let Err(e) = reader.read_exact(&mut header[..1], None) {
+            return read_failed(conn, e, "request");
+        }
+        let deadline = io_timeout.map(|t| Instant::now() + t);
+        if let Err(e) = reader.read_exact(&mut header[1..], deadline) {
+            // Count the first byte too, so the message matches the wire.
+            let e = match e {
+                ReadError::Eof => ReadError::Truncated {
+                    have: 1,
+                    need: header.len(),
+                },
+                ReadError::Truncated { have, need } => ReadError::Truncated {
+                    have: have + 1,
+                    need: need + 1,
+                },
+                e => e,
+            };
+            return read_failed(conn, e, "request header");
+        }
+        let request = match proto::decode_request_header(&header) {
+            Ok(r) => r,
+            Err(e) => {
+                conn.log
+                    .line(format_args!("protocol violation: {e}; disconnecting"));
+                return End::Abort;
+            }
+        };
+        let payload_len = match proto::request_payload_len(&request, &conn.params) {
+            Ok(n) => n,
+            Err(e) => {
+                conn.log
+                    .line(format_args!("protocol violation: {e}; disconnecting"));
+                return End::Abort;
+            }
+        };
+        let command = match proto::check_request(&request, &conn.params) {
+            Ok(c) => c,
+            Err(err) => {
+                // The payload of a refused write is still on the wire and
+                // must be consumed to stay in step with the client.
+                if payload_len > 0 {
+                    if let Err(e) = reader.discard(payload_len as u64, deadline) {
+                        return read_failed(conn, e, "write payload");
+                    }
+                }
+                conn.reply_error(&request, err, &refusal_message(&request, err, &conn.params));
+                continue;
+            }
+        };
+        if let Command::Disconnect = command {
+            return End::Graceful;
+        }
+        let cost = match command {
+            Command::Read { length, .. } | Command::Write { length, .. } => length as u64,
+            _ => 0,
+        };
+        // Wait for room before allocating: this is what bounds memory.
+        conn.inflight.acquire(cost);
+        let mut payload = Vec::new();
+        if payload_len > 0 {
+            payload = vec![0u8; payload_len as usize];
+            if let Err(e) = reader.read_exact(&mut payload, deadline) {
+                conn.inflight.release(cost);
+                return read_failed(conn, e, "write payload");
+            }
+        }
+        if tx
+            .send(Job {
+                cookie: request.cookie,
+                command,
+                payload,
+                cost,
+            })
+            .is_err()
+        {
+            // Every worker is gone (they only exit when the channel closes,
+            // so this means they panicked); nothing can serve requests.
+            conn.inflight.release(cost);
+            conn.log.line("worker threads died; disconnecting");
+            return End::Abort;
+        }
+    }
+}
+
+/// Decides how the connection ends after a failed read of `what` (a part
+/// of a request), logging anything other than a clean end.
+fn read_failed(conn: &Conn, err: ReadError, what: &str) -> End {
+    match err {
+        ReadError::Eof if what == "request" => End::Graceful,
+        ReadError::Stopped => End::Graceful,
+        // The server itself shut the socket after a failed reply, which was
+        // logged then.
+        _ if *conn.writer.lock().unwrap_or_else(|e| e.into_inner()) => End::Abort,
+        ReadError::Eof => {
+            conn.log.line(format_args!(
+                "connection closed by the client before the {what}; disconnecting"
+            ));
+            End::Abort
+        }
+        ReadError::Truncated { have, need } => {
+            conn.log.line(format_args!(
+                "connection closed by the client mid-{what} ({have} of {need} bytes); disconnecting"
+            ));
+            End::Abort
+        }
+        e => {
+            conn.log
+                .line(format_args!("reading the {what}: {e}; disconnecting"));
+            End::Abort
+        }
+    }
+}
+
+/// A message for the error chunk of a refused request.
+fn refusal_message(request: &RequestHeader, err: NbdError, params: &TransmissionParams) -> String {
+    let what = format!(
+        "command {} at {}+{}",
+        request.command, request.offset, request.length
+    );
+    match err {
+        NbdError::Perm => format!("{what}: the export is read-only"),
+        NbdError::NoSpc => format!(
+            "{what}: beyond the end of the export ({} bytes)",
+            params.size
+        ),
+        NbdError::Overflow => format!(
+            "{what}: longer than the maximum payload {}",
+            params.block_sizes.max_payload
+        ),
+        _ => format!("{what}: invalid (unknown command or flag, misaligned, or out of range)"),
+    }
+}
+
+fn worker(conn: &Conn, rx: &Mutex<mpsc::Receiver<Job>>) {
+    loop {
+        // The lock is held only to take one job; execution runs unlocked.
+        let job = match rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
+            Ok(job) => job,
+            Err(_) => return,
+        };
+        let cost = job.cost;
+        // A panicking backend must not take the connection's accounting
+        // with it: the request is answered with EIO and the worker goes on.
+        if catch_unwind(AssertUnwindSafe(|| conn.execute(job))).is_err() {
+            conn.log
+                .line("the backend panicked while serving a request");
+        }
+        conn.inflight.release(cost);
+    }
+}
+
+impl Conn {
+    fn execute(&self, job: Job) {
+        let backend = &*self.shared.backend;
+        let cookie = job.cookie;
+        let result = catch_unwind(AssertUnwindSafe(
+            || -> Result<Option<Vec<u8>>, (NbdError, String)> {
+                let io = |r: std::io::Result<()>, what: &str| {
+                    r.map_err(|e| (NbdError::from_io_error(&e), format!("{what} failed: {e}")))
+                };
+                match job.command {
+                    Command::Read { offset, length } => {
+                        let mut buf = vec![0u8; length as usize];
+                        if length > 0 {
+                            io(backend.read(offset, &mut buf), "read")?;
+                        }
+                        Ok(Some(buf))
+                    }
+                    Command::Write { offset, fua, .. } => {
+                        if !job.payload.is_empty() {
+                            io(backend.write(offset, &job.payload, fua), "write")?;
+                        }
+                        Ok(None)
+                    }
+                    // Every write already answered has returned from the backend,
+                    // so one backend flush covers exactly what the spec requires.
+                    Command::Flush => io(backend.flush(), "flush").map(|_| None),
+                    Command::Trim {
+                        offset,
+                        length,
+                        fua,
+                    } => {
+                        if length > 0 {
+                            io(backend.trim(offset, length as u64), "trim")?;
+                        }
+                        if fua {
+                            io(backend.flush(), "flush after trim")?;
+                        }
+                        Ok(None)
+                    }
+                    Command::Cache { offset, length } => {
+                        io(backend.cache(offset, length as u64), "cache").map(|_| None)
+                    }
+                    Command::WriteZeroes {
+                        offset,
+                        length,
+                        fua,
+                        no_hole,
+                        fast,
+                    } => {
+                        if fast && !backend.zeroes_are_fast() {
+                            return Err((
+                                NbdError::NotSup,
+                                "zeroing is not faster than writing on this export".into(),
+                            ));
+                        }
+                        if length > 0 {
+                            let flags = ZeroFlags {
+                                fua,
+                                may_trim: !no_hole,
+                            };
+                            io(
+                                backend.write_zeroes(offset, length as u64, flags),
+                                "write zeroes",
+                            )?;
+                        }
+                        Ok(None)
+                    }
+                    Command::Disconnect => Ok(None),
+                }
+            },
+        ))
+        .unwrap_or_else(|_| Err((NbdError::Io, "internal error in the storage backend".into())));
+
+        match result {
+            Ok(Some(data)) => self.reply_read(cookie, &job.command, &data),
+            Ok(None) => self.send(&[&proto::encode_simple_reply(0, cookie)]),
+            Err((err, msg)) => self.reply_error_raw(cookie, err, &msg),
+        }
+    }
+
+    fn reply_read(&self, cookie: u64, command: &Command, data: &[u8]) {
+        let offset = match command {
+            Command::Read { offset, .. } => *offset,
+            _ => 0,
+        };
+        if !self.params.structured_replies {
+            self.send(&[&proto::encode_simple_reply(0, cookie), data]);
+        } else if data.is_empty() {
+            // A content chunk must hold at least one byte, so an empty read
+            // is answered with just the final NONE chunk.
+            self.send(&[&proto::encode_none_chunk(cookie)]);
+        } else {
+            // The data is complete in memory before anything is sent, so no
+            // error can follow: the data chunk itself can be the final one.
+            match proto::encode_offset_data_prefix(
+                cookie,
+                proto::REPLY_FLAG_DONE,
+                offset,
+                data.len() as u32,
+            ) {
+                Ok(prefix) => self.send(&[&prefix, data]),
+                Err(e) => {
+                    self.reply_error_raw(cookie, NbdError::Io, &format!("cannot encode reply: {e}"))
+                }
+            }
+        }
+    }
+
+    fn reply_error(&self, request: &RequestHeader, err: NbdError, message: &str) {
+        self.reply_error_raw(request.cookie, err, message);
+    }
+
+    /// Sends an error reply: a structured error chunk (with a message for
+    /// humans) when structured replies are on, which the spec requires for
+    /// reads and prefers for everything else; a simple reply otherwise.
+    fn reply_error_raw(&self, cookie: u64, err: NbdError, message: &str) {
+        if self.params.structured_replies {
+            self.send(&[&proto::encode_error_chunk(
+                cookie,
+                proto::REPLY_FLAG_DONE,
+                err.code(),
+                message,
+            )]);
+        } else {
+            self.send(&[&proto::encode_simple_reply(err.code(), cookie)]);
+        }
+    }
+
+    /// Writes one whole reply under the writer lock. After a failure the
+    /// connection is shut down (which also ends the reader) and later replies
+    /// are dropped.
+    fn send(&self, parts: &[&[u8]]) {
+        let mut broken = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        if *broken {
+            return;
+        }
+        if let Err(e) = self.sock.send_all(parts, self.shared.options.io_timeout) {
+            *broken = true;
+            if !client_gone(&e) {
+                self.log
+                    .line(format_args!("cannot send a reply: {e}; disconnecting"));
+            }
+            self.sock.shutdown();
+        }
+    }
+}

@@ -1,0 +1,46 @@
+//! An NBD (Network Block Device) server for any [`BlockBackend`].
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use uraid::export::{nbd, MemoryBackend};
+//!
+//! let backend = Arc::new(MemoryBackend::new(64 << 20));
+//! let listener: nbd::Listener = "unix:/run/uraid/md0.sock".parse().unwrap();
+//! let server = nbd::serve(&listener, backend, nbd::ServeOptions::default()).unwrap();
+//! // Clients connect to server.uri(), e.g. `nbdinfo nbd+unix:///?socket=/run/uraid/md0.sock`.
+//! server.shutdown(); // answers what is in flight, then returns
+//! ```
+//!
+//! What is implemented, from the protocol document (NetworkBlockDevice/nbd
+//! `doc/proto.md`):
+//!
+//! - Handshake: fixed newstyle with NO_ZEROES; `OPT_EXPORT_NAME`, `OPT_LIST`,
+//!   `OPT_INFO`/`OPT_GO` (INFO_EXPORT, NAME, DESCRIPTION, BLOCK_SIZE),
+//!   `OPT_STRUCTURED_REPLY` and `OPT_ABORT`; everything else (TLS, meta
+//!   contexts, extended headers) is answered `NBD_REP_ERR_UNSUP`. One export,
+//!   reachable by its configured name or the empty name.
+//! - Transmission: READ, WRITE, FLUSH, TRIM, WRITE_ZEROES (NO_HOLE,
+//!   FAST_ZERO), CACHE (a hint passed to the backend), DISC, the FUA flag,
+//!   and DF (trivially: a read is always answered with one data chunk).
+//!   Structured replies are used for reads and errors when negotiated.
+//! - Errors: EINVAL for unknown commands or flags, misaligned or out-of-range
+//!   requests; ENOSPC for writes past the end; EPERM for writes to a
+//!   read-only export; ENOTSUP for a fast zero the backend cannot do fast;
+//!   the backend's own errors mapped by [`proto::NbdError::from_io_error`].
+//!
+//! Concurrency: a thread per connection reads requests and a pool of worker
+//! threads per connection executes them, up to `max_inflight` at once;
+//! replies are written whole under a per-connection lock, in completion
+//! order. `NBD_FLAG_CAN_MULTI_CONN` is advertised only when the backend says
+//! several connections are safe.
+//!
+//! [`BlockBackend`]: crate::export::BlockBackend
+
+mod conn;
+mod io;
+mod listen;
+pub mod proto;
+mod server;
+
+pub use listen::{BoundAddr, Listener};
+pub use server::{serve, ServeOptions, ServerHandle, Stopper};

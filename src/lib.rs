@@ -7,6 +7,7 @@
 
 pub mod array;
 pub mod cli;
+pub mod engine;
 pub mod export;
 pub mod format;
 pub mod geometry;

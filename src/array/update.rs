@@ -13,6 +13,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub enum Cleanliness {
     Dirty,
     Clean,
+    /// Shut down in order but with a resync unfinished: it must resume at
+    /// this position (md's unit: see Geometry::resync_position_sectors).
+    ResyncFrom(u64),
 }
 
 /// Bumps the events counter, stamps the time, sets clean or dirty, rebuilds
@@ -39,6 +42,7 @@ pub fn write_array_state(array: &mut Assembled, state: Cleanliness) -> Result<()
     array.sb.resync_offset_sectors = match state {
         Cleanliness::Clean => MAX_SECTOR,
         Cleanliness::Dirty => 0,
+        Cleanliness::ResyncFrom(position) => position,
     };
     array.sb.dev_roles = roles.clone();
     for device in &mut array.devices {

@@ -189,7 +189,9 @@ pub fn examine_text(sb: &MemberSuper, device_sectors: u64, homehost: &str) -> St
     let _ = writeln!(o, "   Raid Devices : {}", sb.raid_disks);
     let _ = writeln!(o);
     let _ = writeln!(o, " Avail Dev Size : {} sectors{}", sb.data_size_sectors, human_size_paren(sb.data_size_sectors << 9));
-    if sb.level > 0 {
+    // mdadm compares the level as an unsigned number here, so linear (-1)
+    // takes this branch too and shows its "Used Dev Size : 0 sectors".
+    if sb.level != 0 {
         if let Some(bytes) = array_size_bytes(sb) {
             let _ = writeln!(o, "     Array Size : {} KiB{}", bytes >> 10, human_size_paren(bytes));
         }

@@ -277,6 +277,50 @@ impl Geometry {
         }
     }
 
+    /// md counts resync progress (the superblock's resync_offset, the bitmap's
+    /// sync range) in per-member sectors for raid1/4/5/6 and in array sectors
+    /// for raid10. This is where stripe `stripe` starts in that unit.
+    pub fn resync_position_sectors(&self, stripe: u64) -> u64 {
+        match self {
+            Geometry::Raid456(_) | Geometry::Raid1(_) => {
+                let map = self.stripe(stripe.min(self.stripe_count().saturating_sub(1)));
+                if stripe >= self.stripe_count() {
+                    return map.data[0].copies[0].member_sector + map.strip_sectors;
+                }
+                map.data[0].copies[0].member_sector
+            }
+            Geometry::Raid10(_) | Geometry::Linear(_) | Geometry::Raid0(_) => {
+                if stripe >= self.stripe_count() {
+                    return self.array_sectors();
+                }
+                self.stripe(stripe).array_sector
+            }
+        }
+    }
+
+    /// The first stripe a resync that stopped at `position_sectors` (in md's
+    /// unit, see [`Geometry::resync_position_sectors`]) must still visit.
+    pub fn stripe_at_resync_position(&self, position_sectors: u64) -> u64 {
+        let count = self.stripe_count();
+        // Stripes are in increasing position order, so search for the first
+        // stripe whose start is not below the position.
+        let (mut low, mut high) = (0u64, count);
+        while low < high {
+            let mid = low + (high - low) / 2;
+            if self.resync_position_sectors(mid) < position_sectors {
+                low = mid + 1;
+            } else {
+                high = mid;
+            }
+        }
+        // A position inside a stripe means that stripe was not finished.
+        if low > 0 && self.resync_position_sectors(low) > position_sectors {
+            low - 1
+        } else {
+            low
+        }
+    }
+
     /// Whether every array sector is still readable with the members marked
     /// missing in `missing` (indexed by role). This is the degradation rule.
     pub fn survives(&self, missing: &[bool]) -> bool {

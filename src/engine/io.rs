@@ -1,0 +1,368 @@
+//! The live request path: reads and writes of any size and alignment,
+//! split into stripe pieces. A partial-stripe write updates parity by
+//! read-modify-write or reconstruct-write, whichever needs fewer reads (md's
+//! rmw_level 1: ties go to reconstruct-write); a full-stripe write reads
+//! nothing. Lost members are reconstructed on read and left out on write.
+//!
+//! Within one stripe the work is confined to a *window*: the byte range,
+//! relative to the start of each strip, that the request touches in any
+//! strip. Parity is read, computed and written over that window only.
+
+use super::Engine;
+use crate::geometry::{Place, StripeMap};
+use crate::parity;
+use crate::units::SECTOR_BYTES;
+use std::io;
+use std::ops::Range;
+
+fn lost(what: String) -> io::Error {
+    io::Error::other(what)
+}
+
+/// The part of one stripe that a request covers.
+struct Piece<'a> {
+    map: StripeMap,
+    /// For each data strip, the byte range (strip-relative) the request covers; empty if none.
+    ranges: Vec<Range<usize>>,
+    /// Union of the ranges: where parity changes.
+    window: Range<usize>,
+    /// The request's bytes for this stripe, starting at the first covered byte.
+    data: &'a [u8],
+    /// Offset of the first covered byte within the stripe's data.
+    start_in_stripe: usize,
+}
+
+impl Piece<'_> {
+    fn strip_bytes(&self) -> usize {
+        (self.map.strip_sectors * SECTOR_BYTES) as usize
+    }
+
+    /// The request's bytes for strip `i` (its covered range).
+    fn new_bytes(&self, i: usize) -> &[u8] {
+        let r = &self.ranges[i];
+        let from = i * self.strip_bytes() + r.start - self.start_in_stripe;
+        &self.data[from..from + r.len()]
+    }
+
+    fn touched(&self, i: usize) -> bool {
+        !self.ranges[i].is_empty()
+    }
+
+    /// Whether strip `i`'s new bytes cover the whole window.
+    fn covers_window(&self, i: usize) -> bool {
+        self.ranges[i].start <= self.window.start && self.ranges[i].end >= self.window.end
+    }
+}
+
+impl Engine {
+    fn present(&self, place: &Place) -> bool {
+        self.slots[place.member].is_some()
+    }
+
+    fn read_place(&self, place: &Place, offset_in_strip: usize, buf: &mut [u8]) -> io::Result<()> {
+        let slot = self.slots[place.member].as_ref().expect("read from a present member");
+        let at = slot.data_offset_bytes + place.member_sector * SECTOR_BYTES + offset_in_strip as u64;
+        slot.member.read_at(buf, at)
+    }
+
+    fn write_place(&self, place: &Place, offset_in_strip: usize, buf: &[u8]) -> io::Result<()> {
+        let slot = self.slots[place.member].as_ref().expect("write to a present member");
+        let at = slot.data_offset_bytes + place.member_sector * SECTOR_BYTES + offset_in_strip as u64;
+        slot.member.write_at(buf, at)
+    }
+
+    /// Calls `f` for each stripe piece of the byte range [offset, offset+len).
+    fn for_each_piece(
+        &self,
+        offset: u64,
+        len: usize,
+        mut f: impl FnMut(&Engine, StripeMap, usize, Range<usize>) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let end = offset.checked_add(len as u64).filter(|e| *e <= self.size_bytes());
+        if end.is_none() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "request beyond the end of the array"));
+        }
+        let mut done = 0usize;
+        while done < len {
+            let at = offset + done as u64;
+            let map = self.geometry.stripe(self.geometry.stripe_of(at / SECTOR_BYTES));
+            let stripe_start = map.array_sector * SECTOR_BYTES;
+            let stripe_bytes = (map.data_sectors() * SECTOR_BYTES) as usize;
+            let in_stripe = (at - stripe_start) as usize;
+            let n = (stripe_bytes - in_stripe).min(len - done);
+            f(self, map, in_stripe, done..done + n)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// The piece of stripe `map` covering `len` bytes from `in_stripe`;
+    /// `data` holds the bytes of a write (empty for a read).
+    fn piece<'a>(map: StripeMap, in_stripe: usize, len: usize, data: &'a [u8]) -> Piece<'a> {
+        debug_assert!(data.is_empty() || data.len() == len);
+        let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
+        let end = in_stripe + len;
+        let ranges: Vec<Range<usize>> = (0..map.data.len())
+            .map(|i| {
+                let (s, e) = (i * strip_bytes, (i + 1) * strip_bytes);
+                let (a, b) = (in_stripe.max(s), end.min(e));
+                if a < b {
+                    a - s..b - s
+                } else {
+                    0..0
+                }
+            })
+            .collect();
+        let touched = ranges.iter().filter(|r| !r.is_empty());
+        let window_start = touched.clone().map(|r| r.start).min().unwrap_or(0);
+        let window_end = touched.map(|r| r.end).max().unwrap_or(0);
+        Piece { map, ranges, window: window_start..window_end, data, start_in_stripe: in_stripe }
+    }
+
+    /// Reads array bytes at `offset` into `buf`.
+    pub(super) fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let len = buf.len();
+        self.for_each_piece(offset, len, |engine, map, in_stripe, range| {
+            let piece = Engine::piece(map, in_stripe, range.len(), &[]);
+            let out = &mut buf[range];
+            let strip_bytes = piece.strip_bytes();
+            let mut missing = Vec::new();
+            for (i, r) in piece.ranges.iter().enumerate() {
+                if r.is_empty() {
+                    continue;
+                }
+                let dst = &mut out[i * strip_bytes + r.start - in_stripe..][..r.len()];
+                match piece.map.data[i].copies.iter().find(|c| engine.present(c)) {
+                    Some(copy) => engine.read_place(copy, r.start, dst)?,
+                    None => missing.push(i),
+                }
+            }
+            if missing.is_empty() {
+                return Ok(());
+            }
+            // Reconstruction reads the rest of the stripe: hold its lock so
+            // that no write is half-way through it.
+            let _guard = engine.locks.lock(piece.map.stripe);
+            let window = piece.window.clone();
+            let strips = engine.read_window(&piece.map, window.clone(), &missing)?;
+            for i in missing {
+                let r = &piece.ranges[i];
+                let dst = &mut out[i * strip_bytes + r.start - in_stripe..][..r.len()];
+                dst.copy_from_slice(&strips[i][r.start - window.start..r.end - window.start]);
+            }
+            Ok(())
+        })
+    }
+
+    /// Reads the window of every data strip, reconstructing the strips in
+    /// `lost` (whose members are gone) from the others and parity.
+    fn read_window(&self, map: &StripeMap, window: Range<usize>, lost: &[usize]) -> io::Result<Vec<Vec<u8>>> {
+        let len = window.len();
+        let mut strips = vec![vec![0u8; len]; map.data.len()];
+        for (i, strip) in map.data.iter().enumerate() {
+            if lost.contains(&i) {
+                continue;
+            }
+            let copy = strip.copies.iter().find(|c| self.present(c)).ok_or_else(|| {
+                lost_error(map, "more data strips lost than expected")
+            })?;
+            self.read_place(copy, window.start, &mut strips[i])?;
+        }
+        self.reconstruct(map, window, &mut strips, lost)?;
+        Ok(strips)
+    }
+
+    /// Rebuilds the window of the strips in `lost` in place.
+    fn reconstruct(&self, map: &StripeMap, window: Range<usize>, strips: &mut [Vec<u8>], lost: &[usize]) -> io::Result<()> {
+        if lost.is_empty() {
+            return Ok(());
+        }
+        let read_parity = |place: &Option<Place>| -> io::Result<Option<Vec<u8>>> {
+            match place {
+                Some(p) if self.present(p) => {
+                    let mut buf = vec![0u8; window.len()];
+                    self.read_place(p, window.start, &mut buf)?;
+                    Ok(Some(buf))
+                }
+                _ => Ok(None),
+            }
+        };
+        let p = read_parity(&map.p)?;
+        let q = read_parity(&map.q)?;
+        let present: Vec<usize> = (0..map.data.len()).filter(|i| !lost.contains(i)).collect();
+        let present_exps: Vec<u8> = present.iter().map(|&i| map.data[i].q_exponent).collect();
+        let mut outputs: Vec<Vec<u8>> = lost.iter().map(|_| vec![0u8; window.len()]).collect();
+        {
+            let present_data: Vec<&[u8]> = present.iter().map(|&i| strips[i].as_slice()).collect();
+            let syndrome = self.syndrome;
+            match (lost, &mut outputs[..], &p, &q) {
+                ([_], [x], Some(p), _) => parity::recover_data_from_p(syndrome, &present_data, p, x),
+                ([i], [x], None, Some(q)) => parity::recover_data_from_q(
+                    syndrome,
+                    &present_data,
+                    &present_exps,
+                    q,
+                    map.data[*i].q_exponent,
+                    x,
+                ),
+                ([i, j], [x, y], Some(p), Some(q)) => parity::recover_two_data(
+                    syndrome,
+                    &present_data,
+                    &present_exps,
+                    p,
+                    q,
+                    map.data[*i].q_exponent,
+                    map.data[*j].q_exponent,
+                    x,
+                    y,
+                ),
+                _ => return Err(lost_error(map, "too many members lost to reconstruct")),
+            }
+        }
+        for (&i, out) in lost.iter().zip(outputs) {
+            strips[i] = out;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at array byte `offset`, keeping redundancy right.
+    pub(super) fn write_bytes(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.for_each_piece(offset, data.len(), |engine, map, in_stripe, range| {
+            let piece = Engine::piece(map, in_stripe, range.len(), &data[range]);
+            let _guard = engine.locks.lock(piece.map.stripe);
+            engine.write_piece(&piece)
+        })
+    }
+
+    fn write_piece(&self, piece: &Piece) -> io::Result<()> {
+        let map = &piece.map;
+        if map.p.is_none() {
+            // Mirrors and stripes without parity: every present copy.
+            for i in (0..map.data.len()).filter(|i| piece.touched(*i)) {
+                let copies: Vec<&Place> = map.data[i].copies.iter().filter(|c| self.present(c)).collect();
+                if copies.is_empty() {
+                    return Err(lost_error(map, "every copy of the data is lost"));
+                }
+                for copy in copies {
+                    self.write_place(copy, piece.ranges[i].start, piece.new_bytes(i))?;
+                }
+            }
+            return Ok(());
+        }
+        let parity_present: Vec<Place> = [map.p, map.q].into_iter().flatten().filter(|p| self.present(p)).collect();
+        let lost: Vec<usize> = (0..map.data.len()).filter(|&i| !map.data[i].copies.iter().any(|c| self.present(c))).collect();
+        let touched: Vec<usize> = (0..map.data.len()).filter(|&i| piece.touched(i)).collect();
+        if parity_present.is_empty() {
+            // No parity left to maintain: the data is all there is.
+            for &i in &touched {
+                if lost.contains(&i) {
+                    return Err(lost_error(map, "data and parity lost"));
+                }
+                self.write_place(&map.data[i].copies[0], piece.ranges[i].start, piece.new_bytes(i))?;
+            }
+            return Ok(());
+        }
+        // Reads each method needs over the window.
+        let rmw_possible = touched.iter().all(|i| !lost.contains(i));
+        let rmw_reads = touched.len() + parity_present.len();
+        let rcw_reads = (0..map.data.len()).filter(|&i| !piece.covers_window(i) && !lost.contains(&i)).count()
+            + if (0..map.data.len()).any(|i| lost.contains(&i) && !piece.covers_window(i)) { parity_present.len() } else { 0 };
+        if rmw_possible && rmw_reads < rcw_reads {
+            self.read_modify_write(piece, &touched)
+        } else {
+            self.reconstruct_write(piece, &touched, &lost)
+        }
+    }
+
+    /// New parity = old parity + (old data - new data) for each touched strip,
+    /// over the window: reads the touched strips and the parity only.
+    fn read_modify_write(&self, piece: &Piece, touched: &[usize]) -> io::Result<()> {
+        let map = &piece.map;
+        let window = piece.window.clone();
+        let read_parity = |place: Option<Place>| -> io::Result<Option<(Place, Vec<u8>)>> {
+            match place.filter(|p| self.present(p)) {
+                None => Ok(None),
+                Some(p) => {
+                    let mut buf = vec![0u8; window.len()];
+                    self.read_place(&p, window.start, &mut buf)?;
+                    Ok(Some((p, buf)))
+                }
+            }
+        };
+        let mut p = read_parity(map.p)?;
+        let mut q = read_parity(map.q)?;
+        let mut delta = Vec::new();
+        for &i in touched {
+            let r = piece.ranges[i].clone();
+            delta.resize(r.len(), 0);
+            self.read_place(&map.data[i].copies[0], r.start, &mut delta)?;
+            self.syndrome.xor_into(&mut delta, piece.new_bytes(i));
+            let at = r.start - window.start..r.end - window.start;
+            if let Some((_, p)) = p.as_mut() {
+                self.syndrome.xor_into(&mut p[at.clone()], &delta);
+            }
+            if let Some((_, q)) = q.as_mut() {
+                let coef = parity::gf::pow2(map.data[i].q_exponent);
+                self.syndrome.mul_acc(&mut q[at], &delta, coef);
+            }
+        }
+        for &i in touched {
+            self.write_place(&map.data[i].copies[0], piece.ranges[i].start, piece.new_bytes(i))?;
+        }
+        for (place, buf) in [p, q].into_iter().flatten() {
+            self.write_place(&place, window.start, &buf)?;
+        }
+        Ok(())
+    }
+
+    /// Parity recomputed from all data in the window: reads the strips the
+    /// request does not fully cover (reconstructing lost ones), then writes
+    /// the touched strips that are present and the parity.
+    fn reconstruct_write(&self, piece: &Piece, touched: &[usize], lost: &[usize]) -> io::Result<()> {
+        let map = &piece.map;
+        let window = piece.window.clone();
+        let mut strips = vec![vec![0u8; window.len()]; map.data.len()];
+        let mut need_rebuild = Vec::new();
+        for i in 0..map.data.len() {
+            if piece.covers_window(i) {
+                continue;
+            }
+            if lost.contains(&i) {
+                need_rebuild.push(i);
+            } else {
+                self.read_place(&map.data[i].copies[0], window.start, &mut strips[i])?;
+            }
+        }
+        self.reconstruct(map, window.clone(), &mut strips, &need_rebuild)?;
+        for &i in touched {
+            let r = &piece.ranges[i];
+            strips[i][r.start - window.start..r.end - window.start].copy_from_slice(piece.new_bytes(i));
+        }
+        let views: Vec<&[u8]> = strips.iter().map(Vec::as_slice).collect();
+        let mut p = vec![0u8; window.len()];
+        let mut q = vec![0u8; window.len()];
+        match map.q {
+            None => self.syndrome.gen_p(&views, &mut p),
+            Some(_) => {
+                let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
+                self.syndrome.gen_pq(&views, &exps, &mut p, &mut q);
+            }
+        }
+        for &i in touched {
+            if !lost.contains(&i) {
+                self.write_place(&map.data[i].copies[0], piece.ranges[i].start, piece.new_bytes(i))?;
+            }
+        }
+        if let Some(place) = map.p.filter(|p| self.present(p)) {
+            self.write_place(&place, window.start, &p)?;
+        }
+        if let Some(place) = map.q.filter(|q| self.present(q)) {
+            self.write_place(&place, window.start, &q)?;
+        }
+        Ok(())
+    }
+}
+
+fn lost_error(map: &StripeMap, what: &str) -> io::Error {
+    lost(format!("stripe {}: {what}", map.stripe))
+}

@@ -144,7 +144,12 @@ impl Engine {
             // that no write is half-way through it.
             let _guard = engine.locks.lock(piece.map.stripe);
             let window = piece.window.clone();
-            let strips = engine.read_window(&piece.map, window.clone(), &missing)?;
+            // Every lost strip, touched or not, is rebuilt: the algebra needs
+            // all the others as they are on disk.
+            let all_lost: Vec<usize> = (0..piece.map.data.len())
+                .filter(|&i| !piece.map.data[i].copies.iter().any(|c| engine.present(c)))
+                .collect();
+            let strips = engine.read_window(&piece.map, window.clone(), &all_lost)?;
             for i in missing {
                 let r = &piece.ranges[i];
                 let dst = &mut out[i * strip_bytes + r.start - in_stripe..][..r.len()];
@@ -265,8 +270,12 @@ impl Engine {
         // Reads each method needs over the window.
         let rmw_possible = touched.iter().all(|i| !lost.contains(i));
         let rmw_reads = touched.len() + parity_present.len();
-        let rcw_reads = (0..map.data.len()).filter(|&i| !piece.covers_window(i) && !lost.contains(&i)).count()
-            + if (0..map.data.len()).any(|i| lost.contains(&i) && !piece.covers_window(i)) { parity_present.len() } else { 0 };
+        let rebuild = lost.iter().any(|&i| !piece.covers_window(i));
+        let rcw_reads = if rebuild {
+            map.data.len() - lost.len() + parity_present.len()
+        } else {
+            (0..map.data.len()).filter(|&i| !piece.covers_window(i) && !lost.contains(&i)).count()
+        };
         if rmw_possible && rmw_reads < rcw_reads {
             self.read_modify_write(piece, &touched)
         } else {
@@ -321,15 +330,17 @@ impl Engine {
     fn reconstruct_write(&self, piece: &Piece, touched: &[usize], lost: &[usize]) -> io::Result<()> {
         let map = &piece.map;
         let window = piece.window.clone();
+        // If any lost strip holds old bytes the request does not replace, all
+        // lost strips are rebuilt: the others' old bytes are just as unknown,
+        // and the algebra needs every strip but the rebuilt ones.
+        let need_rebuild: Vec<usize> =
+            if lost.iter().any(|&i| !piece.covers_window(i)) { lost.to_vec() } else { Vec::new() };
         let mut strips = vec![vec![0u8; window.len()]; map.data.len()];
-        let mut need_rebuild = Vec::new();
         for i in 0..map.data.len() {
-            if piece.covers_window(i) {
-                continue;
-            }
-            if lost.contains(&i) {
-                need_rebuild.push(i);
-            } else {
+            // Rebuilding a lost strip needs the old data of every other strip;
+            // otherwise the strips the request covers need not be read.
+            let needed = !need_rebuild.is_empty() || !piece.covers_window(i);
+            if needed && !lost.contains(&i) {
                 self.read_place(&map.data[i].copies[0], window.start, &mut strips[i])?;
             }
         }

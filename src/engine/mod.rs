@@ -218,3 +218,6 @@ impl BlockBackend for Engine {
         crate::export::write_zeroes_by_writing(self, offset, len, ZeroFlags { fua: flags.fua, may_trim: false })
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -7,6 +7,7 @@
 
 pub mod array;
 pub mod cli;
+pub mod control;
 pub mod engine;
 pub mod export;
 pub mod format;

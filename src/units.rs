@@ -19,9 +19,9 @@ pub fn parse_size_bytes(text: &str) -> Result<u64, String> {
         Some('T') | Some('t') => (&text[..text.len() - 1], 1024 * 1024 * 1024),
         _ => (text, 1),
     };
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| format!("invalid size '{text}': expected a number with an optional K, M, G or T suffix"))?;
+    let value: u64 = digits.parse().map_err(|_| {
+        format!("invalid size '{text}': expected a number with an optional K, M, G or T suffix")
+    })?;
     value
         .checked_mul(multiplier_kib * 1024)
         .ok_or_else(|| format!("size '{text}' is too large"))
@@ -33,11 +33,26 @@ pub fn parse_size_bytes(text: &str) -> Result<u64, String> {
 pub fn human_size(bytes: u64) -> String {
     let b = bytes as u128;
     let (binary, decimal, unit_bin, unit_dec) = if b < 2 << 30 {
-        ((b * 200 / (1 << 20) + 1) / 2, (b / (1_000_000 / 200) + 1) / 2, "MiB", "MB")
+        (
+            (b * 200 / (1 << 20)).div_ceil(2),
+            (b / (1_000_000 / 200)).div_ceil(2),
+            "MiB",
+            "MB",
+        )
     } else if b < 2 << 40 {
-        ((b * 200 / (1 << 30) + 1) / 2, (b / (1_000_000_000 / 200) + 1) / 2, "GiB", "GB")
+        (
+            (b * 200 / (1 << 30)).div_ceil(2),
+            (b / (1_000_000_000 / 200)).div_ceil(2),
+            "GiB",
+            "GB",
+        )
     } else {
-        ((b * 200 / (1 << 40) + 1) / 2, (b / (1_000_000_000_000 / 200) + 1) / 2, "TiB", "TB")
+        (
+            (b * 200 / (1 << 40)).div_ceil(2),
+            (b / (1_000_000_000_000 / 200)).div_ceil(2),
+            "TiB",
+            "TB",
+        )
     };
     format!(
         "{}.{:02} {unit_bin} {}.{:02} {unit_dec}",

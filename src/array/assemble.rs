@@ -26,32 +26,61 @@ pub enum AssembleError {
     #[error("{0}: no md superblock found")]
     NoSuperblock(String),
     #[error("{first} and {second} belong to different arrays ({first_uuid} and {second_uuid})")]
-    MixedArrays { first: String, second: String, first_uuid: String, second_uuid: String },
+    MixedArrays {
+        first: String,
+        second: String,
+        first_uuid: String,
+        second_uuid: String,
+    },
     #[error("{first} and {second} are the same member of the array (device number {dev_number})")]
-    SameMember { first: String, second: String, dev_number: u32 },
+    SameMember {
+        first: String,
+        second: String,
+        dev_number: u32,
+    },
     #[error("unsupported md level {0}")]
     UnknownLevel(i32),
     #[error("{0}")]
     Geometry(#[from] GeometryError),
-    #[error("{device}: too small for its superblock ({device_sectors} sectors, needs {needed_sectors})")]
-    TooSmall { device: String, device_sectors: u64, needed_sectors: u64 },
+    #[error(
+        "{device}: too small for its superblock ({device_sectors} sectors, needs {needed_sectors})"
+    )]
+    TooSmall {
+        device: String,
+        device_sectors: u64,
+        needed_sectors: u64,
+    },
     #[error("cannot start {level} array: {present} of {raid_disks} members present, missing roles {missing:?}")]
-    TooManyMissing { level: Level, present: usize, raid_disks: usize, missing: Vec<usize> },
+    TooManyMissing {
+        level: Level,
+        present: usize,
+        raid_disks: usize,
+        missing: Vec<usize>,
+    },
 }
 
 /// What one device is in the assembled array.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub enum DeviceState {
     /// In sync, serving `role`.
-    Active { role: usize },
+    Active {
+        role: usize,
+    },
     /// Holds `role` but was only rebuilt up to `recovery_offset_sectors`.
-    Recovering { role: usize, recovery_offset_sectors: u64 },
+    Recovering {
+        role: usize,
+        recovery_offset_sectors: u64,
+    },
     Spare,
     Faulty,
     /// Its events counter fell behind the array's: its data is out of date.
-    Stale { events: u64 },
+    Stale {
+        events: u64,
+    },
     /// Claims a role another, fresher device already holds.
-    Duplicate { role: usize },
+    Duplicate {
+        role: usize,
+    },
 }
 
 pub struct FoundDevice {
@@ -79,7 +108,9 @@ impl Assembled {
 
     /// Roles with no member in use.
     pub fn missing_roles(&self) -> Vec<usize> {
-        (0..self.slots.len()).filter(|r| self.slots[*r].is_none()).collect()
+        (0..self.slots.len())
+            .filter(|r| self.slots[*r].is_none())
+            .collect()
     }
 
     /// Whether every array sector can still be read.
@@ -121,14 +152,20 @@ pub fn assemble(paths: &[PathBuf], write: bool) -> Result<Assembled, AssembleErr
     let mut members: Vec<(String, MemberRef)> = Vec::new();
     for path in paths {
         let name = path.display().to_string();
-        let meta = std::fs::metadata(path).map_err(|e| AssembleError::Open(format!("{name}: {e}")))?;
+        let meta =
+            std::fs::metadata(path).map_err(|e| AssembleError::Open(format!("{name}: {e}")))?;
         // The same file or device under two names is still one member.
-        let identity = if meta.file_type().is_file() { (meta.dev(), meta.ino()) } else { (meta.rdev(), 0) };
+        let identity = if meta.file_type().is_file() {
+            (meta.dev(), meta.ino())
+        } else {
+            (meta.rdev(), 0)
+        };
         if seen.contains(&identity) {
             return Err(AssembleError::Duplicate(name));
         }
         seen.push(identity);
-        let member = FileMember::open(path, OpenOptions { write }).map_err(|e| AssembleError::Open(e.to_string()))?;
+        let member = FileMember::open(path, OpenOptions { write })
+            .map_err(|e| AssembleError::Open(e.to_string()))?;
         members.push((name, Arc::new(member)));
     }
     assemble_members(members)
@@ -141,7 +178,8 @@ pub fn assemble_members(members: Vec<(String, MemberRef)>) -> Result<Assembled, 
     }
     let mut found: Vec<(String, MemberSuper, MemberRef)> = Vec::new();
     for (name, member) in members {
-        let sb = read_superblock(&*member)?.ok_or_else(|| AssembleError::NoSuperblock(name.clone()))?;
+        let sb =
+            read_superblock(&*member)?.ok_or_else(|| AssembleError::NoSuperblock(name.clone()))?;
         if let Some((first, first_sb, _)) = found.first() {
             if first_sb.set_uuid != sb.set_uuid {
                 return Err(AssembleError::MixedArrays {
@@ -153,12 +191,21 @@ pub fn assemble_members(members: Vec<(String, MemberRef)>) -> Result<Assembled, 
             }
         }
         if let Some((other, _, _)) = found.iter().find(|(_, s, _)| s.dev_number == sb.dev_number) {
-            return Err(AssembleError::SameMember { first: other.clone(), second: name, dev_number: sb.dev_number });
+            return Err(AssembleError::SameMember {
+                first: other.clone(),
+                second: name,
+                dev_number: sb.dev_number,
+            });
         }
         found.push((name, sb, member));
     }
-    let freshest = found.iter().max_by_key(|(_, sb, _)| sb.events).map(|(_, sb, _)| sb.clone()).expect("non-empty");
-    let level = Level::from_md_number(freshest.level).ok_or(AssembleError::UnknownLevel(freshest.level))?;
+    let freshest = found
+        .iter()
+        .max_by_key(|(_, sb, _)| sb.events)
+        .map(|(_, sb, _)| sb.clone())
+        .expect("non-empty");
+    let level =
+        Level::from_md_number(freshest.level).ok_or(AssembleError::UnknownLevel(freshest.level))?;
     let raid_disks = freshest.raid_disks as usize;
 
     let mut slots: Slots = vec![None; raid_disks];
@@ -167,14 +214,26 @@ pub fn assemble_members(members: Vec<(String, MemberRef)>) -> Result<Assembled, 
     for (path, sb, member) in found {
         let needed_sectors = sb.data_offset_sectors + sb.data_size_sectors;
         if member.size_sectors() < needed_sectors {
-            return Err(AssembleError::TooSmall { device: path, device_sectors: member.size_sectors(), needed_sectors });
+            return Err(AssembleError::TooSmall {
+                device: path,
+                device_sectors: member.size_sectors(),
+                needed_sectors,
+            });
         }
         let state = device_state(&freshest, &sb, &slots);
         if let DeviceState::Active { role } = state {
             member_data_sectors[role] = sb.data_size_sectors;
-            slots[role] = Some(Slot { member: member.clone(), data_offset_bytes: sb.data_offset_sectors * SECTOR_BYTES });
+            slots[role] = Some(Slot {
+                member: member.clone(),
+                data_offset_bytes: sb.data_offset_sectors * SECTOR_BYTES,
+            });
         }
-        devices.push(FoundDevice { path, sb, state, member });
+        devices.push(FoundDevice {
+            path,
+            sb,
+            state,
+            member,
+        });
     }
     // raid0 and linear take their shape from every member's size, and cannot
     // lose any member: with one missing there is no array to read.
@@ -195,7 +254,12 @@ pub fn assemble_members(members: Vec<(String, MemberRef)>) -> Result<Assembled, 
         member_data_sectors,
         raid0_layout_feature: freshest.feature_map & MD_FEATURE_RAID0_LAYOUT != 0,
     })?;
-    Ok(Assembled { sb: freshest, geometry, slots, devices })
+    Ok(Assembled {
+        sb: freshest,
+        geometry,
+        slots,
+        devices,
+    })
 }
 
 /// md's view of one device against the freshest superblock (super_1_validate).
@@ -211,7 +275,9 @@ fn device_state(freshest: &MemberSuper, sb: &MemberSuper, slots: &Slots) -> Devi
     if sb.events + 1 < freshest.events {
         return DeviceState::Stale { events: sb.events };
     }
-    let Role::Active(role) = role else { unreachable!() };
+    let Role::Active(role) = role else {
+        unreachable!()
+    };
     let role = role as usize;
     if role >= slots.len() {
         return DeviceState::Spare;
@@ -219,8 +285,13 @@ fn device_state(freshest: &MemberSuper, sb: &MemberSuper, slots: &Slots) -> Devi
     if slots[role].is_some() {
         return DeviceState::Duplicate { role };
     }
-    if sb.feature_map & MD_FEATURE_RECOVERY_OFFSET != 0 && sb.recovery_offset_sectors < freshest.size_sectors {
-        return DeviceState::Recovering { role, recovery_offset_sectors: sb.recovery_offset_sectors };
+    if sb.feature_map & MD_FEATURE_RECOVERY_OFFSET != 0
+        && sb.recovery_offset_sectors < freshest.size_sectors
+    {
+        return DeviceState::Recovering {
+            role,
+            recovery_offset_sectors: sb.recovery_offset_sectors,
+        };
     }
     DeviceState::Active { role }
 }

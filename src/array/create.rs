@@ -9,7 +9,8 @@ use super::resync::resync;
 use super::superblocks::{read_superblock, write_superblock, SuperblockError};
 use super::update::{write_array_state, Cleanliness};
 use crate::format::{
-    self, ConsistencyPolicy, CreateDevice, CreateMember, CreateSpec, FormatError, MemberSuper, Metadata,
+    self, ConsistencyPolicy, CreateDevice, CreateMember, CreateSpec, FormatError, MemberSuper,
+    Metadata,
 };
 use crate::geometry::{layout_from_name, Geometry, GeometryParams, Level};
 use crate::member::{probe, FileMember, MemberRef, OpenOptions};
@@ -65,15 +66,22 @@ fn invalid(text: impl Into<String>) -> CreateError {
 
 /// The chunk in sectors that `level` uses, checked as md checks it.
 fn chunk_sectors_for(level: Level, chunk_bytes: Option<u64>) -> Result<u32, CreateError> {
-    let uses_chunk = matches!(level, Level::Raid0 | Level::Raid4 | Level::Raid5 | Level::Raid6 | Level::Raid10);
+    let uses_chunk = matches!(
+        level,
+        Level::Raid0 | Level::Raid4 | Level::Raid5 | Level::Raid6 | Level::Raid10
+    );
     let bytes = match (chunk_bytes, uses_chunk) {
         (None, true) => DEFAULT_CHUNK_BYTES,
         (None, false) => return Ok(0),
-        (Some(_), false) if level == Level::Raid1 => return Err(invalid("raid1 has no chunk size; drop --chunk")),
+        (Some(_), false) if level == Level::Raid1 => {
+            return Err(invalid("raid1 has no chunk size; drop --chunk"))
+        }
         (Some(b), _) => b,
     };
     if !bytes.is_power_of_two() || bytes < 4096 {
-        return Err(invalid(format!("invalid chunk size {bytes} bytes: it must be a power of two of at least 4K")));
+        return Err(invalid(format!(
+            "invalid chunk size {bytes} bytes: it must be a power of two of at least 4K"
+        )));
     }
     u32::try_from(bytes / 512).map_err(|_| invalid("chunk size too large"))
 }
@@ -81,8 +89,11 @@ fn chunk_sectors_for(level: Level, chunk_bytes: Option<u64>) -> Result<u32, Crea
 /// The layout number mdadm would write for this level.
 fn layout_for(level: Level, name: Option<&str>) -> Result<u32, CreateError> {
     match (level, name) {
-        (Level::Raid1 | Level::Linear, Some(n)) => Err(invalid(format!("{level} has no layouts, got '{n}'"))),
-        (_, Some(n)) => layout_from_name(level, n).ok_or_else(|| invalid(format!("unknown layout '{n}' for {level}"))),
+        (Level::Raid1 | Level::Linear, Some(n)) => {
+            Err(invalid(format!("{level} has no layouts, got '{n}'")))
+        }
+        (_, Some(n)) => layout_from_name(level, n)
+            .ok_or_else(|| invalid(format!("unknown layout '{n}' for {level}"))),
         (Level::Raid5 | Level::Raid6, None) => Ok(2),
         (Level::Raid4, None) => Ok(0),
         (Level::Raid10, None) => Ok(0x102),
@@ -107,13 +118,19 @@ fn open_devices(devices: &[MemberSpec], force: bool) -> Result<Vec<Option<Opened
             continue;
         };
         let name = path.display().to_string();
-        let meta = std::fs::metadata(path).map_err(|e| CreateError::Device(format!("{name}: {e}")))?;
-        let identity = if meta.file_type().is_file() { (meta.dev(), meta.ino()) } else { (meta.rdev(), 0) };
+        let meta =
+            std::fs::metadata(path).map_err(|e| CreateError::Device(format!("{name}: {e}")))?;
+        let identity = if meta.file_type().is_file() {
+            (meta.dev(), meta.ino())
+        } else {
+            (meta.rdev(), 0)
+        };
         if seen.contains(&identity) {
             return Err(CreateError::Device(format!("{name} is given twice")));
         }
         seen.push(identity);
-        let member = FileMember::open(path, OpenOptions { write: true }).map_err(|e| CreateError::Device(e.to_string()))?;
+        let member = FileMember::open(path, OpenOptions { write: true })
+            .map_err(|e| CreateError::Device(e.to_string()))?;
         if !force {
             match read_superblock(&member) {
                 Ok(Some(sb)) => {
@@ -125,11 +142,18 @@ fn open_devices(devices: &[MemberSpec], force: bool) -> Result<Vec<Option<Opened
                 Err(e) => return Err(CreateError::Device(format!("{e}; use --force to overwrite it"))),
                 Ok(None) => {}
             }
-            if let Some(content) = probe::existing_content(&member).map_err(|e| CreateError::Device(e.to_string()))? {
-                return Err(CreateError::Device(format!("{name} holds {content}; use --force to overwrite it")));
+            if let Some(content) =
+                probe::existing_content(&member).map_err(|e| CreateError::Device(e.to_string()))?
+            {
+                return Err(CreateError::Device(format!(
+                    "{name} holds {content}; use --force to overwrite it"
+                )));
             }
         }
-        opened.push(Some(Opened { path: name, member: Arc::new(member) }));
+        opened.push(Some(Opened {
+            path: name,
+            member: Arc::new(member),
+        }));
     }
     Ok(opened)
 }
@@ -144,27 +168,48 @@ pub fn create(
     let level = opts.level;
     let raid_disks = opts.raid_disks as usize;
     if opts.raid_disks < level.min_raid_disks() {
-        return Err(invalid(format!("{level} needs at least {} raid devices", level.min_raid_disks())));
+        return Err(invalid(format!(
+            "{level} needs at least {} raid devices",
+            level.min_raid_disks()
+        )));
     }
     if devices.len() < raid_disks {
-        return Err(invalid(format!("{} devices given for {raid_disks} raid devices", devices.len())));
+        return Err(invalid(format!(
+            "{} devices given for {raid_disks} raid devices",
+            devices.len()
+        )));
     }
     if devices[raid_disks..].contains(&MemberSpec::Missing) {
-        return Err(invalid("'missing' can only stand for a raid device, not a spare"));
+        return Err(invalid(
+            "'missing' can only stand for a raid device, not a spare",
+        ));
     }
     if opts.metadata == Metadata::V0_90 {
-        return Err(invalid("creating 0.90 arrays is not supported; use --metadata 1.0, 1.1 or 1.2"));
+        return Err(invalid(
+            "creating 0.90 arrays is not supported; use --metadata 1.0, 1.1 or 1.2",
+        ));
     }
     let chunk_sectors = chunk_sectors_for(level, opts.chunk_bytes)?;
     let layout = layout_for(level, opts.layout.as_deref())?;
-    let missing: Vec<bool> = devices[..raid_disks].iter().map(|d| *d == MemberSpec::Missing).collect();
+    let missing: Vec<bool> = devices[..raid_disks]
+        .iter()
+        .map(|d| *d == MemberSpec::Missing)
+        .collect();
     if missing.iter().all(|m| *m) {
         return Err(invalid("every raid device is missing"));
     }
 
     let opened = open_devices(devices, opts.force)?;
-    let sizes: Vec<Option<u64>> = opened.iter().map(|o| o.as_ref().map(|o| o.member.size_sectors())).collect();
-    let first_size = sizes.iter().flatten().next().copied().expect("one device at least");
+    let sizes: Vec<Option<u64>> = opened
+        .iter()
+        .map(|o| o.as_ref().map(|o| o.member.size_sectors()))
+        .collect();
+    let first_size = sizes
+        .iter()
+        .flatten()
+        .next()
+        .copied()
+        .expect("one device at least");
     // mdadm takes the data offset from the first device and uses it for all.
     let data_offset = match opts.metadata {
         Metadata::V1_0 => 0,
@@ -172,16 +217,27 @@ pub fn create(
     };
     let mut free = Vec::new();
     for (o, size) in opened.iter().zip(&sizes) {
-        let (Some(o), Some(size)) = (o, size) else { continue };
+        let (Some(o), Some(size)) = (o, size) else {
+            continue;
+        };
         let room = format::mdadm_freesize_sectors(opts.metadata, *size, data_offset, false)
             .filter(|room| *room >= chunk_sectors.max(128) as u64)
-            .ok_or_else(|| CreateError::Device(format!("{}: too small ({size} sectors) for an md member", o.path)))?;
+            .ok_or_else(|| {
+                CreateError::Device(format!(
+                    "{}: too small ({size} sectors) for an md member",
+                    o.path
+                ))
+            })?;
         free.push(room);
     }
     let min_free = *free.iter().min().expect("one device at least");
     let size_sectors = match opts.size_sectors {
         Some(s) if s > min_free => {
-            return Err(invalid(format!("--size asks for {} KiB per device but the smallest has {} KiB", s / 2, min_free / 2)))
+            return Err(invalid(format!(
+                "--size asks for {} KiB per device but the smallest has {} KiB",
+                s / 2,
+                min_free / 2
+            )))
         }
         Some(s) => format::default_size_sectors(level.md_number(), chunk_sectors, s),
         None => format::default_size_sectors(level.md_number(), chunk_sectors, min_free),
@@ -191,12 +247,20 @@ pub fn create(
     }
 
     // Check the geometry, and that the missing members leave the data readable.
-    let member_data: Vec<u64> = sizes.iter().take(raid_disks).map(|s| s.map_or(0, |s| s - data_offset)).collect();
+    let member_data: Vec<u64> = sizes
+        .iter()
+        .take(raid_disks)
+        .map(|s| s.map_or(0, |s| s - data_offset))
+        .collect();
     let raid0_layout_feature = level == Level::Raid0
         && format::raid0_needs_layout(
             layout,
             chunk_sectors,
-            &sizes.iter().take(raid_disks).map(|s| (s.unwrap_or(0), data_offset)).collect::<Vec<_>>(),
+            &sizes
+                .iter()
+                .take(raid_disks)
+                .map(|s| (s.unwrap_or(0), data_offset))
+                .collect::<Vec<_>>(),
         );
     let geometry = Geometry::new(&GeometryParams {
         level,
@@ -209,17 +273,31 @@ pub fn create(
     })
     .map_err(|e| invalid(e.to_string()))?;
     if !geometry.survives(&missing) {
-        return Err(invalid(format!("{level} cannot start with {} of {raid_disks} devices missing", missing.iter().filter(|m| **m).count())));
+        return Err(invalid(format!(
+            "{level} cannot start with {} of {raid_disks} devices missing",
+            missing.iter().filter(|m| **m).count()
+        )));
     }
 
-    let kinds: Vec<CreateDevice> =
-        devices.iter().map(|d| if *d == MemberSpec::Missing { CreateDevice::Missing } else { CreateDevice::Disk }).collect();
+    let kinds: Vec<CreateDevice> = devices
+        .iter()
+        .map(|d| {
+            if *d == MemberSpec::Missing {
+                CreateDevice::Missing
+            } else {
+                CreateDevice::Disk
+            }
+        })
+        .collect();
     // uraid computes redundancy itself below, so it numbers devices the way
     // mdadm does with --force (no spare-rebuild trick).
     let plan = format::plan_create(level.md_number(), opts.raid_disks, &kinds, true, true)?;
     let redundant = level.md_number() > 0 && level != Level::Raid0;
     let needs_resync = redundant && !opts.assume_clean;
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_secs();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs();
     let spec = CreateSpec {
         metadata: opts.metadata,
         level: level.md_number(),
@@ -240,7 +318,9 @@ pub fn create(
     };
     let mut supers: Vec<(Opened, MemberSuper)> = Vec::new();
     for (o, dev_number) in opened.into_iter().zip(&plan.dev_numbers) {
-        let (Some(o), Some(dev_number)) = (o, dev_number) else { continue };
+        let (Some(o), Some(dev_number)) = (o, dev_number) else {
+            continue;
+        };
         let member = CreateMember {
             dev_number: *dev_number,
             device_sectors: o.member.size_sectors(),
@@ -255,15 +335,26 @@ pub fn create(
     // Every superblock was built: only now is anything written.
     for (o, sb) in &supers {
         write_superblock(&*o.member, sb)?;
-        o.member.flush().map_err(|e| CreateError::Device(format!("{}: {e}", o.path)))?;
+        o.member
+            .flush()
+            .map_err(|e| CreateError::Device(format!("{}: {e}", o.path)))?;
     }
-    let mut array = assemble_members(supers.into_iter().map(|(o, _)| (o.path, o.member)).collect())?;
+    let mut array = assemble_members(
+        supers
+            .into_iter()
+            .map(|(o, _)| (o.path, o.member))
+            .collect(),
+    )?;
     if needs_resync {
         let total = array.geometry.stripe_count();
-        resync(&array.geometry, &array.slots, 0..total, true, |done| progress(done, total))
-            .map_err(|e| CreateError::Resync(e.to_string()))?;
+        resync(&array.geometry, &array.slots, 0..total, true, |done| {
+            progress(done, total)
+        })
+        .map_err(|e| CreateError::Resync(e.to_string()))?;
         for slot in array.slots.iter().flatten() {
-            slot.member.flush().map_err(|e| CreateError::Device(e.to_string()))?;
+            slot.member
+                .flush()
+                .map_err(|e| CreateError::Device(e.to_string()))?;
         }
         write_array_state(&mut array, Cleanliness::Clean)?;
     }

@@ -47,21 +47,37 @@ struct Scratch {
 
 fn read(slots: &Slots, place: &Place, buf: &mut [u8]) -> std::io::Result<()> {
     let slot = slots[place.member].as_ref().expect("present member");
-    slot.member.read_at(buf, slot.data_offset_bytes + place.member_sector * SECTOR_BYTES)
+    slot.member.read_at(
+        buf,
+        slot.data_offset_bytes + place.member_sector * SECTOR_BYTES,
+    )
 }
 
 fn write(slots: &Slots, place: &Place, buf: &[u8]) -> std::io::Result<()> {
     let slot = slots[place.member].as_ref().expect("present member");
-    slot.member.write_at(buf, slot.data_offset_bytes + place.member_sector * SECTOR_BYTES)
+    slot.member.write_at(
+        buf,
+        slot.data_offset_bytes + place.member_sector * SECTOR_BYTES,
+    )
 }
 
 /// Compares `found` with `expected` in 4 KiB pages, as md counts mismatches
 /// (a page at a time, reported in sectors).
 fn mismatch_sectors(expected: &[u8], found: &[u8]) -> u64 {
-    expected.chunks(4096).zip(found.chunks(4096)).filter(|(a, b)| a != b).map(|(a, _)| a.len() as u64 / 512).sum()
+    expected
+        .chunks(4096)
+        .zip(found.chunks(4096))
+        .filter(|(a, b)| a != b)
+        .map(|(a, _)| a.len() as u64 / 512)
+        .sum()
 }
 
-fn resync_stripe(map: &StripeMap, slots: &Slots, repair: bool, s: &mut Scratch) -> Result<u64, StripeError> {
+fn resync_stripe(
+    map: &StripeMap,
+    slots: &Slots,
+    repair: bool,
+    s: &mut Scratch,
+) -> Result<u64, StripeError> {
     let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
     let present = |p: &Place| slots[p.member].is_some();
     let mut mismatches = 0;
@@ -87,7 +103,9 @@ fn resync_stripe(map: &StripeMap, slots: &Slots, repair: bool, s: &mut Scratch) 
             }
         }
     }
-    let Some(p_place) = map.p else { return Ok(mismatches) };
+    let Some(p_place) = map.p else {
+        return Ok(mismatches);
+    };
     let strips: Vec<&[u8]> = s.data.chunks(strip_bytes).collect();
     let syndrome = parity::default_impl();
     s.expected.resize(strip_bytes * 2, 0);
@@ -100,7 +118,9 @@ fn resync_stripe(map: &StripeMap, slots: &Slots, repair: bool, s: &mut Scratch) 
         }
     }
     for (place, expected) in [(Some(p_place), &*p), (map.q, &*q)] {
-        let Some(place) = place.filter(present) else { continue };
+        let Some(place) = place.filter(present) else {
+            continue;
+        };
         read(slots, &place, &mut s.found)?;
         let differ = mismatch_sectors(expected, &s.found);
         if differ > 0 {

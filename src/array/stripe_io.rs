@@ -13,7 +13,11 @@ use std::io;
 #[derive(Debug, thiserror::Error)]
 pub enum StripeError {
     #[error("stripe {stripe}: {lost} blocks lost, the array can rebuild at most {max}")]
-    TooManyLost { stripe: u64, lost: usize, max: usize },
+    TooManyLost {
+        stripe: u64,
+        lost: usize,
+        max: usize,
+    },
     #[error(transparent)]
     Io(#[from] io::Error),
 }
@@ -28,7 +32,11 @@ pub struct StripeIo<'a> {
 impl<'a> StripeIo<'a> {
     pub fn new(geometry: &'a Geometry, slots: &'a Slots) -> StripeIo<'a> {
         assert_eq!(slots.len(), geometry.raid_disks());
-        StripeIo { geometry, slots, syndrome: parity::default_impl() }
+        StripeIo {
+            geometry,
+            slots,
+            syndrome: parity::default_impl(),
+        }
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -40,8 +48,13 @@ impl<'a> StripeIo<'a> {
     }
 
     fn read_place(&self, place: &Place, buf: &mut [u8]) -> io::Result<()> {
-        let slot = self.slots[place.member].as_ref().expect("read from a present member");
-        slot.member.read_at(buf, slot.data_offset_bytes + place.member_sector * SECTOR_BYTES)
+        let slot = self.slots[place.member]
+            .as_ref()
+            .expect("read from a present member");
+        slot.member.read_at(
+            buf,
+            slot.data_offset_bytes + place.member_sector * SECTOR_BYTES,
+        )
     }
 
     fn write_place(&self, place: &Place, buf: &[u8]) -> io::Result<()> {
@@ -49,7 +62,10 @@ impl<'a> StripeIo<'a> {
             // A missing member simply does not receive the write; parity (or
             // another copy) carries its share until it is rebuilt.
             None => Ok(()),
-            Some(slot) => slot.member.write_at(buf, slot.data_offset_bytes + place.member_sector * SECTOR_BYTES),
+            Some(slot) => slot.member.write_at(
+                buf,
+                slot.data_offset_bytes + place.member_sector * SECTOR_BYTES,
+            ),
         }
     }
 
@@ -72,7 +88,12 @@ impl<'a> StripeIo<'a> {
     }
 
     /// Rebuilds the data strips listed in `lost` from the other strips and parity.
-    fn reconstruct(&self, map: &StripeMap, out: &mut [u8], lost: &[usize]) -> Result<(), StripeError> {
+    fn reconstruct(
+        &self,
+        map: &StripeMap,
+        out: &mut [u8],
+        lost: &[usize],
+    ) -> Result<(), StripeError> {
         let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
         let read_parity = |place: &Option<Place>| -> io::Result<Option<Vec<u8>>> {
             match place {
@@ -89,21 +110,47 @@ impl<'a> StripeIo<'a> {
         let usable = p.is_some() as usize + q.is_some() as usize;
         if lost.len() > usable {
             let max = map.p.is_some() as usize + map.q.is_some() as usize;
-            return Err(StripeError::TooManyLost { stripe: map.stripe, lost: lost.len(), max });
+            return Err(StripeError::TooManyLost {
+                stripe: map.stripe,
+                lost: lost.len(),
+                max,
+            });
         }
         let mut strips: Vec<&mut [u8]> = out.chunks_mut(strip_bytes).collect();
-        let (mut missing, present): (Vec<(usize, &mut [u8])>, Vec<(usize, &mut [u8])>) =
-            strips.drain(..).enumerate().partition(|(i, _)| lost.contains(i));
-        let present_exps: Vec<u8> = present.iter().map(|(i, _)| map.data[*i].q_exponent).collect();
+        let (mut missing, present): (Vec<(usize, &mut [u8])>, Vec<(usize, &mut [u8])>) = strips
+            .drain(..)
+            .enumerate()
+            .partition(|(i, _)| lost.contains(i));
+        let present_exps: Vec<u8> = present
+            .iter()
+            .map(|(i, _)| map.data[*i].q_exponent)
+            .collect();
         let present_data: Vec<&[u8]> = present.iter().map(|(_, b)| &**b).collect();
         match (&mut missing[..], &p, &q) {
-            ([(_, x)], Some(p), _) => parity::recover_data_from_p(self.syndrome, &present_data, p, x),
-            ([(i, x)], None, Some(q)) => {
-                parity::recover_data_from_q(self.syndrome, &present_data, &present_exps, q, map.data[*i].q_exponent, x)
+            ([(_, x)], Some(p), _) => {
+                parity::recover_data_from_p(self.syndrome, &present_data, p, x)
             }
+            ([(i, x)], None, Some(q)) => parity::recover_data_from_q(
+                self.syndrome,
+                &present_data,
+                &present_exps,
+                q,
+                map.data[*i].q_exponent,
+                x,
+            ),
             ([(i, x), (j, y)], Some(p), Some(q)) => {
                 let (ex, ey) = (map.data[*i].q_exponent, map.data[*j].q_exponent);
-                parity::recover_two_data(self.syndrome, &present_data, &present_exps, p, q, ex, ey, x, y)
+                parity::recover_two_data(
+                    self.syndrome,
+                    &present_data,
+                    &present_exps,
+                    p,
+                    q,
+                    ex,
+                    ey,
+                    x,
+                    y,
+                )
             }
             _ => unreachable!("lost strips were counted against the usable parity"),
         }
@@ -138,23 +185,31 @@ impl<'a> StripeIo<'a> {
 
     /// Reads `out.len()` bytes of the array at `offset_bytes`, any alignment.
     pub fn read_bytes(&self, offset_bytes: u64, out: &mut [u8]) -> Result<(), StripeError> {
-        self.for_each_stripe_piece(offset_bytes, out.len(), |map, stripe_buf, in_stripe, range| {
-            self.read_stripe(map, stripe_buf)?;
-            out[range.clone()].copy_from_slice(&stripe_buf[in_stripe..in_stripe + range.len()]);
-            Ok(())
-        })
+        self.for_each_stripe_piece(
+            offset_bytes,
+            out.len(),
+            |map, stripe_buf, in_stripe, range| {
+                self.read_stripe(map, stripe_buf)?;
+                out[range.clone()].copy_from_slice(&stripe_buf[in_stripe..in_stripe + range.len()]);
+                Ok(())
+            },
+        )
     }
 
     /// Writes `data` at `offset_bytes`, any alignment: whole stripes are
     /// written directly, partial ones are read, merged and written back.
     pub fn write_bytes(&self, offset_bytes: u64, data: &[u8]) -> Result<(), StripeError> {
-        self.for_each_stripe_piece(offset_bytes, data.len(), |map, stripe_buf, in_stripe, range| {
-            if range.len() < stripe_buf.len() {
-                self.read_stripe(map, stripe_buf)?;
-            }
-            stripe_buf[in_stripe..in_stripe + range.len()].copy_from_slice(&data[range]);
-            self.write_stripe(map, stripe_buf)
-        })
+        self.for_each_stripe_piece(
+            offset_bytes,
+            data.len(),
+            |map, stripe_buf, in_stripe, range| {
+                if range.len() < stripe_buf.len() {
+                    self.read_stripe(map, stripe_buf)?;
+                }
+                stripe_buf[in_stripe..in_stripe + range.len()].copy_from_slice(&data[range]);
+                self.write_stripe(map, stripe_buf)
+            },
+        )
     }
 
     /// Splits an array byte range into per-stripe pieces and calls `f` with the
@@ -164,15 +219,25 @@ impl<'a> StripeIo<'a> {
         &self,
         offset_bytes: u64,
         len: usize,
-        mut f: impl FnMut(&StripeMap, &mut [u8], usize, std::ops::Range<usize>) -> Result<(), StripeError>,
+        mut f: impl FnMut(
+            &StripeMap,
+            &mut [u8],
+            usize,
+            std::ops::Range<usize>,
+        ) -> Result<(), StripeError>,
     ) -> Result<(), StripeError> {
         let array_bytes = self.geometry.array_sectors() * SECTOR_BYTES;
-        assert!(offset_bytes + len as u64 <= array_bytes, "I/O beyond the end of the array");
+        assert!(
+            offset_bytes + len as u64 <= array_bytes,
+            "I/O beyond the end of the array"
+        );
         let mut done = 0usize;
         let mut scratch = Vec::new();
         while done < len {
             let at = offset_bytes + done as u64;
-            let map = self.geometry.stripe(self.geometry.stripe_of(at / SECTOR_BYTES));
+            let map = self
+                .geometry
+                .stripe(self.geometry.stripe_of(at / SECTOR_BYTES));
             let stripe_start = map.array_sector * SECTOR_BYTES;
             let stripe_bytes = (map.data_sectors() * SECTOR_BYTES) as usize;
             let in_stripe = (at - stripe_start) as usize;

@@ -11,7 +11,11 @@ pub enum SuperblockError {
     #[error("{device}: {source}")]
     Io { device: String, source: io::Error },
     #[error("{device}: corrupt md {metadata} superblock: {source}")]
-    Corrupt { device: String, metadata: &'static str, source: FormatError },
+    Corrupt {
+        device: String,
+        metadata: &'static str,
+        source: FormatError,
+    },
 }
 
 /// Bytes the kernel reads at a superblock location.
@@ -23,14 +27,26 @@ const SB_READ_BYTES: usize = 4096;
 /// because silently ignoring it could let a create destroy an array.
 pub fn read_superblock(member: &dyn Member) -> Result<Option<MemberSuper>, SuperblockError> {
     let device_sectors = member.size_sectors();
-    let io_err = |source| SuperblockError::Io { device: member.name().to_string(), source };
-    for metadata in [Metadata::V1_2, Metadata::V1_1, Metadata::V1_0, Metadata::V0_90] {
-        let Some(sb_sector) = format::superblock_offset_sectors(metadata, device_sectors) else { continue };
+    let io_err = |source| SuperblockError::Io {
+        device: member.name().to_string(),
+        source,
+    };
+    for metadata in [
+        Metadata::V1_2,
+        Metadata::V1_1,
+        Metadata::V1_0,
+        Metadata::V0_90,
+    ] {
+        let Some(sb_sector) = format::superblock_offset_sectors(metadata, device_sectors) else {
+            continue;
+        };
         if (sb_sector * SECTOR_BYTES) as usize + SB_READ_BYTES > member.size_bytes() as usize {
             continue;
         }
         let mut buf = vec![0u8; SB_READ_BYTES];
-        member.read_at(&mut buf, sb_sector * SECTOR_BYTES).map_err(io_err)?;
+        member
+            .read_at(&mut buf, sb_sector * SECTOR_BYTES)
+            .map_err(io_err)?;
         if u32::from_le_bytes(buf[0..4].try_into().unwrap()) != MD_SB_MAGIC {
             continue;
         }
@@ -40,13 +56,20 @@ pub fn read_superblock(member: &dyn Member) -> Result<Option<MemberSuper>, Super
             Metadata::V0_90 if major == 0 => sb090::decode(&buf, device_sectors),
             Metadata::V0_90 => continue,
             _ if major != 1 => continue,
-            _ => sb1::decode_with_block_size(&buf, metadata, device_sectors, member.logical_block_bytes()),
+            _ => sb1::decode_with_block_size(
+                &buf,
+                metadata,
+                device_sectors,
+                member.logical_block_bytes(),
+            ),
         };
-        return decoded.map(Some).map_err(|source| SuperblockError::Corrupt {
-            device: member.name().to_string(),
-            metadata: metadata.as_str(),
-            source,
-        });
+        return decoded
+            .map(Some)
+            .map_err(|source| SuperblockError::Corrupt {
+                device: member.name().to_string(),
+                metadata: metadata.as_str(),
+                source,
+            });
     }
     Ok(None)
 }
@@ -56,19 +79,31 @@ pub fn read_superblock(member: &dyn Member) -> Result<Option<MemberSuper>, Super
 /// behind silently.
 pub fn write_superblock(member: &dyn Member, sb: &MemberSuper) -> Result<(), SuperblockError> {
     let device = member.name().to_string();
-    let corrupt = |source| SuperblockError::Corrupt { device: device.clone(), metadata: sb.metadata.as_str(), source };
+    let corrupt = |source| SuperblockError::Corrupt {
+        device: device.clone(),
+        metadata: sb.metadata.as_str(),
+        source,
+    };
     let buf: Vec<u8> = match sb.metadata {
         Metadata::V0_90 => sb090::encode(sb).map_err(corrupt)?,
         _ => sb1::encode_padded(sb).map_err(corrupt)?.to_vec(),
     };
     assert_eq!(buf.len(), SB_READ_BYTES);
-    let io_err = |source| SuperblockError::Io { device: device.clone(), source };
-    member.write_at(&buf, sb.super_offset_sectors * SECTOR_BYTES).map_err(io_err)?;
+    let io_err = |source| SuperblockError::Io {
+        device: device.clone(),
+        source,
+    };
+    member
+        .write_at(&buf, sb.super_offset_sectors * SECTOR_BYTES)
+        .map_err(io_err)?;
     let read_back = read_superblock(member)?.expect("a superblock was just written");
     let again = match sb.metadata {
         Metadata::V0_90 => sb090::encode(&read_back).map_err(corrupt)?,
         _ => sb1::encode_padded(&read_back).map_err(corrupt)?.to_vec(),
     };
-    assert!(again == buf, "{device}: superblock read back differs from what was written");
+    assert!(
+        again == buf,
+        "{device}: superblock read back differs from what was written"
+    );
     Ok(())
 }

@@ -46,13 +46,21 @@ fn geometries() -> Vec<GeometryParams> {
 fn slots_for(members: &[Arc<MemoryMember>]) -> Slots {
     members
         .iter()
-        .map(|m| Some(Slot { member: m.clone() as crate::member::MemberRef, data_offset_bytes: OFFSET_BYTES }))
+        .map(|m| {
+            Some(Slot {
+                member: m.clone() as crate::member::MemberRef,
+                data_offset_bytes: OFFSET_BYTES,
+            })
+        })
         .collect()
 }
 
 /// Every subset of roles of size `k`.
 fn subsets(n: usize, k: usize) -> Vec<Vec<usize>> {
-    (0u32..1 << n).filter(|m| m.count_ones() as usize == k).map(|m| (0..n).filter(|i| m & (1 << i) != 0).collect()).collect()
+    (0u32..1 << n)
+        .filter(|m| m.count_ones() as usize == k)
+        .map(|m| (0..n).filter(|i| m & (1 << i) != 0).collect())
+        .collect()
 }
 
 #[test]
@@ -61,8 +69,9 @@ fn every_level_reads_back_what_it_wrote_healthy_and_degraded() {
     for params in geometries() {
         let geometry = Geometry::new(&params).unwrap();
         let n = params.raid_disks as usize;
-        let members: Vec<Arc<MemoryMember>> =
-            (0..n).map(|i| Arc::new(MemoryMember::new(&format!("m{i}"), MEMBER_BYTES, 512))).collect();
+        let members: Vec<Arc<MemoryMember>> = (0..n)
+            .map(|i| Arc::new(MemoryMember::new(&format!("m{i}"), MEMBER_BYTES, 512)))
+            .collect();
         let slots = slots_for(&members);
         let io = StripeIo::new(&geometry, &slots);
         let array_bytes = geometry.array_sectors() * 512;
@@ -79,7 +88,10 @@ fn every_level_reads_back_what_it_wrote_healthy_and_degraded() {
         io.read_bytes(0, &mut back).unwrap();
         assert!(back == image, "{params:?}: healthy read differs");
         let report = resync(&geometry, &slots, 0..geometry.stripe_count(), false, |_| {}).unwrap();
-        assert_eq!(report.mismatch_sectors, 0, "{params:?}: redundancy disagrees with data");
+        assert_eq!(
+            report.mismatch_sectors, 0,
+            "{params:?}: redundancy disagrees with data"
+        );
 
         let max = geometry.max_failed_members();
         for lost in (1..=max).flat_map(|k| subsets(n, k)) {
@@ -94,7 +106,10 @@ fn every_level_reads_back_what_it_wrote_healthy_and_degraded() {
             let io = StripeIo::new(&geometry, &degraded);
             let mut back = vec![0u8; array_bytes as usize];
             io.read_bytes(0, &mut back).unwrap();
-            assert!(back == image, "{params:?}: read with roles {lost:?} lost differs");
+            assert!(
+                back == image,
+                "{params:?}: read with roles {lost:?} lost differs"
+            );
         }
     }
 }
@@ -112,11 +127,15 @@ fn degraded_writes_are_readable_after_more_losses_within_the_limit() {
         raid0_layout_feature: false,
     };
     let geometry = Geometry::new(&params).unwrap();
-    let members: Vec<Arc<MemoryMember>> = (0..5).map(|i| Arc::new(MemoryMember::new(&format!("m{i}"), MEMBER_BYTES, 4096))).collect();
+    let members: Vec<Arc<MemoryMember>> = (0..5)
+        .map(|i| Arc::new(MemoryMember::new(&format!("m{i}"), MEMBER_BYTES, 4096)))
+        .collect();
     let mut slots = slots_for(&members);
     slots[1] = None;
     let io = StripeIo::new(&geometry, &slots);
-    let data: Vec<u8> = (0..geometry.array_sectors() * 512).map(|i| (i * 7 % 251) as u8).collect();
+    let data: Vec<u8> = (0..geometry.array_sectors() * 512)
+        .map(|i| (i * 7 % 251) as u8)
+        .collect();
     io.write_bytes(0, &data).unwrap();
     slots[3] = None;
     let io = StripeIo::new(&geometry, &slots);
@@ -125,5 +144,8 @@ fn degraded_writes_are_readable_after_more_losses_within_the_limit() {
     assert!(back == data);
     slots[0] = None;
     let io = StripeIo::new(&geometry, &slots);
-    assert!(matches!(io.read_bytes(0, &mut back), Err(StripeError::TooManyLost { .. })));
+    assert!(matches!(
+        io.read_bytes(0, &mut back),
+        Err(StripeError::TooManyLost { .. })
+    ));
 }

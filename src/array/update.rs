@@ -23,7 +23,9 @@ pub enum Cleanliness {
 /// and flushes. Devices that were left out (stale or duplicate) are not
 /// written: md no longer counts them as members.
 pub fn write_array_state(array: &mut Assembled, state: Cleanliness) -> Result<(), SuperblockError> {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970");
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970");
     let mut roles = vec![MD_DISK_ROLE_SPARE; array.sb.max_dev as usize];
     for device in &array.devices {
         let slot = device.sb.dev_number as usize;
@@ -33,7 +35,9 @@ pub fn write_array_state(array: &mut Assembled, state: Cleanliness) -> Result<()
         roles[slot] = match device.state {
             DeviceState::Active { role } | DeviceState::Recovering { role, .. } => role as u16,
             DeviceState::Faulty => MD_DISK_ROLE_FAULTY,
-            DeviceState::Spare | DeviceState::Stale { .. } | DeviceState::Duplicate { .. } => MD_DISK_ROLE_SPARE,
+            DeviceState::Spare | DeviceState::Stale { .. } | DeviceState::Duplicate { .. } => {
+                MD_DISK_ROLE_SPARE
+            }
         };
     }
     array.sb.events += 1;
@@ -46,7 +50,10 @@ pub fn write_array_state(array: &mut Assembled, state: Cleanliness) -> Result<()
     };
     array.sb.dev_roles = roles.clone();
     for device in &mut array.devices {
-        if matches!(device.state, DeviceState::Stale { .. } | DeviceState::Duplicate { .. }) {
+        if matches!(
+            device.state,
+            DeviceState::Stale { .. } | DeviceState::Duplicate { .. }
+        ) {
             continue;
         }
         let sb = &mut device.sb;
@@ -58,10 +65,13 @@ pub fn write_array_state(array: &mut Assembled, state: Cleanliness) -> Result<()
         write_superblock(&*device.member, sb)?;
     }
     for device in &array.devices {
-        device.member.flush().map_err(|source| super::superblocks::SuperblockError::Io {
-            device: device.path.clone(),
-            source,
-        })?;
+        device
+            .member
+            .flush()
+            .map_err(|source| super::superblocks::SuperblockError::Io {
+                device: device.path.clone(),
+                source,
+            })?;
     }
     Ok(())
 }

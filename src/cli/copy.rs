@@ -16,18 +16,23 @@ use std::path::{Path, PathBuf};
 const STEP_BYTES: usize = 16 << 20;
 
 fn progress_bar(total_bytes: u64, verb: &str) -> ProgressBar {
-    let bar = ProgressBar::with_draw_target(Some(total_bytes), indicatif::ProgressDrawTarget::stderr());
+    let bar =
+        ProgressBar::with_draw_target(Some(total_bytes), indicatif::ProgressDrawTarget::stderr());
     bar.set_style(
-        ProgressStyle::with_template(&format!("{verb} [{{bar:30}}] {{bytes}}/{{total_bytes}} {{bytes_per_sec}} eta {{eta}}"))
-            .expect("valid template")
-            .progress_chars("=> "),
+        ProgressStyle::with_template(&format!(
+            "{verb} [{{bar:30}}] {{bytes}}/{{total_bytes}} {{bytes_per_sec}} eta {{eta}}"
+        ))
+        .expect("valid template")
+        .progress_chars("=> "),
     );
     bar
 }
 
 /// Refuses an input or output file that is also one of the members.
 fn refuse_member_path(file: &Path, devices: &[PathBuf]) -> Result<(), String> {
-    let Ok(meta) = std::fs::metadata(file) else { return Ok(()) };
+    let Ok(meta) = std::fs::metadata(file) else {
+        return Ok(());
+    };
     for device in devices {
         if let Ok(dm) = std::fs::metadata(device) {
             if dm.dev() == meta.dev() && dm.ino() == meta.ino() {
@@ -41,12 +46,18 @@ fn refuse_member_path(file: &Path, devices: &[PathBuf]) -> Result<(), String> {
 pub fn copy_in(input: &Path, devices: &[PathBuf]) -> CliResult {
     refuse_member_path(input, devices)?;
     let mut source = File::open(input).map_err(|e| format!("{}: {e}", input.display()))?;
-    let input_bytes = source.metadata().map_err(|e| format!("{}: {e}", input.display()))?.len();
+    let input_bytes = source
+        .metadata()
+        .map_err(|e| format!("{}: {e}", input.display()))?
+        .len();
     let mut array = assemble(devices, true).map_err(|e| e.to_string())?;
     array.require_runnable().map_err(|e| e.to_string())?;
     let array_bytes = array.array_sectors() * SECTOR_BYTES;
     if input_bytes > array_bytes {
-        return Err(format!("{} holds {input_bytes} bytes, more than the array's {array_bytes}", input.display()));
+        return Err(format!(
+            "{} holds {input_bytes} bytes, more than the array's {array_bytes}",
+            input.display()
+        ));
     }
     if !array.is_clean() {
         return Err("the array was not shut down cleanly and needs a resync first (assemble it with `uraid serve` or the kernel)".into());
@@ -66,8 +77,11 @@ fn copy_into_array(array: &Assembled, source: &mut File, input_bytes: u64) -> Re
     let mut done = 0u64;
     while done < input_bytes {
         let len = STEP_BYTES.min((input_bytes - done) as usize);
-        source.read_exact(&mut buf[..len]).map_err(|e| format!("reading the input: {e}"))?;
-        io.write_bytes(done, &buf[..len]).map_err(|e| e.to_string())?;
+        source
+            .read_exact(&mut buf[..len])
+            .map_err(|e| format!("reading the input: {e}"))?;
+        io.write_bytes(done, &buf[..len])
+            .map_err(|e| e.to_string())?;
         done += len as u64;
         bar.set_position(done);
     }
@@ -93,12 +107,15 @@ pub fn copy_out(output: &Path, devices: &[PathBuf]) -> CliResult {
     let mut done = 0u64;
     while done < total {
         let len = STEP_BYTES.min((total - done) as usize);
-        io.read_bytes(done, &mut buf[..len]).map_err(|e| e.to_string())?;
-        sink.write_all(&buf[..len]).map_err(|e| format!("{}: {e}", output.display()))?;
+        io.read_bytes(done, &mut buf[..len])
+            .map_err(|e| e.to_string())?;
+        sink.write_all(&buf[..len])
+            .map_err(|e| format!("{}: {e}", output.display()))?;
         done += len as u64;
         bar.set_position(done);
     }
-    sink.sync_all().map_err(|e| format!("{}: {e}", output.display()))?;
+    sink.sync_all()
+        .map_err(|e| format!("{}: {e}", output.display()))?;
     bar.finish_and_clear();
     Ok(())
 }

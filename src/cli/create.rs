@@ -50,17 +50,32 @@ pub struct CreateArgs {
 }
 
 pub fn run(args: &CreateArgs) -> CliResult {
-    let level = level_from_name(&args.level).ok_or_else(|| format!("unknown level '{}'", args.level))?;
+    let level =
+        level_from_name(&args.level).ok_or_else(|| format!("unknown level '{}'", args.level))?;
     if args.bitmap != "none" {
-        return Err(format!("--bitmap {} is not supported yet; use --bitmap none", args.bitmap));
+        return Err(format!(
+            "--bitmap {} is not supported yet; use --bitmap none",
+            args.bitmap
+        ));
     }
     let metadata: Metadata = args.metadata.parse().map_err(|e: String| e)?;
     let chunk_bytes = args.chunk.as_deref().map(parse_size_bytes).transpose()?;
-    let size_sectors = args.size.as_deref().map(parse_size_bytes).transpose()?.map(|b| b / 512);
+    let size_sectors = args
+        .size
+        .as_deref()
+        .map(parse_size_bytes)
+        .transpose()?
+        .map(|b| b / 512);
     let devices: Vec<MemberSpec> = args
         .devices
         .iter()
-        .map(|d| if d == "missing" { MemberSpec::Missing } else { MemberSpec::Device(PathBuf::from(d)) })
+        .map(|d| {
+            if d == "missing" {
+                MemberSpec::Missing
+            } else {
+                MemberSpec::Device(PathBuf::from(d))
+            }
+        })
         .collect();
     let homehost = match args.homehost.as_deref() {
         Some("<none>") => None,

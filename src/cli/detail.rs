@@ -1,237 +1,43 @@
-//! `uraid detail`: the array as mdadm --detail describes it, computed from
-//! the members' superblocks (offline) — also for a degraded or failed set.
+//! `uraid detail`: mdadm --detail's view of an array, from a running server
+//! (--control) or from the members' superblocks (offline).
 
-use super::text::{chunk_text, ctime, hostname, human_size_paren};
+use super::text::hostname;
 use super::CliResult;
-use crate::array::{assemble, Assembled, DeviceState};
-use crate::format::{Metadata, MD_FEATURE_BITMAP_OFFSET, MD_FEATURE_RAID0_LAYOUT};
-use crate::geometry::{layout_name, Level};
-use std::fmt::Write;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::PathBuf;
+use crate::array::assemble;
+use crate::control::{self, view::DetailView, Request};
+use crate::engine::Snapshot;
+use std::path::{Path, PathBuf};
 
-pub fn run(devices: &[PathBuf], json: bool) -> CliResult {
-    if devices.is_empty() {
-        return Err("detail needs member devices, or --control SOCKET for a running array".into());
-    }
-    let array = assemble(devices, false).map_err(|e| e.to_string())?;
-    let view = DetailView::from_assembled(&array);
+pub fn run(control_socket: Option<&Path>, devices: &[PathBuf], json: bool) -> CliResult {
+    let (text, value) = match (control_socket, devices.is_empty()) {
+        (Some(socket), true) => {
+            let status = control::request(socket, &Request::Status)?;
+            (status.detail_text, status.detail)
+        }
+        (Some(_), false) => {
+            return Err("give either --control SOCKET or member devices, not both".into())
+        }
+        (None, true) => {
+            return Err(
+                "detail needs member devices, or --control SOCKET for a running array".into(),
+            )
+        }
+        (None, false) => {
+            let array = assemble(devices, false).map_err(|e| e.to_string())?;
+            let view = DetailView::from_snapshot(&Snapshot::from_assembled(&array));
+            (
+                view.text(&hostname()),
+                serde_json::to_value(&view).expect("serializable"),
+            )
+        }
+    };
     if json {
-        println!("{}", serde_json::to_string_pretty(&view).expect("serializable"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).expect("serializable")
+        );
     } else {
-        print!("{}", view.text(&hostname()));
+        print!("{text}");
     }
     Ok(())
-}
-
-/// One row of the device table.
-#[derive(serde::Serialize, Debug, Clone)]
-pub struct DeviceRow {
-    /// The device's slot number (dev_number); None for an empty slot.
-    pub number: Option<u32>,
-    pub major: u32,
-    pub minor: u32,
-    /// Its raid role, if it has one.
-    pub raid_device: Option<usize>,
-    pub state: String,
-    pub path: Option<String>,
-}
-
-/// Everything mdadm --detail shows, as data.
-#[derive(serde::Serialize, Debug, Clone)]
-pub struct DetailView {
-    pub version: String,
-    pub creation_time: u64,
-    pub raid_level: String,
-    pub array_size_kib: u64,
-    pub used_dev_size_kib: Option<u64>,
-    pub raid_devices: u32,
-    pub total_devices: usize,
-    pub update_time: u64,
-    pub state: String,
-    pub active_devices: usize,
-    pub working_devices: usize,
-    pub failed_devices: usize,
-    pub spare_devices: usize,
-    pub layout: Option<String>,
-    pub chunk_kib: u32,
-    pub consistency_policy: String,
-    pub name: String,
-    pub uuid: String,
-    pub events: u64,
-    pub bitmap: bool,
-    pub devices: Vec<DeviceRow>,
-}
-
-fn device_numbers(path: &str) -> (u32, u32) {
-    match std::fs::metadata(path) {
-        Ok(m) if m.file_type().is_block_device() => (libc::major(m.rdev()), libc::minor(m.rdev())),
-        _ => (0, 0),
-    }
-}
-
-impl DetailView {
-    pub fn from_assembled(array: &Assembled) -> DetailView {
-        let sb = &array.sb;
-        let level = array.level();
-        let raid_disks = sb.raid_disks as usize;
-        let active = array.slots.iter().filter(|s| s.is_some()).count();
-        let failed = array.devices.iter().filter(|d| matches!(d.state, DeviceState::Faulty)).count();
-        let spares = array
-            .devices
-            .iter()
-            .filter(|d| matches!(d.state, DeviceState::Spare | DeviceState::Recovering { .. }))
-            .count();
-        let condition = if active == raid_disks {
-            ""
-        } else if !array.runnable() {
-            ", FAILED"
-        } else {
-            ", degraded"
-        };
-        let clean = if sb.is_clean() { "clean" } else { "active" };
-        let mut rows = Vec::new();
-        for role in 0..raid_disks {
-            let holder = array.devices.iter().find(|d| match d.state {
-                DeviceState::Active { role: r } => r == role,
-                _ => false,
-            });
-            rows.push(match holder {
-                Some(d) => {
-                    let (major, minor) = device_numbers(&d.path);
-                    let mut state = "active sync".to_string();
-                    if let Some(set) = raid10_set(level, sb.layout, raid_disks, role) {
-                        state.push_str(&format!(" set-{set}"));
-                    }
-                    DeviceRow { number: Some(d.sb.dev_number), major, minor, raid_device: Some(role), state, path: Some(d.path.clone()) }
-                }
-                None => DeviceRow { number: None, major: 0, minor: 0, raid_device: Some(role), state: "removed".into(), path: None },
-            });
-        }
-        for d in &array.devices {
-            let (major, minor) = device_numbers(&d.path);
-            let (raid_device, state) = match &d.state {
-                DeviceState::Active { .. } => continue,
-                DeviceState::Spare => (None, "spare".to_string()),
-                DeviceState::Recovering { role, .. } => (Some(*role), "spare rebuilding".to_string()),
-                DeviceState::Faulty => (None, "faulty".to_string()),
-                DeviceState::Stale { events } => (None, format!("faulty (stale: events {events} < {})", sb.events)),
-                DeviceState::Duplicate { role } => (None, format!("faulty (duplicate of role {role})")),
-            };
-            rows.push(DeviceRow { number: Some(d.sb.dev_number), major, minor, raid_device, state, path: Some(d.path.clone()) });
-        }
-        let bitmap = sb.feature_map & MD_FEATURE_BITMAP_OFFSET != 0;
-        let layout = match level {
-            Level::Raid0 if sb.feature_map & MD_FEATURE_RAID0_LAYOUT != 0 => layout_name(level, sb.layout),
-            Level::Raid5 | Level::Raid6 | Level::Raid10 => layout_name(level, sb.layout),
-            _ => None,
-        };
-        DetailView {
-            version: if sb.metadata == Metadata::V0_90 { "0.90".into() } else { sb.metadata.as_str().into() },
-            creation_time: sb.ctime_secs,
-            raid_level: level.to_string(),
-            array_size_kib: array.array_sectors() / 2,
-            used_dev_size_kib: (sb.level >= 1).then_some(sb.size_sectors / 2),
-            raid_devices: sb.raid_disks,
-            total_devices: array.devices.len(),
-            update_time: sb.utime_secs,
-            state: format!("{clean}{condition}"),
-            active_devices: active,
-            working_devices: active + spares,
-            failed_devices: failed,
-            spare_devices: spares,
-            layout,
-            chunk_kib: sb.chunk_sectors / 2,
-            consistency_policy: if !level.has_parity() && matches!(level, Level::Raid0 | Level::Linear) {
-                "none".into()
-            } else if bitmap {
-                "bitmap".into()
-            } else {
-                "resync".into()
-            },
-            name: sb.set_name.clone(),
-            uuid: sb.uuid_string(),
-            events: sb.events,
-            bitmap,
-            devices: rows,
-        }
-    }
-
-    /// The text of mdadm --detail (without the leading "/dev/mdX:" line).
-    pub fn text(&self, homehost: &str) -> String {
-        let mut o = String::new();
-        let _ = writeln!(o, "           Version : {}", self.version);
-        let _ = writeln!(o, "     Creation Time : {}", ctime(self.creation_time));
-        let _ = writeln!(o, "        Raid Level : {}", self.raid_level);
-        let _ = writeln!(o, "        Array Size : {}{}", self.array_size_kib, human_size_paren(self.array_size_kib << 10));
-        if let Some(used) = self.used_dev_size_kib {
-            let _ = writeln!(o, "     Used Dev Size : {}{}", used, human_size_paren(used << 10));
-        }
-        let _ = writeln!(o, "      Raid Devices : {}", self.raid_devices);
-        let _ = writeln!(o, "     Total Devices : {}", self.total_devices);
-        let _ = writeln!(o, "       Persistence : Superblock is persistent");
-        let _ = writeln!(o);
-        if self.bitmap {
-            let _ = writeln!(o, "     Intent Bitmap : Internal");
-            let _ = writeln!(o);
-        }
-        let _ = writeln!(o, "       Update Time : {}", ctime(self.update_time));
-        let _ = writeln!(o, "             State : {} ", self.state);
-        let _ = writeln!(o, "    Active Devices : {}", self.active_devices);
-        let _ = writeln!(o, "   Working Devices : {}", self.working_devices);
-        let _ = writeln!(o, "    Failed Devices : {}", self.failed_devices);
-        let _ = writeln!(o, "     Spare Devices : {}", self.spare_devices);
-        let _ = writeln!(o);
-        if let Some(layout) = &self.layout {
-            let _ = writeln!(o, "            Layout : {layout}");
-        }
-        match self.raid_level.as_str() {
-            "raid0" | "raid4" | "raid5" | "raid6" | "raid10" => {
-                let _ = writeln!(o, "        Chunk Size : {}\n", chunk_text(self.chunk_kib * 2));
-            }
-            "linear" => {
-                let _ = writeln!(o, "          Rounding : {}\n", chunk_text(self.chunk_kib * 2));
-            }
-            _ => {}
-        }
-        let _ = writeln!(o, "Consistency Policy : {}\n", self.consistency_policy);
-        let local = self.name.strip_prefix(homehost).is_some_and(|rest| rest.starts_with(':')) && !homehost.is_empty();
-        let _ = writeln!(
-            o,
-            "              Name : {}{}",
-            self.name,
-            if local { format!("  (local to host {homehost})") } else { String::new() }
-        );
-        let _ = writeln!(o, "              UUID : {}", self.uuid);
-        let _ = writeln!(o, "            Events : {}\n", self.events);
-        let _ = writeln!(o, "    Number   Major   Minor   RaidDevice State");
-        for (i, row) in self.devices.iter().enumerate() {
-            if i == self.raid_devices as usize {
-                let _ = writeln!(o);
-            }
-            let number = row.number.map(|n| format!("{n:5}")).unwrap_or_else(|| "    -".into());
-            let raid_device = row.raid_device.map(|r| format!("{r:5}")).unwrap_or_else(|| "    -".into());
-            let _ = writeln!(
-                o,
-                "   {number}   {:5}    {:5}    {raid_device}      {}{}",
-                row.major,
-                row.minor,
-                row.state,
-                row.path.as_deref().map(|p| format!("   {p}")).unwrap_or_default()
-            );
-        }
-        o
-    }
-}
-
-/// mdadm shows near-only raid10 members in sets (A, B, ...) when the
-/// members divide evenly into copies.
-fn raid10_set(level: Level, layout: u32, raid_disks: usize, role: usize) -> Option<char> {
-    if level != Level::Raid10 || layout & !0x1ffff != 0 {
-        return None;
-    }
-    let near = (layout & 0xff) as usize;
-    let far = ((layout >> 8) & 0xff) as usize;
-    let copies = near * far;
-    (far == 1 && copies > 0 && raid_disks % copies == 0 && copies <= 26).then(|| (b'A' + (role % copies) as u8) as char)
 }

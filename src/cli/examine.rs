@@ -5,8 +5,9 @@ use super::text::{chunk_text, ctime, hostname, human_size_paren};
 use super::CliResult;
 use crate::array::read_superblock;
 use crate::format::{
-    MemberSuper, Metadata, Role, MD_FEATURE_BAD_BLOCKS, MD_FEATURE_BITMAP_OFFSET, MD_FEATURE_NEW_OFFSET,
-    MD_FEATURE_RAID0_LAYOUT, MD_FEATURE_RECOVERY_OFFSET, MD_FEATURE_REPLACEMENT, MD_FEATURE_RESHAPE_ACTIVE,
+    MemberSuper, Metadata, Role, MD_FEATURE_BAD_BLOCKS, MD_FEATURE_BITMAP_OFFSET,
+    MD_FEATURE_NEW_OFFSET, MD_FEATURE_RAID0_LAYOUT, MD_FEATURE_RECOVERY_OFFSET,
+    MD_FEATURE_REPLACEMENT, MD_FEATURE_RESHAPE_ACTIVE,
 };
 use crate::geometry::{layout_name, Level};
 use crate::member::{FileMember, Member, OpenOptions};
@@ -22,14 +23,21 @@ pub fn run(devices: &[PathBuf], json: bool) -> CliResult {
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("{}: no md superblock found", path.display()))?;
         if json {
-            reports.push(summary(&path.display().to_string(), &sb, member.size_sectors()));
+            reports.push(summary(
+                &path.display().to_string(),
+                &sb,
+                member.size_sectors(),
+            ));
         } else {
             let _ = writeln!(text, "{}:", path.display());
             text.push_str(&examine_text(&sb, member.size_sectors(), &hostname()));
         }
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&reports).expect("serializable"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&reports).expect("serializable")
+        );
     } else {
         print!("{text}");
     }
@@ -63,7 +71,9 @@ pub struct Summary {
 }
 
 fn level_text(level: i32) -> String {
-    Level::from_md_number(level).map(|l| l.to_string()).unwrap_or_else(|| "-unknown-".into())
+    Level::from_md_number(level)
+        .map(|l| l.to_string())
+        .unwrap_or_else(|| "-unknown-".into())
 }
 
 pub fn summary(device: &str, sb: &MemberSuper, _device_sectors: u64) -> Summary {
@@ -100,7 +110,10 @@ fn array_size_bytes(sb: &MemberSuper) -> Option<u64> {
         1 => (1, 1),
         4 | 5 => (sb.raid_disks as u64 - 1, 1),
         6 => (sb.raid_disks as u64 - 2, 1),
-        10 => (sb.raid_disks as u64, ((sb.layout & 255) * ((sb.layout >> 8) & 255)).max(1) as u64),
+        10 => (
+            sb.raid_disks as u64,
+            ((sb.layout & 255) * ((sb.layout >> 8) & 255)).max(1) as u64,
+        ),
         _ => return None,
     };
     Some((sb.size_sectors << 9) * data / denominator)
@@ -110,14 +123,21 @@ fn role_text(sb: &MemberSuper) -> String {
     match sb.this_role() {
         Role::Spare | Role::Faulty => "spare".into(),
         Role::Journal => "Journal".into(),
-        Role::Active(r) if sb.has_feature(MD_FEATURE_REPLACEMENT) => format!("Replacement device {r}"),
+        Role::Active(r) if sb.has_feature(MD_FEATURE_REPLACEMENT) => {
+            format!("Replacement device {r}")
+        }
         Role::Active(r) => format!("Active device {r}"),
     }
 }
 
 /// One character per raid slot: A active, R active with a replacement, . missing.
 fn array_state(sb: &MemberSuper) -> String {
-    let slots = sb.raid_disks as i64 + if sb.has_feature(MD_FEATURE_RESHAPE_ACTIVE) { (-sb.delta_disks).max(0) as i64 } else { 0 };
+    let slots = sb.raid_disks as i64
+        + if sb.has_feature(MD_FEATURE_RESHAPE_ACTIVE) {
+            (-sb.delta_disks).max(0) as i64
+        } else {
+            0
+        };
     (0..slots)
         .map(|slot| {
             let holders = sb.dev_roles.iter().filter(|r| **r as i64 == slot).count();
@@ -133,7 +153,11 @@ fn array_state(sb: &MemberSuper) -> String {
 
 /// Space before and after the data area, as mdadm's getinfo_super1 computes it.
 fn unused_space(sb: &MemberSuper, device_sectors: u64) -> (u64, u64) {
-    let data_size = if sb.level <= 0 { sb.data_size_sectors } else { sb.size_sectors };
+    let data_size = if sb.level <= 0 {
+        sb.data_size_sectors
+    } else {
+        sb.size_sectors
+    };
     let super_offset = sb.super_offset_sectors;
     let (before, after);
     if sb.data_offset_sectors < super_offset {
@@ -151,7 +175,8 @@ fn unused_space(sb: &MemberSuper, device_sectors: u64) -> (u64, u64) {
         // The kernel keeps the first 36 KiB after the superblock for itself.
         let mut earliest = super_offset + 72;
         if sb.bblog_offset_sectors != 0 && sb.bblog_size_sectors != 0 {
-            let bb_end = super_offset.saturating_add_signed(sb.bblog_offset_sectors as i64) + sb.bblog_size_sectors as u64;
+            let bb_end = super_offset.saturating_add_signed(sb.bblog_offset_sectors as i64)
+                + sb.bblog_size_sectors as u64;
             earliest = earliest.max(bb_end);
         }
         before = sb.data_offset_sectors.saturating_sub(earliest);
@@ -170,7 +195,15 @@ pub fn examine_text(sb: &MemberSuper, device_sectors: u64, homehost: &str) -> St
     let mut o = String::new();
     let level = Level::from_md_number(sb.level);
     let _ = writeln!(o, "          Magic : a92b4efc");
-    let _ = writeln!(o, "        Version : {}", if sb.metadata == Metadata::V0_90 { "0.90.00" } else { sb.metadata.as_str() });
+    let _ = writeln!(
+        o,
+        "        Version : {}",
+        if sb.metadata == Metadata::V0_90 {
+            "0.90.00"
+        } else {
+            sb.metadata.as_str()
+        }
+    );
     let _ = writeln!(o, "    Feature Map : {:#x}", sb.feature_map);
     let _ = writeln!(o, "     Array UUID : {}", sb.uuid_string());
     let local = !homehost.is_empty()
@@ -182,42 +215,80 @@ pub fn examine_text(sb: &MemberSuper, device_sectors: u64, homehost: &str) -> St
         o,
         "           Name : {}{}",
         sb.set_name,
-        if local { format!("  (local to host {homehost})") } else { String::new() }
+        if local {
+            format!("  (local to host {homehost})")
+        } else {
+            String::new()
+        }
     );
     let _ = writeln!(o, "  Creation Time : {}", ctime(sb.ctime_secs));
     let _ = writeln!(o, "     Raid Level : {}", level_text(sb.level));
     let _ = writeln!(o, "   Raid Devices : {}", sb.raid_disks);
     let _ = writeln!(o);
-    let _ = writeln!(o, " Avail Dev Size : {} sectors{}", sb.data_size_sectors, human_size_paren(sb.data_size_sectors << 9));
+    let _ = writeln!(
+        o,
+        " Avail Dev Size : {} sectors{}",
+        sb.data_size_sectors,
+        human_size_paren(sb.data_size_sectors << 9)
+    );
     // mdadm compares the level as an unsigned number here, so linear (-1)
     // takes this branch too and shows its "Used Dev Size : 0 sectors".
     if sb.level != 0 {
         if let Some(bytes) = array_size_bytes(sb) {
-            let _ = writeln!(o, "     Array Size : {} KiB{}", bytes >> 10, human_size_paren(bytes));
+            let _ = writeln!(
+                o,
+                "     Array Size : {} KiB{}",
+                bytes >> 10,
+                human_size_paren(bytes)
+            );
         }
         if sb.size_sectors != sb.data_size_sectors {
-            let _ = writeln!(o, "  Used Dev Size : {} sectors{}", sb.size_sectors, human_size_paren(sb.size_sectors << 9));
+            let _ = writeln!(
+                o,
+                "  Used Dev Size : {} sectors{}",
+                sb.size_sectors,
+                human_size_paren(sb.size_sectors << 9)
+            );
         }
     }
     if sb.data_offset_sectors != 0 {
         let _ = writeln!(o, "    Data Offset : {} sectors", sb.data_offset_sectors);
     }
     if sb.new_offset_sectors != 0 && sb.has_feature(MD_FEATURE_NEW_OFFSET) {
-        let _ = writeln!(o, "     New Offset : {} sectors", sb.new_data_offset_sectors());
+        let _ = writeln!(
+            o,
+            "     New Offset : {} sectors",
+            sb.new_data_offset_sectors()
+        );
     }
     let _ = writeln!(o, "   Super Offset : {} sectors", sb.super_offset_sectors);
     if sb.has_feature(MD_FEATURE_RECOVERY_OFFSET) {
-        let _ = writeln!(o, "Recovery Offset : {} sectors", sb.recovery_offset_sectors);
+        let _ = writeln!(
+            o,
+            "Recovery Offset : {} sectors",
+            sb.recovery_offset_sectors
+        );
     }
     let (before, after) = unused_space(sb, device_sectors);
     if after != 1 && !sb.has_feature(MD_FEATURE_NEW_OFFSET) {
-        let _ = writeln!(o, "   Unused Space : before={before} sectors, after={after} sectors");
+        let _ = writeln!(
+            o,
+            "   Unused Space : before={before} sectors, after={after} sectors"
+        );
     }
-    let _ = writeln!(o, "          State : {}", if sb.is_clean() { "clean" } else { "active" });
+    let _ = writeln!(
+        o,
+        "          State : {}",
+        if sb.is_clean() { "clean" } else { "active" }
+    );
     let _ = writeln!(o, "    Device UUID : {}", sb.device_uuid_string());
     let _ = writeln!(o);
     if sb.has_feature(MD_FEATURE_BITMAP_OFFSET) {
-        let _ = writeln!(o, "Internal Bitmap : {} sectors from superblock", sb.bitmap_offset_sectors);
+        let _ = writeln!(
+            o,
+            "Internal Bitmap : {} sectors from superblock",
+            sb.bitmap_offset_sectors
+        );
     }
     if sb.has_feature(MD_FEATURE_RESHAPE_ACTIVE) {
         let _ = writeln!(
@@ -228,7 +299,11 @@ pub fn examine_text(sb: &MemberSuper, device_sectors: u64, homehost: &str) -> St
         );
         if sb.delta_disks != 0 {
             let old = sb.raid_disks as i64 - sb.delta_disks as i64;
-            let _ = writeln!(o, "  Delta Devices : {} ({}->{})", sb.delta_disks, old, sb.raid_disks);
+            let _ = writeln!(
+                o,
+                "  Delta Devices : {} ({}->{})",
+                sb.delta_disks, old, sb.raid_disks
+            );
         }
         let _ = writeln!(o);
     }
@@ -239,7 +314,11 @@ pub fn examine_text(sb: &MemberSuper, device_sectors: u64, homehost: &str) -> St
             "  Bad Block Log : {} entries available at offset {} sectors{}",
             sb.bblog_size_sectors as u32 * 512 / 8,
             sb.bblog_offset_sectors,
-            if sb.has_feature(MD_FEATURE_BAD_BLOCKS) { " - bad blocks present." } else { "" }
+            if sb.has_feature(MD_FEATURE_BAD_BLOCKS) {
+                " - bad blocks present."
+            } else {
+                ""
+            }
         );
     }
     // A superblock that failed its checksum is refused before it gets here.
@@ -268,7 +347,11 @@ pub fn examine_text(sb: &MemberSuper, device_sectors: u64, homehost: &str) -> St
     }
     let _ = writeln!(o);
     let _ = writeln!(o, "   Device Role : {}", role_text(sb));
-    let _ = writeln!(o, "   Array State : {} ('A' == active, '.' == missing, 'R' == replacing)", array_state(sb));
+    let _ = writeln!(
+        o,
+        "   Array State : {} ('A' == active, '.' == missing, 'R' == replacing)",
+        array_state(sb)
+    );
     o
 }
 
@@ -280,6 +363,9 @@ fn checksum_of(sb: &MemberSuper) -> u32 {
             .ok()
             .and_then(|b| crate::format::sb090::checksum(&b).ok())
             .unwrap_or(0),
-        _ => crate::format::sb1::encode(sb).ok().and_then(|b| crate::format::sb1::checksum(&b).ok()).unwrap_or(0),
+        _ => crate::format::sb1::encode(sb)
+            .ok()
+            .and_then(|b| crate::format::sb1::checksum(&b).ok())
+            .unwrap_or(0),
     }
 }

@@ -7,14 +7,21 @@
 mod copy;
 mod create;
 mod detail;
+mod serve;
+mod status;
+
 mod examine;
-mod text;
+pub(crate) mod text;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
-#[command(name = "uraid", version, about = "A user-space RAID engine, on-disk compatible with Linux md")]
+#[command(
+    name = "uraid",
+    version,
+    about = "A user-space RAID engine, on-disk compatible with Linux md"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -47,6 +54,16 @@ enum Command {
         #[arg(required = true)]
         devices: Vec<PathBuf>,
     },
+    /// Serve an array over NBD until SIGINT or SIGTERM.
+    Serve(serve::ServeArgs),
+    /// /proc/mdstat-style status of the arrays uraid serves.
+    Status {
+        #[arg(long)]
+        json: bool,
+        /// The control socket of a running `uraid serve` (default: all in the socket folder).
+        #[arg(long)]
+        control: Option<PathBuf>,
+    },
     /// Read the array's contents (offline, degraded if members are missing) into a file.
     CopyOut {
         #[arg(long)]
@@ -71,10 +88,13 @@ pub fn main() -> i32 {
     let result = match cli.command {
         Command::Create(args) => create::run(&args),
         Command::Examine { json, devices } => examine::run(&devices, json),
-        Command::Detail { json, control, devices } => match control {
-            Some(_) => Err("detail --control needs a running `uraid serve`, which this build does not have yet".into()),
-            None => detail::run(&devices, json),
-        },
+        Command::Detail {
+            json,
+            control,
+            devices,
+        } => detail::run(control.as_deref(), &devices, json),
+        Command::Serve(args) => serve::run(&args),
+        Command::Status { json, control } => status::run(control.as_deref(), json),
         Command::CopyIn { input, devices } => copy::copy_in(&input, &devices),
         Command::CopyOut { output, devices } => copy::copy_out(&output, &devices),
     };

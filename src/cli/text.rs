@@ -10,7 +10,12 @@ pub fn ctime(secs: u64) -> String {
     // buf.len() bytes into buf and returns how many it wrote.
     let len = unsafe {
         libc::localtime_r(&t, &mut tm);
-        libc::strftime(buf.as_mut_ptr() as *mut libc::c_char, buf.len(), c"%a %b %e %H:%M:%S %Y".as_ptr(), &tm)
+        libc::strftime(
+            buf.as_mut_ptr() as *mut libc::c_char,
+            buf.len(),
+            c"%a %b %e %H:%M:%S %Y".as_ptr(),
+            &tm,
+        )
     };
     String::from_utf8_lossy(&buf[..len]).into_owned()
 }

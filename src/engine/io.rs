@@ -60,14 +60,20 @@ impl Engine {
     }
 
     fn read_place(&self, place: &Place, offset_in_strip: usize, buf: &mut [u8]) -> io::Result<()> {
-        let slot = self.slots[place.member].as_ref().expect("read from a present member");
-        let at = slot.data_offset_bytes + place.member_sector * SECTOR_BYTES + offset_in_strip as u64;
+        let slot = self.slots[place.member]
+            .as_ref()
+            .expect("read from a present member");
+        let at =
+            slot.data_offset_bytes + place.member_sector * SECTOR_BYTES + offset_in_strip as u64;
         slot.member.read_at(buf, at)
     }
 
     fn write_place(&self, place: &Place, offset_in_strip: usize, buf: &[u8]) -> io::Result<()> {
-        let slot = self.slots[place.member].as_ref().expect("write to a present member");
-        let at = slot.data_offset_bytes + place.member_sector * SECTOR_BYTES + offset_in_strip as u64;
+        let slot = self.slots[place.member]
+            .as_ref()
+            .expect("write to a present member");
+        let at =
+            slot.data_offset_bytes + place.member_sector * SECTOR_BYTES + offset_in_strip as u64;
         slot.member.write_at(buf, at)
     }
 
@@ -78,14 +84,21 @@ impl Engine {
         len: usize,
         mut f: impl FnMut(&Engine, StripeMap, usize, Range<usize>) -> io::Result<()>,
     ) -> io::Result<()> {
-        let end = offset.checked_add(len as u64).filter(|e| *e <= self.size_bytes());
+        let end = offset
+            .checked_add(len as u64)
+            .filter(|e| *e <= self.size_bytes());
         if end.is_none() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "request beyond the end of the array"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "request beyond the end of the array",
+            ));
         }
         let mut done = 0usize;
         while done < len {
             let at = offset + done as u64;
-            let map = self.geometry.stripe(self.geometry.stripe_of(at / SECTOR_BYTES));
+            let map = self
+                .geometry
+                .stripe(self.geometry.stripe_of(at / SECTOR_BYTES));
             let stripe_start = map.array_sector * SECTOR_BYTES;
             let stripe_bytes = (map.data_sectors() * SECTOR_BYTES) as usize;
             let in_stripe = (at - stripe_start) as usize;
@@ -116,7 +129,13 @@ impl Engine {
         let touched = ranges.iter().filter(|r| !r.is_empty());
         let window_start = touched.clone().map(|r| r.start).min().unwrap_or(0);
         let window_end = touched.map(|r| r.end).max().unwrap_or(0);
-        Piece { map, ranges, window: window_start..window_end, data, start_in_stripe: in_stripe }
+        Piece {
+            map,
+            ranges,
+            window: window_start..window_end,
+            data,
+            start_in_stripe: in_stripe,
+        }
     }
 
     /// Reads array bytes at `offset` into `buf`.
@@ -161,16 +180,23 @@ impl Engine {
 
     /// Reads the window of every data strip, reconstructing the strips in
     /// `lost` (whose members are gone) from the others and parity.
-    fn read_window(&self, map: &StripeMap, window: Range<usize>, lost: &[usize]) -> io::Result<Vec<Vec<u8>>> {
+    fn read_window(
+        &self,
+        map: &StripeMap,
+        window: Range<usize>,
+        lost: &[usize],
+    ) -> io::Result<Vec<Vec<u8>>> {
         let len = window.len();
         let mut strips = vec![vec![0u8; len]; map.data.len()];
         for (i, strip) in map.data.iter().enumerate() {
             if lost.contains(&i) {
                 continue;
             }
-            let copy = strip.copies.iter().find(|c| self.present(c)).ok_or_else(|| {
-                lost_error(map, "more data strips lost than expected")
-            })?;
+            let copy = strip
+                .copies
+                .iter()
+                .find(|c| self.present(c))
+                .ok_or_else(|| lost_error(map, "more data strips lost than expected"))?;
             self.read_place(copy, window.start, &mut strips[i])?;
         }
         self.reconstruct(map, window, &mut strips, lost)?;
@@ -178,7 +204,13 @@ impl Engine {
     }
 
     /// Rebuilds the window of the strips in `lost` in place.
-    fn reconstruct(&self, map: &StripeMap, window: Range<usize>, strips: &mut [Vec<u8>], lost: &[usize]) -> io::Result<()> {
+    fn reconstruct(
+        &self,
+        map: &StripeMap,
+        window: Range<usize>,
+        strips: &mut [Vec<u8>],
+        lost: &[usize],
+    ) -> io::Result<()> {
         if lost.is_empty() {
             return Ok(());
         }
@@ -201,7 +233,9 @@ impl Engine {
             let present_data: Vec<&[u8]> = present.iter().map(|&i| strips[i].as_slice()).collect();
             let syndrome = self.syndrome;
             match (lost, &mut outputs[..], &p, &q) {
-                ([_], [x], Some(p), _) => parity::recover_data_from_p(syndrome, &present_data, p, x),
+                ([_], [x], Some(p), _) => {
+                    parity::recover_data_from_p(syndrome, &present_data, p, x)
+                }
                 ([i], [x], None, Some(q)) => parity::recover_data_from_q(
                     syndrome,
                     &present_data,
@@ -244,7 +278,11 @@ impl Engine {
         if map.p.is_none() {
             // Mirrors and stripes without parity: every present copy.
             for i in (0..map.data.len()).filter(|i| piece.touched(*i)) {
-                let copies: Vec<&Place> = map.data[i].copies.iter().filter(|c| self.present(c)).collect();
+                let copies: Vec<&Place> = map.data[i]
+                    .copies
+                    .iter()
+                    .filter(|c| self.present(c))
+                    .collect();
                 if copies.is_empty() {
                     return Err(lost_error(map, "every copy of the data is lost"));
                 }
@@ -254,8 +292,14 @@ impl Engine {
             }
             return Ok(());
         }
-        let parity_present: Vec<Place> = [map.p, map.q].into_iter().flatten().filter(|p| self.present(p)).collect();
-        let lost: Vec<usize> = (0..map.data.len()).filter(|&i| !map.data[i].copies.iter().any(|c| self.present(c))).collect();
+        let parity_present: Vec<Place> = [map.p, map.q]
+            .into_iter()
+            .flatten()
+            .filter(|p| self.present(p))
+            .collect();
+        let lost: Vec<usize> = (0..map.data.len())
+            .filter(|&i| !map.data[i].copies.iter().any(|c| self.present(c)))
+            .collect();
         let touched: Vec<usize> = (0..map.data.len()).filter(|&i| piece.touched(i)).collect();
         if parity_present.is_empty() {
             // No parity left to maintain: the data is all there is.
@@ -263,7 +307,11 @@ impl Engine {
                 if lost.contains(&i) {
                     return Err(lost_error(map, "data and parity lost"));
                 }
-                self.write_place(&map.data[i].copies[0], piece.ranges[i].start, piece.new_bytes(i))?;
+                self.write_place(
+                    &map.data[i].copies[0],
+                    piece.ranges[i].start,
+                    piece.new_bytes(i),
+                )?;
             }
             return Ok(());
         }
@@ -274,7 +322,9 @@ impl Engine {
         let rcw_reads = if rebuild {
             map.data.len() - lost.len() + parity_present.len()
         } else {
-            (0..map.data.len()).filter(|&i| !piece.covers_window(i) && !lost.contains(&i)).count()
+            (0..map.data.len())
+                .filter(|&i| !piece.covers_window(i) && !lost.contains(&i))
+                .count()
         };
         if rmw_possible && rmw_reads < rcw_reads {
             self.read_modify_write(piece, &touched)
@@ -316,7 +366,11 @@ impl Engine {
             }
         }
         for &i in touched {
-            self.write_place(&map.data[i].copies[0], piece.ranges[i].start, piece.new_bytes(i))?;
+            self.write_place(
+                &map.data[i].copies[0],
+                piece.ranges[i].start,
+                piece.new_bytes(i),
+            )?;
         }
         for (place, buf) in [p, q].into_iter().flatten() {
             self.write_place(&place, window.start, &buf)?;
@@ -327,14 +381,22 @@ impl Engine {
     /// Parity recomputed from all data in the window: reads the strips the
     /// request does not fully cover (reconstructing lost ones), then writes
     /// the touched strips that are present and the parity.
-    fn reconstruct_write(&self, piece: &Piece, touched: &[usize], lost: &[usize]) -> io::Result<()> {
+    fn reconstruct_write(
+        &self,
+        piece: &Piece,
+        touched: &[usize],
+        lost: &[usize],
+    ) -> io::Result<()> {
         let map = &piece.map;
         let window = piece.window.clone();
         // If any lost strip holds old bytes the request does not replace, all
         // lost strips are rebuilt: the others' old bytes are just as unknown,
         // and the algebra needs every strip but the rebuilt ones.
-        let need_rebuild: Vec<usize> =
-            if lost.iter().any(|&i| !piece.covers_window(i)) { lost.to_vec() } else { Vec::new() };
+        let need_rebuild: Vec<usize> = if lost.iter().any(|&i| !piece.covers_window(i)) {
+            lost.to_vec()
+        } else {
+            Vec::new()
+        };
         let mut strips = vec![vec![0u8; window.len()]; map.data.len()];
         for i in 0..map.data.len() {
             // Rebuilding a lost strip needs the old data of every other strip;
@@ -347,7 +409,8 @@ impl Engine {
         self.reconstruct(map, window.clone(), &mut strips, &need_rebuild)?;
         for &i in touched {
             let r = &piece.ranges[i];
-            strips[i][r.start - window.start..r.end - window.start].copy_from_slice(piece.new_bytes(i));
+            strips[i][r.start - window.start..r.end - window.start]
+                .copy_from_slice(piece.new_bytes(i));
         }
         let views: Vec<&[u8]> = strips.iter().map(Vec::as_slice).collect();
         let mut p = vec![0u8; window.len()];
@@ -361,7 +424,11 @@ impl Engine {
         }
         for &i in touched {
             if !lost.contains(&i) {
-                self.write_place(&map.data[i].copies[0], piece.ranges[i].start, piece.new_bytes(i))?;
+                self.write_place(
+                    &map.data[i].copies[0],
+                    piece.ranges[i].start,
+                    piece.new_bytes(i),
+                )?;
             }
         }
         if let Some(place) = map.p.filter(|p| self.present(p)) {

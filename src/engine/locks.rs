@@ -17,7 +17,9 @@ pub struct StripeLocks {
 impl StripeLocks {
     pub fn new(slot_count: usize) -> StripeLocks {
         assert!(slot_count.is_power_of_two());
-        StripeLocks { slots: (0..slot_count).map(|_| Mutex::new(())).collect() }
+        StripeLocks {
+            slots: (0..slot_count).map(|_| Mutex::new(())).collect(),
+        }
     }
 
     pub fn lock(&self, stripe: u64) -> MutexGuard<'_, ()> {
@@ -26,6 +28,8 @@ impl StripeLocks {
         let index = hash as usize & (self.slots.len() - 1);
         // A poisoned lock means a thread panicked mid-stripe; the data path
         // stays usable (the panic itself is reported elsewhere).
-        self.slots[index].lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.slots[index]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }

@@ -97,7 +97,12 @@ impl Engine {
 
     /// The largest logical block of any member: requests must be aligned to it.
     fn member_block_bytes(&self) -> u32 {
-        self.slots.iter().flatten().map(|s| s.member.logical_block_bytes()).max().unwrap_or(512)
+        self.slots
+            .iter()
+            .flatten()
+            .map(|s| s.member.logical_block_bytes())
+            .max()
+            .unwrap_or(512)
     }
 
     /// Flushes every present member: all completed writes become durable.
@@ -110,20 +115,11 @@ impl Engine {
 
     /// A snapshot of the array for status and detail.
     pub fn snapshot(&self) -> Snapshot {
-        let array = self.array.lock().unwrap();
-        Snapshot {
-            sb: array.sb.clone(),
-            devices: array
-                .devices
-                .iter()
-                .map(|d| SnapshotDevice { path: d.path.clone(), dev_number: d.sb.dev_number, state: d.state.clone() })
-                .collect(),
-            level: array.level(),
-            array_sectors: self.geometry.array_sectors(),
-            missing_roles: array.missing_roles(),
-            sync: self.sync.progress(&self.geometry),
-            read_only: self.read_only,
-        }
+        let mut snapshot = Snapshot::from_assembled(&self.array.lock().unwrap());
+        snapshot.sync = self.sync.progress(&self.geometry);
+        snapshot.read_only = self.read_only;
+        snapshot.serving = true;
+        snapshot
     }
 
     /// Orderly stop: ends the resync, flushes, and marks the array clean, or,
@@ -133,7 +129,11 @@ impl Engine {
         if self.read_only {
             return Ok(());
         }
-        self.flush_members().map_err(|source| crate::array::SuperblockError::Io { device: "members".into(), source })?;
+        self.flush_members()
+            .map_err(|source| crate::array::SuperblockError::Io {
+                device: "members".into(),
+                source,
+            })?;
         let state = match resume {
             None => Cleanliness::Clean,
             Some(stripe) => Cleanliness::ResyncFrom(self.geometry.resync_position_sectors(stripe)),
@@ -161,6 +161,35 @@ pub struct Snapshot {
     pub missing_roles: Vec<usize>,
     pub sync: Option<SyncProgress>,
     pub read_only: bool,
+    /// Whether a running engine serves it (else it was read from the members).
+    pub serving: bool,
+    /// Whether every array sector can be read.
+    pub runnable: bool,
+}
+
+impl Snapshot {
+    /// The state of an array that is not running, from its superblocks.
+    pub fn from_assembled(array: &Assembled) -> Snapshot {
+        Snapshot {
+            sb: array.sb.clone(),
+            devices: array
+                .devices
+                .iter()
+                .map(|d| SnapshotDevice {
+                    path: d.path.clone(),
+                    dev_number: d.sb.dev_number,
+                    state: d.state.clone(),
+                })
+                .collect(),
+            level: array.level(),
+            array_sectors: array.geometry.array_sectors(),
+            missing_roles: array.missing_roles(),
+            sync: None,
+            read_only: false,
+            serving: false,
+            runnable: array.runnable(),
+        }
+    }
 }
 
 impl BlockBackend for Engine {
@@ -178,7 +207,11 @@ impl BlockBackend for Engine {
             }
             _ => 64 * 1024,
         };
-        BlockSizes { min, preferred: chunk_bytes.clamp(min.max(4096), 2 << 20), max_payload: 32 << 20 }
+        BlockSizes {
+            min,
+            preferred: chunk_bytes.clamp(min.max(4096), 2 << 20),
+            max_payload: 32 << 20,
+        }
     }
 
     fn read_only(&self) -> bool {
@@ -195,7 +228,10 @@ impl BlockBackend for Engine {
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> std::io::Result<()> {
-        assert!(!self.read_only, "the export refuses writes on a read-only array");
+        assert!(
+            !self.read_only,
+            "the export refuses writes on a read-only array"
+        );
         self.write_bytes(offset, data)?;
         if fua {
             self.flush_members()?;
@@ -215,7 +251,15 @@ impl BlockBackend for Engine {
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> std::io::Result<()> {
-        crate::export::write_zeroes_by_writing(self, offset, len, ZeroFlags { fua: flags.fua, may_trim: false })
+        crate::export::write_zeroes_by_writing(
+            self,
+            offset,
+            len,
+            ZeroFlags {
+                fua: flags.fua,
+                may_trim: false,
+            },
+        )
     }
 }
 

@@ -85,8 +85,17 @@ impl SyncWorker {
         let done_kib = geometry.resync_position_sectors(next) / 2;
         let total_kib = geometry.resync_position_sectors(self.stripe_count) / 2;
         let first_kib = geometry.resync_position_sectors(first) / 2;
-        let elapsed = self.started.lock().unwrap().map(|s| s.elapsed().as_secs_f64()).unwrap_or(0.0);
-        let speed = if elapsed > 0.0 { ((done_kib - first_kib) as f64 / elapsed) as u64 } else { 0 };
+        let elapsed = self
+            .started
+            .lock()
+            .unwrap()
+            .map(|s| s.elapsed().as_secs_f64())
+            .unwrap_or(0.0);
+        let speed = if elapsed > 0.0 {
+            ((done_kib - first_kib) as f64 / elapsed) as u64
+        } else {
+            0
+        };
         Some(SyncProgress {
             action: "resync",
             done_kib,
@@ -108,11 +117,19 @@ fn run(weak: Weak<Engine>) {
         }
         let result = {
             let _guard = engine.locks.lock(stripe);
-            resync(&engine.geometry, &engine.slots, stripe..stripe + 1, true, |_| {})
+            resync(
+                &engine.geometry,
+                &engine.slots,
+                stripe..stripe + 1,
+                true,
+                |_| {},
+            )
         };
         match result {
             Ok(report) => {
-                worker.mismatch_sectors.fetch_add(report.mismatch_sectors, Ordering::SeqCst);
+                worker
+                    .mismatch_sectors
+                    .fetch_add(report.mismatch_sectors, Ordering::SeqCst);
                 worker.next_stripe.store(stripe + 1, Ordering::SeqCst);
             }
             Err(e) => {

@@ -8,7 +8,13 @@ use crate::format::Metadata;
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 
-fn make_array(dir: &std::path::Path, level: Level, layout: Option<&str>, disks: u32, chunk_kib: u64) -> Vec<PathBuf> {
+fn make_array(
+    dir: &std::path::Path,
+    level: Level,
+    layout: Option<&str>,
+    disks: u32,
+    chunk_kib: u64,
+) -> Vec<PathBuf> {
     let paths: Vec<PathBuf> = (0..disks)
         .map(|i| {
             let p = dir.join(format!("m{i}"));
@@ -70,7 +76,14 @@ fn hammer(engine: &Arc<Engine>, threads: usize, writes_per_thread: usize, seed: 
 
 fn check_consistent(paths: &[PathBuf]) {
     let array = assemble(paths, false).unwrap();
-    let report = resync(&array.geometry, &array.slots, 0..array.geometry.stripe_count(), false, |_| {}).unwrap();
+    let report = resync(
+        &array.geometry,
+        &array.slots,
+        0..array.geometry.stripe_count(),
+        false,
+        |_| {},
+    )
+    .unwrap();
     assert_eq!(report.mismatch_sectors, 0, "redundancy disagrees with data");
 }
 
@@ -87,8 +100,12 @@ fn concurrent_writes_read_back_and_keep_parity() {
     ] {
         let dir = tempfile::tempdir().unwrap();
         let paths = make_array(dir.path(), level, layout, disks, chunk);
-        let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
-        assert!(!engine.snapshot().sb.is_clean(), "a serving array is marked active");
+        let engine =
+            Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+        assert!(
+            !engine.snapshot().sb.is_clean(),
+            "a serving array is marked active"
+        );
         let image = hammer(&engine, 4, 150, 11);
         let mut back = vec![0u8; image.len()];
         engine.read(0, &mut back).unwrap();
@@ -103,13 +120,21 @@ fn concurrent_writes_read_back_and_keep_parity() {
 
 #[test]
 fn degraded_writes_and_reads_reconstruct() {
-    for (level, layout, disks, lose) in
-        [(Level::Raid5, "right-asymmetric", 4, vec![2]), (Level::Raid6, "left-symmetric", 5, vec![0, 3]), (Level::Raid6, "parity-first-6", 5, vec![4])]
-    {
+    for (level, layout, disks, lose) in [
+        (Level::Raid5, "right-asymmetric", 4, vec![2]),
+        (Level::Raid6, "left-symmetric", 5, vec![0, 3]),
+        (Level::Raid6, "parity-first-6", 5, vec![4]),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let paths = make_array(dir.path(), level, Some(layout), disks, 8);
-        let present: Vec<PathBuf> = paths.iter().enumerate().filter(|(i, _)| !lose.contains(i)).map(|(_, p)| p.clone()).collect();
-        let engine = Engine::start(assemble(&present, true).unwrap(), EngineOptions::default()).unwrap();
+        let present: Vec<PathBuf> = paths
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !lose.contains(i))
+            .map(|(_, p)| p.clone())
+            .collect();
+        let engine =
+            Engine::start(assemble(&present, true).unwrap(), EngineOptions::default()).unwrap();
         let image = hammer(&engine, 3, 120, 23);
         let mut back = vec![0u8; image.len()];
         engine.read(0, &mut back).unwrap();
@@ -121,7 +146,10 @@ fn degraded_writes_and_reads_reconstruct() {
         let io = crate::array::StripeIo::new(&array.geometry, &array.slots);
         let mut offline = vec![0u8; image.len()];
         io.read_bytes(0, &mut offline).unwrap();
-        assert!(offline == image, "{level} {layout}: offline read of degraded writes differs");
+        assert!(
+            offline == image,
+            "{level} {layout}: offline read of degraded writes differs"
+        );
     }
 }
 
@@ -136,7 +164,9 @@ fn dirty_array_resyncs_in_the_background_and_resumes() {
         let io = crate::array::StripeIo::new(&array.geometry, &array.slots);
         io.write_bytes(0, &vec![7u8; 1 << 20]).unwrap();
         let slot = array.slots[4].as_ref().unwrap();
-        slot.member.write_at(&[0xee; 4096], slot.data_offset_bytes).unwrap();
+        slot.member
+            .write_at(&[0xee; 4096], slot.data_offset_bytes)
+            .unwrap();
         write_array_state(&mut array, Cleanliness::Dirty).unwrap();
     }
     let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
@@ -157,8 +187,17 @@ fn dirty_degraded_parity_array_is_refused_unless_forced() {
     let mut array = assemble(&paths[..2], true).unwrap();
     write_array_state(&mut array, Cleanliness::Dirty).unwrap();
     drop(array);
-    let refused = Engine::start(assemble(&paths[..2], true).unwrap(), EngineOptions::default());
+    let refused = Engine::start(
+        assemble(&paths[..2], true).unwrap(),
+        EngineOptions::default(),
+    );
     assert!(matches!(refused, Err(EngineError::DirtyDegraded { .. })));
-    let forced = Engine::start(assemble(&paths[..2], true).unwrap(), EngineOptions { force: true, ..Default::default() });
+    let forced = Engine::start(
+        assemble(&paths[..2], true).unwrap(),
+        EngineOptions {
+            force: true,
+            ..Default::default()
+        },
+    );
     assert!(forced.is_ok());
 }

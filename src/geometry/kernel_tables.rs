@@ -36,9 +36,12 @@ fn parse_tables() -> Vec<KernelTable> {
         if line.starts_with("geometry ") {
             let level = level_from_name(field(line, "level")).expect("known level");
             let chunk_sectors = field(line, "chunk_kib").parse::<u64>().unwrap() * 2;
-            let member_chunks: Vec<u64> =
-                field(line, "member_chunks").split(',').map(|c| c.parse().unwrap()).collect();
-            let member_data_sectors: Vec<u64> = member_chunks.iter().map(|c| c * chunk_sectors).collect();
+            let member_chunks: Vec<u64> = field(line, "member_chunks")
+                .split(',')
+                .map(|c| c.parse().unwrap())
+                .collect();
+            let member_data_sectors: Vec<u64> =
+                member_chunks.iter().map(|c| c * chunk_sectors).collect();
             let params = GeometryParams {
                 level,
                 layout: field(line, "layout").parse().unwrap(),
@@ -48,10 +51,20 @@ fn parse_tables() -> Vec<KernelTable> {
                 member_data_sectors,
                 raid0_layout_feature: true,
             };
-            current = Some(KernelTable { header: line.to_string(), params, chunk_sectors, member_chunks, rows: vec![] });
+            current = Some(KernelTable {
+                header: line.to_string(),
+                params,
+                chunk_sectors,
+                member_chunks,
+                rows: vec![],
+            });
         } else if let Some(rest) = line.strip_prefix("row ") {
             let (_, entries) = rest.split_once(':').expect("row N: entries");
-            current.as_mut().expect("row inside a geometry").rows.push(entries.split_whitespace().map(String::from).collect());
+            current
+                .as_mut()
+                .expect("row inside a geometry")
+                .rows
+                .push(entries.split_whitespace().map(String::from).collect());
         } else if line == "end" {
             tables.push(current.take().expect("end after a geometry"));
         } else {
@@ -71,7 +84,12 @@ fn draw(table: &KernelTable) -> Vec<Vec<String>> {
     let raid6 = table.params.level == Level::Raid6;
     let mut put = |place: &Place, offset: u64, label: String| {
         let row = ((place.member_sector + offset) / chunk) as usize;
-        assert!(row < rows, "{}: member {} row {row} beyond the table", table.header, place.member);
+        assert!(
+            row < rows,
+            "{}: member {} row {row} beyond the table",
+            table.header,
+            place.member
+        );
         drawn[row][place.member] = label;
     };
     for stripe in 0..geometry.stripe_count() {
@@ -79,8 +97,11 @@ fn draw(table: &KernelTable) -> Vec<Vec<String>> {
         for offset in (0..map.strip_sectors).step_by(chunk as usize) {
             for (i, strip) in map.data.iter().enumerate() {
                 let logical = (map.array_sector + i as u64 * map.strip_sectors + offset) / chunk;
-                let label =
-                    if raid6 { format!("D{logical}^{}", strip.q_exponent) } else { format!("D{logical}") };
+                let label = if raid6 {
+                    format!("D{logical}^{}", strip.q_exponent)
+                } else {
+                    format!("D{logical}")
+                };
                 for copy in &strip.copies {
                     put(copy, offset, label.clone());
                 }
@@ -108,7 +129,11 @@ fn draw(table: &KernelTable) -> Vec<Vec<String>> {
 #[test]
 fn every_geometry_matches_the_kernel() {
     let tables = parse_tables();
-    assert!(tables.len() >= 100, "the fixture should cover every level and layout, has {}", tables.len());
+    assert!(
+        tables.len() >= 100,
+        "the fixture should cover every level and layout, has {}",
+        tables.len()
+    );
     let mut failures = Vec::new();
     for table in &tables {
         let drawn = draw(table);
@@ -116,21 +141,37 @@ fn every_geometry_matches_the_kernel() {
         // The kernel's table may stop at the last used row; compare what it has
         // and require that anything past it is unused in ours too.
         for (r, row) in drawn.iter().enumerate() {
-            let expected: Vec<String> =
-                if r < kernel_rows { table.rows[r].clone() } else { vec!["-".to_string(); row.len()] };
+            let expected: Vec<String> = if r < kernel_rows {
+                table.rows[r].clone()
+            } else {
+                vec!["-".to_string(); row.len()]
+            };
             if *row != expected {
-                failures.push(format!("{}\n  row {r}: kernel {:?}\n  row {r}: uraid  {:?}", table.header, expected, row));
+                failures.push(format!(
+                    "{}\n  row {r}: kernel {:?}\n  row {r}: uraid  {:?}",
+                    table.header, expected, row
+                ));
                 break;
             }
         }
     }
-    assert!(failures.is_empty(), "{} of {} geometries differ:\n{}", failures.len(), tables.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} geometries differ:\n{}",
+        failures.len(),
+        tables.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
 fn levels_cover_what_the_issue_lists() {
     let tables = parse_tables();
-    let has = |level: Level, layout: u32| tables.iter().any(|t| t.params.level == level && t.params.layout == layout);
+    let has = |level: Level, layout: u32| {
+        tables
+            .iter()
+            .any(|t| t.params.level == level && t.params.layout == layout)
+    };
     for layout in 0..=5 {
         assert!(has(Level::Raid5, layout), "raid5 layout {layout}");
     }

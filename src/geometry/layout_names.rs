@@ -25,7 +25,10 @@ const LEVEL_NAMES: &[(&str, Level)] = &[
 
 pub fn level_from_name(name: &str) -> Option<Level> {
     let lower = name.to_ascii_lowercase();
-    LEVEL_NAMES.iter().find(|(n, _)| *n == lower).map(|(_, l)| *l)
+    LEVEL_NAMES
+        .iter()
+        .find(|(n, _)| *n == lower)
+        .map(|(_, l)| *l)
 }
 
 pub fn level_name(level: Level) -> &'static str {
@@ -163,8 +166,14 @@ mod tests {
         assert_eq!(layout_from_name(Level::Raid10, "f2"), Some(0x201));
         assert_eq!(layout_from_name(Level::Raid10, "o2"), Some(0x10201));
         assert_eq!(layout_name(Level::Raid10, 0x102).as_deref(), Some("near=2"));
-        assert_eq!(layout_name(Level::Raid10, 0x10201).as_deref(), Some("offset=2"));
-        assert_eq!(layout_from_name(Level::Raid5, "ddf-N-continue"), Some(LEFT_SYMMETRIC));
+        assert_eq!(
+            layout_name(Level::Raid10, 0x10201).as_deref(),
+            Some("offset=2")
+        );
+        assert_eq!(
+            layout_from_name(Level::Raid5, "ddf-N-continue"),
+            Some(LEFT_SYMMETRIC)
+        );
         assert_eq!(level_from_name("RAID6"), Some(Level::Raid6));
         assert_eq!(layout_from_name(Level::Raid6, "nonsense"), None);
     }

@@ -20,12 +20,20 @@ pub struct Linear {
 impl Linear {
     pub fn new(p: &GeometryParams) -> Result<Linear, GeometryError> {
         if p.member_data_sectors.len() != p.raid_disks as usize {
-            return Err(GeometryError::Invalid("linear needs the size of every member".into()));
+            return Err(GeometryError::Invalid(
+                "linear needs the size of every member".into(),
+            ));
         }
         let member_sectors: Vec<u64> = p
             .member_data_sectors
             .iter()
-            .map(|&s| if p.chunk_sectors > 0 { s / p.chunk_sectors * p.chunk_sectors } else { s })
+            .map(|&s| {
+                if p.chunk_sectors > 0 {
+                    s / p.chunk_sectors * p.chunk_sectors
+                } else {
+                    s
+                }
+            })
             .collect();
         let mut member_start = vec![0];
         let mut stripe_start = vec![0];
@@ -33,7 +41,11 @@ impl Linear {
             member_start.push(member_start.last().unwrap() + s);
             stripe_start.push(stripe_start.last().unwrap() + s.div_ceil(LINEAR_UNIT_SECTORS));
         }
-        Ok(Linear { member_sectors, member_start, stripe_start })
+        Ok(Linear {
+            member_sectors,
+            member_start,
+            stripe_start,
+        })
     }
 
     pub fn raid_disks(&self) -> usize {
@@ -50,7 +62,10 @@ impl Linear {
 
     pub fn stripe_of(&self, array_sector: u64) -> u64 {
         // The member whose range holds the sector: the last start at or below it.
-        let member = self.member_start.partition_point(|&start| start <= array_sector) - 1;
+        let member = self
+            .member_start
+            .partition_point(|&start| start <= array_sector)
+            - 1;
         self.stripe_start[member] + (array_sector - self.member_start[member]) / LINEAR_UNIT_SECTORS
     }
 
@@ -61,7 +76,13 @@ impl Linear {
             stripe,
             array_sector: self.member_start[member] + member_sector,
             strip_sectors: LINEAR_UNIT_SECTORS.min(self.member_sectors[member] - member_sector),
-            data: vec![DataStrip { copies: vec![Place { member, member_sector }], q_exponent: 0 }],
+            data: vec![DataStrip {
+                copies: vec![Place {
+                    member,
+                    member_sector,
+                }],
+                q_exponent: 0,
+            }],
             p: None,
             q: None,
         }

@@ -192,7 +192,9 @@ impl Geometry {
             Level::Linear => Geometry::Linear(linear::Linear::new(params)?),
             Level::Raid0 => Geometry::Raid0(raid0::Raid0::new(params)?),
             Level::Raid1 => Geometry::Raid1(raid1::Raid1::new(params)?),
-            Level::Raid4 | Level::Raid5 | Level::Raid6 => Geometry::Raid456(raid456::Raid456::new(params)?),
+            Level::Raid4 | Level::Raid5 | Level::Raid6 => {
+                Geometry::Raid456(raid456::Raid456::new(params)?)
+            }
             Level::Raid10 => Geometry::Raid10(raid10::Raid10::new(params)?),
         })
     }
@@ -240,7 +242,10 @@ impl Geometry {
 
     /// The stripe holding `array_sector` (which must be below array_sectors()).
     pub fn stripe_of(&self, array_sector: u64) -> u64 {
-        assert!(array_sector < self.array_sectors(), "sector {array_sector} beyond the array");
+        assert!(
+            array_sector < self.array_sectors(),
+            "sector {array_sector} beyond the array"
+        );
         match self {
             Geometry::Linear(g) => g.stripe_of(array_sector),
             Geometry::Raid0(g) => g.stripe_of(array_sector),
@@ -252,7 +257,10 @@ impl Geometry {
 
     /// The shape of stripe `stripe` (which must be below stripe_count()).
     pub fn stripe(&self, stripe: u64) -> StripeMap {
-        assert!(stripe < self.stripe_count(), "stripe {stripe} beyond the array");
+        assert!(
+            stripe < self.stripe_count(),
+            "stripe {stripe} beyond the array"
+        );
         let map = match self {
             Geometry::Linear(g) => g.stripe(stripe),
             Geometry::Raid0(g) => g.stripe(stripe),
@@ -261,7 +269,10 @@ impl Geometry {
             Geometry::Raid10(g) => g.stripe(stripe),
         };
         debug_assert!(map.array_sector + map.data_sectors() <= self.array_sectors());
-        debug_assert!(map.data.iter().all(|d| d.copies.iter().all(|c| c.member < self.raid_disks())));
+        debug_assert!(map
+            .data
+            .iter()
+            .all(|d| d.copies.iter().all(|c| c.member < self.raid_disks())));
         map
     }
 

@@ -38,13 +38,22 @@ impl Raid0 {
     pub fn new(p: &GeometryParams) -> Result<Raid0, GeometryError> {
         let n = p.raid_disks as usize;
         if p.member_data_sectors.len() != n {
-            return Err(GeometryError::Invalid("raid0 needs the size of every member".into()));
+            return Err(GeometryError::Invalid(
+                "raid0 needs the size of every member".into(),
+            ));
         }
         if p.chunk_sectors == 0 {
-            return Err(GeometryError::BadChunk { level: Level::Raid0, chunk_sectors: 0 });
+            return Err(GeometryError::BadChunk {
+                level: Level::Raid0,
+                chunk_sectors: 0,
+            });
         }
         let chunk = p.chunk_sectors;
-        let sizes: Vec<u64> = p.member_data_sectors.iter().map(|&s| s / chunk * chunk).collect();
+        let sizes: Vec<u64> = p
+            .member_data_sectors
+            .iter()
+            .map(|&s| s / chunk * chunk)
+            .collect();
         let zones = build_zones(&sizes, chunk);
         // With a single zone (or a second zone of one member) both layouts agree and
         // md forces the original one. Otherwise the superblock must say which.
@@ -59,10 +68,20 @@ impl Raid0 {
             match p.layout {
                 1 => Raid0Layout::Original,
                 2 => Raid0Layout::Alternate,
-                other => return Err(GeometryError::UnknownLayout { level: Level::Raid0, layout: other }),
+                other => {
+                    return Err(GeometryError::UnknownLayout {
+                        level: Level::Raid0,
+                        layout: other,
+                    })
+                }
             }
         };
-        Ok(Raid0 { chunk_sectors: chunk, raid_disks: n, layout, zones })
+        Ok(Raid0 {
+            chunk_sectors: chunk,
+            raid_disks: n,
+            layout,
+            zones,
+        })
     }
 
     pub fn raid_disks(&self) -> usize {
@@ -80,7 +99,10 @@ impl Raid0 {
     }
 
     pub fn stripe_of(&self, array_sector: u64) -> u64 {
-        let zone = &self.zones[self.zones.partition_point(|z| z.array_start_sectors <= array_sector) - 1];
+        let zone = &self.zones[self
+            .zones
+            .partition_point(|z| z.array_start_sectors <= array_sector)
+            - 1];
         let row_sectors = zone.members.len() as u64 * self.chunk_sectors;
         zone.stripe_start + (array_sector - zone.array_start_sectors) / row_sectors
     }
@@ -100,10 +122,23 @@ impl Raid0 {
                     Raid0Layout::Alternate => row * nb + i,
                 };
                 let member = zone.members[(chunk_number % nb) as usize];
-                DataStrip { copies: vec![Place { member, member_sector }], q_exponent: 0 }
+                DataStrip {
+                    copies: vec![Place {
+                        member,
+                        member_sector,
+                    }],
+                    q_exponent: 0,
+                }
             })
             .collect();
-        StripeMap { stripe, array_sector, strip_sectors: self.chunk_sectors, data, p: None, q: None }
+        StripeMap {
+            stripe,
+            array_sector,
+            strip_sectors: self.chunk_sectors,
+            data,
+            p: None,
+            q: None,
+        }
     }
 }
 
@@ -116,7 +151,9 @@ fn build_zones(sizes: &[u64], chunk: u64) -> Vec<Zone> {
     let mut stripe_start = 0u64;
     loop {
         let members: Vec<usize> = (0..sizes.len()).filter(|&m| sizes[m] > dev_start).collect();
-        let Some(end) = members.iter().map(|&m| sizes[m]).min() else { break };
+        let Some(end) = members.iter().map(|&m| sizes[m]).min() else {
+            break;
+        };
         let rows = (end - dev_start) / chunk;
         zones.push(Zone {
             members: members.clone(),

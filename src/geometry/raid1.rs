@@ -14,7 +14,10 @@ pub struct Raid1 {
 
 impl Raid1 {
     pub fn new(p: &GeometryParams) -> Result<Raid1, GeometryError> {
-        Ok(Raid1 { raid_disks: p.raid_disks as usize, dev_sectors: p.dev_sectors })
+        Ok(Raid1 {
+            raid_disks: p.raid_disks as usize,
+            dev_sectors: p.dev_sectors,
+        })
     }
 
     pub fn raid_disks(&self) -> usize {
@@ -35,12 +38,20 @@ impl Raid1 {
 
     pub fn stripe(&self, stripe: u64) -> StripeMap {
         let start = stripe * RAID1_UNIT_SECTORS;
-        let copies = (0..self.raid_disks).map(|member| Place { member, member_sector: start }).collect();
+        let copies = (0..self.raid_disks)
+            .map(|member| Place {
+                member,
+                member_sector: start,
+            })
+            .collect();
         StripeMap {
             stripe,
             array_sector: start,
             strip_sectors: RAID1_UNIT_SECTORS.min(self.dev_sectors - start),
-            data: vec![DataStrip { copies, q_exponent: 0 }],
+            data: vec![DataStrip {
+                copies,
+                q_exponent: 0,
+            }],
             p: None,
             q: None,
         }

@@ -19,7 +19,10 @@ pub struct Raid10 {
 
 impl Raid10 {
     pub fn new(p: &GeometryParams) -> Result<Raid10, GeometryError> {
-        let bad_layout = || GeometryError::UnknownLayout { level: Level::Raid10, layout: p.layout };
+        let bad_layout = || GeometryError::UnknownLayout {
+            level: Level::Raid10,
+            layout: p.layout,
+        };
         let raid_disks = p.raid_disks as usize;
         let near_copies = (p.layout & 0xff) as usize;
         let far_copies = ((p.layout >> 8) & 0xff) as usize;
@@ -31,11 +34,19 @@ impl Raid10 {
             _ => return Err(bad_layout()),
         };
         let copies = near_copies * far_copies;
-        if near_copies == 0 || far_copies == 0 || copies < 2 || copies > raid_disks || far_set_size == 0 {
+        if near_copies == 0
+            || far_copies == 0
+            || copies < 2
+            || copies > raid_disks
+            || far_set_size == 0
+        {
             return Err(bad_layout());
         }
         if !p.chunk_sectors.is_power_of_two() || p.chunk_sectors < 8 {
-            return Err(GeometryError::BadChunk { level: Level::Raid10, chunk_sectors: p.chunk_sectors });
+            return Err(GeometryError::BadChunk {
+                level: Level::Raid10,
+                chunk_sectors: p.chunk_sectors,
+            });
         }
         // calc_sectors: the array holds (dev chunks / far) * disks / near chunks;
         // each member uses ceil(chunks * copies / disks) of its chunks, and far
@@ -44,7 +55,11 @@ impl Raid10 {
         let dev_chunks = p.dev_sectors / chunk;
         let array_chunks = dev_chunks / far_copies as u64 * raid_disks as u64 / near_copies as u64;
         let used_chunks_per_dev = (array_chunks * copies as u64).div_ceil(raid_disks as u64);
-        let stride_sectors = if far_offset { chunk } else { used_chunks_per_dev / far_copies as u64 * chunk };
+        let stride_sectors = if far_offset {
+            chunk
+        } else {
+            used_chunks_per_dev / far_copies as u64 * chunk
+        };
         Ok(Raid10 {
             raid_disks,
             near_copies,
@@ -82,7 +97,10 @@ impl Raid10 {
             stripe,
             array_sector: stripe * self.chunk_sectors,
             strip_sectors: self.chunk_sectors,
-            data: vec![DataStrip { copies: self.copies_of_chunk(stripe), q_exponent: 0 }],
+            data: vec![DataStrip {
+                copies: self.copies_of_chunk(stripe),
+                q_exponent: 0,
+            }],
             p: None,
             q: None,
         }
@@ -103,17 +121,23 @@ impl Raid10 {
         let mut places = Vec::with_capacity(self.copies());
         for _ in 0..self.near_copies {
             let (mut d, mut s) = (dev, sector);
-            places.push(Place { member: d, member_sector: s });
+            places.push(Place {
+                member: d,
+                member_sector: s,
+            });
             for _ in 1..self.far_copies {
                 let set = d / self.far_set_size;
                 d += self.near_copies;
-                if n % self.far_set_size != 0 && d > last_far_set_start {
+                if !n.is_multiple_of(self.far_set_size) && d > last_far_set_start {
                     d = (d - last_far_set_start) % last_far_set_size + last_far_set_start;
                 } else {
                     d = d % self.far_set_size + self.far_set_size * set;
                 }
                 s += self.stride_sectors;
-                places.push(Place { member: d, member_sector: s });
+                places.push(Place {
+                    member: d,
+                    member_sector: s,
+                });
             }
             dev += 1;
             if dev >= n {
@@ -129,7 +153,10 @@ impl Raid10 {
     /// member combination (one full rotation of each placement) is exact.
     pub fn survives(&self, missing: &[bool]) -> bool {
         let period = (self.raid_disks * self.raid_disks) as u64;
-        (0..period.min(self.stripe_count()))
-            .all(|chunk| self.copies_of_chunk(chunk).iter().any(|place| !missing[place.member]))
+        (0..period.min(self.stripe_count())).all(|chunk| {
+            self.copies_of_chunk(chunk)
+                .iter()
+                .any(|place| !missing[place.member])
+        })
     }
 }

@@ -25,7 +25,9 @@ pub fn algorithm_valid(level: Level, layout: u32) -> bool {
         // raid4 ignores its layout in the kernel; mdadm writes PARITY_N or 0.
         Level::Raid4 => layout <= PARITY_N,
         Level::Raid5 => layout <= PARITY_N,
-        Level::Raid6 => layout <= PARITY_N || (8..=10).contains(&layout) || (16..=20).contains(&layout),
+        Level::Raid6 => {
+            layout <= PARITY_N || (8..=10).contains(&layout) || (16..=20).contains(&layout)
+        }
         _ => false,
     }
 }
@@ -52,15 +54,27 @@ struct StripeShape {
 impl Raid456 {
     pub fn new(p: &GeometryParams) -> Result<Raid456, GeometryError> {
         if !algorithm_valid(p.level, p.layout) {
-            return Err(GeometryError::UnknownLayout { level: p.level, layout: p.layout });
+            return Err(GeometryError::UnknownLayout {
+                level: p.level,
+                layout: p.layout,
+            });
         }
         // raid5.c setup_conf: the chunk must be a power of two and at least a page.
         if !p.chunk_sectors.is_power_of_two() || p.chunk_sectors < 8 {
-            return Err(GeometryError::BadChunk { level: p.level, chunk_sectors: p.chunk_sectors });
+            return Err(GeometryError::BadChunk {
+                level: p.level,
+                chunk_sectors: p.chunk_sectors,
+            });
         }
         let raid_disks = p.raid_disks as usize;
         let dev_sectors = p.dev_sectors & !(p.chunk_sectors - 1);
-        Ok(Raid456 { level: p.level, algorithm: p.layout, raid_disks, chunk_sectors: p.chunk_sectors, dev_sectors })
+        Ok(Raid456 {
+            level: p.level,
+            algorithm: p.layout,
+            raid_disks,
+            chunk_sectors: p.chunk_sectors,
+            dev_sectors,
+        })
     }
 
     pub fn level(&self) -> Level {
@@ -95,15 +109,27 @@ impl Raid456 {
             .data_disks
             .iter()
             .zip(exponents)
-            .map(|(&disk, q_exponent)| DataStrip { copies: vec![Place { member: disk, member_sector }], q_exponent })
+            .map(|(&disk, q_exponent)| DataStrip {
+                copies: vec![Place {
+                    member: disk,
+                    member_sector,
+                }],
+                q_exponent,
+            })
             .collect();
         StripeMap {
             stripe,
             array_sector: stripe * self.chunk_sectors * self.data_disks() as u64,
             strip_sectors: self.chunk_sectors,
             data,
-            p: Some(Place { member: shape.pd, member_sector }),
-            q: shape.qd.map(|qd| Place { member: qd, member_sector }),
+            p: Some(Place {
+                member: shape.pd,
+                member_sector,
+            }),
+            q: shape.qd.map(|qd| Place {
+                member: qd,
+                member_sector,
+            }),
         }
     }
 
@@ -126,11 +152,19 @@ impl Raid456 {
                 qd = None;
                 match alg {
                     LEFT_ASYMMETRIC | RIGHT_ASYMMETRIC => {
-                        pd = if alg == LEFT_ASYMMETRIC { data_disks - rot(n) } else { rot(n) };
+                        pd = if alg == LEFT_ASYMMETRIC {
+                            data_disks - rot(n)
+                        } else {
+                            rot(n)
+                        };
                         place = Box::new(|k, pd| if k >= pd { k + 1 } else { k });
                     }
                     LEFT_SYMMETRIC | RIGHT_SYMMETRIC => {
-                        pd = if alg == LEFT_SYMMETRIC { data_disks - rot(n) } else { rot(n) };
+                        pd = if alg == LEFT_SYMMETRIC {
+                            data_disks - rot(n)
+                        } else {
+                            rot(n)
+                        };
                         place = Box::new(move |k, pd| (pd + 1 + k) % n);
                     }
                     PARITY_0 => {
@@ -162,7 +196,11 @@ impl Raid456 {
                     }
                 }
                 LEFT_SYMMETRIC | RIGHT_SYMMETRIC => {
-                    pd = if alg == LEFT_SYMMETRIC { n - 1 - rot(n) } else { rot(n) };
+                    pd = if alg == LEFT_SYMMETRIC {
+                        n - 1 - rot(n)
+                    } else {
+                        rot(n)
+                    };
                     qd = Some((pd + 1) % n);
                     place = Box::new(move |k, pd| (pd + 2 + k) % n);
                 }
@@ -185,12 +223,20 @@ impl Raid456 {
                 }
                 // The *_6 layouts: a raid5 layout over the first n-1 disks, Q on the last.
                 LEFT_ASYMMETRIC_6 | RIGHT_ASYMMETRIC_6 => {
-                    pd = if alg == LEFT_ASYMMETRIC_6 { data_disks - rot(n - 1) } else { rot(n - 1) };
+                    pd = if alg == LEFT_ASYMMETRIC_6 {
+                        data_disks - rot(n - 1)
+                    } else {
+                        rot(n - 1)
+                    };
                     qd = Some(n - 1);
                     place = Box::new(|k, pd| if k >= pd { k + 1 } else { k });
                 }
                 LEFT_SYMMETRIC_6 | RIGHT_SYMMETRIC_6 => {
-                    pd = if alg == LEFT_SYMMETRIC_6 { data_disks - rot(n - 1) } else { rot(n - 1) };
+                    pd = if alg == LEFT_SYMMETRIC_6 {
+                        data_disks - rot(n - 1)
+                    } else {
+                        rot(n - 1)
+                    };
                     qd = Some(n - 1);
                     place = Box::new(move |k, pd| (pd + 1 + k) % (n - 1));
                 }
@@ -203,8 +249,15 @@ impl Raid456 {
             },
         }
         let data_disks: Vec<usize> = (0..data_disks).map(|k| place(k, pd)).collect();
-        debug_assert!(data_disks.iter().all(|&d| d < n && d != pd && Some(d) != qd));
-        StripeShape { pd, qd, data_disks, ddf }
+        debug_assert!(data_disks
+            .iter()
+            .all(|&d| d < n && d != pd && Some(d) != qd));
+        StripeShape {
+            pd,
+            qd,
+            data_disks,
+            ddf,
+        }
     }
 
     /// The Q coefficient exponent of each logical data index. md walks the disks

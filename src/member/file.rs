@@ -37,7 +37,10 @@ impl FileMember {
         let metadata = std::fs::metadata(path).map_err(|e| annotate(&name, e))?;
         let is_block_device = metadata.file_type().is_block_device();
         if !is_block_device && !metadata.file_type().is_file() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{name}: not a block device or a regular file")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{name}: not a block device or a regular file"),
+            ));
         }
         let mut open = std::fs::OpenOptions::new();
         open.read(true).write(options.write);
@@ -79,7 +82,13 @@ impl FileMember {
             // A file's last partial sector cannot hold data: md counts whole sectors.
             (metadata.len() & !511, 512)
         };
-        Ok(FileMember { name, file, size_bytes, block_bytes, is_block_device })
+        Ok(FileMember {
+            name,
+            file,
+            size_bytes,
+            block_bytes,
+            is_block_device,
+        })
     }
 
     pub fn is_block_device(&self) -> bool {
@@ -106,12 +115,16 @@ impl Member for FileMember {
 
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()> {
         check_io(self, offset_bytes, buf.len() as u64)?;
-        self.file.read_exact_at(buf, offset_bytes).map_err(|e| annotate(&self.name, e))
+        self.file
+            .read_exact_at(buf, offset_bytes)
+            .map_err(|e| annotate(&self.name, e))
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
         check_io(self, offset_bytes, buf.len() as u64)?;
-        self.file.write_all_at(buf, offset_bytes).map_err(|e| annotate(&self.name, e))
+        self.file
+            .write_all_at(buf, offset_bytes)
+            .map_err(|e| annotate(&self.name, e))
     }
 
     fn flush(&self) -> io::Result<()> {

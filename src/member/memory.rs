@@ -13,8 +13,16 @@ pub struct MemoryMember {
 impl MemoryMember {
     pub fn new(name: &str, size_bytes: u64, block_bytes: u32) -> MemoryMember {
         assert!(block_bytes.is_power_of_two() && block_bytes >= 512);
-        assert_eq!(size_bytes % block_bytes as u64, 0, "size must be whole blocks");
-        MemoryMember { name: name.to_string(), block_bytes, data: Mutex::new(vec![0; size_bytes as usize]) }
+        assert_eq!(
+            size_bytes % block_bytes as u64,
+            0,
+            "size must be whole blocks"
+        );
+        MemoryMember {
+            name: name.to_string(),
+            block_bytes,
+            data: Mutex::new(vec![0; size_bytes as usize]),
+        }
     }
 
     /// A copy of the member's bytes, for checkers.

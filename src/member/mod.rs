@@ -44,16 +44,26 @@ pub type MemberRef = Arc<dyn Member>;
 /// Checks that an I/O is aligned to the member's logical block and inside it.
 pub(crate) fn check_io(member: &dyn Member, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
     let block = member.logical_block_bytes() as u64;
-    if offset_bytes % block != 0 || len_bytes % block != 0 {
+    if !offset_bytes.is_multiple_of(block) || !len_bytes.is_multiple_of(block) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("{}: I/O at {offset_bytes}+{len_bytes} is not aligned to {block}-byte blocks", member.name()),
+            format!(
+                "{}: I/O at {offset_bytes}+{len_bytes} is not aligned to {block}-byte blocks",
+                member.name()
+            ),
         ));
     }
-    if offset_bytes.checked_add(len_bytes).is_none_or(|end| end > member.size_bytes()) {
+    if offset_bytes
+        .checked_add(len_bytes)
+        .is_none_or(|end| end > member.size_bytes())
+    {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("{}: I/O at {offset_bytes}+{len_bytes} beyond the end ({} bytes)", member.name(), member.size_bytes()),
+            format!(
+                "{}: I/O at {offset_bytes}+{len_bytes} beyond the end ({} bytes)",
+                member.name(),
+                member.size_bytes()
+            ),
         ));
     }
     Ok(())

@@ -1,0 +1,134 @@
+//! `uraid serve`: assemble an array and export it over NBD until SIGINT or
+//! SIGTERM; then finish in-flight I/O, mark the array clean and exit 0.
+
+use super::CliResult;
+use crate::array::assemble;
+use crate::control::{self, view::array_label, ControlServer};
+use crate::engine::{Engine, EngineOptions};
+use crate::export::nbd::{self, Listener, ServeOptions};
+use crate::export::BlockBackend;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Where to export: unix:PATH (default: a socket in /run/uraid) or tcp:HOST:PORT.
+    #[arg(long)]
+    nbd: Option<String>,
+    /// The control socket for status, detail and manage (default: next to the NBD socket).
+    #[arg(long)]
+    control: Option<PathBuf>,
+    /// Serve without writing anything, superblocks included.
+    #[arg(long)]
+    read_only: bool,
+    /// Start even a dirty degraded parity array (md refuses it by default).
+    #[arg(long)]
+    force: bool,
+    /// The member devices or image files.
+    #[arg(required = true)]
+    devices: Vec<PathBuf>,
+}
+
+/// Blocks SIGINT and SIGTERM in this thread and every thread it starts, so
+/// that they are taken only by the sigwait below, at a point where an
+/// orderly stop is possible.
+fn block_stop_signals() -> libc::sigset_t {
+    // SAFETY: the set is initialised by sigemptyset before use, and
+    // pthread_sigmask only reads it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn wait_for_stop_signal(set: &libc::sigset_t) -> i32 {
+    let mut signal: libc::c_int = 0;
+    // SAFETY: set is a valid, initialised signal set; signal is a live local.
+    unsafe { libc::sigwait(set, &mut signal) };
+    signal
+}
+
+pub fn run(args: &ServeArgs) -> CliResult {
+    let signals = block_stop_signals();
+    let array = assemble(&args.devices, !args.read_only).map_err(|e| e.to_string())?;
+    let label = array_label(&array.sb.set_name).to_string();
+    let label = if label.is_empty() {
+        array.sb.uuid_string()[..8].to_string()
+    } else {
+        label
+    };
+    let (nbd_address, control_path) = addresses(args, &label)?;
+    let listener: Listener = nbd_address
+        .parse()
+        .map_err(|e| format!("--nbd {nbd_address}: {e}"))?;
+    let level = array.level();
+    let uuid = array.sb.uuid_string();
+    let engine = Engine::start(
+        array,
+        EngineOptions {
+            read_only: args.read_only,
+            force: args.force,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let size = engine.size_bytes();
+    let options = ServeOptions {
+        export_name: label.clone(),
+        description: format!("uraid {level} array {uuid}"),
+        ..ServeOptions::default()
+    };
+    let server = match nbd::serve(&listener, engine.clone() as Arc<dyn BlockBackend>, options) {
+        Ok(server) => server,
+        Err(e) => {
+            let _ = engine.shutdown();
+            return Err(format!("{nbd_address}: {e}"));
+        }
+    };
+    let uri = server.uri();
+    let control = match ControlServer::start(&control_path, engine.clone(), uri.clone()) {
+        Ok(control) => control,
+        Err(e) => {
+            server.shutdown();
+            let _ = engine.shutdown();
+            return Err(e.to_string());
+        }
+    };
+    eprintln!(
+        "uraid: serving {level} array {uuid} ({size} bytes) on {uri} (control {})",
+        control_path.display()
+    );
+    let signal = wait_for_stop_signal(&signals);
+    eprintln!("uraid: signal {signal}: finishing in-flight I/O and marking the array clean");
+    server.shutdown();
+    control.stop();
+    engine.shutdown().map_err(|e| e.to_string())?;
+    eprintln!("uraid: stopped cleanly");
+    Ok(())
+}
+
+/// The NBD address and control socket path, with defaults in the socket folder.
+fn addresses(args: &ServeArgs, label: &str) -> Result<(String, PathBuf), String> {
+    let dir = control::default_socket_dir();
+    let needs_dir = args.nbd.is_none() || args.control.is_none();
+    if needs_dir {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let nbd = args
+        .nbd
+        .clone()
+        .unwrap_or_else(|| format!("unix:{}", dir.join(format!("{label}.nbd")).display()));
+    let control = args
+        .control
+        .clone()
+        .unwrap_or_else(|| dir.join(format!("{label}.ctl")));
+    Ok((nbd, control))
+}

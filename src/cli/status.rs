@@ -1,0 +1,61 @@
+//! `uraid status`: /proc/mdstat for the arrays uraid serves.
+
+use super::CliResult;
+use crate::control::{self, Request, StatusReply};
+use std::path::{Path, PathBuf};
+
+/// The control sockets to ask: the one given, or every one in the default folder.
+fn sockets(control_socket: Option<&Path>) -> Result<Vec<PathBuf>, String> {
+    if let Some(socket) = control_socket {
+        return Ok(vec![socket.to_path_buf()]);
+    }
+    let dir = control::default_socket_dir();
+    let mut found: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "ctl"))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    found.sort();
+    Ok(found)
+}
+
+pub fn run(control_socket: Option<&Path>, json: bool) -> CliResult {
+    let mut replies: Vec<StatusReply> = Vec::new();
+    for socket in sockets(control_socket)? {
+        match control::request(&socket, &Request::Status) {
+            Ok(reply) => replies.push(reply),
+            // Without an explicit socket, a stale one is skipped, not fatal.
+            Err(e) if control_socket.is_some() => return Err(e),
+            Err(_) => {}
+        }
+    }
+    if json {
+        let arrays: Vec<serde_json::Value> = replies
+            .iter()
+            .map(
+                |r| serde_json::json!({ "nbd": r.nbd_uri, "mdstat": r.mdstat, "detail": r.detail }),
+            )
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&arrays).expect("serializable")
+        );
+        return Ok(());
+    }
+    let mut personalities: Vec<String> = Vec::new();
+    for r in &replies {
+        let level = format!("[{}]", r.detail["raid_level"].as_str().unwrap_or("?"));
+        if !personalities.contains(&level) {
+            personalities.push(level);
+        }
+    }
+    println!("Personalities : {}", personalities.join(" "));
+    for r in &replies {
+        print!("{}", r.mdstat);
+    }
+    println!("unused devices: <none>");
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! The control socket of a running `uraid serve`: JSON lines over a unix
+//! socket (mode 0600). A client sends one request line and reads one reply
+//! line. `uraid status`, `uraid detail --control` and, later, `uraid manage`
+//! are its clients.
+
+pub mod view;
+
+use crate::engine::{Engine, Snapshot};
+use serde::{Deserialize, Serialize};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Longest request line accepted; requests are tiny.
+const MAX_REQUEST_BYTES: u64 = 64 * 1024;
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum Request {
+    /// The /proc/mdstat block and the detail of the array.
+    Status,
+}
+
+/// What the server reports about its array.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct StatusReply {
+    pub mdstat: String,
+    pub detail_text: String,
+    pub detail: serde_json::Value,
+    pub nbd_uri: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Reply {
+    Ok { status: Box<StatusReply> },
+    Error { message: String },
+}
+
+/// Renders the status of a snapshot.
+pub fn status_of(snapshot: &Snapshot, nbd_uri: &str, homehost: &str) -> StatusReply {
+    let detail = view::DetailView::from_snapshot(snapshot);
+    StatusReply {
+        mdstat: view::mdstat_block(snapshot),
+        detail_text: detail.text(homehost),
+        detail: serde_json::to_value(&detail).expect("serializable"),
+        nbd_uri: nbd_uri.to_string(),
+    }
+}
+
+pub struct ControlServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ControlServer {
+    /// Listens on `path`. A stale socket file (nothing listening) is replaced;
+    /// a live one is refused, so two servers never share a control socket.
+    pub fn start(path: &Path, engine: Arc<Engine>, nbd_uri: String) -> io::Result<ControlServer> {
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{}: another server is listening there", path.display()),
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        let listener = UnixListener::bind(path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread_stop = stop.clone();
+        let homehost = crate::cli::text::hostname();
+        let thread = std::thread::Builder::new()
+            .name("uraid-control".into())
+            .spawn(move || {
+                while !thread_stop.load(Ordering::SeqCst) {
+                    match listener.accept() {
+                        Ok((stream, _)) => {
+                            if let Err(e) = handle(stream, &engine, &nbd_uri, &homehost) {
+                                eprintln!("uraid: control connection: {e}");
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(50))
+                        }
+                        Err(e) => eprintln!("uraid: control socket: {e}"),
+                    }
+                }
+            })?;
+        Ok(ControlServer {
+            path: path.to_path_buf(),
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn handle(stream: UnixStream, engine: &Engine, nbd_uri: &str, homehost: &str) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut line = String::new();
+    BufReader::new((&stream).take(MAX_REQUEST_BYTES)).read_line(&mut line)?;
+    let reply = match serde_json::from_str::<Request>(line.trim()) {
+        Ok(Request::Status) => Reply::Ok {
+            status: Box::new(status_of(&engine.snapshot(), nbd_uri, homehost)),
+        },
+        Err(e) => Reply::Error {
+            message: format!("bad request: {e}"),
+        },
+    };
+    let mut out = serde_json::to_string(&reply).expect("serializable");
+    out.push('\n');
+    (&stream).write_all(out.as_bytes())
+}
+
+/// Sends one request to a control socket and returns the reply.
+pub fn request(path: &Path, request: &Request) -> Result<StatusReply, String> {
+    let stream = UnixStream::connect(path).map_err(|e| {
+        format!(
+            "{}: cannot reach a running uraid serve: {e}",
+            path.display()
+        )
+    })?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let mut line = serde_json::to_string(request).expect("serializable");
+    line.push('\n');
+    (&stream)
+        .write_all(line.as_bytes())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut reply = String::new();
+    BufReader::new(&stream)
+        .read_line(&mut reply)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    match serde_json::from_str::<Reply>(&reply)
+        .map_err(|e| format!("{}: malformed reply: {e}", path.display()))?
+    {
+        Reply::Ok { status } => Ok(*status),
+        Reply::Error { message } => Err(message),
+    }
+}
+
+/// Where sockets go by default: /run/uraid for root, else a per-user folder.
+pub fn default_socket_dir() -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return PathBuf::from("/run/uraid");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(dir) => PathBuf::from(dir).join("uraid"),
+        None => std::env::temp_dir().join(format!("uraid-{}", unsafe { libc::geteuid() })),
+    }
+}

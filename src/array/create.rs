@@ -107,9 +107,36 @@ struct Opened {
     member: MemberRef,
 }
 
-/// Opens every device exclusively and refuses duplicates and devices that
-/// hold something a create would destroy (unless forced).
-fn open_devices(devices: &[MemberSpec], force: bool) -> Result<Vec<Option<Opened>>, CreateError> {
+/// Refuses a device that holds something a create would destroy: another
+/// array's superblock (even a corrupt one), a filesystem or a partition table.
+fn refuse_existing_content(o: &Opened) -> Result<(), CreateError> {
+    let name = &o.path;
+    match read_superblock(&*o.member) {
+        Ok(Some(sb)) => {
+            return Err(CreateError::Device(format!(
+                "{name} appears to be part of an md array (UUID {}); use --force to overwrite it",
+                sb.uuid_string()
+            )))
+        }
+        Err(e) => {
+            return Err(CreateError::Device(format!(
+                "{e}; use --force to overwrite it"
+            )))
+        }
+        Ok(None) => {}
+    }
+    if let Some(content) =
+        probe::existing_content(&*o.member).map_err(|e| CreateError::Device(e.to_string()))?
+    {
+        return Err(CreateError::Device(format!(
+            "{name} holds {content}; use --force to overwrite it"
+        )));
+    }
+    Ok(())
+}
+
+/// Opens every device exclusively and refuses duplicates.
+fn open_devices(devices: &[MemberSpec]) -> Result<Vec<Option<Opened>>, CreateError> {
     let mut seen = Vec::new();
     let mut opened = Vec::new();
     for spec in devices {
@@ -131,25 +158,6 @@ fn open_devices(devices: &[MemberSpec], force: bool) -> Result<Vec<Option<Opened
         seen.push(identity);
         let member = FileMember::open(path, OpenOptions { write: true })
             .map_err(|e| CreateError::Device(e.to_string()))?;
-        if !force {
-            match read_superblock(&member) {
-                Ok(Some(sb)) => {
-                    return Err(CreateError::Device(format!(
-                        "{name} appears to be part of an md array (UUID {}); use --force to overwrite it",
-                        sb.uuid_string()
-                    )))
-                }
-                Err(e) => return Err(CreateError::Device(format!("{e}; use --force to overwrite it"))),
-                Ok(None) => {}
-            }
-            if let Some(content) =
-                probe::existing_content(&member).map_err(|e| CreateError::Device(e.to_string()))?
-            {
-                return Err(CreateError::Device(format!(
-                    "{name} holds {content}; use --force to overwrite it"
-                )));
-            }
-        }
         opened.push(Some(Opened {
             path: name,
             member: Arc::new(member),
@@ -158,27 +166,68 @@ fn open_devices(devices: &[MemberSpec], force: bool) -> Result<Vec<Option<Opened
     Ok(opened)
 }
 
-/// Creates the array and returns it assembled. `progress` receives
-/// (stripes done, stripes in all) during the initial resync.
+/// Creates the array on the devices at these paths and returns it
+/// assembled. `progress` receives (stripes done, stripes in all) during the
+/// initial resync.
 pub fn create(
     devices: &[MemberSpec],
     opts: &CreateOptions,
+    progress: impl FnMut(u64, u64),
+) -> Result<Assembled, CreateError> {
+    check_device_count(devices.len(), opts)?;
+    let opened = open_devices(devices)?;
+    create_on_members(
+        opened
+            .into_iter()
+            .map(|o| o.map(|o| (o.path, o.member)))
+            .collect(),
+        opts,
+        progress,
+    )
+}
+
+fn check_device_count(count: usize, opts: &CreateOptions) -> Result<(), CreateError> {
+    if opts.raid_disks < opts.level.min_raid_disks() {
+        return Err(invalid(format!(
+            "{} needs at least {} raid devices",
+            opts.level,
+            opts.level.min_raid_disks()
+        )));
+    }
+    if count < opts.raid_disks as usize {
+        return Err(invalid(format!(
+            "{count} devices given for {} raid devices",
+            opts.raid_disks
+        )));
+    }
+    Ok(())
+}
+
+/// Creates the array on members already opened (None stands for "missing").
+pub fn create_on_members(
+    members: Vec<Option<(String, MemberRef)>>,
+    opts: &CreateOptions,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<Assembled, CreateError> {
+    check_device_count(members.len(), opts)?;
+    let devices: Vec<MemberSpec> = members
+        .iter()
+        .map(|m| match m {
+            Some((name, _)) => MemberSpec::Device(name.into()),
+            None => MemberSpec::Missing,
+        })
+        .collect();
+    let opened: Vec<Option<Opened>> = members
+        .into_iter()
+        .map(|m| m.map(|(path, member)| Opened { path, member }))
+        .collect();
+    if !opts.force {
+        for o in opened.iter().flatten() {
+            refuse_existing_content(o)?;
+        }
+    }
     let level = opts.level;
     let raid_disks = opts.raid_disks as usize;
-    if opts.raid_disks < level.min_raid_disks() {
-        return Err(invalid(format!(
-            "{level} needs at least {} raid devices",
-            level.min_raid_disks()
-        )));
-    }
-    if devices.len() < raid_disks {
-        return Err(invalid(format!(
-            "{} devices given for {raid_disks} raid devices",
-            devices.len()
-        )));
-    }
     if devices[raid_disks..].contains(&MemberSpec::Missing) {
         return Err(invalid(
             "'missing' can only stand for a raid device, not a spare",
@@ -199,7 +248,6 @@ pub fn create(
         return Err(invalid("every raid device is missing"));
     }
 
-    let opened = open_devices(devices, opts.force)?;
     let sizes: Vec<Option<u64>> = opened
         .iter()
         .map(|o| o.as_ref().map(|o| o.member.size_sectors()))

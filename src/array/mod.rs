@@ -8,8 +8,10 @@ mod stripe_io;
 mod superblocks;
 mod update;
 
-pub use assemble::{assemble, AssembleError, Assembled, DeviceState, FoundDevice};
-pub use create::{create, CreateError, CreateOptions, MemberSpec};
+pub use assemble::{
+    assemble, assemble_members, AssembleError, Assembled, DeviceState, FoundDevice,
+};
+pub use create::{create, create_on_members, CreateError, CreateOptions, MemberSpec};
 pub use resync::{resync, ResyncReport};
 pub use stripe_io::{StripeError, StripeIo};
 pub use superblocks::{read_superblock, write_superblock, SuperblockError};

@@ -42,7 +42,15 @@ impl Case {
     }
 
     fn sizes(&self) -> Vec<u64> {
-        (0..self.disks as u64).map(|i| if self.unequal { MEMBER_BYTES + i * (3 << 20) } else { MEMBER_BYTES }).collect()
+        (0..self.disks as u64)
+            .map(|i| {
+                if self.unequal {
+                    MEMBER_BYTES + i * (3 << 20)
+                } else {
+                    MEMBER_BYTES
+                }
+            })
+            .collect()
     }
 
     /// Members that may be lost while every sector stays readable.
@@ -56,7 +64,10 @@ impl Case {
 
     /// mdadm's options for this case.
     fn mdadm_options(&self) -> String {
-        let mut o = format!("--metadata={} --level={} --raid-devices={}", self.metadata, self.level, self.disks);
+        let mut o = format!(
+            "--metadata={} --level={} --raid-devices={}",
+            self.metadata, self.level, self.disks
+        );
         if let Some(layout) = self.layout {
             let _ = write!(o, " --layout={layout}");
         }
@@ -67,7 +78,12 @@ impl Case {
     }
 
     fn uraid_options(&self) -> Vec<String> {
-        let mut o = vec!["--metadata".into(), self.metadata.into(), "--level".into(), self.level.into()];
+        let mut o = vec![
+            "--metadata".into(),
+            self.metadata.into(),
+            "--level".into(),
+            self.level.into(),
+        ];
         o.extend(["--raid-devices".into(), self.disks.to_string()]);
         if let Some(layout) = self.layout {
             o.extend(["--layout".into(), layout.into()]);
@@ -91,7 +107,11 @@ fn cases() -> Vec<Case> {
             level,
             layout,
             disks,
-            chunk: if chunked { chunks[i % chunks.len()] } else { None },
+            chunk: if chunked {
+                chunks[i % chunks.len()]
+            } else {
+                None
+            },
             metadata: metadata[i % metadata.len()],
             unequal,
         });
@@ -107,9 +127,16 @@ fn cases() -> Vec<Case> {
     add("raid1", None, 3, false, false);
     add("raid4", None, 3, false, true);
     add("raid4", None, 4, false, true);
-    for (k, layout) in ["left-asymmetric", "right-asymmetric", "left-symmetric", "right-symmetric", "parity-first", "parity-last"]
-        .into_iter()
-        .enumerate()
+    for (k, layout) in [
+        "left-asymmetric",
+        "right-asymmetric",
+        "left-symmetric",
+        "right-symmetric",
+        "parity-first",
+        "parity-last",
+    ]
+    .into_iter()
+    .enumerate()
     {
         add("raid5", Some(layout), [3, 4, 5, 6, 7, 2][k], false, true);
     }
@@ -134,8 +161,34 @@ fn cases() -> Vec<Case> {
     {
         add("raid6", Some(layout), [4, 5, 6, 7][k % 4], false, true);
     }
-    for (layout, disks) in [("n2", 2), ("n2", 3), ("n3", 4), ("f2", 4), ("f2", 5), ("f3", 3), ("o2", 3), ("o3", 5)] {
+    for (layout, disks) in [
+        ("n2", 2),
+        ("n2", 3),
+        ("n3", 4),
+        ("f2", 4),
+        ("f2", 5),
+        ("f3", 3),
+        ("o2", 3),
+        ("o3", 5),
+    ] {
         add("raid10", Some(layout), disks, false, true);
+    }
+    // 0.90 superblocks (at the end of the device, host-endian), a few levels.
+    for (level, layout, disks, chunk) in [
+        ("raid1", None, 2, None),
+        ("linear", None, 3, None),
+        ("raid5", Some("left-symmetric"), 4, Some("64K")),
+        ("raid6", Some("right-asymmetric"), 5, None),
+        ("raid10", Some("n2"), 4, Some("16K")),
+    ] {
+        cases.push(Case {
+            level,
+            layout,
+            disks,
+            chunk,
+            metadata: "0.90",
+            unequal: false,
+        });
     }
     cases
 }
@@ -155,7 +208,16 @@ fn comparable(examine: &str) -> Vec<String> {
         .lines()
         .skip_while(|l| !l.contains("Magic :"))
         .filter(|l| !l.contains("Name :"))
-        .map(|l| l.trim_end().to_string())
+        .map(|l| match l.find(" (local to host") {
+            Some(at) => l[..at].to_string(),
+            None => l.trim_end().to_string(),
+        })
+        // 0.90 disk tables name the device by its major:minor, which only
+        // resolves inside the kernel that had those loop devices.
+        .map(|l| match l.find("   /dev/") {
+            Some(at) if l.contains(" sync") || l.contains(" spare") => l[..at].to_string(),
+            _ => l,
+        })
         .collect()
 }
 
@@ -164,7 +226,10 @@ fn results(stdout: &str, key: &str) -> HashMap<String, String> {
     stdout
         .lines()
         .filter_map(|l| l.strip_prefix(&format!("{key} ")))
-        .filter_map(|l| l.split_once(' ').map(|(n, v)| (n.to_string(), v.to_string())))
+        .filter_map(|l| {
+            l.split_once(' ')
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+        })
         .collect()
 }
 
@@ -202,7 +267,11 @@ fn kernel_reads_what_uraid_wrote() {
         let mut args = vec!["copy-in", "--input", image.to_str().unwrap()];
         args.extend(paths(&members));
         uraid_ok(&args);
-        prepared.push(Prepared { case, members, image });
+        prepared.push(Prepared {
+            case,
+            members,
+            image,
+        });
     }
 
     let mut script = String::from("set +e\n");
@@ -210,15 +279,24 @@ fn kernel_reads_what_uraid_wrote() {
         let name = p.case.name();
         let check = !matches!(p.case.level, "raid0" | "linear");
         script.push_str(&losetup_lines(&p.members));
-        let _ = writeln!(script, "if mdadm --assemble /dev/md0 --run \"${{L[@]}}\" 2>/tmp/asm.err; then");
+        let _ = writeln!(
+            script,
+            "if mdadm --assemble /dev/md0 --run \"${{L[@]}}\" 2>/tmp/asm.err; then"
+        );
         let _ = writeln!(script, "  S=$(blockdev --getsize64 /dev/md0)");
         let _ = writeln!(script, "  if cmp -n \"$S\" /dev/md0 {} >/dev/null; then echo \"CMP {name} ok $S\"; else echo \"CMP {name} differ $S\"; fi", p.image.display());
         if check {
             let _ = writeln!(script, "  echo check > /sys/block/md0/md/sync_action");
             let _ = writeln!(script, "  sleep 0.2; while [ \"$(cat /sys/block/md0/md/sync_action)\" != idle ]; do sleep 0.2; done");
-            let _ = writeln!(script, "  echo \"MISMATCH {name} $(cat /sys/block/md0/md/mismatch_cnt)\"");
+            let _ = writeln!(
+                script,
+                "  echo \"MISMATCH {name} $(cat /sys/block/md0/md/mismatch_cnt)\""
+            );
         }
-        let _ = writeln!(script, "else echo \"CMP {name} assemble-failed $(tr '\\n' ' ' </tmp/asm.err)\"; fi");
+        let _ = writeln!(
+            script,
+            "else echo \"CMP {name} assemble-failed $(tr '\\n' ' ' </tmp/asm.err)\"; fi"
+        );
         // Examined after the kernel stopped the array, so that both see its final state.
         script.push_str(&cleanup(&p.image));
     }
@@ -233,17 +311,32 @@ fn kernel_reads_what_uraid_wrote() {
             Some(v) if v.starts_with("ok ") => {}
             other => failures.push(format!("{name}: kernel read {other:?}")),
         }
-        if !matches!(p.case.level, "raid0" | "linear") && mismatch.get(&name).map(String::as_str) != Some("0") {
-            failures.push(format!("{name}: check mismatch_cnt {:?}", mismatch.get(&name)));
+        if !matches!(p.case.level, "raid0" | "linear")
+            && mismatch.get(&name).map(String::as_str) != Some("0")
+        {
+            failures.push(format!(
+                "{name}: check mismatch_cnt {:?}",
+                mismatch.get(&name)
+            ));
         }
-        let kernel_examine = std::fs::read_to_string(format!("{}.kernel-examine", p.image.display())).unwrap_or_default();
+        let kernel_examine =
+            std::fs::read_to_string(format!("{}.kernel-examine", p.image.display()))
+                .unwrap_or_default();
         let ours = uraid_ok(&["examine", p.members[0].to_str().unwrap()]);
         let ours = String::from_utf8_lossy(&ours.stdout).to_string();
         if comparable(&kernel_examine) != comparable(&ours) {
-            failures.push(format!("{name}: examine differs\n--- mdadm\n{kernel_examine}\n--- uraid\n{ours}"));
+            failures.push(format!(
+                "{name}: examine differs\n--- mdadm\n{kernel_examine}\n--- uraid\n{ours}"
+            ));
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases failed:\n{}\n--- kernel output\n{stdout}", failures.len(), prepared.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}\n--- kernel output\n{stdout}",
+        failures.len(),
+        prepared.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -256,18 +349,33 @@ fn uraid_reads_what_the_kernel_wrote() {
         let upper: u64 = case.sizes().iter().sum();
         let image = dir.path().join(format!("{name}.img"));
         std::fs::write(&image, random_bytes(5000 + i as u64, upper as usize)).unwrap();
-        prepared.push(Prepared { case, members, image });
+        prepared.push(Prepared {
+            case,
+            members,
+            image,
+        });
     }
     let mut script = String::from("set +e\n");
     for p in &prepared {
         let name = p.case.name();
         script.push_str(&losetup_lines(&p.members));
-        let _ = writeln!(script, "if mdadm --create /dev/md0 --run {} \"${{L[@]}}\" >/tmp/create.out 2>&1; then", p.case.mdadm_options());
+        let _ = writeln!(
+            script,
+            "if mdadm --create /dev/md0 --run {} \"${{L[@]}}\" >/tmp/create.out 2>&1; then",
+            p.case.mdadm_options()
+        );
         let _ = writeln!(script, "  mdadm --wait /dev/md0 >/dev/null 2>&1");
         let _ = writeln!(script, "  S=$(blockdev --getsize64 /dev/md0)");
-        let _ = writeln!(script, "  head -c \"$S\" {} > /dev/md0 && sync && echo \"WROTE {name} $S\"", p.image.display());
+        let _ = writeln!(
+            script,
+            "  head -c \"$S\" {} > /dev/md0 && sync && echo \"WROTE {name} $S\"",
+            p.image.display()
+        );
         let _ = writeln!(script, "  mdadm --wait /dev/md0 >/dev/null 2>&1");
-        let _ = writeln!(script, "else echo \"WROTE {name} create-failed $(tr '\\n' ' ' </tmp/create.out)\"; fi");
+        let _ = writeln!(
+            script,
+            "else echo \"WROTE {name} create-failed $(tr '\\n' ' ' </tmp/create.out)\"; fi"
+        );
         script.push_str(&cleanup(&p.image));
     }
     script.push_str("echo done\n");
@@ -277,7 +385,10 @@ fn uraid_reads_what_the_kernel_wrote() {
     for p in &prepared {
         let name = p.case.name();
         let Some(size) = wrote.get(&name).and_then(|v| v.parse::<usize>().ok()) else {
-            failures.push(format!("{name}: kernel did not write: {:?}", wrote.get(&name)));
+            failures.push(format!(
+                "{name}: kernel did not write: {:?}",
+                wrote.get(&name)
+            ));
             continue;
         };
         let expected = &std::fs::read(&p.image).unwrap()[..size];
@@ -289,21 +400,37 @@ fn uraid_reads_what_the_kernel_wrote() {
             args.extend_from_slice(&members[lost..]);
             let run = uraid().args(&args).output().unwrap();
             if !run.status.success() {
-                failures.push(format!("{name}: copy-out with {lost} lost failed: {}", String::from_utf8_lossy(&run.stderr)));
+                failures.push(format!(
+                    "{name}: copy-out with {lost} lost failed: {}",
+                    String::from_utf8_lossy(&run.stderr)
+                ));
                 continue;
             }
             let got = std::fs::read(&out).unwrap();
             if got.len() != size || got != expected {
-                failures.push(format!("{name}: copy-out with {lost} lost differs ({} bytes, expected {size})", got.len()));
+                failures.push(format!(
+                    "{name}: copy-out with {lost} lost differs ({} bytes, expected {size})",
+                    got.len()
+                ));
             }
             let _ = std::fs::remove_file(&out);
         }
-        let kernel_examine = std::fs::read_to_string(format!("{}.kernel-examine", p.image.display())).unwrap_or_default();
+        let kernel_examine =
+            std::fs::read_to_string(format!("{}.kernel-examine", p.image.display()))
+                .unwrap_or_default();
         let ours = uraid_ok(&["examine", members[0]]);
         let ours = String::from_utf8_lossy(&ours.stdout).to_string();
         if comparable(&kernel_examine) != comparable(&ours) {
-            failures.push(format!("{name}: examine differs\n--- mdadm\n{kernel_examine}\n--- uraid\n{ours}"));
+            failures.push(format!(
+                "{name}: examine differs\n--- mdadm\n{kernel_examine}\n--- uraid\n{ours}"
+            ));
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases failed:\n{}\n--- kernel output\n{stdout}", failures.len(), prepared.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}\n--- kernel output\n{stdout}",
+        failures.len(),
+        prepared.len(),
+        failures.join("\n")
+    );
 }

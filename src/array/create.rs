@@ -166,6 +166,34 @@ fn open_devices(devices: &[MemberSpec]) -> Result<Vec<Option<Opened>>, CreateErr
     Ok(opened)
 }
 
+/// A 0.90 superblock for a new array: built as a 1.0 one (both keep data at
+/// the start of the device and the superblock at the end), then moved to the
+/// 0.90 location, with the fields 0.90 lacks (name, bad-block log) cleared
+/// and its disk table filled from the roles.
+fn superblock_090(spec: &CreateSpec, member: &CreateMember) -> Result<MemberSuper, CreateError> {
+    let spec_10 = CreateSpec {
+        metadata: Metadata::V1_0,
+        bad_block_log: false,
+        ..spec.clone()
+    };
+    let mut sb = MemberSuper::new_for_create(&spec_10, member)?;
+    let super_offset = format::sb090::superblock_offset_sectors(member.device_sectors)
+        .ok_or_else(|| invalid("device too small for 0.90 metadata"))?;
+    sb.metadata = Metadata::V0_90;
+    sb.super_offset_sectors = super_offset;
+    sb.data_offset_sectors = 0;
+    sb.data_size_sectors = super_offset;
+    sb.set_name = String::new();
+    sb.bblog_offset_sectors = 0;
+    sb.bblog_size_sectors = 0;
+    sb.max_dev = format::sb090::MD_SB_DISKS as u32;
+    sb.dev_roles.truncate(format::sb090::MD_SB_DISKS);
+    let mut extra = format::sb090::extra_for_roles(&sb.dev_roles, 0);
+    extra.this_disk = extra.disks[member.dev_number as usize];
+    sb.v090 = Some(extra);
+    Ok(sb)
+}
+
 /// Creates the array on the devices at these paths and returns it
 /// assembled. `progress` receives (stripes done, stripes in all) during the
 /// initial resync.
@@ -233,10 +261,11 @@ pub fn create_on_members(
             "'missing' can only stand for a raid device, not a spare",
         ));
     }
-    if opts.metadata == Metadata::V0_90 {
-        return Err(invalid(
-            "creating 0.90 arrays is not supported; use --metadata 1.0, 1.1 or 1.2",
-        ));
+    if opts.metadata == Metadata::V0_90 && devices.len() > format::sb090::MD_SB_DISKS {
+        return Err(invalid(format!(
+            "0.90 metadata holds at most {} devices",
+            format::sb090::MD_SB_DISKS
+        )));
     }
     let chunk_sectors = chunk_sectors_for(level, opts.chunk_bytes)?;
     let layout = layout_for(level, opts.layout.as_deref())?;
@@ -260,7 +289,7 @@ pub fn create_on_members(
         .expect("one device at least");
     // mdadm takes the data offset from the first device and uses it for all.
     let data_offset = match opts.metadata {
-        Metadata::V1_0 => 0,
+        Metadata::V1_0 | Metadata::V0_90 => 0,
         _ => format::default_data_offset_sectors(first_size, chunk_sectors, false),
     };
     let mut free = Vec::new();
@@ -377,7 +406,10 @@ pub fn create_on_members(
             write_mostly: false,
             failfast: false,
         };
-        let sb = MemberSuper::new_for_create(&spec, &member)?;
+        let sb = match opts.metadata {
+            Metadata::V0_90 => superblock_090(&spec, &member)?,
+            _ => MemberSuper::new_for_create(&spec, &member)?,
+        };
         supers.push((o, sb));
     }
     // Every superblock was built: only now is anything written.

@@ -30,7 +30,17 @@ pub fn run(devices: &[PathBuf], json: bool) -> CliResult {
             ));
         } else {
             let _ = writeln!(text, "{}:", path.display());
-            text.push_str(&examine_text(&sb, member.size_sectors(), &hostname()));
+            let stored =
+                stored_checksum(&member, &sb).map_err(|e| format!("{}: {e}", path.display()))?;
+            match sb.metadata {
+                Metadata::V0_90 => text.push_str(&examine_text_090(&sb, stored)),
+                _ => text.push_str(&examine_text(
+                    &sb,
+                    member.size_sectors(),
+                    &hostname(),
+                    stored,
+                )),
+            }
         }
     }
     if json {
@@ -191,7 +201,12 @@ fn unused_space(sb: &MemberSuper, device_sectors: u64) -> (u64, u64) {
 
 /// mdadm --examine's text for a version-1 superblock (0.90 gets the same
 /// fields in a shorter form).
-pub fn examine_text(sb: &MemberSuper, device_sectors: u64, homehost: &str) -> String {
+pub fn examine_text(
+    sb: &MemberSuper,
+    device_sectors: u64,
+    homehost: &str,
+    checksum: u32,
+) -> String {
     let mut o = String::new();
     let level = Level::from_md_number(sb.level);
     let _ = writeln!(o, "          Magic : a92b4efc");
@@ -322,7 +337,7 @@ pub fn examine_text(sb: &MemberSuper, device_sectors: u64, homehost: &str) -> St
         );
     }
     // A superblock that failed its checksum is refused before it gets here.
-    let _ = writeln!(o, "       Checksum : {:x} - correct", checksum_of(sb));
+    let _ = writeln!(o, "       Checksum : {:x} - correct", checksum);
     let _ = writeln!(o, "         Events : {}", sb.events);
     let _ = writeln!(o);
     if let Some(level) = level {
@@ -355,17 +370,129 @@ pub fn examine_text(sb: &MemberSuper, device_sectors: u64, homehost: &str) -> St
     o
 }
 
-/// The checksum as stored, recomputed from the encoding (they are equal for
-/// any superblock that decoded).
-fn checksum_of(sb: &MemberSuper) -> u32 {
-    match sb.metadata {
-        Metadata::V0_90 => crate::format::sb090::encode(sb)
-            .ok()
-            .and_then(|b| crate::format::sb090::checksum(&b).ok())
-            .unwrap_or(0),
-        _ => crate::format::sb1::encode(sb)
-            .ok()
-            .and_then(|b| crate::format::sb1::checksum(&b).ok())
-            .unwrap_or(0),
+/// The checksum as it is stored on the device, which is what mdadm prints
+/// (the superblock decoded only if it matched the computed one).
+fn stored_checksum(member: &dyn Member, sb: &MemberSuper) -> std::io::Result<u32> {
+    let mut buf = [0u8; 512];
+    member.read_at(&mut buf, sb.super_offset_sectors * 512)?;
+    // 1.x keeps sb_csum at byte 216; 0.90 at word 38 of its header.
+    let at = if sb.metadata == Metadata::V0_90 {
+        38 * 4
+    } else {
+        216
+    };
+    Ok(u32::from_le_bytes(
+        buf[at..at + 4].try_into().expect("four bytes"),
+    ))
+}
+
+/// One 0.90 disk descriptor's state words, as mdadm lists them.
+fn disk_state_090(state: u32) -> String {
+    use crate::format::sb090::{
+        MD_DISK_ACTIVE, MD_DISK_FAILFAST, MD_DISK_FAULTY, MD_DISK_REMOVED, MD_DISK_SYNC,
+        MD_DISK_WRITEMOSTLY,
+    };
+    let bit = |b: u32| state & (1 << b) != 0;
+    let mut words = String::new();
+    for (b, word) in [
+        (MD_DISK_FAULTY, " faulty"),
+        (MD_DISK_ACTIVE, " active"),
+        (MD_DISK_SYNC, " sync"),
+        (MD_DISK_REMOVED, " removed"),
+        (MD_DISK_WRITEMOSTLY, " write-mostly"),
+        (MD_DISK_FAILFAST, " failfast"),
+    ] {
+        if bit(b) {
+            words.push_str(word);
+        }
     }
+    if state & !((1 << MD_DISK_WRITEMOSTLY) | (1 << MD_DISK_FAILFAST)) == 0 {
+        words.push_str(" spare");
+    }
+    words
+}
+
+/// mdadm --examine's text for a 0.90 superblock (super0.c's layout).
+pub fn examine_text_090(sb: &MemberSuper, checksum: u32) -> String {
+    let extra = sb.v090.clone().unwrap_or_default();
+    let mut o = String::new();
+    let _ = writeln!(o, "          Magic : a92b4efc");
+    let _ = writeln!(o, "        Version : 0.90.{:02}", extra.patch_version);
+    let _ = writeln!(o, "           UUID : {}", sb.uuid_string());
+    let _ = writeln!(o, "  Creation Time : {}", ctime(sb.ctime_secs));
+    let _ = writeln!(o, "     Raid Level : {}", level_text(sb.level));
+    if sb.level > 0 {
+        let size_kib = sb.size_sectors / 2;
+        let _ = writeln!(
+            o,
+            "  Used Dev Size : {}{}",
+            size_kib,
+            human_size_paren(size_kib << 10)
+        );
+        if let Some(bytes) = array_size_bytes(sb) {
+            let _ = writeln!(
+                o,
+                "     Array Size : {}{}",
+                bytes >> 10,
+                human_size_paren(bytes)
+            );
+        }
+    }
+    let _ = writeln!(o, "   Raid Devices : {}", sb.raid_disks);
+    let _ = writeln!(o, "  Total Devices : {}", extra.nr_disks);
+    let _ = writeln!(o, "Preferred Minor : {}", extra.md_minor);
+    let _ = writeln!(o);
+    let _ = writeln!(o, "    Update Time : {}", ctime(sb.utime_secs));
+    let _ = writeln!(
+        o,
+        "          State : {}",
+        if sb.is_clean() { "clean" } else { "active" }
+    );
+    if sb.has_feature(MD_FEATURE_BITMAP_OFFSET) {
+        let _ = writeln!(o, "Internal Bitmap : present");
+    }
+    let _ = writeln!(o, " Active Devices : {}", extra.active_disks);
+    let _ = writeln!(o, "Working Devices : {}", extra.working_disks);
+    let _ = writeln!(o, " Failed Devices : {}", extra.failed_disks);
+    let _ = writeln!(o, "  Spare Devices : {}", extra.spare_disks);
+    let _ = writeln!(o, "       Checksum : {:x} - correct", checksum);
+    let _ = writeln!(o, "         Events : {}", sb.events);
+    let _ = writeln!(o);
+    if let Some(level) = Level::from_md_number(sb.level) {
+        if matches!(level, Level::Raid5 | Level::Raid6 | Level::Raid10) {
+            let _ = writeln!(
+                o,
+                "         Layout : {}",
+                layout_name(level, sb.layout).unwrap_or_else(|| "-unknown-".into())
+            );
+        }
+        match level {
+            Level::Raid0 | Level::Raid4 | Level::Raid5 | Level::Raid6 | Level::Raid10 => {
+                let _ = writeln!(o, "     Chunk Size : {}", chunk_text(sb.chunk_sectors));
+            }
+            Level::Linear => {
+                let _ = writeln!(o, "       Rounding : {}", chunk_text(sb.chunk_sectors));
+            }
+            Level::Raid1 => {}
+        }
+    }
+    let _ = writeln!(o);
+    let _ = writeln!(o, "      Number   Major   Minor   RaidDevice State");
+    let listed = sb.raid_disks as usize + extra.spare_disks as usize;
+    let row = |label: String, d: &crate::format::sb090::Sb090Disk| {
+        format!(
+            "{label:>4} {:5}   {:5}    {:5}    {:5}     {}\n",
+            d.number,
+            d.major,
+            d.minor,
+            d.raid_disk,
+            disk_state_090(d.state)
+        )
+    };
+    o.push_str(&row("this".into(), &extra.this_disk));
+    o.push('\n');
+    for (i, d) in extra.disks.iter().enumerate().take(listed) {
+        o.push_str(&row(i.to_string(), d));
+    }
+    o
 }

@@ -8,15 +8,25 @@ use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 
 fn digest(paths: &[PathBuf]) -> Vec<Vec<u8>> {
-    paths.iter().map(|p| Sha256::digest(std::fs::read(p).unwrap()).to_vec()).collect()
+    paths
+        .iter()
+        .map(|p| Sha256::digest(std::fs::read(p).unwrap()).to_vec())
+        .collect()
 }
 
 /// Runs a command that must be refused and must not touch `watched`.
 fn refused(args: &[&str], watched: &[PathBuf], reason: &str) {
     let before = digest(watched);
     let stderr = uraid_refused(args);
-    assert!(stderr.to_lowercase().contains(&reason.to_lowercase()), "uraid {args:?}: expected '{reason}' in {stderr:?}");
-    assert_eq!(before, digest(watched), "uraid {args:?} changed a device while refusing");
+    assert!(
+        stderr.to_lowercase().contains(&reason.to_lowercase()),
+        "uraid {args:?}: expected '{reason}' in {stderr:?}"
+    );
+    assert_eq!(
+        before,
+        digest(watched),
+        "uraid {args:?} changed a device while refusing"
+    );
 }
 
 fn array(dir: &std::path::Path, prefix: &str, level: &str, n: usize) -> Vec<PathBuf> {
@@ -34,36 +44,238 @@ fn create_refuses_bad_devices_and_options() {
     let dir = scratch("refuse-create");
     let blank = sparse_files(dir.path(), "blank", &[16 << 20; 4]);
     let b = paths(&blank);
-    refused(&["create", "--level", "raid7", "--raid-devices", "3", b[0], b[1], b[2]], &blank, "unknown level");
-    refused(&["create", "--level", "5", "--raid-devices", "3", "--layout", "diagonal", b[0], b[1], b[2]], &blank, "unknown layout");
-    refused(&["create", "--level", "5", "--raid-devices", "3", "--chunk", "3K", b[0], b[1], b[2]], &blank, "chunk");
-    refused(&["create", "--level", "5", "--raid-devices", "3", "--chunk", "2K", b[0], b[1], b[2]], &blank, "chunk");
-    refused(&["create", "--level", "6", "--raid-devices", "3", b[0], b[1], b[2]], &blank, "at least 4");
-    refused(&["create", "--level", "5", "--raid-devices", "4", b[0], b[1], b[2]], &blank, "3 devices given for 4");
-    refused(&["create", "--level", "5", "--raid-devices", "3", b[0], b[1], b[0]], &blank, "given twice");
-    refused(&["create", "--level", "5", "--raid-devices", "3", b[0], b[1], "/nonexistent/disk"], &blank, "/nonexistent/disk");
-    refused(&["create", "--level", "5", "--raid-devices", "3", b[0], "missing", "missing"], &blank, "cannot start");
-    refused(&["create", "--level", "0", "--raid-devices", "2", b[0], "missing"], &blank, "cannot start");
-    refused(&["create", "--level", "5", "--raid-devices", "3", "--size", "1G", b[0], b[1], b[2]], &blank, "--size");
+    refused(
+        &[
+            "create",
+            "--level",
+            "raid7",
+            "--raid-devices",
+            "3",
+            b[0],
+            b[1],
+            b[2],
+        ],
+        &blank,
+        "unknown level",
+    );
+    refused(
+        &[
+            "create",
+            "--level",
+            "5",
+            "--raid-devices",
+            "3",
+            "--layout",
+            "diagonal",
+            b[0],
+            b[1],
+            b[2],
+        ],
+        &blank,
+        "unknown layout",
+    );
+    refused(
+        &[
+            "create",
+            "--level",
+            "5",
+            "--raid-devices",
+            "3",
+            "--chunk",
+            "3K",
+            b[0],
+            b[1],
+            b[2],
+        ],
+        &blank,
+        "chunk",
+    );
+    refused(
+        &[
+            "create",
+            "--level",
+            "5",
+            "--raid-devices",
+            "3",
+            "--chunk",
+            "2K",
+            b[0],
+            b[1],
+            b[2],
+        ],
+        &blank,
+        "chunk",
+    );
+    refused(
+        &[
+            "create",
+            "--level",
+            "6",
+            "--raid-devices",
+            "3",
+            b[0],
+            b[1],
+            b[2],
+        ],
+        &blank,
+        "at least 4",
+    );
+    refused(
+        &[
+            "create",
+            "--level",
+            "5",
+            "--raid-devices",
+            "4",
+            b[0],
+            b[1],
+            b[2],
+        ],
+        &blank,
+        "3 devices given for 4",
+    );
+    refused(
+        &[
+            "create",
+            "--level",
+            "5",
+            "--raid-devices",
+            "3",
+            b[0],
+            b[1],
+            b[0],
+        ],
+        &blank,
+        "given twice",
+    );
+    refused(
+        &[
+            "create",
+            "--level",
+            "5",
+            "--raid-devices",
+            "3",
+            b[0],
+            b[1],
+            "/nonexistent/disk",
+        ],
+        &blank,
+        "/nonexistent/disk",
+    );
+    refused(
+        &[
+            "create",
+            "--level",
+            "5",
+            "--raid-devices",
+            "3",
+            b[0],
+            "missing",
+            "missing",
+        ],
+        &blank,
+        "cannot start",
+    );
+    refused(
+        &[
+            "create",
+            "--level",
+            "0",
+            "--raid-devices",
+            "2",
+            b[0],
+            "missing",
+        ],
+        &blank,
+        "cannot start",
+    );
+    refused(
+        &[
+            "create",
+            "--level",
+            "5",
+            "--raid-devices",
+            "3",
+            "--size",
+            "1G",
+            b[0],
+            b[1],
+            b[2],
+        ],
+        &blank,
+        "--size",
+    );
 
     let tiny = sparse_files(dir.path(), "tiny", &[64 << 10]);
     let mut watched = blank.clone();
     watched.extend(tiny.clone());
-    refused(&["create", "--level", "1", "--raid-devices", "2", b[0], tiny[0].to_str().unwrap()], &watched, "too small");
+    refused(
+        &[
+            "create",
+            "--level",
+            "1",
+            "--raid-devices",
+            "2",
+            b[0],
+            tiny[0].to_str().unwrap(),
+        ],
+        &watched,
+        "too small",
+    );
 
     // A device holding another array or a filesystem is refused unless forced.
     let other = array(dir.path(), "other", "raid1", 2);
     let mut watched = blank.clone();
     watched.extend(other.clone());
-    refused(&["create", "--level", "5", "--raid-devices", "3", b[0], b[1], other[0].to_str().unwrap()], &watched, "part of an md array");
+    refused(
+        &[
+            "create",
+            "--level",
+            "5",
+            "--raid-devices",
+            "3",
+            b[0],
+            b[1],
+            other[0].to_str().unwrap(),
+        ],
+        &watched,
+        "part of an md array",
+    );
     let fs = sparse_files(dir.path(), "ext4-", &[16 << 20]);
-    let status = std::process::Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&fs[0]).status().expect("mkfs.ext4 (e2fsprogs)");
+    let status = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&fs[0])
+        .status()
+        .expect("mkfs.ext4 (e2fsprogs)");
     assert!(status.success());
     let mut watched = blank.clone();
     watched.extend(fs.clone());
-    refused(&["create", "--level", "5", "--raid-devices", "3", b[0], b[1], fs[0].to_str().unwrap()], &watched, "ext2/3/4 filesystem");
+    refused(
+        &[
+            "create",
+            "--level",
+            "5",
+            "--raid-devices",
+            "3",
+            b[0],
+            b[1],
+            fs[0].to_str().unwrap(),
+        ],
+        &watched,
+        "ext2/3/4 filesystem",
+    );
     // With --force it goes ahead.
-    uraid_ok(&["create", "--force", "--level", "5", "--raid-devices", "3", b[0], b[1], fs[0].to_str().unwrap()]);
+    uraid_ok(&[
+        "create",
+        "--force",
+        "--level",
+        "5",
+        "--raid-devices",
+        "3",
+        b[0],
+        b[1],
+        fs[0].to_str().unwrap(),
+    ]);
 }
 
 #[test]
@@ -76,14 +288,48 @@ fn assembly_refuses_mixed_corrupt_and_insufficient_members() {
     let a = paths(&r5);
     let mut all = r5.clone();
     all.extend(r1.clone());
-    refused(&["copy-out", "--output", out_s, a[0], a[1], r1[0].to_str().unwrap()], &all, "different arrays");
-    refused(&["copy-out", "--output", out_s, a[0]], &all, "cannot start raid5");
-    refused(&["copy-out", "--output", out_s, a[0], a[0], a[1]], &all, "given twice");
-    refused(&["copy-out", "--output", a[2], a[0], a[1], a[2]], &all, "one of the array's members");
+    refused(
+        &[
+            "copy-out",
+            "--output",
+            out_s,
+            a[0],
+            a[1],
+            r1[0].to_str().unwrap(),
+        ],
+        &all,
+        "different arrays",
+    );
+    refused(
+        &["copy-out", "--output", out_s, a[0]],
+        &all,
+        "cannot start raid5",
+    );
+    refused(
+        &["copy-out", "--output", out_s, a[0], a[0], a[1]],
+        &all,
+        "given twice",
+    );
+    refused(
+        &["copy-out", "--output", a[2], a[0], a[1], a[2]],
+        &all,
+        "one of the array's members",
+    );
 
     let image = dir.path().join("in.img");
     std::fs::write(&image, random_bytes(1, 64 << 20)).unwrap();
-    refused(&["copy-in", "--input", image.to_str().unwrap(), a[0], a[1], a[2]], &all, "more than the array");
+    refused(
+        &[
+            "copy-in",
+            "--input",
+            image.to_str().unwrap(),
+            a[0],
+            a[1],
+            a[2],
+        ],
+        &all,
+        "more than the array",
+    );
 
     // A flipped byte in a superblock: the checksum no longer matches.
     let corrupt = dir.path().join("corrupt");
@@ -93,16 +339,58 @@ fn assembly_refuses_mixed_corrupt_and_insufficient_members() {
     std::fs::write(&corrupt, &bytes).unwrap();
     let mut watched = all.clone();
     watched.push(corrupt.clone());
-    refused(&["examine", corrupt.to_str().unwrap()], &watched, "checksum");
-    refused(&["copy-out", "--output", out_s, a[0], corrupt.to_str().unwrap(), a[2]], &watched, "checksum");
+    refused(
+        &["examine", corrupt.to_str().unwrap()],
+        &watched,
+        "checksum",
+    );
+    refused(
+        &[
+            "copy-out",
+            "--output",
+            out_s,
+            a[0],
+            corrupt.to_str().unwrap(),
+            a[2],
+        ],
+        &watched,
+        "checksum",
+    );
     // A member cut short: its superblock promises more data than it holds.
     let truncated = dir.path().join("truncated");
     std::fs::copy(&r5[2], &truncated).unwrap();
-    std::fs::OpenOptions::new().write(true).open(&truncated).unwrap().set_len(8 << 20).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&truncated)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
     watched.push(truncated.clone());
-    refused(&["copy-out", "--output", out_s, a[0], a[1], truncated.to_str().unwrap()], &watched, "exceeds");
+    refused(
+        &[
+            "copy-out",
+            "--output",
+            out_s,
+            a[0],
+            a[1],
+            truncated.to_str().unwrap(),
+        ],
+        &watched,
+        "exceeds",
+    );
     // Something that is no md member at all.
-    refused(&["examine", image.to_str().unwrap()], &watched, "no md superblock");
-    refused(&["detail", image.to_str().unwrap()], &watched, "no md superblock");
-    assert!(!out.exists(), "no output file is left behind by a refused copy-out");
+    refused(
+        &["examine", image.to_str().unwrap()],
+        &watched,
+        "no md superblock",
+    );
+    refused(
+        &["detail", image.to_str().unwrap()],
+        &watched,
+        "no md superblock",
+    );
+    assert!(
+        !out.exists(),
+        "no output file is left behind by a refused copy-out"
+    );
 }

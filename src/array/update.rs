@@ -4,7 +4,7 @@
 
 use super::assemble::{Assembled, DeviceState};
 use super::superblocks::{write_superblock, SuperblockError};
-use crate::format::{MAX_SECTOR, MD_DISK_ROLE_FAULTY, MD_DISK_ROLE_SPARE};
+use crate::format::{MAX_SECTOR, MD_DISK_ROLE_FAULTY, MD_DISK_ROLE_SPARE, MD_FEATURE_RECOVERY_OFFSET};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Whether the array is (about to be) written without its redundancy being
@@ -52,11 +52,23 @@ pub fn write_array_state(array: &mut Assembled, state: Cleanliness) -> Result<()
     for device in &mut array.devices {
         if matches!(
             device.state,
-            DeviceState::Stale { .. } | DeviceState::Duplicate { .. }
+            DeviceState::Stale { .. } | DeviceState::Duplicate { .. } | DeviceState::Faulty
         ) {
+            // Not members any more (a failed one may not even answer).
             continue;
         }
         let sb = &mut device.sb;
+        // A member being rebuilt says how far it is, on its own superblock only.
+        match device.state {
+            DeviceState::Recovering { recovery_offset_sectors, .. } => {
+                sb.feature_map |= MD_FEATURE_RECOVERY_OFFSET;
+                sb.recovery_offset_sectors = recovery_offset_sectors;
+            }
+            _ => {
+                sb.feature_map &= !MD_FEATURE_RECOVERY_OFFSET;
+                sb.recovery_offset_sectors = 0;
+            }
+        }
         sb.events = array.sb.events;
         sb.utime_secs = array.sb.utime_secs;
         sb.utime_micros = array.sb.utime_micros;
@@ -64,7 +76,7 @@ pub fn write_array_state(array: &mut Assembled, state: Cleanliness) -> Result<()
         sb.dev_roles = roles.clone();
         write_superblock(&*device.member, sb)?;
     }
-    for device in &array.devices {
+    for device in array.devices.iter().filter(|d| d.state != DeviceState::Faulty) {
         device
             .member
             .flush()

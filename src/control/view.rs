@@ -4,7 +4,7 @@
 
 use crate::array::DeviceState;
 use crate::cli::text::{chunk_text, ctime, human_size_paren};
-use crate::engine::Snapshot;
+use crate::engine::{Snapshot, SyncAction};
 use crate::format::{Metadata, MD_FEATURE_BITMAP_OFFSET, MD_FEATURE_RAID0_LAYOUT};
 use crate::geometry::{layout_name, Level};
 use std::fmt::Write;
@@ -84,10 +84,11 @@ impl DetailView {
         // A served array is active (dirty) on disk; md shows "clean" for an
         // idle array and "active" while it writes. uraid shows the on-disk truth.
         let clean = if sb.is_clean() { "clean" } else { "active" };
-        let sync_suffix = if array.sync.is_some() {
-            ", resyncing"
-        } else {
-            ""
+        let sync_suffix = match array.sync.as_ref().map(|p| p.action) {
+            Some(SyncAction::Recovery { .. }) => ", recovering",
+            Some(SyncAction::Resync) => ", resyncing",
+            Some(SyncAction::Check | SyncAction::Repair) => ", checking",
+            None => "",
         };
         let mut rows = Vec::new();
         for role in 0..raid_disks {
@@ -189,11 +190,12 @@ impl DetailView {
             events: sb.events,
             bitmap,
             sync_status: array.sync.as_ref().map(|p| {
-                format!(
-                    "{} Status : {}% complete",
-                    "Resync",
-                    p.done_kib * 100 / p.total_kib.max(1)
-                )
+                let word = match p.action {
+                    SyncAction::Recovery { .. } => "Rebuild",
+                    SyncAction::Resync => "Resync",
+                    SyncAction::Check | SyncAction::Repair => "Check",
+                };
+                format!("{word:>7} Status : {}% complete", p.done_kib * 100 / p.total_kib.max(1))
             }),
             devices: rows,
         }
@@ -413,7 +415,7 @@ pub fn mdstat_block(array: &Snapshot) -> String {
         let _ = writeln!(
             o,
             "      [{bar}]  {} ={:3}.{}% ({}/{}) finish={}.{}min speed={}K/sec",
-            p.action,
+            p.action.word(),
             per_mille / 10,
             per_mille % 10,
             p.done_kib,

@@ -8,7 +8,10 @@
 //! relative to the start of each strip, that the request touches in any
 //! strip. Parity is read, computed and written over that window only.
 
+use super::members::{member_error, member_of, MemberTable};
 use super::Engine;
+use crate::member::MemberRef;
+use std::sync::Arc;
 use crate::geometry::{Place, StripeMap};
 use crate::parity;
 use crate::units::SECTOR_BYTES;
@@ -55,28 +58,6 @@ impl Piece<'_> {
 }
 
 impl Engine {
-    fn present(&self, place: &Place) -> bool {
-        self.slots[place.member].is_some()
-    }
-
-    fn read_place(&self, place: &Place, offset_in_strip: usize, buf: &mut [u8]) -> io::Result<()> {
-        let slot = self.slots[place.member]
-            .as_ref()
-            .expect("read from a present member");
-        let at =
-            slot.data_offset_bytes + place.member_sector * SECTOR_BYTES + offset_in_strip as u64;
-        slot.member.read_at(buf, at)
-    }
-
-    fn write_place(&self, place: &Place, offset_in_strip: usize, buf: &[u8]) -> io::Result<()> {
-        let slot = self.slots[place.member]
-            .as_ref()
-            .expect("write to a present member");
-        let at =
-            slot.data_offset_bytes + place.member_sector * SECTOR_BYTES + offset_in_strip as u64;
-        slot.member.write_at(buf, at)
-    }
-
     /// Calls `f` for each stripe piece of the byte range [offset, offset+len).
     fn for_each_piece(
         &self,
@@ -138,49 +119,151 @@ impl Engine {
         }
     }
 
+
     /// Reads array bytes at `offset` into `buf`.
     pub(super) fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let len = buf.len();
         self.for_each_piece(offset, len, |engine, map, in_stripe, range| {
-            let piece = Engine::piece(map, in_stripe, range.len(), &[]);
-            let out = &mut buf[range];
-            let strip_bytes = piece.strip_bytes();
-            let mut missing = Vec::new();
-            for (i, r) in piece.ranges.iter().enumerate() {
-                if r.is_empty() {
-                    continue;
-                }
-                let dst = &mut out[i * strip_bytes + r.start - in_stripe..][..r.len()];
-                match piece.map.data[i].copies.iter().find(|c| engine.present(c)) {
-                    Some(copy) => engine.read_place(copy, r.start, dst)?,
-                    None => missing.push(i),
-                }
-            }
-            if missing.is_empty() {
-                return Ok(());
-            }
-            // Reconstruction reads the rest of the stripe: hold its lock so
-            // that no write is half-way through it.
-            let _guard = engine.locks.lock(piece.map.stripe);
-            let window = piece.window.clone();
-            // Every lost strip, touched or not, is rebuilt: the algebra needs
-            // all the others as they are on disk.
-            let all_lost: Vec<usize> = (0..piece.map.data.len())
-                .filter(|&i| !piece.map.data[i].copies.iter().any(|c| engine.present(c)))
-                .collect();
-            let strips = engine.read_window(&piece.map, window.clone(), &all_lost)?;
-            for i in missing {
-                let r = &piece.ranges[i];
-                let dst = &mut out[i * strip_bytes + r.start - in_stripe..][..r.len()];
-                dst.copy_from_slice(&strips[i][r.start - window.start..r.end - window.start]);
-            }
-            Ok(())
+            let out = &mut buf[range.clone()];
+            engine.with_retries(map.stripe, false, |view| {
+                let piece = Engine::piece(map.clone(), in_stripe, range.len(), &[]);
+                view.read_piece(&piece, in_stripe, out)
+            })
         })
+    }
+
+    /// Runs `f` on a view of the members, correcting member read errors from
+    /// redundancy (md's read-error handling) and retrying a bounded number of
+    /// times as members fail.
+    /// `locked` says whether the caller holds the stripe's lock.
+    fn with_retries(
+        &self,
+        stripe: u64,
+        locked: bool,
+        mut f: impl FnMut(&View) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let mut last = None;
+        for _ in 0..=self.geometry.raid_disks() {
+            let view = self.view(stripe);
+            match f(&view) {
+                Ok(()) => return Ok(()),
+                Err(e) => match member_of(&e) {
+                    Some(role) => {
+                        self.correct_read_error(stripe, role, &e, locked);
+                        last = Some(e);
+                    }
+                    None => return Err(e),
+                },
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("I/O failed")))
+    }
+
+    /// Writes `data` at array byte `offset`, keeping redundancy right.
+    pub(super) fn write_bytes(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.for_each_piece(offset, data.len(), |engine, map, in_stripe, range| {
+            let _guard = engine.locks.lock(map.stripe);
+            engine.with_retries(map.stripe, true, |view| {
+                let piece = Engine::piece(map.clone(), in_stripe, range.len(), &data[range.clone()]);
+                view.write_piece(&piece)
+            })
+        })
+    }
+
+
+}
+
+/// The members as one request piece sees them: a snapshot of the member
+/// table (which members are in sync, up to which stripe for a rebuilding
+/// one) taken without holding any lock during I/O.
+pub(super) struct View<'a> {
+    pub(super) engine: &'a Engine,
+    pub(super) table: Arc<MemberTable>,
+    pub(super) stripe: u64,
+}
+
+impl View<'_> {
+    /// Whether the member holding `place` is in sync for this stripe.
+    pub(super) fn present(&self, place: &Place) -> bool {
+        self.table.usable(place.member, self.stripe)
+    }
+
+    fn offset_of(&self, place: &Place, offset_in_strip: usize) -> (MemberRef, u64) {
+        let entry = self.table.entry(place.member).expect("I/O to a member in the table");
+        let at = entry.slot.data_offset_bytes
+            + place.member_sector * SECTOR_BYTES
+            + offset_in_strip as u64;
+        (entry.slot.member.clone(), at)
+    }
+
+    /// Reads from a member; a failure is tagged with the member's role so
+    /// that the piece can correct it from redundancy.
+    pub(super) fn read_place(&self, place: &Place, offset_in_strip: usize, buf: &mut [u8]) -> io::Result<()> {
+        let (member, at) = self.offset_of(place, offset_in_strip);
+        // One retry: a transient error should not cost a member.
+        member
+            .read_at(buf, at)
+            .or_else(|_| member.read_at(buf, at))
+            .map_err(|source| member_error(place.member, source))
+    }
+
+    /// Writes to a member. A member that fails a write is failed at once
+    /// (md does the same without a bad-block log) and the write goes on
+    /// without it: parity, computed before any write, still covers its
+    /// share. Only when that leaves the array unable to serve is it an error.
+    pub(super) fn write_place(&self, place: &Place, offset_in_strip: usize, buf: &[u8]) -> io::Result<()> {
+        let (member, at) = self.offset_of(place, offset_in_strip);
+        match member.write_at(buf, at) {
+            Ok(()) => Ok(()),
+            Err(source) => {
+                self.engine.fail_member(place.member, &format!("write error: {source}"));
+                if self.engine.runnable() {
+                    Ok(())
+                } else {
+                    Err(io::Error::other(format!("array failed: member {} lost on write ({source})", place.member)))
+                }
+            }
+        }
+    }
+
+    /// Reads one piece, reconstructing strips whose members are gone.
+    fn read_piece(&self, piece: &Piece, in_stripe: usize, out: &mut [u8]) -> io::Result<()> {
+        let strip_bytes = piece.strip_bytes();
+        let mut missing = Vec::new();
+        for (i, r) in piece.ranges.iter().enumerate() {
+            if r.is_empty() {
+                continue;
+            }
+            let dst = &mut out[i * strip_bytes + r.start - in_stripe..][..r.len()];
+            match self.engine.pick_copy(&piece.map.data[i].copies, |c| self.present(c)) {
+                Some(copy) => self.read_place(copy, r.start, dst)?,
+                None => missing.push(i),
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        // Reconstruction reads the rest of the stripe: hold its lock so
+        // that no write is half-way through it.
+        let _guard = self.engine.locks.lock(piece.map.stripe);
+        let window = piece.window.clone();
+        // Every lost strip, touched or not, is rebuilt: the algebra needs
+        // all the others as they are on disk.
+        let all_lost: Vec<usize> = (0..piece.map.data.len())
+            .filter(|&i| !piece.map.data[i].copies.iter().any(|c| self.present(c)))
+            .collect();
+        let strips = self.read_window(&piece.map, window.clone(), &all_lost)?;
+        for i in missing {
+            let r = &piece.ranges[i];
+            let dst = &mut out[i * strip_bytes + r.start - in_stripe..][..r.len()];
+            dst.copy_from_slice(&strips[i][r.start - window.start..r.end - window.start]);
+        }
+        Ok(())
     }
 
     /// Reads the window of every data strip, reconstructing the strips in
     /// `lost` (whose members are gone) from the others and parity.
-    fn read_window(
+    pub(super) fn read_window(
         &self,
         map: &StripeMap,
         window: Range<usize>,
@@ -231,7 +314,7 @@ impl Engine {
         let mut outputs: Vec<Vec<u8>> = lost.iter().map(|_| vec![0u8; window.len()]).collect();
         {
             let present_data: Vec<&[u8]> = present.iter().map(|&i| strips[i].as_slice()).collect();
-            let syndrome = self.syndrome;
+            let syndrome = self.engine.syndrome;
             match (lost, &mut outputs[..], &p, &q) {
                 ([_], [x], Some(p), _) => {
                     parity::recover_data_from_p(syndrome, &present_data, p, x)
@@ -262,15 +345,6 @@ impl Engine {
             strips[i] = out;
         }
         Ok(())
-    }
-
-    /// Writes `data` at array byte `offset`, keeping redundancy right.
-    pub(super) fn write_bytes(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.for_each_piece(offset, data.len(), |engine, map, in_stripe, range| {
-            let piece = Engine::piece(map, in_stripe, range.len(), &data[range]);
-            let _guard = engine.locks.lock(piece.map.stripe);
-            engine.write_piece(&piece)
-        })
     }
 
     fn write_piece(&self, piece: &Piece) -> io::Result<()> {
@@ -355,14 +429,14 @@ impl Engine {
             let r = piece.ranges[i].clone();
             delta.resize(r.len(), 0);
             self.read_place(&map.data[i].copies[0], r.start, &mut delta)?;
-            self.syndrome.xor_into(&mut delta, piece.new_bytes(i));
+            self.engine.syndrome.xor_into(&mut delta, piece.new_bytes(i));
             let at = r.start - window.start..r.end - window.start;
             if let Some((_, p)) = p.as_mut() {
-                self.syndrome.xor_into(&mut p[at.clone()], &delta);
+                self.engine.syndrome.xor_into(&mut p[at.clone()], &delta);
             }
             if let Some((_, q)) = q.as_mut() {
                 let coef = parity::gf::pow2(map.data[i].q_exponent);
-                self.syndrome.mul_acc(&mut q[at], &delta, coef);
+                self.engine.syndrome.mul_acc(&mut q[at], &delta, coef);
             }
         }
         for &i in touched {
@@ -416,10 +490,10 @@ impl Engine {
         let mut p = vec![0u8; window.len()];
         let mut q = vec![0u8; window.len()];
         match map.q {
-            None => self.syndrome.gen_p(&views, &mut p),
+            None => self.engine.syndrome.gen_p(&views, &mut p),
             Some(_) => {
                 let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
-                self.syndrome.gen_pq(&views, &exps, &mut p, &mut q);
+                self.engine.syndrome.gen_pq(&views, &exps, &mut p, &mut q);
             }
         }
         for &i in touched {
@@ -438,8 +512,7 @@ impl Engine {
             self.write_place(&place, window.start, &q)?;
         }
         Ok(())
-    }
-}
+    }}
 
 fn lost_error(map: &StripeMap, what: &str) -> io::Error {
     lost(format!("stripe {}: {what}", map.stripe))

@@ -5,20 +5,27 @@
 //! background resync. Everything above it — the NBD export, the control
 //! socket — calls its small API and never looks at the level.
 
+mod events;
 mod io;
 mod locks;
+mod manage;
+mod members;
 mod resync;
 
-pub use resync::SyncProgress;
+pub use events::Event;
+pub use resync::{SyncAction, SyncProgress};
 
-use crate::array::{write_array_state, Assembled, Cleanliness, DeviceState, Slots};
+use crate::array::{write_array_state, Assembled, Cleanliness, DeviceState};
 use crate::export::{BlockBackend, BlockSizes, ZeroFlags};
 use crate::geometry::{Geometry, Level};
 use crate::parity::{self, Syndrome};
 use crate::units::SECTOR_BYTES;
+use events::EventLog;
 use locks::StripeLocks;
+use members::{MemberEntry, MemberTable};
 use resync::SyncWorker;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 /// Stripe lock slots; a power of two, sized for many concurrent requests.
 const STRIPE_LOCK_SLOTS: usize = 4096;
@@ -43,13 +50,24 @@ pub struct EngineOptions {
 
 pub struct Engine {
     geometry: Geometry,
-    slots: Slots,
+    /// The members by role; swapped whole when membership changes.
+    members: RwLock<Arc<MemberTable>>,
     locks: StripeLocks,
     syndrome: &'static dyn Syndrome,
     read_only: bool,
     /// The superblocks and devices, for state updates and status.
     array: Mutex<Assembled>,
     sync: Arc<SyncWorker>,
+    events: EventLog,
+    /// Read errors repaired by rewriting from redundancy (md's cnt_corrected_read).
+    corrected_reads: AtomicU64,
+    /// Foreground requests served: the background job yields while it moves.
+    foreground_ios: AtomicU64,
+    /// md's mismatch_cnt: what the last check, repair or resync found.
+    last_mismatch_sectors: AtomicU64,
+    /// The engine itself, for work started from a request (a hot spare
+    /// taking over after a failure needs a thread that owns the engine).
+    me: OnceLock<Weak<Engine>>,
 }
 
 impl Engine {
@@ -70,19 +88,35 @@ impl Engine {
         if !options.read_only {
             write_array_state(&mut array, Cleanliness::Dirty)?;
         }
-        let slots = array.slots.clone();
+        let table = MemberTable {
+            by_role: array
+                .slots
+                .iter()
+                .map(|s| s.clone().map(|slot| MemberEntry { slot, rebuilt_below: None }))
+                .collect(),
+        };
         let sync = SyncWorker::new(geometry.stripe_count());
         let engine = Arc::new(Engine {
             geometry,
-            slots,
+            members: RwLock::new(Arc::new(table)),
             locks: StripeLocks::new(STRIPE_LOCK_SLOTS),
             syndrome: parity::default_impl(),
             read_only: options.read_only,
             array: Mutex::new(array),
             sync,
+            events: EventLog::default(),
+            corrected_reads: AtomicU64::new(0),
+            foreground_ios: AtomicU64::new(0),
+            last_mismatch_sectors: AtomicU64::new(0),
+            me: OnceLock::new(),
         });
+        let _ = engine.me.set(Arc::downgrade(&engine));
         if let (Some(from), false) = (resync_from, options.read_only) {
-            SyncWorker::start_resync(&engine, from);
+            let next = Arc::new(AtomicU64::new(from));
+            SyncWorker::start(&engine, SyncAction::Resync, from, next).expect("no job runs yet");
+        } else if !options.read_only {
+            engine.resume_recovery();
+            engine.start_recovery_if_possible();
         }
         Ok(engine)
     }
@@ -97,18 +131,31 @@ impl Engine {
 
     /// The largest logical block of any member: requests must be aligned to it.
     fn member_block_bytes(&self) -> u32 {
-        self.slots
+        self.table()
+            .by_role
             .iter()
             .flatten()
-            .map(|s| s.member.logical_block_bytes())
+            .map(|e| e.slot.member.logical_block_bytes())
             .max()
             .unwrap_or(512)
     }
 
     /// Flushes every present member: all completed writes become durable.
     pub fn flush_members(&self) -> std::io::Result<()> {
-        for slot in self.slots.iter().flatten() {
-            slot.member.flush()?;
+        for entry in self.table().by_role.iter().flatten() {
+            if let Err(e) = entry.slot.member.flush() {
+                // A member that cannot make its writes durable is failed,
+                // as md fails a member whose flush errors.
+                let role = self.table().by_role.iter().position(|x| {
+                    x.as_ref().is_some_and(|x| Arc::ptr_eq(&x.slot.member, &entry.slot.member))
+                });
+                if let Some(role) = role {
+                    self.fail_member(role, &format!("flush error: {e}"));
+                }
+                if !self.runnable() {
+                    return Err(e);
+                }
+            }
         }
         Ok(())
     }
@@ -119,11 +166,88 @@ impl Engine {
         snapshot.sync = self.sync.progress(&self.geometry);
         snapshot.read_only = self.read_only;
         snapshot.serving = true;
+        snapshot.events = self.events.recent();
         snapshot
     }
 
-    /// Orderly stop: ends the resync, flushes, and marks the array clean, or,
-    /// if the resync did not finish, records where it must resume.
+    /// A member that was being rebuilt when the array last stopped resumes
+    /// its recovery where its superblock says it stood.
+    fn resume_recovery(self: &Arc<Engine>) {
+        let array = self.array.lock().unwrap();
+        let table = self.table();
+        let Some((index, role, offset)) = array.devices.iter().enumerate().find_map(|(i, d)| match d.state {
+            DeviceState::Recovering { role, recovery_offset_sectors } if table.entry(role).is_none() => {
+                Some((i, role, recovery_offset_sectors))
+            }
+            _ => None,
+        }) else {
+            return;
+        };
+        if !self.runnable() {
+            return;
+        }
+        let from = self.geometry.stripe_at_resync_position(offset);
+        let device = &array.devices[index];
+        let next = Arc::new(AtomicU64::new(from));
+        let entry = members::MemberEntry {
+            slot: crate::array::Slot {
+                member: device.member.clone(),
+                data_offset_bytes: device.sb.data_offset_sectors * SECTOR_BYTES,
+            },
+            rebuilt_below: Some(next.clone()),
+        };
+        let path = device.path.clone();
+        {
+            let mut members = self.members.write().unwrap();
+            let mut new_table = (**members).clone();
+            new_table.by_role[role] = Some(entry);
+            *members = Arc::new(new_table);
+        }
+        drop(array);
+        self.events.push("RebuildStarted", &path, &format!("resuming role {role} at {offset} sectors"));
+        let _ = SyncWorker::start(self, SyncAction::Recovery { role }, from, next);
+        let _ = index;
+    }
+
+    /// Starts a check (count mismatches) or repair (fix them), md's
+    /// sync_action "check" and "repair". Refused while another job runs.
+    pub fn start_scrub(self: &Arc<Engine>, repair: bool) -> Result<(), String> {
+        if self.read_only && repair {
+            return Err("the array is served read-only".into());
+        }
+        if !self.geometry.level().has_parity() && !matches!(self.geometry.level(), Level::Raid1 | Level::Raid10) {
+            return Err(format!("{} has no redundancy to check", self.geometry.level()));
+        }
+        let action = if repair { SyncAction::Repair } else { SyncAction::Check };
+        SyncWorker::start(self, action, 0, Arc::new(AtomicU64::new(0)))?;
+        self.events.push("RebuildStarted", "", action.word());
+        Ok(())
+    }
+
+    /// md's speed_limit_min / speed_limit_max for this array, KiB/s per member.
+    pub fn set_speed_limits(&self, min_kib_per_s: Option<u64>, max_kib_per_s: Option<u64>) {
+        if let Some(min) = min_kib_per_s {
+            self.sync.speed_limit_min_kib_per_s.store(min, Ordering::SeqCst);
+        }
+        if let Some(max) = max_kib_per_s {
+            self.sync.speed_limit_max_kib_per_s.store(max.max(1), Ordering::SeqCst);
+        }
+    }
+
+    pub fn speed_limits(&self) -> (u64, u64) {
+        (
+            self.sync.speed_limit_min_kib_per_s.load(Ordering::SeqCst),
+            self.sync.speed_limit_max_kib_per_s.load(Ordering::SeqCst),
+        )
+    }
+
+    /// md's mismatch_cnt.
+    pub fn mismatch_sectors(&self) -> u64 {
+        self.last_mismatch_sectors.load(Ordering::SeqCst)
+    }
+
+    /// Orderly stop: ends the background job, flushes, and marks the array
+    /// clean — or records where an unfinished resync or recovery resumes.
     pub fn shutdown(&self) -> Result<(), EngineError> {
         let resume = self.sync.stop();
         if self.read_only {
@@ -135,8 +259,22 @@ impl Engine {
                 source,
             })?;
         let state = match resume {
-            None => Cleanliness::Clean,
-            Some(stripe) => Cleanliness::ResyncFrom(self.geometry.resync_position_sectors(stripe)),
+            Some((SyncAction::Resync, stripe)) => {
+                Cleanliness::ResyncFrom(self.geometry.resync_position_sectors(stripe))
+            }
+            Some((SyncAction::Recovery { role }, stripe)) => {
+                let offset = manage::recovery_offset_of(&self.geometry, stripe);
+                let mut array = self.array.lock().unwrap();
+                for d in array.devices.iter_mut() {
+                    if let DeviceState::Recovering { role: r, recovery_offset_sectors } = &mut d.state {
+                        if *r == role {
+                            *recovery_offset_sectors = offset;
+                        }
+                    }
+                }
+                Cleanliness::Clean
+            }
+            _ => Cleanliness::Clean,
         };
         write_array_state(&mut self.array.lock().unwrap(), state)?;
         Ok(())
@@ -165,6 +303,8 @@ pub struct Snapshot {
     pub serving: bool,
     /// Whether every array sector can be read.
     pub runnable: bool,
+    /// Recent events (Fail, RebuildStarted, ...), oldest first.
+    pub events: Vec<Event>,
 }
 
 impl Snapshot {
@@ -188,6 +328,7 @@ impl Snapshot {
             read_only: false,
             serving: false,
             runnable: array.runnable(),
+            events: Vec::new(),
         }
     }
 }
@@ -224,6 +365,7 @@ impl BlockBackend for Engine {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.foreground_ios.fetch_add(1, Ordering::Relaxed);
         self.read_bytes(offset, buf)
     }
 
@@ -232,6 +374,7 @@ impl BlockBackend for Engine {
             !self.read_only,
             "the export refuses writes on a read-only array"
         );
+        self.foreground_ios.fetch_add(1, Ordering::Relaxed);
         self.write_bytes(offset, data)?;
         if fua {
             self.flush_members()?;

@@ -1,103 +1,168 @@
-//! The background resync: walks the stripes in order and makes each one's
-//! redundancy agree with its data, holding that stripe's lock so it never
-//! races a write. Its position is what a shutdown records as the superblock's
-//! resync_offset, so that the next start resumes instead of restarting.
+//! The background sync job: resync, recovery (rebuild onto a member),
+//! check and repair, one at a time, as md's sync thread runs them. It walks
+//! the stripes in order, holding each stripe's lock while it works on it so
+//! that it never races a write, and honours md's speed limits: above
+//! speed_limit_max it sleeps; above speed_limit_min it yields to foreground
+//! I/O. Its position is what a shutdown records (resync_offset, or the
+//! rebuilt member's recovery_offset) so that a restart resumes.
 
 use super::Engine;
 use crate::array::resync;
 use crate::geometry::Geometry;
+use crate::units::SECTOR_BYTES;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// md's defaults (/proc/sys/dev/raid/speed_limit_min and _max), KiB/s per member.
+pub const SPEED_LIMIT_MIN_KIB_PER_S: u64 = 1000;
+pub const SPEED_LIMIT_MAX_KIB_PER_S: u64 = 200_000;
+
+/// What the job does to each stripe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SyncAction {
+    /// Make redundancy agree with data after an unclean stop.
+    Resync,
+    /// Rebuild the member in this role from the others.
+    Recovery { role: usize },
+    /// Count mismatches, change nothing.
+    Check,
+    /// Count mismatches and rewrite redundancy where it disagrees.
+    Repair,
+}
+
+impl SyncAction {
+    /// md's word, as /proc/mdstat and sync_action show it.
+    pub fn word(self) -> &'static str {
+        match self {
+            SyncAction::Resync => "resync",
+            SyncAction::Recovery { .. } => "recovery",
+            SyncAction::Check => "check",
+            SyncAction::Repair => "repair",
+        }
+    }
+}
 
 /// Progress of the running background operation, for status output.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct SyncProgress {
-    /// md's word for it: "resync".
-    pub action: &'static str,
-    /// Done and total, in md's unit (1 KiB blocks as /proc/mdstat prints).
+    pub action: SyncAction,
+    /// Done and total, in 1 KiB blocks as /proc/mdstat prints them.
     pub done_kib: u64,
     pub total_kib: u64,
-    /// Average speed since the start, in KiB/s.
+    /// Average speed since the start, KiB/s per member.
     pub speed_kib_per_s: u64,
     pub mismatch_sectors: u64,
 }
 
+/// How a finished job ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Finished { mismatch_sectors: u64 },
+    Stopped,
+    Failed,
+}
+
 pub struct SyncWorker {
     stripe_count: u64,
-    /// The next stripe to resync; stripe_count once finished.
-    next_stripe: AtomicU64,
+    action: Mutex<Option<SyncAction>>,
+    /// The next stripe to process; shared with a rebuilding member's entry.
+    next_stripe: Mutex<Arc<AtomicU64>>,
     first_stripe: AtomicU64,
-    running: AtomicBool,
     stop: AtomicBool,
     mismatch_sectors: AtomicU64,
     started: Mutex<Option<Instant>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// A job that stopped or failed before the end, and where it stood.
+    interrupted: Mutex<Option<(SyncAction, u64)>>,
+    pub speed_limit_min_kib_per_s: AtomicU64,
+    pub speed_limit_max_kib_per_s: AtomicU64,
 }
 
 impl SyncWorker {
     pub fn new(stripe_count: u64) -> Arc<SyncWorker> {
         Arc::new(SyncWorker {
             stripe_count,
-            next_stripe: AtomicU64::new(stripe_count),
+            action: Mutex::new(None),
+            next_stripe: Mutex::new(Arc::new(AtomicU64::new(stripe_count))),
             first_stripe: AtomicU64::new(0),
-            running: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             mismatch_sectors: AtomicU64::new(0),
             started: Mutex::new(None),
             thread: Mutex::new(None),
+            interrupted: Mutex::new(None),
+            speed_limit_min_kib_per_s: AtomicU64::new(SPEED_LIMIT_MIN_KIB_PER_S),
+            speed_limit_max_kib_per_s: AtomicU64::new(SPEED_LIMIT_MAX_KIB_PER_S),
         })
     }
 
-    pub fn start_resync(engine: &Arc<Engine>, from_stripe: u64) {
+    pub fn action(&self) -> Option<SyncAction> {
+        *self.action.lock().unwrap()
+    }
+
+    /// Starts `action` at `from_stripe`, with `next` as the shared position
+    /// (a rebuilding member's entry holds the same counter). Refused while
+    /// another job runs.
+    pub fn start(engine: &Arc<Engine>, action: SyncAction, from_stripe: u64, next: Arc<AtomicU64>) -> Result<(), String> {
         let worker = engine.sync.clone();
-        worker.next_stripe.store(from_stripe, Ordering::SeqCst);
+        let mut current = worker.action.lock().unwrap();
+        if let Some(running) = *current {
+            return Err(format!("a {} is already running", running.word()));
+        }
+        // A previous job's thread has ended (it cleared the action); reap it.
+        if let Some(handle) = worker.thread.lock().unwrap().take() {
+            let _ = handle.join();
+        }
+        next.store(from_stripe, Ordering::SeqCst);
+        *worker.next_stripe.lock().unwrap() = next;
         worker.first_stripe.store(from_stripe, Ordering::SeqCst);
-        worker.running.store(true, Ordering::SeqCst);
+        worker.stop.store(false, Ordering::SeqCst);
+        worker.mismatch_sectors.store(0, Ordering::SeqCst);
+        *worker.interrupted.lock().unwrap() = None;
         *worker.started.lock().unwrap() = Some(Instant::now());
+        *current = Some(action);
         // The thread holds the engine weakly: dropping the engine ends it.
         let weak: Weak<Engine> = Arc::downgrade(engine);
         let handle = std::thread::Builder::new()
-            .name("uraid-resync".into())
-            .spawn(move || run(weak))
-            .expect("spawn the resync thread");
+            .name(format!("uraid-{}", action.word()))
+            .spawn(move || run(weak, action))
+            .map_err(|e| e.to_string())?;
         *worker.thread.lock().unwrap() = Some(handle);
+        Ok(())
     }
 
-    /// Stops the worker; returns the stripe a later resync must resume at,
-    /// or None when nothing is owed.
-    pub fn stop(&self) -> Option<u64> {
+    /// Stops the running job and waits for it. Returns the action that was
+    /// interrupted and the stripe it must resume at.
+    pub fn stop(&self) -> Option<(SyncAction, u64)> {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(handle) = self.thread.lock().unwrap().take() {
             let _ = handle.join();
         }
-        let next = self.next_stripe.load(Ordering::SeqCst);
-        (next < self.stripe_count).then_some(next)
+        self.interrupted.lock().unwrap().take()
+    }
+
+    /// Called by the job's thread as it ends.
+    fn ended(&self, action: SyncAction, outcome: Outcome) {
+        let next = self.next_stripe.lock().unwrap().load(Ordering::SeqCst);
+        if outcome != (Outcome::Finished { mismatch_sectors: self.mismatch_sectors.load(Ordering::SeqCst) }) {
+            *self.interrupted.lock().unwrap() = Some((action, next));
+        }
+        *self.action.lock().unwrap() = None;
     }
 
     pub fn progress(&self, geometry: &Geometry) -> Option<SyncProgress> {
-        if !self.running.load(Ordering::SeqCst) {
-            return None;
-        }
-        let next = self.next_stripe.load(Ordering::SeqCst);
+        let action = self.action()?;
+        let next = self.next_stripe.lock().unwrap().load(Ordering::SeqCst);
         let first = self.first_stripe.load(Ordering::SeqCst);
         let done_kib = geometry.resync_position_sectors(next) / 2;
         let total_kib = geometry.resync_position_sectors(self.stripe_count) / 2;
         let first_kib = geometry.resync_position_sectors(first) / 2;
-        let elapsed = self
-            .started
-            .lock()
-            .unwrap()
-            .map(|s| s.elapsed().as_secs_f64())
-            .unwrap_or(0.0);
-        let speed = if elapsed > 0.0 {
-            ((done_kib - first_kib) as f64 / elapsed) as u64
-        } else {
-            0
-        };
+        let elapsed = self.started.lock().unwrap().map(|s| s.elapsed().as_secs_f64()).unwrap_or(0.0);
+        let speed = if elapsed > 0.0 { ((done_kib - first_kib) as f64 / elapsed) as u64 } else { 0 };
         Some(SyncProgress {
-            action: "resync",
+            action,
             done_kib,
             total_kib,
             speed_kib_per_s: speed,
@@ -106,39 +171,102 @@ impl SyncWorker {
     }
 }
 
-fn run(weak: Weak<Engine>) {
-    loop {
-        let Some(engine) = weak.upgrade() else { return };
-        let worker = &engine.sync;
-        let stripe = worker.next_stripe.load(Ordering::SeqCst);
-        if worker.stop.load(Ordering::SeqCst) || stripe >= worker.stripe_count {
-            worker.running.store(false, Ordering::SeqCst);
+/// md's throttle: the per-member rate since the job started (or since the
+/// last mark) above the maximum sleeps; above the minimum it yields while
+/// foreground I/O is active.
+struct Throttle {
+    mark: Instant,
+    done_kib: u64,
+    foreground_seen: u64,
+}
+
+impl Throttle {
+    fn account(&mut self, engine: &Engine, kib: u64) {
+        self.done_kib += kib;
+        // A 30-second window, as md measures its speed over SYNC_MARKS.
+        if self.mark.elapsed() > Duration::from_secs(30) {
+            self.mark = Instant::now();
+            self.done_kib = kib;
+        }
+        let min = engine.sync.speed_limit_min_kib_per_s.load(Ordering::Relaxed);
+        let max = engine.sync.speed_limit_max_kib_per_s.load(Ordering::Relaxed).max(1);
+        loop {
+            let elapsed = self.mark.elapsed().as_secs_f64().max(1e-3);
+            let speed = self.done_kib as f64 / elapsed;
+            if speed > max as f64 {
+                // Sleep just long enough to fall back to the maximum.
+                let wanted = self.done_kib as f64 / max as f64;
+                std::thread::sleep(Duration::from_secs_f64((wanted - elapsed).clamp(0.001, 0.5)));
+                if engine.sync.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                continue;
+            }
+            let foreground = engine.foreground_ios.load(Ordering::Relaxed);
+            let busy = foreground != self.foreground_seen;
+            self.foreground_seen = foreground;
+            if speed > min as f64 && busy && !engine.sync.stop.load(Ordering::SeqCst) {
+                // Foreground I/O goes first while the minimum is met.
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
             return;
         }
+    }
+}
+
+fn run(weak: Weak<Engine>, action: SyncAction) {
+    let mut throttle = Throttle { mark: Instant::now(), done_kib: 0, foreground_seen: 0 };
+    let outcome = loop {
+        let Some(engine) = weak.upgrade() else { return };
+        let worker = &engine.sync;
+        let next = worker.next_stripe.lock().unwrap().clone();
+        let stripe = next.load(Ordering::SeqCst);
+        if worker.stop.load(Ordering::SeqCst) {
+            break Outcome::Stopped;
+        }
+        if stripe >= worker.stripe_count {
+            break Outcome::Finished { mismatch_sectors: worker.mismatch_sectors.load(Ordering::SeqCst) };
+        }
+        let map = engine.geometry.stripe(stripe);
         let result = {
             let _guard = engine.locks.lock(stripe);
-            resync(
-                &engine.geometry,
-                &engine.slots,
-                stripe..stripe + 1,
-                true,
-                |_| {},
-            )
+            let step = match action {
+                SyncAction::Recovery { role } => {
+                    let view = engine.view(stripe);
+                    match view.table.entry(role).cloned() {
+                        Some(target) => view.rebuild_onto(&map, role, &target).map(|_| 0),
+                        None => Err(std::io::Error::other("the member being rebuilt is gone")),
+                    }
+                }
+                SyncAction::Resync | SyncAction::Check | SyncAction::Repair => {
+                    let slots = engine.in_sync_slots();
+                    resync(&engine.geometry, &slots, stripe..stripe + 1, action != SyncAction::Check, |_| {})
+                        .map(|r| r.mismatch_sectors)
+                        .map_err(|e| std::io::Error::other(e.to_string()))
+                }
+            };
+            if step.is_ok() {
+                // Advanced under the stripe lock: a writer waiting for this
+                // stripe then sees a rebuilt member as in sync here.
+                next.store(stripe + 1, Ordering::SeqCst);
+            }
+            step
         };
         match result {
-            Ok(report) => {
-                worker
-                    .mismatch_sectors
-                    .fetch_add(report.mismatch_sectors, Ordering::SeqCst);
-                worker.next_stripe.store(stripe + 1, Ordering::SeqCst);
+            Ok(mismatches) => {
+                worker.mismatch_sectors.fetch_add(mismatches, Ordering::SeqCst);
+                engine.sync_progressed(action, stripe + 1);
+                throttle.account(&engine, map.strip_sectors * SECTOR_BYTES / 1024);
             }
             Err(e) => {
-                // Member failures are handled with the failure work; until
-                // then the resync stops here and stays owed.
-                eprintln!("uraid: resync stopped at stripe {stripe}: {e}");
-                worker.running.store(false, Ordering::SeqCst);
-                return;
+                engine.events.push("SyncFailed", "", &format!("{} stopped at stripe {stripe}: {e}", action.word()));
+                break Outcome::Failed;
             }
         }
+    };
+    if let Some(engine) = weak.upgrade() {
+        engine.sync.ended(action, outcome);
+        engine.sync_ended(action, outcome);
     }
 }

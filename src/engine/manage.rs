@@ -1,0 +1,256 @@
+//! Membership changes of a running array, with md's semantics: fail,
+//! remove, add (a spare, or a recovery at once if the array is degraded),
+//! hot spares taking over a failed member, and the hooks the background job
+//! calls as it progresses and ends.
+
+use super::members::{MemberEntry, MemberTable};
+use super::resync::{Outcome, SyncAction, SyncWorker};
+use super::Engine;
+use crate::array::{write_array_state, Cleanliness, DeviceState, FoundDevice, Slot};
+use crate::format::MD_FEATURE_RECOVERY_OFFSET;
+use crate::geometry::Geometry;
+use crate::member::{FileMember, MemberRef, OpenOptions};
+use crate::units::SECTOR_BYTES;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Where a per-device recovery position stands, in md's recovery_offset
+/// (sectors of the member from its data offset). raid10's stripes are array
+/// chunks whose copies are not in member order, so a partial raid10
+/// recovery is recorded as not started, which is always safe.
+pub(super) fn recovery_offset_of(geometry: &Geometry, next_stripe: u64) -> u64 {
+    match geometry {
+        Geometry::Raid10(_) => 0,
+        _ => geometry.resync_position_sectors(next_stripe),
+    }
+}
+
+impl Engine {
+    fn same_device(a: &str, b: &Path) -> bool {
+        let canon = |p: &Path| std::fs::canonicalize(p).ok();
+        Path::new(a) == b || (canon(Path::new(a)).is_some() && canon(Path::new(a)) == canon(b))
+    }
+
+    /// Members in sync, by role, as offline slots (for resync and check).
+    pub(super) fn in_sync_slots(&self) -> crate::array::Slots {
+        self.table()
+            .by_role
+            .iter()
+            .map(|e| e.as_ref().filter(|e| e.rebuilt_below.is_none()).map(|e| e.slot.clone()))
+            .collect()
+    }
+
+    /// `uraid manage --fail DEV`.
+    pub fn manage_fail(&self, path: &Path) -> Result<(), String> {
+        let (role, spare) = {
+            let array = self.array.lock().unwrap();
+            let device = array
+                .devices
+                .iter()
+                .find(|d| Self::same_device(&d.path, path))
+                .ok_or_else(|| format!("{} is not a member of this array", path.display()))?;
+            match device.state {
+                DeviceState::Active { role } | DeviceState::Recovering { role, .. } => (Some(role), false),
+                DeviceState::Spare => (None, true),
+                _ => return Err(format!("{} is already faulty", path.display())),
+            }
+        };
+        match role {
+            Some(role) => {
+                // A recovery onto this member cannot go on.
+                if self.sync.action() == Some(SyncAction::Recovery { role }) {
+                    self.sync.stop();
+                }
+                self.fail_member(role, "failed by request");
+            }
+            None if spare => {
+                let mut array = self.array.lock().unwrap();
+                if let Some(d) = array.devices.iter_mut().find(|d| Self::same_device(&d.path, path)) {
+                    d.state = DeviceState::Faulty;
+                }
+                self.events.push("FailSpare", &path.display().to_string(), "failed by request");
+                self.write_state(&mut array);
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// `uraid manage --remove DEV`: only a failed member or a spare can go.
+    pub fn manage_remove(&self, path: &Path) -> Result<(), String> {
+        let mut array = self.array.lock().unwrap();
+        let index = array
+            .devices
+            .iter()
+            .position(|d| Self::same_device(&d.path, path))
+            .ok_or_else(|| format!("{} is not a member of this array", path.display()))?;
+        match array.devices[index].state {
+            DeviceState::Active { .. } | DeviceState::Recovering { .. } => {
+                return Err(format!("{} is active: fail it first (md refuses too)", path.display()))
+            }
+            _ => {}
+        }
+        let removed = array.devices.remove(index);
+        self.events.push("Remove", &removed.path, "");
+        self.write_state(&mut array);
+        Ok(())
+    }
+
+    /// `uraid manage --add DEV`: the device becomes a spare, and a recovery
+    /// onto it starts at once if the array is degraded.
+    pub fn manage_add(self: &Arc<Engine>, path: &Path) -> Result<(), String> {
+        let name = path.display().to_string();
+        let member: MemberRef = Arc::new(FileMember::open(path, OpenOptions { write: true }).map_err(|e| e.to_string())?);
+        {
+            let mut array = self.array.lock().unwrap();
+            if array.devices.iter().any(|d| Self::same_device(&d.path, path) && d.state != DeviceState::Faulty) {
+                return Err(format!("{name} is already a member of this array"));
+            }
+            if !self.geometry.level().has_parity() && matches!(self.geometry.level(), crate::geometry::Level::Raid0 | crate::geometry::Level::Linear) {
+                return Err(format!("a {} array has no redundancy to rebuild a member from", self.geometry.level()));
+            }
+            let mut sb = array.sb.clone();
+            let needed = array.devices[0].sb.data_offset_sectors + sb.size_sectors;
+            if member.size_sectors() < needed {
+                return Err(format!("{name}: too small ({} sectors, needs {needed})", member.size_sectors()));
+            }
+            let taken: Vec<u32> = array.devices.iter().map(|d| d.sb.dev_number).collect();
+            let dev_number = (0..sb.max_dev).find(|n| !taken.contains(n)).ok_or("no free device slot in the superblock")?;
+            let template = &array.devices[0].sb;
+            sb.dev_number = dev_number;
+            sb.device_uuid = rand::random();
+            sb.data_offset_sectors = template.data_offset_sectors;
+            sb.super_offset_sectors = template.super_offset_sectors;
+            sb.bblog_offset_sectors = template.bblog_offset_sectors;
+            sb.bblog_size_sectors = template.bblog_size_sectors;
+            sb.data_size_sectors = match sb.metadata {
+                crate::format::Metadata::V1_1 | crate::format::Metadata::V1_2 => member.size_sectors() - sb.data_offset_sectors,
+                _ => template.data_size_sectors,
+            };
+            if sb.metadata == crate::format::Metadata::V1_0 || sb.metadata == crate::format::Metadata::V0_90 {
+                // The superblock sits at the end: its place depends on this device's size.
+                sb.super_offset_sectors = crate::format::superblock_offset_sectors(sb.metadata, member.size_sectors())
+                    .ok_or_else(|| format!("{name}: too small for the superblock"))?;
+            }
+            sb.feature_map &= !MD_FEATURE_RECOVERY_OFFSET;
+            array.devices.push(FoundDevice { path: name.clone(), sb, state: DeviceState::Spare, member });
+            self.events.push("SpareAdded", &name, "");
+            self.write_state(&mut array);
+        }
+        self.start_recovery_if_possible();
+        Ok(())
+    }
+
+    /// Writes the array's state to every member, logging (not returning) a
+    /// failure: the in-memory state stays authoritative while serving.
+    fn write_state(&self, array: &mut crate::array::Assembled) {
+        if self.read_only {
+            return;
+        }
+        if let Err(e) = write_array_state(array, Cleanliness::Dirty) {
+            self.events.push("SuperblockWriteError", "", &e.to_string());
+        }
+    }
+
+    /// md's hot spare: with a role missing and a spare present (and no other
+    /// job running), rebuild the role onto the spare.
+    pub(super) fn start_recovery_if_possible(self: &Arc<Engine>) {
+        if self.read_only || self.sync.action().is_some() {
+            return;
+        }
+        let mut array = self.array.lock().unwrap();
+        let table = self.table();
+        let Some(role) = (0..table.by_role.len()).find(|r| table.by_role[*r].is_none()) else { return };
+        let Some(index) = array.devices.iter().position(|d| d.state == DeviceState::Spare) else { return };
+        // Without enough in-sync members there is nothing to rebuild from.
+        if !self.runnable() {
+            return;
+        }
+        let device = &mut array.devices[index];
+        device.state = DeviceState::Recovering { role, recovery_offset_sectors: 0 };
+        let path = device.path.clone();
+        let next = Arc::new(AtomicU64::new(0));
+        let entry = MemberEntry {
+            slot: Slot { member: device.member.clone(), data_offset_bytes: device.sb.data_offset_sectors * SECTOR_BYTES },
+            rebuilt_below: Some(next.clone()),
+        };
+        {
+            let mut members = self.members.write().unwrap();
+            let mut new_table: MemberTable = (**members).clone();
+            new_table.by_role[role] = Some(entry);
+            *members = Arc::new(new_table);
+        }
+        self.write_state(&mut array);
+        drop(array);
+        self.events.push("RebuildStarted", &path, &format!("recovering role {role}"));
+        if let Err(e) = SyncWorker::start(self, SyncAction::Recovery { role }, 0, next) {
+            self.events.push("RebuildFailed", &path, &e);
+        }
+    }
+
+    /// Called by the job after each stripe.
+    pub(super) fn sync_progressed(&self, action: SyncAction, next_stripe: u64) {
+        let total = self.geometry.stripe_count().max(1);
+        let before = (next_stripe - 1) * 100 / total;
+        let now = next_stripe * 100 / total;
+        // mdadm --monitor's RebuildNN events at 20, 40, 60 and 80 percent,
+        // with the position checkpointed so a restart resumes there.
+        if let Some(step) = [20, 40, 60, 80].into_iter().find(|p| before < *p && now >= *p) {
+            self.events.push(&format!("Rebuild{step}"), "", action.word());
+            if let SyncAction::Recovery { role } = action {
+                let mut array = self.array.lock().unwrap();
+                let offset = recovery_offset_of(&self.geometry, next_stripe);
+                for d in array.devices.iter_mut() {
+                    if let DeviceState::Recovering { role: r, recovery_offset_sectors } = &mut d.state {
+                        if *r == role {
+                            *recovery_offset_sectors = offset;
+                        }
+                    }
+                }
+                self.write_state(&mut array);
+            }
+        }
+    }
+
+    /// Called by the job's thread as it ends.
+    pub(super) fn sync_ended(self: &Arc<Engine>, action: SyncAction, outcome: Outcome) {
+        match (action, outcome) {
+            (SyncAction::Recovery { role }, Outcome::Finished { .. }) => {
+                let mut array = self.array.lock().unwrap();
+                {
+                    let mut members = self.members.write().unwrap();
+                    let mut table: MemberTable = (**members).clone();
+                    if let Some(entry) = table.by_role[role].as_mut() {
+                        entry.rebuilt_below = None;
+                    }
+                    *members = Arc::new(table);
+                }
+                let mut path = String::new();
+                for d in array.devices.iter_mut() {
+                    if matches!(d.state, DeviceState::Recovering { role: r, .. } if r == role) {
+                        d.state = DeviceState::Active { role };
+                        path = d.path.clone();
+                    }
+                }
+                let slot = self.table().by_role[role].as_ref().map(|e| e.slot.clone());
+                array.slots[role] = slot;
+                self.write_state(&mut array);
+                drop(array);
+                self.events.push("RebuildFinished", &path, "");
+                self.events.push("SpareActive", &path, &format!("role {role}"));
+                // Another role may still be missing, with another spare waiting.
+                self.start_recovery_if_possible();
+            }
+            (SyncAction::Check | SyncAction::Repair | SyncAction::Resync, Outcome::Finished { mismatch_sectors }) => {
+                self.last_mismatch_sectors.store(mismatch_sectors, Ordering::SeqCst);
+                self.events.push("RebuildFinished", "", &format!("{}: mismatches found: {mismatch_sectors}", action.word()));
+                if action == SyncAction::Resync {
+                    self.start_recovery_if_possible();
+                }
+            }
+            (_, Outcome::Stopped) => {}
+            (_, Outcome::Failed) => self.events.push("SyncFailed", "", action.word()),
+        }
+    }
+}

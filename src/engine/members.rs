@@ -1,0 +1,232 @@
+//! The members of a running array and how they change: which member holds
+//! which role, which are in sync (and up to where, for one being rebuilt),
+//! and what happens when one fails.
+//!
+//! The request path reads an immutable `MemberTable` snapshot (an `Arc`
+//! cloned under a short read lock); a change builds a new table and swaps
+//! it in. So a failing member never waits for in-flight I/O to drain, and
+//! I/O never holds a lock across a member call.
+
+use super::io::View;
+use super::Engine;
+use crate::array::{write_array_state, Cleanliness, DeviceState, Slot};
+use crate::geometry::{Place, StripeMap};
+use crate::units::SECTOR_BYTES;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// One role's member.
+#[derive(Clone)]
+pub struct MemberEntry {
+    pub slot: Slot,
+    /// For a member being rebuilt: the first stripe not yet rebuilt (shared
+    /// with the rebuild worker). None for an in-sync member.
+    pub rebuilt_below: Option<Arc<AtomicU64>>,
+}
+
+#[derive(Clone)]
+pub struct MemberTable {
+    pub by_role: Vec<Option<MemberEntry>>,
+}
+
+impl MemberTable {
+    pub fn entry(&self, role: usize) -> Option<&MemberEntry> {
+        self.by_role.get(role).and_then(Option::as_ref)
+    }
+
+    /// Whether `role` holds valid data for `stripe`.
+    pub fn usable(&self, role: usize, stripe: u64) -> bool {
+        match self.entry(role) {
+            None => false,
+            Some(e) => e.rebuilt_below.as_ref().is_none_or(|below| stripe < below.load(Ordering::SeqCst)),
+        }
+    }
+
+    /// Roles that are fully in sync.
+    pub fn in_sync(&self) -> Vec<bool> {
+        self.by_role.iter().map(|e| e.as_ref().is_some_and(|e| e.rebuilt_below.is_none())).collect()
+    }
+}
+
+/// An I/O error from a member, tagged with its role.
+#[derive(Debug)]
+struct MemberIoError {
+    role: usize,
+    source: io::Error,
+}
+
+impl std::fmt::Display for MemberIoError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "member {}: {}", self.role, self.source)
+    }
+}
+
+impl std::error::Error for MemberIoError {}
+
+pub fn member_error(role: usize, source: io::Error) -> io::Error {
+    io::Error::new(source.kind(), MemberIoError { role, source })
+}
+
+/// The role of the member an error came from, if it came from one.
+pub fn member_of(error: &io::Error) -> Option<usize> {
+    error.get_ref().and_then(|e| e.downcast_ref::<MemberIoError>()).map(|e| e.role)
+}
+
+impl Engine {
+    /// A view of the members for work on `stripe`.
+    pub(super) fn view(&self, stripe: u64) -> View<'_> {
+        View { engine: self, table: self.members.read().unwrap().clone(), stripe }
+    }
+
+    pub(super) fn table(&self) -> Arc<MemberTable> {
+        self.members.read().unwrap().clone()
+    }
+
+    /// Whether every array sector can still be served by in-sync members.
+    pub fn runnable(&self) -> bool {
+        let missing: Vec<bool> = self.table().in_sync().iter().map(|s| !s).collect();
+        self.geometry.survives(&missing)
+    }
+
+    /// The copy to read from. The first usable one, for now; read balancing
+    /// over mirrors belongs to the performance work.
+    pub(super) fn pick_copy<'p>(&self, copies: &'p [Place], usable: impl Fn(&Place) -> bool) -> Option<&'p Place> {
+        copies.iter().find(|c| usable(c))
+    }
+
+    /// Marks the member in `role` faulty: it leaves the table, its
+    /// superblock role becomes faulty on the others, and a rebuild onto a
+    /// spare starts if one is available. Idempotent.
+    pub fn fail_member(&self, role: usize, reason: &str) {
+        let mut array = self.array.lock().unwrap();
+        {
+            let mut members = self.members.write().unwrap();
+            if members.entry(role).is_none() {
+                return;
+            }
+            let mut table = (**members).clone();
+            table.by_role[role] = None;
+            *members = Arc::new(table);
+        }
+        let path = array
+            .devices
+            .iter_mut()
+            .find(|d| matches!(d.state, DeviceState::Active { role: r } | DeviceState::Recovering { role: r, .. } if r == role))
+            .map(|d| {
+                d.state = DeviceState::Faulty;
+                d.path.clone()
+            })
+            .unwrap_or_default();
+        array.slots[role] = None;
+        self.events.push("Fail", &path, reason);
+        if !self.runnable() {
+            self.events.push("Failed", &path, "too many members lost: the array can no longer serve all its data");
+        } else {
+            self.events.push("DegradedArray", &path, "");
+        }
+        // The superblocks of the remaining members record the failure, so
+        // that a restart does not trust the failed member.
+        if !self.read_only {
+            if let Err(e) = write_array_state(&mut array, Cleanliness::Dirty) {
+                eprintln!("uraid: recording the failure of {path}: {e}");
+            }
+        }
+        drop(array);
+        // A hot spare takes over at once.
+        if let Some(engine) = self.me.get().and_then(std::sync::Weak::upgrade) {
+            engine.start_recovery_if_possible();
+        }
+    }
+
+    /// md's answer to a read error: rebuild what the member holds for this
+    /// stripe from the other members and write it back (a drive remaps a bad
+    /// sector on write). If that write fails too, the member is failed.
+    pub(super) fn correct_read_error(&self, stripe: u64, role: usize, error: &io::Error, locked: bool) {
+        let view = self.view(stripe);
+        if view.table.entry(role).is_none() {
+            return;
+        }
+        // Exclude the erring member: rebuild its share from the others.
+        let mut table = (*view.table).clone();
+        let entry = table.by_role[role].take().expect("checked above");
+        let others = View { engine: self, table: Arc::new(table), stripe };
+        let map = self.geometry.stripe(stripe);
+        let _guard = (!locked).then(|| self.locks.lock(stripe));
+        let result = others.rebuild_onto(&map, role, &entry);
+        match result {
+            Ok(()) => {
+                self.corrected_reads.fetch_add(1, Ordering::SeqCst);
+                self.events.push("CorrectedRead", &entry.slot.member.name().to_string(), &format!("stripe {stripe}: {error}"));
+            }
+            Err(e) => self.fail_member(role, &format!("read error ({error}) not correctable: {e}")),
+        }
+    }
+}
+
+impl View<'_> {
+    /// Computes what `role` must hold in stripe `map` from the usable members
+    /// of this view and writes it to `target`. Used by rebuild and by
+    /// read-error correction.
+    pub(super) fn rebuild_onto(&self, map: &StripeMap, role: usize, target: &MemberEntry) -> io::Result<()> {
+        let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
+        let write = |place: &Place, buf: &[u8]| -> io::Result<()> {
+            let at = target.slot.data_offset_bytes + place.member_sector * SECTOR_BYTES;
+            target.slot.member.write_at(buf, at)
+        };
+        let targets: Vec<&Place> = map
+            .data
+            .iter()
+            .flat_map(|d| d.copies.iter())
+            .chain(map.p.iter())
+            .chain(map.q.iter())
+            .filter(|p| p.member == role)
+            .collect();
+        if targets.is_empty() {
+            return Ok(());
+        }
+        if map.p.is_none() {
+            // Mirrors: copy from a usable copy of the same strip.
+            for strip in &map.data {
+                for place in strip.copies.iter().filter(|c| c.member == role) {
+                    let source = strip
+                        .copies
+                        .iter()
+                        .find(|c| c.member != role && self.present(c))
+                        .ok_or_else(|| io::Error::other(format!("stripe {}: no copy left to rebuild from", map.stripe)))?;
+                    let mut buf = vec![0u8; strip_bytes];
+                    self.read_place(source, 0, &mut buf)?;
+                    write(place, &buf)?;
+                }
+            }
+            return Ok(());
+        }
+        let lost: Vec<usize> = (0..map.data.len()).filter(|&i| !map.data[i].copies.iter().any(|c| self.present(c))).collect();
+        let strips = self.read_window(map, 0..strip_bytes, &lost)?;
+        let views: Vec<&[u8]> = strips.iter().map(Vec::as_slice).collect();
+        for (i, strip) in map.data.iter().enumerate() {
+            if strip.copies[0].member == role {
+                write(&strip.copies[0], &strips[i])?;
+            }
+        }
+        if map.p.is_some_and(|p| p.member == role) || map.q.is_some_and(|q| q.member == role) {
+            let mut p = vec![0u8; strip_bytes];
+            let mut q = vec![0u8; strip_bytes];
+            let syndrome = self.engine.syndrome;
+            match map.q {
+                None => syndrome.gen_p(&views, &mut p),
+                Some(_) => {
+                    let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
+                    syndrome.gen_pq(&views, &exps, &mut p, &mut q);
+                }
+            }
+            if let Some(place) = map.p.filter(|p| p.member == role) {
+                write(&place, &p)?;
+            }
+            if let Some(place) = map.q.filter(|q| q.member == role) {
+                write(&place, &q)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -61,15 +61,17 @@ fn write(slots: &Slots, place: &Place, buf: &[u8]) -> std::io::Result<()> {
     )
 }
 
-/// Compares `found` with `expected` in 4 KiB pages, as md counts mismatches
-/// (a page at a time, reported in sectors).
-fn mismatch_sectors(expected: &[u8], found: &[u8]) -> u64 {
-    expected
-        .chunks(4096)
-        .zip(found.chunks(4096))
-        .filter(|(a, b)| a != b)
-        .map(|(a, _)| a.len() as u64 / 512)
-        .sum()
+/// Marks, in `pages`, the 4 KiB pages where `found` differs from `expected`.
+/// md counts a stripe's page once however many of its blocks disagree.
+fn mark_mismatches(expected: &[u8], found: &[u8], pages: &mut [bool]) -> bool {
+    let mut any = false;
+    for (page, (a, b)) in expected.chunks(4096).zip(found.chunks(4096)).enumerate() {
+        if a != b {
+            pages[page] = true;
+            any = true;
+        }
+    }
+    any
 }
 
 fn resync_stripe(
@@ -80,7 +82,16 @@ fn resync_stripe(
 ) -> Result<u64, StripeError> {
     let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
     let present = |p: &Place| slots[p.member].is_some();
-    let mut mismatches = 0;
+    // Pages (4 KiB, strip-relative) found inconsistent in this stripe.
+    let mut pages = vec![false; strip_bytes.div_ceil(4096)];
+    let count = |pages: &[bool]| -> u64 {
+        pages
+            .iter()
+            .enumerate()
+            .filter(|(_, bad)| **bad)
+            .map(|(i, _)| ((strip_bytes - i * 4096).min(4096) / 512) as u64)
+            .sum()
+    };
     s.data.resize(strip_bytes * map.data.len(), 0);
     s.found.resize(strip_bytes, 0);
     // Mirrors: the first present copy is the reference for the others.
@@ -94,17 +105,13 @@ fn resync_stripe(
         read(slots, first, buf)?;
         for copy in copies {
             read(slots, copy, &mut s.found)?;
-            let differ = mismatch_sectors(buf, &s.found);
-            if differ > 0 {
-                mismatches += differ;
-                if repair {
-                    write(slots, copy, buf)?;
-                }
+            if mark_mismatches(buf, &s.found, &mut pages) && repair {
+                write(slots, copy, buf)?;
             }
         }
     }
     let Some(p_place) = map.p else {
-        return Ok(mismatches);
+        return Ok(count(&pages));
     };
     let strips: Vec<&[u8]> = s.data.chunks(strip_bytes).collect();
     let syndrome = parity::default_impl();
@@ -122,13 +129,9 @@ fn resync_stripe(
             continue;
         };
         read(slots, &place, &mut s.found)?;
-        let differ = mismatch_sectors(expected, &s.found);
-        if differ > 0 {
-            mismatches += differ;
-            if repair {
-                write(slots, &place, expected)?;
-            }
+        if mark_mismatches(expected, &s.found, &mut pages) && repair {
+            write(slots, &place, expected)?;
         }
     }
-    Ok(mismatches)
+    Ok(count(&pages))
 }

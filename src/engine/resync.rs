@@ -111,9 +111,12 @@ impl SyncWorker {
         if let Some(running) = *current {
             return Err(format!("a {} is already running", running.word()));
         }
-        // A previous job's thread has ended (it cleared the action); reap it.
+        // A previous job's thread has ended (it cleared the action); reap it,
+        // unless this is that very thread starting the next job as it ends.
         if let Some(handle) = worker.thread.lock().unwrap().take() {
-            let _ = handle.join();
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
         }
         next.store(from_stripe, Ordering::SeqCst);
         *worker.next_stripe.lock().unwrap() = next;
@@ -137,8 +140,11 @@ impl SyncWorker {
     /// interrupted and the stripe it must resume at.
     pub fn stop(&self) -> Option<(SyncAction, u64)> {
         self.stop.store(true, Ordering::SeqCst);
-        if let Some(handle) = self.thread.lock().unwrap().take() {
-            let _ = handle.join();
+        let handle = self.thread.lock().unwrap().take();
+        if let Some(handle) = handle {
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
         }
         self.interrupted.lock().unwrap().take()
     }

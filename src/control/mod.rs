@@ -24,6 +24,14 @@ const MAX_REQUEST_BYTES: u64 = 64 * 1024;
 pub enum Request {
     /// The /proc/mdstat block and the detail of the array.
     Status,
+    /// mdadm --manage: fail, remove or add a member by path.
+    Fail { device: PathBuf },
+    Remove { device: PathBuf },
+    Add { device: PathBuf },
+    /// md's sync_action: "check", "repair" or "idle" (stop the running job).
+    SyncAction { action: String },
+    /// md's sync_speed_min / sync_speed_max for this array, KiB/s per member.
+    SpeedLimits { min_kib_per_s: Option<u64>, max_kib_per_s: Option<u64> },
 }
 
 /// What the server reports about its array.
@@ -33,12 +41,23 @@ pub struct StatusReply {
     pub detail_text: String,
     pub detail: serde_json::Value,
     pub nbd_uri: String,
+    /// Recent events, oldest first (mdadm --monitor's names).
+    #[serde(default)]
+    pub events: Vec<crate::engine::Event>,
+    /// md's mismatch_cnt of the last check, repair or resync.
+    #[serde(default)]
+    pub mismatch_cnt: u64,
+    #[serde(default)]
+    pub speed_limit_min_kib_per_s: u64,
+    #[serde(default)]
+    pub speed_limit_max_kib_per_s: u64,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum Reply {
     Ok { status: Box<StatusReply> },
+    Done { message: String },
     Error { message: String },
 }
 
@@ -50,6 +69,10 @@ pub fn status_of(snapshot: &Snapshot, nbd_uri: &str, homehost: &str) -> StatusRe
         detail_text: detail.text(homehost),
         detail: serde_json::to_value(&detail).expect("serializable"),
         nbd_uri: nbd_uri.to_string(),
+        events: snapshot.events.clone(),
+        mismatch_cnt: 0,
+        speed_limit_min_kib_per_s: 0,
+        speed_limit_max_kib_per_s: 0,
     }
 }
 
@@ -112,15 +135,13 @@ impl ControlServer {
     }
 }
 
-fn handle(stream: UnixStream, engine: &Engine, nbd_uri: &str, homehost: &str) -> io::Result<()> {
+fn handle(stream: UnixStream, engine: &Arc<Engine>, nbd_uri: &str, homehost: &str) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut line = String::new();
     BufReader::new((&stream).take(MAX_REQUEST_BYTES)).read_line(&mut line)?;
     let reply = match serde_json::from_str::<Request>(line.trim()) {
-        Ok(Request::Status) => Reply::Ok {
-            status: Box::new(status_of(&engine.snapshot(), nbd_uri, homehost)),
-        },
+        Ok(request) => execute(engine, request, nbd_uri, homehost),
         Err(e) => Reply::Error {
             message: format!("bad request: {e}"),
         },
@@ -130,30 +151,76 @@ fn handle(stream: UnixStream, engine: &Engine, nbd_uri: &str, homehost: &str) ->
     (&stream).write_all(out.as_bytes())
 }
 
-/// Sends one request to a control socket and returns the reply.
-pub fn request(path: &Path, request: &Request) -> Result<StatusReply, String> {
-    let stream = UnixStream::connect(path).map_err(|e| {
-        format!(
-            "{}: cannot reach a running uraid serve: {e}",
-            path.display()
-        )
-    })?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
+fn done(result: Result<(), String>, message: String) -> Reply {
+    match result {
+        Ok(()) => Reply::Done { message },
+        Err(message) => Reply::Error { message },
+    }
+}
+
+fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str) -> Reply {
+    match request {
+        Request::Status => {
+            let mut status = status_of(&engine.snapshot(), nbd_uri, homehost);
+            status.mismatch_cnt = engine.mismatch_sectors();
+            (status.speed_limit_min_kib_per_s, status.speed_limit_max_kib_per_s) = engine.speed_limits();
+            Reply::Ok { status: Box::new(status) }
+        }
+        Request::Fail { device } => {
+            let message = format!("set {} faulty", device.display());
+            done(engine.manage_fail(&device), message)
+        }
+        Request::Remove { device } => {
+            let message = format!("removed {}", device.display());
+            done(engine.manage_remove(&device), message)
+        }
+        Request::Add { device } => {
+            let message = format!("added {}", device.display());
+            done(engine.manage_add(&device), message)
+        }
+        Request::SyncAction { action } => match action.as_str() {
+            "check" => done(engine.start_scrub(false), "check started".into()),
+            "repair" => done(engine.start_scrub(true), "repair started".into()),
+            "idle" => done(engine.stop_sync(), "background job stopped".into()),
+            other => Reply::Error { message: format!("unknown sync action '{other}': check, repair or idle") },
+        },
+        Request::SpeedLimits { min_kib_per_s, max_kib_per_s } => {
+            if min_kib_per_s == Some(0) || max_kib_per_s == Some(0) {
+                return Reply::Error { message: "speed limits must be positive (md refuses 0 too)".into() };
+            }
+            engine.set_speed_limits(min_kib_per_s, max_kib_per_s);
+            let (min, max) = engine.speed_limits();
+            Reply::Done { message: format!("speed_limit_min {min} KiB/s, speed_limit_max {max} KiB/s") }
+        }
+    }
+}
+
+/// Sends a request that changes something; returns the server's message.
+pub fn command(path: &Path, request: &Request) -> Result<String, String> {
+    match exchange(path, request)? {
+        Reply::Done { message } => Ok(message),
+        Reply::Ok { .. } => Ok(String::new()),
+        Reply::Error { message } => Err(message),
+    }
+}
+
+fn exchange(path: &Path, request: &Request) -> Result<Reply, String> {
+    let stream = UnixStream::connect(path)
+        .map_err(|e| format!("{}: cannot reach a running uraid serve: {e}", path.display()))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
     let mut line = serde_json::to_string(request).expect("serializable");
     line.push('\n');
-    (&stream)
-        .write_all(line.as_bytes())
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    (&stream).write_all(line.as_bytes()).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut reply = String::new();
-    BufReader::new(&stream)
-        .read_line(&mut reply)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    match serde_json::from_str::<Reply>(&reply)
-        .map_err(|e| format!("{}: malformed reply: {e}", path.display()))?
-    {
+    BufReader::new(&stream).read_line(&mut reply).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str::<Reply>(&reply).map_err(|e| format!("{}: malformed reply: {e}", path.display()))
+}
+
+/// Sends one request to a control socket and returns the reply.
+pub fn request(path: &Path, request: &Request) -> Result<StatusReply, String> {
+    match exchange(path, request)? {
         Reply::Ok { status } => Ok(*status),
+        Reply::Done { message } => Err(format!("unexpected reply: {message}")),
         Reply::Error { message } => Err(message),
     }
 }

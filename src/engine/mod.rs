@@ -224,6 +224,19 @@ impl Engine {
         Ok(())
     }
 
+    /// md's sync_action "idle": stops the running job. A stopped resync or
+    /// recovery stays owed and resumes at the next start.
+    pub fn stop_sync(&self) -> Result<(), String> {
+        match self.sync.action() {
+            None => Err("no background job is running".into()),
+            Some(action) => {
+                self.sync.stop();
+                self.events.push("SyncStopped", "", action.word());
+                Ok(())
+            }
+        }
+    }
+
     /// md's speed_limit_min / speed_limit_max for this array, KiB/s per member.
     pub fn set_speed_limits(&self, min_kib_per_s: Option<u64>, max_kib_per_s: Option<u64>) {
         if let Some(min) = min_kib_per_s {

@@ -1,0 +1,55 @@
+//! `uraid manage`: change a running array through its control socket, as
+//! mdadm --manage and md's sysfs knobs do: fail, remove and add members,
+//! start a check or repair, set the rebuild speed limits.
+
+use super::CliResult;
+use crate::control::{self, Request};
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("what").required(true).multiple(false).args(["fail", "remove", "add", "action", "speed"])))]
+pub struct ManageArgs {
+    /// The control socket of the running `uraid serve`.
+    #[arg(long)]
+    control: PathBuf,
+    /// Mark a member faulty (its data is then served from redundancy).
+    #[arg(long)]
+    fail: Option<PathBuf>,
+    /// Remove a faulty member or a spare.
+    #[arg(long)]
+    remove: Option<PathBuf>,
+    /// Add a device: a spare, rebuilt into the array at once if it is degraded.
+    #[arg(long)]
+    add: Option<PathBuf>,
+    /// md's sync_action: check (count mismatches), repair (fix them), idle (stop).
+    #[arg(long)]
+    action: Option<String>,
+    /// md's sync_speed_min for this array, KiB/s per member.
+    #[arg(long, group = "speed")]
+    speed_limit_min: Option<u64>,
+    /// md's sync_speed_max for this array, KiB/s per member.
+    #[arg(long, group = "speed")]
+    speed_limit_max: Option<u64>,
+}
+
+pub fn run(args: &ManageArgs) -> CliResult {
+    let request = if let Some(device) = &args.fail {
+        Request::Fail { device: absolute(device) }
+    } else if let Some(device) = &args.remove {
+        Request::Remove { device: absolute(device) }
+    } else if let Some(device) = &args.add {
+        Request::Add { device: absolute(device) }
+    } else if let Some(action) = &args.action {
+        Request::SyncAction { action: action.clone() }
+    } else {
+        Request::SpeedLimits { min_kib_per_s: args.speed_limit_min, max_kib_per_s: args.speed_limit_max }
+    };
+    let message = control::command(&args.control, &request)?;
+    eprintln!("uraid: {message}");
+    Ok(())
+}
+
+/// The server may run in another directory: send it absolute paths.
+fn absolute(path: &std::path::Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}

@@ -7,6 +7,7 @@
 mod copy;
 mod create;
 mod detail;
+mod manage;
 mod serve;
 mod status;
 
@@ -54,6 +55,8 @@ enum Command {
         #[arg(required = true)]
         devices: Vec<PathBuf>,
     },
+    /// Change a running array: fail, remove, add members; check or repair; speed limits.
+    Manage(manage::ManageArgs),
     /// Serve an array over NBD until SIGINT or SIGTERM.
     Serve(serve::ServeArgs),
     /// /proc/mdstat-style status of the arrays uraid serves.
@@ -94,6 +97,7 @@ pub fn main() -> i32 {
             devices,
         } => detail::run(control.as_deref(), &devices, json),
         Command::Serve(args) => serve::run(&args),
+        Command::Manage(args) => manage::run(&args),
         Command::Status { json, control } => status::run(control.as_deref(), json),
         Command::CopyIn { input, devices } => copy::copy_in(&input, &devices),
         Command::CopyOut { output, devices } => copy::copy_out(&output, &devices),

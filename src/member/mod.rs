@@ -7,12 +7,19 @@
 //! backend checks that, because a misaligned request that happens to work on a
 //! file would fail on a 4Kn disk.
 
+mod fault;
 mod file;
 mod memory;
 pub mod probe;
+mod throttle;
 
+pub use fault::{
+    injected_errno, BadRange, Crash, CrashReport, EioRate, Fault, FaultCounters, FaultPlan,
+    FaultyMember, Heal, InjectedError, Latency, Offline, OfflineUntil, Ops, Torn, WriteCache,
+};
 pub use file::{FileMember, OpenOptions};
 pub use memory::MemoryMember;
+pub use throttle::{ThrottleLimits, ThrottleStats, ThrottledMember};
 
 use std::io;
 use std::sync::Arc;

@@ -1,0 +1,1839 @@
+//! Fault injection: a member wrapper that fails the way real drives do, and
+//! whose faults can be changed while I/O runs.
+//!
+//! Failures, rebuild and the degradation rules can only be trusted if they are
+//! exercised against members that really fail, at any moment, under load. So a
+//! `FaultyMember` wraps any member and applies a [`FaultPlan`]: a pulled drive
+//! (ENODEV, like a SCSI device deleted from sysfs), an offline drive that comes
+//! back (EIO, like `echo offline > .../device/state` and later `running`), bad
+//! sectors that stay bad until rewritten, random errors at a seeded rate, added
+//! latency, torn writes, and a volatile write cache that a `crash()` empties.
+//!
+//! Every change is described by a [`Fault`], which is plain serde data (so the
+//! control socket can carry it as JSON) and also has a compact command-line
+//! syntax (`pull`, `offline:2s`, `eio:read:1M+64K`, `latency:5ms`, ...):
+//!
+//! ```text
+//! pull | restore
+//! offline[:DURATION]                             no duration: until restored
+//! eio[:read|write|both]:OFFSET+LEN[:noremap]     bad sectors
+//! eio-rate:P[:read|write|both][:seed=N]          0 <= P <= 1; eio-rate:0 clears
+//! latency:DURATION[:jitter=DURATION][:read|write|both]
+//! torn[:WRITES][:keep=BLOCKS]                    the next WRITES writes (default 1)
+//! write-cache[:on|off][:capacity=SIZE]
+//! crash[:KEEP]                                   keep each unflushed block with P=KEEP
+//! heal[:OFFSET+LEN]                              clear bad ranges (there, or all)
+//! ```
+//!
+//! Options after the kind go in any order. Sizes are bytes with an optional
+//! K, M, G, T or s (512-byte sectors) suffix; durations take us, ms, s or m.
+//! `Display` writes the canonical form, which parses back to the same fault.
+//!
+//! The hot path takes one read lock on the plan; the write lock is only taken
+//! when a fault consumes itself (a torn write) or heals (a rewritten bad
+//! sector), and the cache mutex only while the cache holds data.
+
+use super::{check_io, Member, MemberRef};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+/// The volatile write cache holds this much unless a fault says otherwise;
+/// past it, the wrapper writes the cache back, as a drive destages when full.
+pub const DEFAULT_WRITE_CACHE_BYTES: u64 = 64 << 20;
+/// Upper bound of a cache, so a typo cannot make the wrapper hold gigabytes.
+pub const MAX_WRITE_CACHE_BYTES: u64 = 1 << 30;
+/// Upper bound of injected latency (fixed plus jitter): longer than this is a
+/// hang, which is a different fault, and a bound keeps a typo from stalling a
+/// test for hours.
+pub const MAX_LATENCY_US: u64 = 60_000_000;
+/// Upper bound of the number of bad ranges, so that the per-I/O scan stays cheap.
+pub const MAX_BAD_RANGES: usize = 4096;
+/// Blocks written back in one inner write when the cache is destaged; bounds
+/// the staging buffer.
+const DESTAGE_RUN_BYTES_MAX: usize = 1 << 20;
+
+/// Which I/Os a fault applies to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Ops {
+    Read,
+    Write,
+    #[default]
+    Both,
+}
+
+impl Ops {
+    fn covers(self, dir: Dir) -> bool {
+        matches!(
+            (self, dir),
+            (Ops::Both, _) | (Ops::Read, Dir::Read) | (Ops::Write, Dir::Write)
+        )
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Ops::Read => "read",
+            Ops::Write => "write",
+            Ops::Both => "both",
+        }
+    }
+
+    fn parse(word: &str) -> Option<Ops> {
+        match word {
+            "read" | "reads" | "r" => Some(Ops::Read),
+            "write" | "writes" | "w" => Some(Ops::Write),
+            "both" | "rw" => Some(Ops::Both),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dir {
+    Read,
+    Write,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
+fn is_both(ops: &Ops) -> bool {
+    *ops == Ops::Both
+}
+
+/// A drive that stops answering for a while, then comes back on its own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Offline {
+    /// How long, in milliseconds; `None` keeps it offline until restored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ms: Option<u64>,
+}
+
+/// Bad sectors: I/O touching the range fails with EIO.
+///
+/// A range that fails reads only is a pending sector: a write over it
+/// succeeds and, with `remap`, heals the blocks written, as a drive remaps a
+/// sector on write. A range that fails writes is a drive out of spare sectors
+/// and never heals by itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BadRange {
+    #[serde(rename = "offset")]
+    pub offset_bytes: u64,
+    #[serde(rename = "len")]
+    pub len_bytes: u64,
+    #[serde(default, skip_serializing_if = "is_both")]
+    pub ops: Ops,
+    #[serde(default = "yes")]
+    pub remap: bool,
+}
+
+impl BadRange {
+    fn end_bytes(&self) -> u64 {
+        self.offset_bytes + self.len_bytes
+    }
+
+    fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.offset_bytes < end && start < self.end_bytes()
+    }
+}
+
+/// Random EIO: each I/O the fault covers fails with probability `rate`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EioRate {
+    pub rate: f64,
+    #[serde(default, skip_serializing_if = "is_both")]
+    pub ops: Ops,
+    /// Reseeds the draws, so that a run can be replayed from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+/// Added service time per I/O: `delay_us` plus a uniform draw in
+/// `0..=jitter_us`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Latency {
+    #[serde(rename = "us")]
+    pub delay_us: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub jitter_us: u64,
+    #[serde(default, skip_serializing_if = "is_both")]
+    pub ops: Ops,
+}
+
+/// Torn writes: each of the next `writes` writes persists only a prefix of
+/// whole logical blocks, then fails with EIO. The prefix is `keep_blocks`
+/// long (the whole write if shorter, which models a lost acknowledgement), or
+/// a seeded draw in `0..blocks` when `keep_blocks` is `None`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Torn {
+    #[serde(default = "one")]
+    pub writes: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_blocks: Option<u64>,
+}
+
+/// A volatile write cache: writes land in the wrapper and reach the inner
+/// member only on flush (or when the cache is full), so `crash()` can lose
+/// them. Turning it off writes the cache back and flushes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriteCache {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(rename = "capacity", default, skip_serializing_if = "Option::is_none")]
+    pub capacity_bytes: Option<u64>,
+}
+
+/// Loses the write cache as a power cut would, keeping each unflushed block
+/// with probability `keep` (seeded).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Crash {
+    #[serde(default)]
+    pub keep: f64,
+}
+
+/// Clears bad ranges: those overlapping the range (the overlap only), or all.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Heal {
+    #[serde(rename = "offset", default, skip_serializing_if = "Option::is_none")]
+    pub offset_bytes: Option<u64>,
+    #[serde(rename = "len", default, skip_serializing_if = "Option::is_none")]
+    pub len_bytes: Option<u64>,
+}
+
+/// One change to a member's faults. Serialized as JSON with one key naming
+/// the fault (`{"pull":{}}`, `{"offline":{"ms":2000}}`, `{"eio":{"offset":0,
+/// "len":4096,"ops":"read"}}`, `{"latency":{"us":5000}}`, `{"restore":{}}`);
+/// written and parsed in the command-line syntax by `Display` and `FromStr`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Fault {
+    /// Every I/O fails with ENODEV until restored; the write cache is lost,
+    /// as a pulled drive loses power.
+    Pull {},
+    Offline(Offline),
+    Eio(BadRange),
+    EioRate(EioRate),
+    Latency(Latency),
+    Torn(Torn),
+    WriteCache(WriteCache),
+    Crash(Crash),
+    Heal(Heal),
+    /// Clears every fault (pull, offline, bad ranges, rate, latency, torn).
+    /// The write cache setting stays: it is how the drive is built, not a
+    /// fault.
+    Restore {},
+}
+
+const FAULT_KINDS: &str =
+    "pull, offline, eio, eio-rate, latency, torn, write-cache, crash, heal or restore";
+
+impl Fault {
+    /// Checks values that are wrong whatever the member (a rate above 1, an
+    /// empty range); `FaultyMember::apply` also checks them against the member.
+    pub fn check(&self) -> Result<(), String> {
+        let fraction = |name: &str, value: f64| {
+            if (0.0..=1.0).contains(&value) {
+                Ok(())
+            } else {
+                Err(format!("{name} {value} is not between 0 and 1"))
+            }
+        };
+        let range = |offset: u64, len: u64| {
+            if len == 0 {
+                Err("the range is empty".to_string())
+            } else if offset.checked_add(len).is_none() {
+                Err("the range overflows".to_string())
+            } else {
+                Ok(())
+            }
+        };
+        match self {
+            Fault::Eio(r) => range(r.offset_bytes, r.len_bytes),
+            Fault::EioRate(r) => fraction("rate", r.rate),
+            Fault::Crash(c) => fraction("keep", c.keep),
+            Fault::Latency(l) => match l.delay_us.checked_add(l.jitter_us) {
+                Some(total) if total <= MAX_LATENCY_US => Ok(()),
+                _ => Err(format!(
+                    "latency above {} is a hang, not a latency",
+                    format_us(MAX_LATENCY_US)
+                )),
+            },
+            Fault::WriteCache(w) => match w.capacity_bytes {
+                Some(0) => Err("the cache capacity is zero".to_string()),
+                Some(c) if c > MAX_WRITE_CACHE_BYTES => Err(format!(
+                    "the cache capacity is above {}",
+                    format_bytes(MAX_WRITE_CACHE_BYTES)
+                )),
+                _ => Ok(()),
+            },
+            Fault::Heal(h) => match (h.offset_bytes, h.len_bytes) {
+                (None, None) => Ok(()),
+                (Some(offset), Some(len)) => range(offset, len),
+                _ => Err("heal needs both offset and len, or neither".to_string()),
+            },
+            Fault::Pull {} | Fault::Offline(_) | Fault::Torn(_) | Fault::Restore {} => Ok(()),
+        }
+    }
+
+    /// Parses a comma-separated list (`pull,latency:5ms`), for options that
+    /// take several faults at once.
+    pub fn parse_list(text: &str) -> Result<Vec<Fault>, String> {
+        text.split(',')
+            .filter(|item| !item.trim().is_empty())
+            .map(str::parse)
+            .collect()
+    }
+}
+
+impl fmt::Display for Fault {
+    /// The canonical command-line form; `parse` reads it back to the same fault.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ops = |ops: Ops| match ops {
+            Ops::Both => String::new(),
+            other => format!(":{}", other.name()),
+        };
+        match self {
+            Fault::Pull {} => write!(f, "pull"),
+            Fault::Restore {} => write!(f, "restore"),
+            Fault::Offline(Offline { ms: None }) => write!(f, "offline"),
+            Fault::Offline(Offline { ms: Some(ms) }) => {
+                write!(f, "offline:{}", format_us(ms.saturating_mul(1000)))
+            }
+            Fault::Eio(r) => write!(
+                f,
+                "eio{}:{}+{}{}",
+                ops(r.ops),
+                format_bytes(r.offset_bytes),
+                format_bytes(r.len_bytes),
+                if r.remap { "" } else { ":noremap" }
+            ),
+            Fault::EioRate(r) => {
+                write!(f, "eio-rate:{}{}", r.rate, ops(r.ops))?;
+                match r.seed {
+                    Some(seed) => write!(f, ":seed={seed}"),
+                    None => Ok(()),
+                }
+            }
+            Fault::Latency(l) => {
+                write!(f, "latency:{}", format_us(l.delay_us))?;
+                if l.jitter_us > 0 {
+                    write!(f, ":jitter={}", format_us(l.jitter_us))?;
+                }
+                write!(f, "{}", ops(l.ops))
+            }
+            Fault::Torn(t) => {
+                write!(f, "torn")?;
+                if t.writes != 1 {
+                    write!(f, ":{}", t.writes)?;
+                }
+                match t.keep_blocks {
+                    Some(keep) => write!(f, ":keep={keep}"),
+                    None => Ok(()),
+                }
+            }
+            Fault::WriteCache(w) => {
+                write!(f, "write-cache:{}", if w.enabled { "on" } else { "off" })?;
+                match w.capacity_bytes {
+                    Some(c) => write!(f, ":capacity={}", format_bytes(c)),
+                    None => Ok(()),
+                }
+            }
+            Fault::Crash(c) if c.keep == 0.0 => write!(f, "crash"),
+            Fault::Crash(c) => write!(f, "crash:{}", c.keep),
+            Fault::Heal(Heal {
+                offset_bytes: Some(offset),
+                len_bytes: Some(len),
+            }) => write!(f, "heal:{}+{}", format_bytes(*offset), format_bytes(*len)),
+            Fault::Heal(_) => write!(f, "heal"),
+        }
+    }
+}
+
+impl FromStr for Fault {
+    type Err = String;
+
+    /// Parses `KIND[:ARG]...`; the error is one line naming the input.
+    fn from_str(text: &str) -> Result<Fault, String> {
+        let fault =
+            parse_fault(text.trim()).map_err(|why| format!("invalid fault '{text}': {why}"))?;
+        fault
+            .check()
+            .map_err(|why| format!("invalid fault '{text}': {why}"))?;
+        Ok(fault)
+    }
+}
+
+/// One argument of the compact syntax: `key=value` or a bare word.
+enum Arg<'a> {
+    Word(&'a str),
+    Key(&'a str, &'a str),
+}
+
+fn parse_fault(text: &str) -> Result<Fault, String> {
+    let mut parts = text.split(':');
+    let kind = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+    let args: Vec<Arg> = parts
+        .map(str::trim)
+        .map(|part| match part.split_once('=') {
+            Some((key, value)) => Arg::Key(key.trim(), value.trim()),
+            None => Arg::Word(part),
+        })
+        .collect();
+    match kind.replace('_', "-").as_str() {
+        "pull" => no_args(&args).map(|()| Fault::Pull {}),
+        "restore" => no_args(&args).map(|()| Fault::Restore {}),
+        "offline" => parse_offline(&args),
+        "eio" => parse_eio(&args),
+        "eio-rate" => parse_eio_rate(&args),
+        "latency" => parse_latency(&args),
+        "torn" => parse_torn(&args),
+        "write-cache" | "cache" => parse_write_cache(&args),
+        "crash" => parse_crash(&args),
+        "heal" => parse_heal(&args),
+        "" => Err(format!("no fault given (expected {FAULT_KINDS})")),
+        other => Err(format!("unknown fault '{other}' (expected {FAULT_KINDS})")),
+    }
+}
+
+fn unexpected(arg: &Arg) -> String {
+    match arg {
+        Arg::Word(word) => format!("unexpected argument '{word}'"),
+        Arg::Key(key, _) => format!("unknown option '{key}'"),
+    }
+}
+
+fn no_args(args: &[Arg]) -> Result<(), String> {
+    match args.first() {
+        Some(arg) => Err(unexpected(arg)),
+        None => Ok(()),
+    }
+}
+
+/// Stores the one positional value of a fault, refusing a second.
+fn positional<'a>(slot: &mut Option<&'a str>, word: &'a str) -> Result<(), String> {
+    if slot.replace(word).is_some() {
+        return Err(format!("unexpected argument '{word}'"));
+    }
+    Ok(())
+}
+
+fn parse_offline(args: &[Arg]) -> Result<Fault, String> {
+    let mut duration = None;
+    for arg in args {
+        match arg {
+            Arg::Word(word) => positional(&mut duration, word)?,
+            other => return Err(unexpected(other)),
+        }
+    }
+    let ms = duration
+        .map(|text| parse_duration_us(text).map(|us| us.div_ceil(1000)))
+        .transpose()?;
+    Ok(Fault::Offline(Offline { ms }))
+}
+
+fn parse_eio(args: &[Arg]) -> Result<Fault, String> {
+    let (mut ops, mut remap, mut range) = (Ops::Both, true, None);
+    for arg in args {
+        match arg {
+            Arg::Word("noremap") => remap = false,
+            Arg::Word("remap") => remap = true,
+            Arg::Word(word) => match Ops::parse(word) {
+                Some(o) => ops = o,
+                None => positional(&mut range, word)?,
+            },
+            other => return Err(unexpected(other)),
+        }
+    }
+    let range = range.ok_or("eio needs a range OFFSET+LEN, e.g. eio:read:1M+64K")?;
+    let (offset_bytes, len_bytes) = parse_range(range)?;
+    Ok(Fault::Eio(BadRange {
+        offset_bytes,
+        len_bytes,
+        ops,
+        remap,
+    }))
+}
+
+fn parse_eio_rate(args: &[Arg]) -> Result<Fault, String> {
+    let (mut ops, mut seed, mut rate) = (Ops::Both, None, None);
+    for arg in args {
+        match arg {
+            Arg::Key("seed", value) => seed = Some(parse_u64("seed", value)?),
+            Arg::Word(word) => match Ops::parse(word) {
+                Some(o) => ops = o,
+                None => positional(&mut rate, word)?,
+            },
+            other => return Err(unexpected(other)),
+        }
+    }
+    let rate = rate.ok_or("eio-rate needs a probability, e.g. eio-rate:0.01")?;
+    Ok(Fault::EioRate(EioRate {
+        rate: parse_fraction("rate", rate)?,
+        ops,
+        seed,
+    }))
+}
+
+fn parse_latency(args: &[Arg]) -> Result<Fault, String> {
+    let (mut ops, mut jitter_us, mut delay) = (Ops::Both, 0, None);
+    for arg in args {
+        match arg {
+            Arg::Key("jitter", value) => jitter_us = parse_duration_us(value)?,
+            Arg::Word(word) => match Ops::parse(word) {
+                Some(o) => ops = o,
+                None => positional(&mut delay, word)?,
+            },
+            other => return Err(unexpected(other)),
+        }
+    }
+    let delay = delay.ok_or("latency needs a duration, e.g. latency:5ms")?;
+    Ok(Fault::Latency(Latency {
+        delay_us: parse_duration_us(delay)?,
+        jitter_us,
+        ops,
+    }))
+}
+
+fn parse_torn(args: &[Arg]) -> Result<Fault, String> {
+    let (mut writes, mut keep_blocks) = (None, None);
+    for arg in args {
+        match arg {
+            Arg::Key("keep", value) => keep_blocks = Some(parse_u64("keep", value)?),
+            Arg::Word(word) => positional(&mut writes, word)?,
+            other => return Err(unexpected(other)),
+        }
+    }
+    let writes = match writes {
+        None => 1,
+        Some(text) => {
+            let count = parse_u64("write count", text)?;
+            u32::try_from(count).map_err(|_| format!("write count {count} is too large"))?
+        }
+    };
+    Ok(Fault::Torn(Torn {
+        writes,
+        keep_blocks,
+    }))
+}
+
+fn parse_write_cache(args: &[Arg]) -> Result<Fault, String> {
+    let (mut enabled, mut capacity_bytes) = (true, None);
+    for arg in args {
+        match arg {
+            Arg::Key("capacity", value) => capacity_bytes = Some(parse_bytes(value)?),
+            Arg::Word("on") => enabled = true,
+            Arg::Word("off") => enabled = false,
+            other => return Err(unexpected(other)),
+        }
+    }
+    Ok(Fault::WriteCache(WriteCache {
+        enabled,
+        capacity_bytes,
+    }))
+}
+
+fn parse_crash(args: &[Arg]) -> Result<Fault, String> {
+    let mut keep = None;
+    for arg in args {
+        match arg {
+            Arg::Key("keep", value) | Arg::Word(value) => positional(&mut keep, value)?,
+            other => return Err(unexpected(other)),
+        }
+    }
+    let keep = keep.map(|k| parse_fraction("keep", k)).transpose()?;
+    Ok(Fault::Crash(Crash {
+        keep: keep.unwrap_or(0.0),
+    }))
+}
+
+fn parse_heal(args: &[Arg]) -> Result<Fault, String> {
+    let mut range = None;
+    for arg in args {
+        match arg {
+            Arg::Word(word) => positional(&mut range, word)?,
+            other => return Err(unexpected(other)),
+        }
+    }
+    let (offset_bytes, len_bytes) = match range {
+        Some(text) => parse_range(text).map(|(o, l)| (Some(o), Some(l)))?,
+        None => (None, None),
+    };
+    Ok(Fault::Heal(Heal {
+        offset_bytes,
+        len_bytes,
+    }))
+}
+
+fn parse_u64(name: &str, text: &str) -> Result<u64, String> {
+    text.parse()
+        .map_err(|_| format!("{name} '{text}' is not a whole number"))
+}
+
+fn parse_fraction(name: &str, text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(value) if (0.0..=1.0).contains(&value) => Ok(value),
+        _ => Err(format!("{name} '{text}' is not a number between 0 and 1")),
+    }
+}
+
+/// `OFFSET+LEN`, both sizes in bytes.
+fn parse_range(text: &str) -> Result<(u64, u64), String> {
+    let (offset, len) = text
+        .split_once('+')
+        .ok_or_else(|| format!("range '{text}' is not OFFSET+LEN, e.g. 1M+64K"))?;
+    Ok((parse_bytes(offset)?, parse_bytes(len)?))
+}
+
+/// A byte count with an optional K, M, G or T suffix (powers of 1024) or `s`
+/// for 512-byte sectors. Unlike mdadm's `--size`, a bare number is bytes:
+/// fault offsets are copied from error messages, which give bytes.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, suffix) = text.split_at(split);
+    let multiplier: u64 = match suffix.to_ascii_lowercase().as_str() {
+        "" => 1,
+        "s" => 512,
+        "k" => 1 << 10,
+        "m" => 1 << 20,
+        "g" => 1 << 30,
+        "t" => 1 << 40,
+        _ => {
+            return Err(format!(
+                "size '{text}' is not a number with an optional K, M, G, T or s (sectors) suffix"
+            ))
+        }
+    };
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("size '{text}' is not a number"))?;
+    value
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("size '{text}' is too large"))
+}
+
+/// Formats bytes with the largest suffix that divides them exactly, so that
+/// `parse_bytes` reads back the same number.
+pub fn format_bytes(bytes: u64) -> String {
+    for (shift, suffix) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if bytes != 0 && bytes.trailing_zeros() >= shift {
+            return format!("{}{suffix}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+/// A duration with a unit (`us`, `ms`, `s`, `m`); decimals are allowed
+/// (`1.5s`). Returns microseconds.
+pub fn parse_duration_us(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let unit_us: f64 = match unit {
+        "us" | "µs" => 1.0,
+        "ms" => 1e3,
+        "s" => 1e6,
+        "m" | "min" => 60e6,
+        "" => return Err(format!("duration '{text}' needs a unit: us, ms, s or m")),
+        _ => {
+            return Err(format!(
+                "duration '{text}' has an unknown unit (us, ms, s or m)"
+            ))
+        }
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("duration '{text}' is not a number"))?;
+    let us = (value * unit_us).round();
+    if !(0.0..=u64::MAX as f64 / 2.0).contains(&us) {
+        return Err(format!("duration '{text}' is too long"));
+    }
+    Ok(us as u64)
+}
+
+/// Formats microseconds in the largest unit that divides them exactly.
+pub fn format_us(us: u64) -> String {
+    if us == 0 {
+        "0ms".to_string()
+    } else if us.is_multiple_of(1_000_000) {
+        format!("{}s", us / 1_000_000)
+    } else if us.is_multiple_of(1000) {
+        format!("{}ms", us / 1000)
+    } else {
+        format!("{us}us")
+    }
+}
+
+/// When an offline member comes back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OfflineUntil {
+    Restored,
+    Deadline(Instant),
+}
+
+impl OfflineUntil {
+    fn active(self, now: Instant) -> bool {
+        match self {
+            OfflineUntil::Restored => true,
+            OfflineUntil::Deadline(deadline) => now < deadline,
+        }
+    }
+}
+
+/// The faults in force on a member. `Fault`s change it; it can also be built
+/// directly and installed with `FaultyMember::set_plan`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FaultPlan {
+    pub pulled: bool,
+    pub offline: Option<OfflineUntil>,
+    /// Block-aligned (rounded outwards when added).
+    pub bad_ranges: Vec<BadRange>,
+    pub eio_rate: Option<EioRate>,
+    pub latency: Option<Latency>,
+    pub torn: Option<Torn>,
+    /// `Some` while the volatile write cache is on.
+    pub write_cache: Option<WriteCache>,
+}
+
+impl FaultPlan {
+    /// Clears every fault, keeping the write cache setting.
+    pub fn restore(&mut self) {
+        *self = FaultPlan {
+            write_cache: self.write_cache,
+            ..FaultPlan::default()
+        };
+    }
+
+    /// The plan as the faults that would rebuild it (an offline member with
+    /// the time it has left), for status output and the control socket.
+    pub fn faults(&self, now: Instant) -> Vec<Fault> {
+        let mut faults = Vec::new();
+        if self.pulled {
+            faults.push(Fault::Pull {});
+        }
+        match self.offline {
+            Some(OfflineUntil::Restored) => faults.push(Fault::Offline(Offline { ms: None })),
+            Some(OfflineUntil::Deadline(deadline)) if now < deadline => {
+                let left_ms = (deadline - now).as_micros().div_ceil(1000);
+                faults.push(Fault::Offline(Offline {
+                    ms: Some(u64::try_from(left_ms).unwrap_or(u64::MAX)),
+                }));
+            }
+            _ => {}
+        }
+        faults.extend(self.bad_ranges.iter().copied().map(Fault::Eio));
+        faults.extend(self.eio_rate.map(Fault::EioRate));
+        faults.extend(self.latency.map(Fault::Latency));
+        faults.extend(self.torn.map(Fault::Torn));
+        faults.extend(self.write_cache.map(Fault::WriteCache));
+        faults
+    }
+}
+
+/// What `crash` did to the write cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CrashReport {
+    /// Unflushed blocks that reached the inner member anyway.
+    pub kept_blocks: u64,
+    /// Unflushed blocks lost.
+    pub lost_blocks: u64,
+}
+
+/// Counts of I/Os seen and faults injected since the wrapper was made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct FaultCounters {
+    pub reads: u64,
+    pub writes: u64,
+    pub flushes: u64,
+    pub discards: u64,
+    pub read_bytes: u64,
+    pub written_bytes: u64,
+    /// I/Os refused because the member was pulled.
+    pub pulled_errors: u64,
+    /// I/Os refused because the member was offline.
+    pub offline_errors: u64,
+    /// I/Os that touched a bad range.
+    pub bad_range_errors: u64,
+    /// I/Os failed by the random rate.
+    pub random_errors: u64,
+    /// Writes torn (each also failed).
+    pub torn_writes: u64,
+    /// I/Os given added latency, and the latency added.
+    pub delayed_ios: u64,
+    pub delay_us: u64,
+    /// Bad-range bytes healed by writes.
+    pub healed_bytes: u64,
+    pub crashes: u64,
+    pub crash_lost_blocks: u64,
+    pub crash_kept_blocks: u64,
+}
+
+impl FaultCounters {
+    /// Every I/O that failed because of an injected fault.
+    pub fn errors_injected(&self) -> u64 {
+        self.pulled_errors
+            + self.offline_errors
+            + self.bad_range_errors
+            + self.random_errors
+            + self.torn_writes
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    reads: AtomicU64,
+    writes: AtomicU64,
+    flushes: AtomicU64,
+    discards: AtomicU64,
+    read_bytes: AtomicU64,
+    written_bytes: AtomicU64,
+    pulled_errors: AtomicU64,
+    offline_errors: AtomicU64,
+    bad_range_errors: AtomicU64,
+    random_errors: AtomicU64,
+    torn_writes: AtomicU64,
+    delayed_ios: AtomicU64,
+    delay_us: AtomicU64,
+    healed_bytes: AtomicU64,
+    crashes: AtomicU64,
+    crash_lost_blocks: AtomicU64,
+    crash_kept_blocks: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64, by: u64) {
+    counter.fetch_add(by, Ordering::Relaxed);
+}
+
+impl Counters {
+    fn snapshot(&self) -> FaultCounters {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        FaultCounters {
+            reads: get(&self.reads),
+            writes: get(&self.writes),
+            flushes: get(&self.flushes),
+            discards: get(&self.discards),
+            read_bytes: get(&self.read_bytes),
+            written_bytes: get(&self.written_bytes),
+            pulled_errors: get(&self.pulled_errors),
+            offline_errors: get(&self.offline_errors),
+            bad_range_errors: get(&self.bad_range_errors),
+            random_errors: get(&self.random_errors),
+            torn_writes: get(&self.torn_writes),
+            delayed_ios: get(&self.delayed_ios),
+            delay_us: get(&self.delay_us),
+            healed_bytes: get(&self.healed_bytes),
+            crashes: get(&self.crashes),
+            crash_lost_blocks: get(&self.crash_lost_blocks),
+            crash_kept_blocks: get(&self.crash_kept_blocks),
+        }
+    }
+}
+
+/// The payload of every injected error: the errno a real drive would give,
+/// kept so that callers (and tests) can tell which fault hit without parsing
+/// messages. The `io::Error` around it carries the kind that errno maps to.
+#[derive(Debug)]
+pub struct InjectedError {
+    pub errno: i32,
+    pub message: String,
+}
+
+impl fmt::Display for InjectedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for InjectedError {}
+
+/// The errno of an error injected by a `FaultyMember`, or `None` for any
+/// other error.
+pub fn injected_errno(err: &io::Error) -> Option<i32> {
+    err.get_ref()?
+        .downcast_ref::<InjectedError>()
+        .map(|injected| injected.errno)
+}
+
+/// Unflushed writes, one entry per logical block holding its latest
+/// contents: a drive's cache coalesces rewrites, and keeping whole blocks is
+/// what makes "never a partially written block" hold across a crash.
+#[derive(Default)]
+struct BlockCache {
+    dirty: BTreeMap<u64, Box<[u8]>>,
+}
+
+impl BlockCache {
+    fn insert(&mut self, data: &[u8], offset_bytes: u64, block_bytes: usize) {
+        let first = offset_bytes / block_bytes as u64;
+        for (i, block) in data.chunks_exact(block_bytes).enumerate() {
+            self.dirty.insert(first + i as u64, block.into());
+        }
+    }
+
+    /// Drops cached blocks in a byte range; returns how many.
+    fn remove(&mut self, offset_bytes: u64, len_bytes: u64, block_bytes: usize) -> u64 {
+        let first = offset_bytes / block_bytes as u64;
+        let end = (offset_bytes + len_bytes) / block_bytes as u64;
+        let doomed: Vec<u64> = self.dirty.range(first..end).map(|(&b, _)| b).collect();
+        for block in &doomed {
+            self.dirty.remove(block);
+        }
+        doomed.len() as u64
+    }
+
+    /// Copies the cached blocks of a byte range over `buf`.
+    fn overlay(&self, buf: &mut [u8], offset_bytes: u64, block_bytes: usize) {
+        let first = offset_bytes / block_bytes as u64;
+        let end = first + (buf.len() / block_bytes) as u64;
+        for (&block, data) in self.dirty.range(first..end) {
+            let at = (block - first) as usize * block_bytes;
+            buf[at..at + block_bytes].copy_from_slice(data);
+        }
+    }
+
+    /// Writes every cached block to `inner` in runs of adjacent blocks, then
+    /// forgets them. On an error the cache is kept whole: rewriting a block
+    /// twice is harmless, losing one is not.
+    fn destage(&mut self, inner: &dyn Member, block_bytes: usize) -> io::Result<u64> {
+        let mut run: Vec<u8> = Vec::new();
+        let mut run_start = 0u64;
+        let mut next = None;
+        for (&block, data) in &self.dirty {
+            if next != Some(block) || run.len() >= DESTAGE_RUN_BYTES_MAX {
+                if !run.is_empty() {
+                    inner.write_at(&run, run_start * block_bytes as u64)?;
+                }
+                run.clear();
+                run_start = block;
+            }
+            run.extend_from_slice(data);
+            next = Some(block + 1);
+        }
+        if !run.is_empty() {
+            inner.write_at(&run, run_start * block_bytes as u64)?;
+        }
+        let destaged = self.dirty.len() as u64;
+        self.dirty.clear();
+        Ok(destaged)
+    }
+}
+
+/// Independent random streams, so that turning on jitter does not change
+/// which I/Os a seeded error rate fails.
+struct Rngs {
+    eio: Mutex<StdRng>,
+    jitter: Mutex<StdRng>,
+    torn: Mutex<StdRng>,
+    crash: Mutex<StdRng>,
+}
+
+/// The random stream `n` of a seed: distinct streams of one seed are
+/// unrelated, and each is the same on every run.
+fn stream_rng(seed: u64, n: u64) -> StdRng {
+    StdRng::seed_from_u64(seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+const EIO_STREAM: u64 = 1;
+
+impl Rngs {
+    fn new(seed: u64) -> Rngs {
+        Rngs {
+            eio: Mutex::new(stream_rng(seed, EIO_STREAM)),
+            jitter: Mutex::new(stream_rng(seed, 2)),
+            torn: Mutex::new(stream_rng(seed, 3)),
+            crash: Mutex::new(stream_rng(seed, 4)),
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere (a failed assertion in a test thread) must not turn
+    // every later I/O into a second panic; the data stays consistent because
+    // each critical section leaves it whole.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What the plan says about one read or write.
+struct Decision {
+    delay: Duration,
+    error: Option<io::Error>,
+    /// A write overlaps a read-bad range that heals when written.
+    heals: bool,
+    torn: bool,
+    /// The write cache's capacity when the write goes to the cache.
+    cache_bytes: Option<u64>,
+}
+
+/// A member whose faults are set at run time. See the module documentation.
+pub struct FaultyMember {
+    inner: MemberRef,
+    plan: RwLock<FaultPlan>,
+    rngs: Rngs,
+    cache: Mutex<BlockCache>,
+    /// Blocks in the cache, readable without its lock: reads skip the cache
+    /// entirely while it is empty.
+    cache_dirty_blocks: AtomicU64,
+    counters: Counters,
+}
+
+impl FaultyMember {
+    /// Wraps `inner` with no faults and seed 0, so that runs are reproducible
+    /// unless a seed is chosen.
+    pub fn new(inner: MemberRef) -> FaultyMember {
+        FaultyMember::with_seed(inner, 0)
+    }
+
+    pub fn with_seed(inner: MemberRef, seed: u64) -> FaultyMember {
+        FaultyMember {
+            inner,
+            plan: RwLock::new(FaultPlan::default()),
+            rngs: Rngs::new(seed),
+            cache: Mutex::new(BlockCache::default()),
+            cache_dirty_blocks: AtomicU64::new(0),
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn inner(&self) -> &MemberRef {
+        &self.inner
+    }
+
+    fn read_plan(&self) -> RwLockReadGuard<'_, FaultPlan> {
+        self.plan.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write_plan(&self) -> RwLockWriteGuard<'_, FaultPlan> {
+        self.plan.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A copy of the faults in force.
+    pub fn plan(&self) -> FaultPlan {
+        self.read_plan().clone()
+    }
+
+    /// Replaces the faults in force. The cache contents are not touched: a
+    /// plan without a write cache still writes back what the cache holds on
+    /// the next flush.
+    pub fn set_plan(&self, plan: FaultPlan) {
+        *self.write_plan() = plan;
+    }
+
+    /// The faults in force, as faults.
+    pub fn faults(&self) -> Vec<Fault> {
+        self.read_plan().faults(Instant::now())
+    }
+
+    pub fn counters(&self) -> FaultCounters {
+        self.counters.snapshot()
+    }
+
+    /// Blocks written but not yet flushed.
+    pub fn unflushed_blocks(&self) -> u64 {
+        self.cache_dirty_blocks.load(Ordering::Acquire)
+    }
+
+    /// One line for status output: the faults in the command-line syntax, then
+    /// the counters, e.g. `pull, latency:5ms; 120 reads, 30 writes, 7 errors
+    /// injected`.
+    pub fn describe(&self) -> String {
+        let faults = self.faults();
+        let head = if faults.is_empty() {
+            "healthy".to_string()
+        } else {
+            faults
+                .iter()
+                .map(Fault::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let c = self.counters();
+        let mut line = format!(
+            "{head}; {} reads, {} writes, {} errors injected",
+            c.reads,
+            c.writes,
+            c.errors_injected()
+        );
+        if c.torn_writes > 0 {
+            line += &format!(" ({} torn writes)", c.torn_writes);
+        }
+        if c.delayed_ios > 0 {
+            line += &format!(", {} delayed I/Os", c.delayed_ios);
+        }
+        let dirty = self.unflushed_blocks();
+        if dirty > 0 {
+            line += &format!(", {dirty} unflushed blocks");
+        }
+        line
+    }
+
+    /// Pulls the member: see `Fault::Pull`.
+    pub fn pull(&self) {
+        self.apply(&Fault::Pull {}).expect("pulling cannot fail");
+    }
+
+    /// Clears every fault: see `Fault::Restore`.
+    pub fn restore(&self) {
+        self.write_plan().restore();
+    }
+
+    /// Drops every write since the last flush, as a power cut would.
+    pub fn crash(&self) -> io::Result<CrashReport> {
+        self.crash_keeping(0.0)
+    }
+
+    /// Like `crash`, but each unflushed block reaches the inner member with
+    /// probability `keep` (a seeded draw per block, in block order, so a seed
+    /// replays the same crash): a drive may have destaged any part of its
+    /// cache before power went. Kept blocks are whole, never partial.
+    pub fn crash_keeping(&self, keep: f64) -> io::Result<CrashReport> {
+        Fault::Crash(Crash { keep })
+            .check()
+            .map_err(|why| invalid(self, &why))?;
+        let block_bytes = self.block_usize();
+        let mut cache = lock(&self.cache);
+        let mut rng = lock(&self.rngs.crash);
+        let mut report = CrashReport::default();
+        cache.dirty.retain(|_, _| {
+            let kept = keep > 0.0 && rng.gen_bool(keep);
+            if kept {
+                report.kept_blocks += 1;
+            } else {
+                report.lost_blocks += 1;
+            }
+            kept
+        });
+        drop(rng);
+        let destaged = cache.destage(self.inner.as_ref(), block_bytes);
+        self.cache_dirty_blocks
+            .store(cache.dirty.len() as u64, Ordering::Release);
+        drop(cache);
+        bump(&self.counters.crashes, 1);
+        bump(&self.counters.crash_lost_blocks, report.lost_blocks);
+        bump(&self.counters.crash_kept_blocks, report.kept_blocks);
+        destaged.map(|_| report)
+    }
+
+    /// Applies one fault. Values that make no sense (a rate above 1, a range
+    /// past the end) are refused with one line and change nothing.
+    pub fn apply(&self, fault: &Fault) -> io::Result<()> {
+        fault.check().map_err(|why| invalid(self, &why))?;
+        match fault {
+            Fault::Pull {} => {
+                // Refuse new I/O first, then lose the cache: a pulled drive
+                // has no power, so what it had not written is gone.
+                self.write_plan().pulled = true;
+                self.crash_keeping(0.0).map(drop)
+            }
+            Fault::Restore {} => {
+                self.restore();
+                Ok(())
+            }
+            Fault::Offline(offline) => {
+                let until = offline
+                    .ms
+                    .and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms)))
+                    .map_or(OfflineUntil::Restored, OfflineUntil::Deadline);
+                self.write_plan().offline = Some(until);
+                Ok(())
+            }
+            Fault::Eio(range) => self.add_bad_range(*range),
+            Fault::EioRate(rate) => {
+                if let Some(seed) = rate.seed {
+                    *lock(&self.rngs.eio) = stream_rng(seed, EIO_STREAM);
+                }
+                self.write_plan().eio_rate = (rate.rate > 0.0).then_some(*rate);
+                Ok(())
+            }
+            Fault::Latency(latency) => {
+                let any = latency.delay_us > 0 || latency.jitter_us > 0;
+                self.write_plan().latency = any.then_some(*latency);
+                Ok(())
+            }
+            Fault::Torn(torn) => {
+                self.write_plan().torn = (torn.writes > 0).then_some(*torn);
+                Ok(())
+            }
+            Fault::WriteCache(cache) if cache.enabled => {
+                self.write_plan().write_cache = Some(*cache);
+                Ok(())
+            }
+            Fault::WriteCache(_) => {
+                // Like `hdparm -W0`: the drive writes its cache back first.
+                self.write_plan().write_cache = None;
+                self.flush_cache()
+            }
+            Fault::Crash(crash) => self.crash_keeping(crash.keep).map(drop),
+            Fault::Heal(heal) => {
+                let mut plan = self.write_plan();
+                match (heal.offset_bytes, heal.len_bytes) {
+                    (Some(offset), Some(len)) => {
+                        subtract(&mut plan.bad_ranges, offset, offset + len, |_| true);
+                    }
+                    _ => plan.bad_ranges.clear(),
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Parses and applies a fault in the command-line syntax.
+    pub fn apply_str(&self, text: &str) -> io::Result<()> {
+        let fault: Fault = text
+            .parse()
+            .map_err(|why: String| io::Error::new(io::ErrorKind::InvalidInput, why))?;
+        self.apply(&fault)
+    }
+
+    fn add_bad_range(&self, range: BadRange) -> io::Result<()> {
+        let block = self.inner.logical_block_bytes() as u64;
+        let end = range.offset_bytes + range.len_bytes;
+        if end > self.size_bytes() {
+            return Err(invalid(
+                self,
+                &format!(
+                    "bad range {}+{} is beyond the end ({} bytes)",
+                    range.offset_bytes,
+                    range.len_bytes,
+                    self.size_bytes()
+                ),
+            ));
+        }
+        // A bad sector is a whole block: round the range out to blocks.
+        let start = range.offset_bytes / block * block;
+        let end = end.div_ceil(block) * block;
+        let mut plan = self.write_plan();
+        if plan.bad_ranges.len() >= MAX_BAD_RANGES {
+            return Err(invalid(
+                self,
+                &format!("already {MAX_BAD_RANGES} bad ranges; heal some first"),
+            ));
+        }
+        plan.bad_ranges.push(BadRange {
+            offset_bytes: start,
+            len_bytes: end - start,
+            ..range
+        });
+        Ok(())
+    }
+
+    fn block_usize(&self) -> usize {
+        self.inner.logical_block_bytes() as usize
+    }
+
+    fn injected(&self, errno: i32, what: String) -> io::Error {
+        let os = io::Error::from_raw_os_error(errno);
+        io::Error::new(
+            os.kind(),
+            InjectedError {
+                errno,
+                message: format!("{}: {os} (injected: {what})", self.name()),
+            },
+        )
+    }
+
+    /// Refuses any I/O while the member is pulled or offline.
+    fn gate(&self, plan: &FaultPlan, now: Instant) -> io::Result<()> {
+        if plan.pulled {
+            bump(&self.counters.pulled_errors, 1);
+            return Err(self.injected(libc::ENODEV, "member pulled".to_string()));
+        }
+        if plan.offline.is_some_and(|until| until.active(now)) {
+            bump(&self.counters.offline_errors, 1);
+            return Err(self.injected(libc::EIO, "member offline".to_string()));
+        }
+        Ok(())
+    }
+
+    fn decide(&self, dir: Dir, offset_bytes: u64, len_bytes: u64) -> io::Result<Decision> {
+        let plan = self.read_plan();
+        self.gate(&plan, Instant::now())?;
+        let delay_us = match plan.latency {
+            Some(l) if l.ops.covers(dir) => {
+                let jitter = match l.jitter_us {
+                    0 => 0,
+                    j => lock(&self.rngs.jitter).gen_range(0..=j),
+                };
+                l.delay_us + jitter
+            }
+            _ => 0,
+        };
+        if delay_us > 0 {
+            bump(&self.counters.delayed_ios, 1);
+            bump(&self.counters.delay_us, delay_us);
+        }
+        let end = offset_bytes + len_bytes;
+        let bad = plan
+            .bad_ranges
+            .iter()
+            .find(|r| r.ops.covers(dir) && r.overlaps(offset_bytes, end));
+        let error = if let Some(range) = bad {
+            bump(&self.counters.bad_range_errors, 1);
+            let first_bad = range.offset_bytes.max(offset_bytes);
+            Some(self.injected(libc::EIO, format!("medium error at byte {first_bad}")))
+        } else if plan
+            .eio_rate
+            .is_some_and(|r| r.ops.covers(dir) && lock(&self.rngs.eio).gen_bool(r.rate))
+        {
+            bump(&self.counters.random_errors, 1);
+            Some(self.injected(libc::EIO, "random error".to_string()))
+        } else {
+            None
+        };
+        let heals = dir == Dir::Write
+            && plan
+                .bad_ranges
+                .iter()
+                .any(|r| r.ops == Ops::Read && r.remap && r.overlaps(offset_bytes, end));
+        Ok(Decision {
+            delay: Duration::from_micros(delay_us),
+            error,
+            heals,
+            torn: dir == Dir::Write && plan.torn.is_some(),
+            cache_bytes: plan
+                .write_cache
+                .map(|c| c.capacity_bytes.unwrap_or(DEFAULT_WRITE_CACHE_BYTES)),
+        })
+    }
+
+    /// Consumes one torn write, if still armed; returns how many blocks of a
+    /// `blocks`-block write persist.
+    fn take_torn(&self, blocks: u64) -> Option<u64> {
+        let mut plan = self.write_plan();
+        let torn = plan.torn.as_mut()?;
+        if torn.writes == 0 {
+            // Only a hand-built plan can hold this; it means "disarmed".
+            plan.torn = None;
+            return None;
+        }
+        let keep = match torn.keep_blocks {
+            Some(keep) => keep.min(blocks),
+            None if blocks == 0 => 0,
+            None => lock(&self.rngs.torn).gen_range(0..blocks),
+        };
+        if torn.writes <= 1 {
+            plan.torn = None;
+        } else {
+            torn.writes -= 1;
+        }
+        Some(keep)
+    }
+
+    /// Stores a (possibly torn) write in the cache or the inner member.
+    fn store(&self, data: &[u8], offset_bytes: u64, cache_bytes: Option<u64>) -> io::Result<()> {
+        let block_bytes = self.block_usize();
+        if let Some(capacity) = cache_bytes {
+            let mut cache = lock(&self.cache);
+            cache.insert(data, offset_bytes, block_bytes);
+            let result = if (cache.dirty.len() * block_bytes) as u64 > capacity {
+                cache.destage(self.inner.as_ref(), block_bytes).map(drop)
+            } else {
+                Ok(())
+            };
+            self.cache_dirty_blocks
+                .store(cache.dirty.len() as u64, Ordering::Release);
+            return result;
+        }
+        if self.unflushed_blocks() == 0 {
+            return self.inner.write_at(data, offset_bytes);
+        }
+        // The cache was turned off while it held blocks: drop the ones this
+        // write replaces, under the cache lock so that a concurrent flush
+        // cannot write the stale copies over it afterwards.
+        let mut cache = lock(&self.cache);
+        cache.remove(offset_bytes, data.len() as u64, block_bytes);
+        self.cache_dirty_blocks
+            .store(cache.dirty.len() as u64, Ordering::Release);
+        self.inner.write_at(data, offset_bytes)
+    }
+
+    /// Writes the cache back and flushes the inner member, pulled or not:
+    /// the callers are `flush` (which checks first) and turning the cache off.
+    fn flush_cache(&self) -> io::Result<()> {
+        if self.unflushed_blocks() > 0 {
+            let mut cache = lock(&self.cache);
+            let destaged = cache.destage(self.inner.as_ref(), self.block_usize());
+            self.cache_dirty_blocks
+                .store(cache.dirty.len() as u64, Ordering::Release);
+            destaged?;
+        }
+        self.inner.flush()
+    }
+
+    fn heal_written(&self, offset_bytes: u64, len_bytes: u64) {
+        let mut plan = self.write_plan();
+        let healed = subtract(
+            &mut plan.bad_ranges,
+            offset_bytes,
+            offset_bytes + len_bytes,
+            |r| r.ops == Ops::Read && r.remap,
+        );
+        bump(&self.counters.healed_bytes, healed);
+    }
+}
+
+fn invalid(member: &dyn Member, why: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{}: {why}", member.name()),
+    )
+}
+
+/// Removes `[start, end)` from the ranges `pick` selects, splitting those
+/// that straddle it; returns the bytes removed.
+fn subtract(
+    ranges: &mut Vec<BadRange>,
+    start: u64,
+    end: u64,
+    pick: impl Fn(&BadRange) -> bool,
+) -> u64 {
+    let mut removed = 0;
+    let mut kept = Vec::with_capacity(ranges.len() + 1);
+    for range in ranges.drain(..) {
+        if !pick(&range) || !range.overlaps(start, end) {
+            kept.push(range);
+            continue;
+        }
+        let (r_start, r_end) = (range.offset_bytes, range.end_bytes());
+        removed += r_end.min(end) - r_start.max(start);
+        if r_start < start {
+            kept.push(BadRange {
+                len_bytes: start - r_start,
+                ..range
+            });
+        }
+        if end < r_end {
+            kept.push(BadRange {
+                offset_bytes: end,
+                len_bytes: r_end - end,
+                ..range
+            });
+        }
+    }
+    *ranges = kept;
+    removed
+}
+
+impl Member for FaultyMember {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+
+    fn logical_block_bytes(&self) -> u32 {
+        self.inner.logical_block_bytes()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()> {
+        check_io(self, offset_bytes, buf.len() as u64)?;
+        bump(&self.counters.reads, 1);
+        let decision = self.decide(Dir::Read, offset_bytes, buf.len() as u64)?;
+        std::thread::sleep(decision.delay);
+        if let Some(err) = decision.error {
+            return Err(err);
+        }
+        if self.unflushed_blocks() == 0 {
+            self.inner.read_at(buf, offset_bytes)?;
+        } else {
+            // Hold the cache while reading the inner member, so that a
+            // destage cannot move a block from the cache to the inner member
+            // between the two and leave this read with the old copy.
+            let cache = lock(&self.cache);
+            self.inner.read_at(buf, offset_bytes)?;
+            cache.overlay(buf, offset_bytes, self.block_usize());
+        }
+        bump(&self.counters.read_bytes, buf.len() as u64);
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
+        check_io(self, offset_bytes, buf.len() as u64)?;
+        bump(&self.counters.writes, 1);
+        let decision = self.decide(Dir::Write, offset_bytes, buf.len() as u64)?;
+        std::thread::sleep(decision.delay);
+        if let Some(err) = decision.error {
+            return Err(err);
+        }
+        let block_bytes = self.block_usize();
+        let blocks = (buf.len() / block_bytes) as u64;
+        let torn_keep = if decision.torn {
+            self.take_torn(blocks)
+        } else {
+            None
+        };
+        let persisted_bytes = torn_keep.map_or(buf.len(), |keep| keep as usize * block_bytes);
+        if persisted_bytes > 0 {
+            self.store(&buf[..persisted_bytes], offset_bytes, decision.cache_bytes)?;
+        }
+        bump(&self.counters.written_bytes, persisted_bytes as u64);
+        if decision.heals && persisted_bytes > 0 {
+            self.heal_written(offset_bytes, persisted_bytes as u64);
+        }
+        match torn_keep {
+            Some(keep) => {
+                bump(&self.counters.torn_writes, 1);
+                Err(self.injected(
+                    libc::EIO,
+                    format!("torn write: {keep} of {blocks} blocks written"),
+                ))
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        bump(&self.counters.flushes, 1);
+        self.gate(&self.read_plan(), Instant::now())?;
+        self.flush_cache()
+    }
+
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        check_io(self, offset_bytes, len_bytes)?;
+        bump(&self.counters.discards, 1);
+        self.gate(&self.read_plan(), Instant::now())?;
+        if self.unflushed_blocks() == 0 {
+            return self.inner.discard(offset_bytes, len_bytes);
+        }
+        let mut cache = lock(&self.cache);
+        cache.remove(offset_bytes, len_bytes, self.block_usize());
+        self.cache_dirty_blocks
+            .store(cache.dirty.len() as u64, Ordering::Release);
+        self.inner.discard(offset_bytes, len_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::member::MemoryMember;
+    use std::sync::Arc;
+
+    fn member(size_bytes: u64) -> FaultyMember {
+        FaultyMember::new(Arc::new(MemoryMember::new("m0", size_bytes, 512)))
+    }
+
+    #[test]
+    fn the_briefs_examples_parse() {
+        let cases: &[(&str, Fault)] = &[
+            ("pull", Fault::Pull {}),
+            ("restore", Fault::Restore {}),
+            ("offline", Fault::Offline(Offline { ms: None })),
+            ("offline:2s", Fault::Offline(Offline { ms: Some(2000) })),
+            (
+                "eio:read:1M+64K",
+                Fault::Eio(BadRange {
+                    offset_bytes: 1 << 20,
+                    len_bytes: 64 << 10,
+                    ops: Ops::Read,
+                    remap: true,
+                }),
+            ),
+            (
+                "eio-rate:0.01",
+                Fault::EioRate(EioRate {
+                    rate: 0.01,
+                    ops: Ops::Both,
+                    seed: None,
+                }),
+            ),
+            (
+                "latency:5ms",
+                Fault::Latency(Latency {
+                    delay_us: 5000,
+                    jitter_us: 0,
+                    ops: Ops::Both,
+                }),
+            ),
+            (
+                "torn",
+                Fault::Torn(Torn {
+                    writes: 1,
+                    keep_blocks: None,
+                }),
+            ),
+        ];
+        for (text, fault) in cases {
+            assert_eq!(&text.parse::<Fault>().unwrap(), fault, "{text}");
+            assert_eq!(&fault.to_string(), text);
+        }
+    }
+
+    #[test]
+    fn options_in_any_order() {
+        let a: Fault = "latency:write:2ms:jitter=500us".parse().unwrap();
+        let b: Fault = "latency:jitter=0.5ms:2ms:w".parse().unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.to_string(), "latency:2ms:jitter=500us:write");
+        let e: Fault = "eio:2048s+8s:noremap:write".parse().unwrap();
+        assert_eq!(e.to_string(), "eio:write:1M+4K:noremap");
+        assert_eq!(
+            "EIO_RATE:0.5:read:seed=9"
+                .parse::<Fault>()
+                .unwrap()
+                .to_string(),
+            "eio-rate:0.5:read:seed=9"
+        );
+        assert_eq!(
+            "crash:keep=0.25".parse::<Fault>().unwrap().to_string(),
+            "crash:0.25"
+        );
+        assert_eq!(
+            "cache".parse::<Fault>().unwrap().to_string(),
+            "write-cache:on"
+        );
+    }
+
+    #[test]
+    fn bad_input_is_refused_in_one_line() {
+        for text in [
+            "",
+            "yank",
+            "pull:now",
+            "offline:2",
+            "offline:2 weeks",
+            "eio",
+            "eio:read",
+            "eio:1M",
+            "eio:1M+0",
+            "eio:1Q+4K",
+            "eio:read:1M+4K:2M+4K",
+            "eio-rate:1.5",
+            "eio-rate:-0.1",
+            "eio-rate:x",
+            "eio-rate:0.1:seed=x",
+            "latency",
+            "latency:5",
+            "latency:61s",
+            "torn:x",
+            "torn:1:keep=-1",
+            "write-cache:maybe",
+            "write-cache:capacity=0",
+            "crash:2",
+            "heal:1M",
+            "restore:all",
+        ] {
+            let err = text.parse::<Fault>().unwrap_err();
+            assert!(
+                err.starts_with(&format!("invalid fault '{text}': ")),
+                "{err}"
+            );
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+    }
+
+    #[test]
+    fn sizes_and_durations_round_trip() {
+        for bytes in [0, 1, 512, 1536, 4096, 1 << 20, 3 << 30, (5 << 40) + 1024] {
+            assert_eq!(parse_bytes(&format_bytes(bytes)).unwrap(), bytes);
+        }
+        for us in [0, 1, 999, 1000, 1500, 2_000_000, 2_500_000] {
+            assert_eq!(parse_duration_us(&format_us(us)).unwrap(), us);
+        }
+        assert_eq!(parse_duration_us("1.5s").unwrap(), 1_500_000);
+        assert_eq!(parse_duration_us("1m").unwrap(), 60_000_000);
+        assert!(parse_bytes("99999999999999999999").is_err());
+        assert!(parse_bytes("16777216T").is_err());
+    }
+
+    #[test]
+    fn json_has_the_documented_shape() {
+        let json = |f: &Fault| serde_json::to_string(f).unwrap();
+        assert_eq!(json(&Fault::Pull {}), r#"{"pull":{}}"#);
+        assert_eq!(
+            json(&"offline:2s".parse().unwrap()),
+            r#"{"offline":{"ms":2000}}"#
+        );
+        assert_eq!(
+            json(&"latency:5ms".parse().unwrap()),
+            r#"{"latency":{"us":5000}}"#
+        );
+        assert_eq!(
+            json(&"eio:read:4K+4K".parse().unwrap()),
+            r#"{"eio":{"offset":4096,"len":4096,"ops":"read","remap":true}}"#
+        );
+        let parsed: Fault =
+            serde_json::from_str(r#"{"eio":{"offset":0,"len":512,"ops":"write"}}"#).unwrap();
+        assert_eq!(parsed.to_string(), "eio:write:0+512");
+        assert!(serde_json::from_str::<Fault>(r#"{"latency":{"usec":5}}"#).is_err());
+        assert!(serde_json::from_str::<Fault>(r#"{"yank":{}}"#).is_err());
+    }
+
+    #[test]
+    fn subtract_splits_ranges() {
+        let range = |offset_bytes, len_bytes, ops| BadRange {
+            offset_bytes,
+            len_bytes,
+            ops,
+            remap: true,
+        };
+        let mut ranges = vec![range(0, 4096, Ops::Read), range(8192, 512, Ops::Write)];
+        let removed = subtract(&mut ranges, 1024, 2048, |r| r.ops == Ops::Read);
+        assert_eq!(removed, 1024);
+        assert_eq!(
+            ranges,
+            vec![
+                range(0, 1024, Ops::Read),
+                range(2048, 2048, Ops::Read),
+                range(8192, 512, Ops::Write)
+            ]
+        );
+        assert_eq!(
+            subtract(&mut ranges, 0, 1 << 20, |r| r.ops == Ops::Read),
+            3072
+        );
+        assert_eq!(ranges, vec![range(8192, 512, Ops::Write)]);
+    }
+
+    #[test]
+    fn bad_ranges_round_out_to_blocks_and_stay_inside() {
+        let m = member(64 << 10);
+        m.apply(&"eio:read:1000+100".parse().unwrap()).unwrap();
+        assert_eq!(
+            m.plan().bad_ranges,
+            vec![BadRange {
+                offset_bytes: 512,
+                len_bytes: 1024,
+                ops: Ops::Read,
+                remap: true
+            }]
+        );
+        let err = m.apply(&"eio:60K+8K".parse().unwrap()).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(m.plan().bad_ranges.len(), 1);
+    }
+
+    #[test]
+    fn a_read_bad_sector_heals_when_written() {
+        let m = member(64 << 10);
+        m.apply(&"eio:read:4K+4K".parse().unwrap()).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let err = m.read_at(&mut buf, 4096).unwrap_err();
+        assert_eq!(injected_errno(&err), Some(libc::EIO));
+        assert!(
+            err.to_string().contains("medium error at byte 4096"),
+            "{err}"
+        );
+        // Rewriting half the range heals that half only.
+        m.write_at(&[7u8; 2048], 4096).unwrap();
+        m.read_at(&mut buf[..2048], 4096).unwrap();
+        assert_eq!(buf[..2048], [7u8; 2048]);
+        assert!(m.read_at(&mut buf[..512], 6144).is_err());
+        assert_eq!(m.counters().healed_bytes, 2048);
+    }
+
+    #[test]
+    fn the_cache_overlays_reads_and_flushes() {
+        let inner = Arc::new(MemoryMember::new("m0", 16 << 10, 512));
+        let m = FaultyMember::new(inner.clone());
+        m.apply(&"write-cache".parse().unwrap()).unwrap();
+        m.write_at(&[1u8; 1024], 512).unwrap();
+        assert_eq!(m.unflushed_blocks(), 2);
+        assert_eq!(inner.snapshot()[512], 0);
+        let mut buf = [9u8; 2048];
+        m.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf[..512], [0u8; 512]);
+        assert_eq!(buf[512..1536], [1u8; 1024]);
+        assert_eq!(buf[1536..], [0u8; 512]);
+        m.flush().unwrap();
+        assert_eq!(m.unflushed_blocks(), 0);
+        assert_eq!(inner.snapshot()[512..1536], [1u8; 1024]);
+    }
+
+    #[test]
+    fn a_full_cache_destages() {
+        let inner = Arc::new(MemoryMember::new("m0", 16 << 10, 512));
+        let m = FaultyMember::new(inner.clone());
+        m.apply(&"write-cache:capacity=2K".parse().unwrap())
+            .unwrap();
+        m.write_at(&[3u8; 2048], 0).unwrap();
+        assert_eq!(m.unflushed_blocks(), 4);
+        m.write_at(&[4u8; 512], 4096).unwrap();
+        assert_eq!(m.unflushed_blocks(), 0);
+        assert_eq!(inner.snapshot()[..2048], [3u8; 2048]);
+    }
+
+    #[test]
+    fn turning_the_cache_off_writes_it_back() {
+        let inner = Arc::new(MemoryMember::new("m0", 16 << 10, 512));
+        let m = FaultyMember::new(inner.clone());
+        m.apply(&"write-cache:on".parse().unwrap()).unwrap();
+        m.write_at(&[5u8; 512], 0).unwrap();
+        m.apply(&"write-cache:off".parse().unwrap()).unwrap();
+        assert_eq!(m.unflushed_blocks(), 0);
+        assert_eq!(inner.snapshot()[..512], [5u8; 512]);
+        m.crash().unwrap();
+        assert_eq!(inner.snapshot()[..512], [5u8; 512]);
+    }
+
+    #[test]
+    fn restore_keeps_the_cache_setting() {
+        let m = member(16 << 10);
+        for text in ["write-cache", "pull", "latency:1ms", "eio:0+512", "torn:3"] {
+            m.apply_str(text).unwrap();
+        }
+        m.restore();
+        assert_eq!(
+            m.faults(),
+            vec![Fault::WriteCache(WriteCache {
+                enabled: true,
+                capacity_bytes: None
+            })]
+        );
+    }
+
+    #[test]
+    fn describe_uses_the_fault_syntax() {
+        let m = member(16 << 10);
+        assert_eq!(
+            m.describe(),
+            "healthy; 0 reads, 0 writes, 0 errors injected"
+        );
+        m.apply_str("eio-rate:1:write").unwrap();
+        m.apply_str("offline").unwrap();
+        let _ = m.write_at(&[0u8; 512], 0);
+        assert_eq!(
+            m.describe(),
+            "offline, eio-rate:1:write; 0 reads, 1 writes, 1 errors injected"
+        );
+    }
+
+    #[test]
+    fn invalid_io_is_refused_before_faults() {
+        let m = member(16 << 10);
+        m.pull();
+        let err = m.write_at(&[0u8; 100], 0).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(m.counters().pulled_errors, 0);
+    }
+}

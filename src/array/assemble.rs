@@ -145,6 +145,12 @@ impl Assembled {
 
 /// Opens the devices at `paths` and assembles them.
 pub fn assemble(paths: &[PathBuf], write: bool) -> Result<Assembled, AssembleError> {
+    assemble_members(open_members(paths, write)?)
+}
+
+/// Opens the devices at `paths` (exclusively when writing), refusing one
+/// given twice under any name.
+pub fn open_members(paths: &[PathBuf], write: bool) -> Result<Vec<(String, MemberRef)>, AssembleError> {
     if paths.is_empty() {
         return Err(AssembleError::NoDevices);
     }
@@ -168,7 +174,7 @@ pub fn assemble(paths: &[PathBuf], write: bool) -> Result<Assembled, AssembleErr
             .map_err(|e| AssembleError::Open(e.to_string()))?;
         members.push((name, Arc::new(member)));
     }
-    assemble_members(members)
+    Ok(members)
 }
 
 /// Assembles already-opened members (files, devices or test backends).

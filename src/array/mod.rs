@@ -9,7 +9,7 @@ mod superblocks;
 mod update;
 
 pub use assemble::{
-    assemble, assemble_members, AssembleError, Assembled, DeviceState, FoundDevice,
+    assemble, assemble_members, open_members, AssembleError, Assembled, DeviceState, FoundDevice,
 };
 pub use create::{create, create_on_members, CreateError, CreateOptions, MemberSpec};
 pub use resync::{resync, ResyncReport};

@@ -7,7 +7,7 @@ use crate::control::{self, Request};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
-#[command(group(clap::ArgGroup::new("what").required(true).multiple(false).args(["fail", "remove", "add", "action", "speed"])))]
+#[command(group(clap::ArgGroup::new("what").required(true).multiple(false).args(["fail", "remove", "add", "action", "speed", "inject"])))]
 pub struct ManageArgs {
     /// The control socket of the running `uraid serve`.
     #[arg(long)]
@@ -21,6 +21,11 @@ pub struct ManageArgs {
     /// Add a device: a spare, rebuilt into the array at once if it is degraded.
     #[arg(long)]
     add: Option<PathBuf>,
+    /// Inject a fault into a member (serve with --fault-injection): DEV FAULT,
+    /// e.g. `--inject d3 pull`, `--inject d1 eio:read:1M+64K`, `--inject d2 latency:5ms`,
+    /// `--inject d3 restore`.
+    #[arg(long, num_args = 2, value_names = ["DEV", "FAULT"])]
+    inject: Option<Vec<String>>,
     /// md's sync_action: check (count mismatches), repair (fix them), idle (stop).
     #[arg(long)]
     action: Option<String>,
@@ -39,6 +44,8 @@ pub fn run(args: &ManageArgs) -> CliResult {
         Request::Remove { device: absolute(device) }
     } else if let Some(device) = &args.add {
         Request::Add { device: absolute(device) }
+    } else if let Some(inject) = &args.inject {
+        Request::Inject { device: absolute(std::path::Path::new(&inject[0])), fault: inject[1].clone() }
     } else if let Some(action) = &args.action {
         Request::SyncAction { action: action.clone() }
     } else {

@@ -2,7 +2,8 @@
 //! SIGTERM; then finish in-flight I/O, mark the array clean and exit 0.
 
 use super::CliResult;
-use crate::array::assemble;
+use crate::array::{assemble_members, open_members};
+use crate::member::FaultyMember;
 use crate::control::{self, view::array_label, ControlServer};
 use crate::engine::{Engine, EngineOptions};
 use crate::export::nbd::{self, Listener, ServeOptions};
@@ -25,6 +26,10 @@ pub struct ServeArgs {
     /// Start even a dirty degraded parity array (md refuses it by default).
     #[arg(long)]
     force: bool,
+    /// Wrap every member in a fault injector driven by `uraid manage --inject`
+    /// (pull, offline, I/O errors, latency, torn writes): for rehearsals and tests.
+    #[arg(long)]
+    fault_injection: bool,
     /// The member devices or image files.
     #[arg(required = true)]
     devices: Vec<PathBuf>,
@@ -55,7 +60,16 @@ fn wait_for_stop_signal(set: &libc::sigset_t) -> i32 {
 
 pub fn run(args: &ServeArgs) -> CliResult {
     let signals = block_stop_signals();
-    let array = assemble(&args.devices, !args.read_only).map_err(|e| e.to_string())?;
+    let mut members = open_members(&args.devices, !args.read_only).map_err(|e| e.to_string())?;
+    let mut injectors = Vec::new();
+    if args.fault_injection {
+        for (name, member) in members.iter_mut() {
+            let faulty = Arc::new(FaultyMember::new(member.clone()));
+            injectors.push((name.clone(), faulty.clone()));
+            *member = faulty;
+        }
+    }
+    let array = assemble_members(members).map_err(|e| e.to_string())?;
     let label = array_label(&array.sb.set_name).to_string();
     let label = if label.is_empty() {
         array.sb.uuid_string()[..8].to_string()
@@ -76,6 +90,7 @@ pub fn run(args: &ServeArgs) -> CliResult {
         },
     )
     .map_err(|e| e.to_string())?;
+    engine.set_injectors(injectors);
     let size = engine.size_bytes();
     let options = ServeOptions {
         export_name: label.clone(),

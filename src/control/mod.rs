@@ -30,6 +30,9 @@ pub enum Request {
     Add { device: PathBuf },
     /// md's sync_action: "check", "repair" or "idle" (stop the running job).
     SyncAction { action: String },
+    /// Fault injection on a member: "pull", "offline:2s", "eio:read:1M+64K",
+    /// "eio-rate:0.01", "latency:5ms", "torn", "restore", ...
+    Inject { device: PathBuf, fault: String },
     /// md's sync_speed_min / sync_speed_max for this array, KiB/s per member.
     SpeedLimits { min_kib_per_s: Option<u64>, max_kib_per_s: Option<u64> },
 }
@@ -183,6 +186,10 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
             "repair" => done(engine.start_scrub(true), "repair started".into()),
             "idle" => done(engine.stop_sync(), "background job stopped".into()),
             other => Reply::Error { message: format!("unknown sync action '{other}': check, repair or idle") },
+        },
+        Request::Inject { device, fault } => match engine.inject(&device, &fault) {
+            Ok(state) => Reply::Done { message: format!("{}: {state}", device.display()) },
+            Err(message) => Reply::Error { message },
         },
         Request::SpeedLimits { min_kib_per_s, max_kib_per_s } => {
             if min_kib_per_s == Some(0) || max_kib_per_s == Some(0) {

@@ -68,6 +68,9 @@ pub struct Engine {
     /// The engine itself, for work started from a request (a hot spare
     /// taking over after a failure needs a thread that owns the engine).
     me: OnceLock<Weak<Engine>>,
+    /// Fault injectors wrapped around the members, by device path, when the
+    /// array is served with fault injection enabled.
+    injectors: Mutex<Vec<(String, Arc<crate::member::FaultyMember>)>>,
 }
 
 impl Engine {
@@ -109,6 +112,7 @@ impl Engine {
             foreground_ios: AtomicU64::new(0),
             last_mismatch_sectors: AtomicU64::new(0),
             me: OnceLock::new(),
+            injectors: Mutex::new(Vec::new()),
         });
         let _ = engine.me.set(Arc::downgrade(&engine));
         if let (Some(from), false) = (resync_from, options.read_only) {
@@ -252,6 +256,28 @@ impl Engine {
             self.sync.speed_limit_min_kib_per_s.load(Ordering::SeqCst),
             self.sync.speed_limit_max_kib_per_s.load(Ordering::SeqCst),
         )
+    }
+
+    /// Registers the fault injectors of the members (serve --fault-injection).
+    pub fn set_injectors(&self, injectors: Vec<(String, Arc<crate::member::FaultyMember>)>) {
+        *self.injectors.lock().unwrap() = injectors;
+    }
+
+    /// Applies a fault (in the command-line syntax, e.g. "pull", "eio:read:1M+64K",
+    /// "latency:5ms", "restore") to the member at `path`. Returns its new state.
+    pub fn inject(&self, path: &std::path::Path, fault: &str) -> Result<String, String> {
+        let injectors = self.injectors.lock().unwrap();
+        if injectors.is_empty() {
+            return Err("fault injection is off: serve the array with --fault-injection".into());
+        }
+        let canonical = |p: &std::path::Path| std::fs::canonicalize(p).ok();
+        let (_, injector) = injectors
+            .iter()
+            .find(|(name, _)| std::path::Path::new(name) == path || canonical(std::path::Path::new(name)) == canonical(path))
+            .ok_or_else(|| format!("{} is not a member of this array", path.display()))?;
+        injector.apply_str(fault).map_err(|e| e.to_string())?;
+        self.events.push("FaultInjected", &path.display().to_string(), fault);
+        Ok(injector.describe())
     }
 
     /// md's mismatch_cnt.

@@ -5,12 +5,14 @@
 //! leaves every device as it was.
 
 use super::assemble::{assemble_members, AssembleError, Assembled};
+use super::bitmap::write_bitmap;
 use super::resync::resync;
 use super::superblocks::{read_superblock, write_superblock, SuperblockError};
 use super::update::{write_array_state, Cleanliness};
+use crate::format::bitmap::{Bitmap, BitmapSuper};
 use crate::format::{
-    self, ConsistencyPolicy, CreateDevice, CreateMember, CreateSpec, FormatError, MemberSuper,
-    Metadata,
+    self, ConsistencyPolicy, CreateDevice, CreateMember, CreateSpec, FormatError, InternalBitmap,
+    MemberSuper, Metadata,
 };
 use crate::geometry::{layout_from_name, Geometry, GeometryParams, Level};
 use crate::member::{probe, FileMember, MemberRef, OpenOptions};
@@ -42,6 +44,17 @@ pub struct CreateOptions {
     pub size_sectors: Option<u64>,
     pub force: bool,
     pub homehost: Option<String>,
+}
+
+/// The write-intent bitmap a create makes (mdadm's --bitmap).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BitmapRequest {
+    #[default]
+    None,
+    /// An internal bitmap next to each superblock, placed and sized as
+    /// mdadm places it; `chunk_bytes` None lets mdadm's rule choose
+    /// (at least 64 MiB, at most 128 KiB of bitmap).
+    Internal { chunk_bytes: Option<u64> },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -202,16 +215,84 @@ pub fn create(
     opts: &CreateOptions,
     progress: impl FnMut(u64, u64),
 ) -> Result<Assembled, CreateError> {
+    create_with_bitmap(devices, opts, BitmapRequest::None, progress)
+}
+
+/// [`create`] with a write-intent bitmap.
+pub fn create_with_bitmap(
+    devices: &[MemberSpec],
+    opts: &CreateOptions,
+    bitmap: BitmapRequest,
+    progress: impl FnMut(u64, u64),
+) -> Result<Assembled, CreateError> {
     check_device_count(devices.len(), opts)?;
     let opened = open_devices(devices)?;
-    create_on_members(
+    create_on_members_with_bitmap(
         opened
             .into_iter()
             .map(|o| o.map(|o| (o.path, o.member)))
             .collect(),
         opts,
+        bitmap,
         progress,
     )
+}
+
+/// The consistency policy for a bitmap request: the bitmap's chunk and
+/// place as mdadm's add_internal_bitmap1 chooses them at create.
+fn bitmap_policy(
+    request: BitmapRequest,
+    opts: &CreateOptions,
+    layout: u32,
+    size_sectors: u64,
+) -> Result<ConsistencyPolicy, CreateError> {
+    let BitmapRequest::Internal { chunk_bytes } = request else {
+        return Ok(ConsistencyPolicy::Resync);
+    };
+    let level = opts.level;
+    // mdadm: "bitmaps not meaningful with level" for linear and raid0,
+    // which have no redundancy to resync.
+    if level.md_number() <= 0 {
+        return Err(invalid(format!(
+            "a write-intent bitmap is not meaningful with {level}"
+        )));
+    }
+    if opts.metadata == Metadata::V0_90 {
+        return Err(invalid(
+            "uraid creates internal bitmaps with 1.x metadata only; use --metadata 1.2",
+        ));
+    }
+    if let Some(c) = chunk_bytes {
+        if !c.is_power_of_two() || !(512..=1 << 31).contains(&c) {
+            return Err(invalid(format!(
+                "invalid bitmap chunk size {c} bytes: it must be a power of two from 512 bytes to 2G"
+            )));
+        }
+    }
+    let sync =
+        format::bitmap_sync_sectors(level.md_number(), layout, opts.raid_disks, size_sectors);
+    let bm = format::default_internal_bitmap(opts.metadata, size_sectors, sync, chunk_bytes)?;
+    if bm.chunk_bytes > 1 << 31 {
+        return Err(invalid("the devices are too large for an internal bitmap"));
+    }
+    Ok(ConsistencyPolicy::Bitmap(bm))
+}
+
+/// Writes a new member's bitmap: mdadm's bitmap superblock with the
+/// member superblock's events, every bit set when a resync will follow
+/// (write_array_state clears them when the resync has made the array
+/// clean) and clear otherwise.
+fn write_initial_bitmap(
+    o: &Opened,
+    sb: &MemberSuper,
+    bm: &InternalBitmap,
+    dirty: bool,
+) -> Result<(), CreateError> {
+    let chunk_bytes = u32::try_from(bm.chunk_bytes).expect("checked by bitmap_policy");
+    let bsb = BitmapSuper::new(sb.set_uuid, sb.events, bm.sync_sectors, chunk_bytes);
+    let bits = Bitmap::new(bsb.chunks(), dirty);
+    write_bitmap(&*o.member, sb, &bsb, &bits)?;
+    Ok(())
 }
 
 fn check_device_count(count: usize, opts: &CreateOptions) -> Result<(), CreateError> {
@@ -235,6 +316,16 @@ fn check_device_count(count: usize, opts: &CreateOptions) -> Result<(), CreateEr
 pub fn create_on_members(
     members: Vec<Option<(String, MemberRef)>>,
     opts: &CreateOptions,
+    progress: impl FnMut(u64, u64),
+) -> Result<Assembled, CreateError> {
+    create_on_members_with_bitmap(members, opts, BitmapRequest::None, progress)
+}
+
+/// [`create_on_members`] with a write-intent bitmap.
+pub fn create_on_members_with_bitmap(
+    members: Vec<Option<(String, MemberRef)>>,
+    opts: &CreateOptions,
+    bitmap: BitmapRequest,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<Assembled, CreateError> {
     check_device_count(members.len(), opts)?;
@@ -371,6 +462,7 @@ pub fn create_on_members(
     let plan = format::plan_create(level.md_number(), opts.raid_disks, &kinds, true, true)?;
     let redundant = level.md_number() > 0 && level != Level::Raid0;
     let needs_resync = redundant && !opts.assume_clean;
+    let policy = bitmap_policy(bitmap, opts, layout, size_sectors)?;
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock after 1970")
@@ -387,7 +479,7 @@ pub fn create_on_members(
         set_uuid: rand::random(),
         ctime_secs: now,
         clean: !needs_resync,
-        policy: ConsistencyPolicy::Resync,
+        policy,
         bad_block_log: true,
         roles: plan.roles.clone(),
         spare_disks: plan.spare_disks,
@@ -415,6 +507,9 @@ pub fn create_on_members(
     // Every superblock was built: only now is anything written.
     for (o, sb) in &supers {
         write_superblock(&*o.member, sb)?;
+        if let ConsistencyPolicy::Bitmap(bm) = &policy {
+            write_initial_bitmap(o, sb, bm, needs_resync)?;
+        }
         o.member
             .flush()
             .map_err(|e| CreateError::Device(format!("{}: {e}", o.path)))?;

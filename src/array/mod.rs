@@ -2,6 +2,7 @@
 //! each member's data starts, and the stripe-level data path over them.
 
 mod assemble;
+mod bitmap;
 mod create;
 mod resync;
 mod stripe_io;
@@ -11,7 +12,11 @@ mod update;
 pub use assemble::{
     assemble, assemble_members, open_members, AssembleError, Assembled, DeviceState, FoundDevice,
 };
-pub use create::{create, create_on_members, CreateError, CreateOptions, MemberSpec};
+pub use bitmap::{read_bitmap, read_bitmap_node, write_bitmap};
+pub use create::{
+    create, create_on_members, create_on_members_with_bitmap, create_with_bitmap, BitmapRequest,
+    CreateError, CreateOptions, MemberSpec,
+};
 pub use resync::{resync, ResyncReport};
 pub use stripe_io::{StripeError, StripeIo};
 pub use superblocks::{read_superblock, write_superblock, SuperblockError};

@@ -49,6 +49,8 @@ pub fn write_array_state(array: &mut Assembled, state: Cleanliness) -> Result<()
         Cleanliness::ResyncFrom(position) => position,
     };
     array.sb.dev_roles = roles.clone();
+    // The bitmap first, as md writes it: see sync_bitmaps.
+    super::bitmap::sync_bitmaps(array, state)?;
     for device in &mut array.devices {
         if matches!(
             device.state,

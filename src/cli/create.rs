@@ -2,7 +2,7 @@
 
 use super::text::hostname;
 use super::CliResult;
-use crate::array::{create, CreateOptions, MemberSpec};
+use crate::array::{create_with_bitmap, BitmapRequest, CreateOptions, MemberSpec};
 use crate::format::Metadata;
 use crate::geometry::level_from_name;
 use crate::units::parse_size_bytes;
@@ -23,9 +23,13 @@ pub struct CreateArgs {
     /// Layout by mdadm's name: left-symmetric, right-asymmetric, parity-first, n2, f2, o2, ...
     #[arg(long, short = 'p')]
     layout: Option<String>,
-    /// Write-intent bitmap: none (internal comes with the bitmap work).
-    #[arg(long, default_value = "none")]
+    /// Write-intent bitmap: internal (next to each superblock, 1.x metadata) or none.
+    #[arg(long, short = 'b', default_value = "none")]
     bitmap: String,
+    /// Bytes of data per bitmap bit (K/M/G suffixes; a bare number is KiB);
+    /// default as mdadm: at least 64M, with at most 128K of bitmap.
+    #[arg(long)]
+    bitmap_chunk: Option<String>,
     /// Skip the initial resync: the members are known to be consistent (e.g. all zero).
     #[arg(long)]
     assume_clean: bool,
@@ -52,12 +56,21 @@ pub struct CreateArgs {
 pub fn run(args: &CreateArgs) -> CliResult {
     let level =
         level_from_name(&args.level).ok_or_else(|| format!("unknown level '{}'", args.level))?;
-    if args.bitmap != "none" {
-        return Err(format!(
-            "--bitmap {} is not supported yet; use --bitmap none",
-            args.bitmap
-        ));
-    }
+    let bitmap_chunk = args
+        .bitmap_chunk
+        .as_deref()
+        .map(parse_size_bytes)
+        .transpose()?;
+    let bitmap = match (args.bitmap.as_str(), bitmap_chunk) {
+        ("internal", chunk_bytes) => BitmapRequest::Internal { chunk_bytes },
+        ("none", None) => BitmapRequest::None,
+        ("none", Some(_)) => return Err("--bitmap-chunk needs --bitmap internal".into()),
+        (other, _) => {
+            return Err(format!(
+                "--bitmap {other} is not supported; use --bitmap internal or --bitmap none"
+            ))
+        }
+    };
     let metadata: Metadata = args.metadata.parse().map_err(|e: String| e)?;
     let chunk_bytes = args.chunk.as_deref().map(parse_size_bytes).transpose()?;
     let size_sectors = args
@@ -100,7 +113,7 @@ pub fn run(args: &CreateArgs) -> CliResult {
             .expect("valid template")
             .progress_chars("=> "),
     );
-    let array = create(&devices, &options, |done, total| {
+    let array = create_with_bitmap(&devices, &options, bitmap, |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     })

@@ -36,6 +36,9 @@ enum Command {
     Examine {
         #[arg(long)]
         json: bool,
+        /// Print each member's internal write-intent bitmap, as mdadm --examine-bitmap (-X).
+        #[arg(long, short = 'X')]
+        bitmap: bool,
         #[arg(required = true)]
         devices: Vec<PathBuf>,
     },
@@ -90,7 +93,12 @@ pub fn main() -> i32 {
     };
     let result = match cli.command {
         Command::Create(args) => create::run(&args),
-        Command::Examine { json, devices } => examine::run(&devices, json),
+        Command::Examine {
+            json,
+            bitmap: true,
+            devices,
+        } => examine::run_bitmap(&devices, json),
+        Command::Examine { json, devices, .. } => examine::run(&devices, json),
         Command::Detail {
             json,
             control,

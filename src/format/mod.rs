@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
+pub mod bitmap;
 pub mod create;
 pub mod sb090;
 pub mod sb1;

@@ -150,7 +150,10 @@ pub fn assemble(paths: &[PathBuf], write: bool) -> Result<Assembled, AssembleErr
 
 /// Opens the devices at `paths` (exclusively when writing), refusing one
 /// given twice under any name.
-pub fn open_members(paths: &[PathBuf], write: bool) -> Result<Vec<(String, MemberRef)>, AssembleError> {
+pub fn open_members(
+    paths: &[PathBuf],
+    write: bool,
+) -> Result<Vec<(String, MemberRef)>, AssembleError> {
     if paths.is_empty() {
         return Err(AssembleError::NoDevices);
     }

@@ -4,7 +4,9 @@
 
 use super::assemble::{Assembled, DeviceState};
 use super::superblocks::{write_superblock, SuperblockError};
-use crate::format::{MAX_SECTOR, MD_DISK_ROLE_FAULTY, MD_DISK_ROLE_SPARE, MD_FEATURE_RECOVERY_OFFSET};
+use crate::format::{
+    MAX_SECTOR, MD_DISK_ROLE_FAULTY, MD_DISK_ROLE_SPARE, MD_FEATURE_RECOVERY_OFFSET,
+};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Whether the array is (about to be) written without its redundancy being
@@ -62,7 +64,10 @@ pub fn write_array_state(array: &mut Assembled, state: Cleanliness) -> Result<()
         let sb = &mut device.sb;
         // A member being rebuilt says how far it is, on its own superblock only.
         match device.state {
-            DeviceState::Recovering { recovery_offset_sectors, .. } => {
+            DeviceState::Recovering {
+                recovery_offset_sectors,
+                ..
+            } => {
                 sb.feature_map |= MD_FEATURE_RECOVERY_OFFSET;
                 sb.recovery_offset_sectors = recovery_offset_sectors;
             }
@@ -78,7 +83,11 @@ pub fn write_array_state(array: &mut Assembled, state: Cleanliness) -> Result<()
         sb.dev_roles = roles.clone();
         write_superblock(&*device.member, sb)?;
     }
-    for device in array.devices.iter().filter(|d| d.state != DeviceState::Faulty) {
+    for device in array
+        .devices
+        .iter()
+        .filter(|d| d.state != DeviceState::Faulty)
+    {
         device
             .member
             .flush()

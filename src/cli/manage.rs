@@ -39,17 +39,31 @@ pub struct ManageArgs {
 
 pub fn run(args: &ManageArgs) -> CliResult {
     let request = if let Some(device) = &args.fail {
-        Request::Fail { device: absolute(device) }
+        Request::Fail {
+            device: absolute(device),
+        }
     } else if let Some(device) = &args.remove {
-        Request::Remove { device: absolute(device) }
+        Request::Remove {
+            device: absolute(device),
+        }
     } else if let Some(device) = &args.add {
-        Request::Add { device: absolute(device) }
+        Request::Add {
+            device: absolute(device),
+        }
     } else if let Some(inject) = &args.inject {
-        Request::Inject { device: absolute(std::path::Path::new(&inject[0])), fault: inject[1].clone() }
+        Request::Inject {
+            device: absolute(std::path::Path::new(&inject[0])),
+            fault: inject[1].clone(),
+        }
     } else if let Some(action) = &args.action {
-        Request::SyncAction { action: action.clone() }
+        Request::SyncAction {
+            action: action.clone(),
+        }
     } else {
-        Request::SpeedLimits { min_kib_per_s: args.speed_limit_min, max_kib_per_s: args.speed_limit_max }
+        Request::SpeedLimits {
+            min_kib_per_s: args.speed_limit_min,
+            max_kib_per_s: args.speed_limit_max,
+        }
     };
     let message = control::command(&args.control, &request)?;
     eprintln!("uraid: {message}");

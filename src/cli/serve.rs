@@ -3,11 +3,11 @@
 
 use super::CliResult;
 use crate::array::{assemble_members, open_members};
-use crate::member::FaultyMember;
 use crate::control::{self, view::array_label, ControlServer};
 use crate::engine::{Engine, EngineOptions};
 use crate::export::nbd::{self, Listener, ServeOptions};
 use crate::export::BlockBackend;
+use crate::member::FaultyMember;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -25,16 +25,30 @@ pub enum Request {
     /// The /proc/mdstat block and the detail of the array.
     Status,
     /// mdadm --manage: fail, remove or add a member by path.
-    Fail { device: PathBuf },
-    Remove { device: PathBuf },
-    Add { device: PathBuf },
+    Fail {
+        device: PathBuf,
+    },
+    Remove {
+        device: PathBuf,
+    },
+    Add {
+        device: PathBuf,
+    },
     /// md's sync_action: "check", "repair" or "idle" (stop the running job).
-    SyncAction { action: String },
+    SyncAction {
+        action: String,
+    },
     /// Fault injection on a member: "pull", "offline:2s", "eio:read:1M+64K",
     /// "eio-rate:0.01", "latency:5ms", "torn", "restore", ...
-    Inject { device: PathBuf, fault: String },
+    Inject {
+        device: PathBuf,
+        fault: String,
+    },
     /// md's sync_speed_min / sync_speed_max for this array, KiB/s per member.
-    SpeedLimits { min_kib_per_s: Option<u64>, max_kib_per_s: Option<u64> },
+    SpeedLimits {
+        min_kib_per_s: Option<u64>,
+        max_kib_per_s: Option<u64>,
+    },
 }
 
 /// What the server reports about its array.
@@ -138,7 +152,12 @@ impl ControlServer {
     }
 }
 
-fn handle(stream: UnixStream, engine: &Arc<Engine>, nbd_uri: &str, homehost: &str) -> io::Result<()> {
+fn handle(
+    stream: UnixStream,
+    engine: &Arc<Engine>,
+    nbd_uri: &str,
+    homehost: &str,
+) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut line = String::new();
@@ -166,8 +185,13 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
         Request::Status => {
             let mut status = status_of(&engine.snapshot(), nbd_uri, homehost);
             status.mismatch_cnt = engine.mismatch_sectors();
-            (status.speed_limit_min_kib_per_s, status.speed_limit_max_kib_per_s) = engine.speed_limits();
-            Reply::Ok { status: Box::new(status) }
+            (
+                status.speed_limit_min_kib_per_s,
+                status.speed_limit_max_kib_per_s,
+            ) = engine.speed_limits();
+            Reply::Ok {
+                status: Box::new(status),
+            }
         }
         Request::Fail { device } => {
             let message = format!("set {} faulty", device.display());
@@ -185,19 +209,30 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
             "check" => done(engine.start_scrub(false), "check started".into()),
             "repair" => done(engine.start_scrub(true), "repair started".into()),
             "idle" => done(engine.stop_sync(), "background job stopped".into()),
-            other => Reply::Error { message: format!("unknown sync action '{other}': check, repair or idle") },
+            other => Reply::Error {
+                message: format!("unknown sync action '{other}': check, repair or idle"),
+            },
         },
         Request::Inject { device, fault } => match engine.inject(&device, &fault) {
-            Ok(state) => Reply::Done { message: format!("{}: {state}", device.display()) },
+            Ok(state) => Reply::Done {
+                message: format!("{}: {state}", device.display()),
+            },
             Err(message) => Reply::Error { message },
         },
-        Request::SpeedLimits { min_kib_per_s, max_kib_per_s } => {
+        Request::SpeedLimits {
+            min_kib_per_s,
+            max_kib_per_s,
+        } => {
             if min_kib_per_s == Some(0) || max_kib_per_s == Some(0) {
-                return Reply::Error { message: "speed limits must be positive (md refuses 0 too)".into() };
+                return Reply::Error {
+                    message: "speed limits must be positive (md refuses 0 too)".into(),
+                };
             }
             engine.set_speed_limits(min_kib_per_s, max_kib_per_s);
             let (min, max) = engine.speed_limits();
-            Reply::Done { message: format!("speed_limit_min {min} KiB/s, speed_limit_max {max} KiB/s") }
+            Reply::Done {
+                message: format!("speed_limit_min {min} KiB/s, speed_limit_max {max} KiB/s"),
+            }
         }
     }
 }
@@ -212,15 +247,26 @@ pub fn command(path: &Path, request: &Request) -> Result<String, String> {
 }
 
 fn exchange(path: &Path, request: &Request) -> Result<Reply, String> {
-    let stream = UnixStream::connect(path)
-        .map_err(|e| format!("{}: cannot reach a running uraid serve: {e}", path.display()))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
+    let stream = UnixStream::connect(path).map_err(|e| {
+        format!(
+            "{}: cannot reach a running uraid serve: {e}",
+            path.display()
+        )
+    })?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(|e| e.to_string())?;
     let mut line = serde_json::to_string(request).expect("serializable");
     line.push('\n');
-    (&stream).write_all(line.as_bytes()).map_err(|e| format!("{}: {e}", path.display()))?;
+    (&stream)
+        .write_all(line.as_bytes())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let mut reply = String::new();
-    BufReader::new(&stream).read_line(&mut reply).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_json::from_str::<Reply>(&reply).map_err(|e| format!("{}: malformed reply: {e}", path.display()))
+    BufReader::new(&stream)
+        .read_line(&mut reply)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str::<Reply>(&reply)
+        .map_err(|e| format!("{}: malformed reply: {e}", path.display()))
 }
 
 /// Sends one request to a control socket and returns the reply.

@@ -195,7 +195,10 @@ impl DetailView {
                     SyncAction::Resync => "Resync",
                     SyncAction::Check | SyncAction::Repair => "Check",
                 };
-                format!("{word:>7} Status : {}% complete", p.done_kib * 100 / p.total_kib.max(1))
+                format!(
+                    "{word:>7} Status : {}% complete",
+                    p.done_kib * 100 / p.total_kib.max(1)
+                )
             }),
             devices: rows,
         }

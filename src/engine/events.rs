@@ -25,17 +25,33 @@ pub struct EventLog {
 
 impl EventLog {
     pub fn push(&self, event: &str, device: &str, detail: &str) {
-        let time_secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let time_secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
         eprintln!(
             "uraid: event {event}{}{}",
-            if device.is_empty() { String::new() } else { format!(" {device}") },
-            if detail.is_empty() { String::new() } else { format!(": {detail}") }
+            if device.is_empty() {
+                String::new()
+            } else {
+                format!(" {device}")
+            },
+            if detail.is_empty() {
+                String::new()
+            } else {
+                format!(": {detail}")
+            }
         );
         let mut events = self.events.lock().unwrap();
         if events.len() == EVENTS_KEPT {
             events.pop_front();
         }
-        events.push_back(Event { time_secs, event: event.into(), device: device.into(), detail: detail.into() });
+        events.push_back(Event {
+            time_secs,
+            event: event.into(),
+            device: device.into(),
+            detail: detail.into(),
+        });
     }
 
     pub fn recent(&self) -> Vec<Event> {

@@ -10,13 +10,13 @@
 
 use super::members::{member_error, member_of, MemberTable};
 use super::Engine;
-use crate::member::MemberRef;
-use std::sync::Arc;
 use crate::geometry::{Place, StripeMap};
+use crate::member::MemberRef;
 use crate::parity;
 use crate::units::SECTOR_BYTES;
 use std::io;
 use std::ops::Range;
+use std::sync::Arc;
 
 fn lost(what: String) -> io::Error {
     io::Error::other(what)
@@ -119,7 +119,6 @@ impl Engine {
         }
     }
 
-
     /// Reads array bytes at `offset` into `buf`.
     pub(super) fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let len = buf.len();
@@ -164,13 +163,12 @@ impl Engine {
         self.for_each_piece(offset, data.len(), |engine, map, in_stripe, range| {
             let _guard = engine.locks.lock(map.stripe);
             engine.with_retries(map.stripe, true, |view| {
-                let piece = Engine::piece(map.clone(), in_stripe, range.len(), &data[range.clone()]);
+                let piece =
+                    Engine::piece(map.clone(), in_stripe, range.len(), &data[range.clone()]);
                 view.write_piece(&piece)
             })
         })
     }
-
-
 }
 
 /// The members as one request piece sees them: a snapshot of the member
@@ -189,7 +187,10 @@ impl View<'_> {
     }
 
     fn offset_of(&self, place: &Place, offset_in_strip: usize) -> (MemberRef, u64) {
-        let entry = self.table.entry(place.member).expect("I/O to a member in the table");
+        let entry = self
+            .table
+            .entry(place.member)
+            .expect("I/O to a member in the table");
         let at = entry.slot.data_offset_bytes
             + place.member_sector * SECTOR_BYTES
             + offset_in_strip as u64;
@@ -198,7 +199,12 @@ impl View<'_> {
 
     /// Reads from a member; a failure is tagged with the member's role so
     /// that the piece can correct it from redundancy.
-    pub(super) fn read_place(&self, place: &Place, offset_in_strip: usize, buf: &mut [u8]) -> io::Result<()> {
+    pub(super) fn read_place(
+        &self,
+        place: &Place,
+        offset_in_strip: usize,
+        buf: &mut [u8],
+    ) -> io::Result<()> {
         let (member, at) = self.offset_of(place, offset_in_strip);
         // One retry: a transient error should not cost a member.
         member
@@ -211,16 +217,25 @@ impl View<'_> {
     /// (md does the same without a bad-block log) and the write goes on
     /// without it: parity, computed before any write, still covers its
     /// share. Only when that leaves the array unable to serve is it an error.
-    pub(super) fn write_place(&self, place: &Place, offset_in_strip: usize, buf: &[u8]) -> io::Result<()> {
+    pub(super) fn write_place(
+        &self,
+        place: &Place,
+        offset_in_strip: usize,
+        buf: &[u8],
+    ) -> io::Result<()> {
         let (member, at) = self.offset_of(place, offset_in_strip);
         match member.write_at(buf, at) {
             Ok(()) => Ok(()),
             Err(source) => {
-                self.engine.fail_member(place.member, &format!("write error: {source}"));
+                self.engine
+                    .fail_member(place.member, &format!("write error: {source}"));
                 if self.engine.runnable() {
                     Ok(())
                 } else {
-                    Err(io::Error::other(format!("array failed: member {} lost on write ({source})", place.member)))
+                    Err(io::Error::other(format!(
+                        "array failed: member {} lost on write ({source})",
+                        place.member
+                    )))
                 }
             }
         }
@@ -235,7 +250,10 @@ impl View<'_> {
                 continue;
             }
             let dst = &mut out[i * strip_bytes + r.start - in_stripe..][..r.len()];
-            match self.engine.pick_copy(&piece.map.data[i].copies, |c| self.present(c)) {
+            match self
+                .engine
+                .pick_copy(&piece.map.data[i].copies, |c| self.present(c))
+            {
                 Some(copy) => self.read_place(copy, r.start, dst)?,
                 None => missing.push(i),
             }
@@ -429,7 +447,9 @@ impl View<'_> {
             let r = piece.ranges[i].clone();
             delta.resize(r.len(), 0);
             self.read_place(&map.data[i].copies[0], r.start, &mut delta)?;
-            self.engine.syndrome.xor_into(&mut delta, piece.new_bytes(i));
+            self.engine
+                .syndrome
+                .xor_into(&mut delta, piece.new_bytes(i));
             let at = r.start - window.start..r.end - window.start;
             if let Some((_, p)) = p.as_mut() {
                 self.engine.syndrome.xor_into(&mut p[at.clone()], &delta);
@@ -512,7 +532,8 @@ impl View<'_> {
             self.write_place(&place, window.start, &q)?;
         }
         Ok(())
-    }}
+    }
+}
 
 fn lost_error(map: &StripeMap, what: &str) -> io::Error {
     lost(format!("stripe {}: {what}", map.stripe))

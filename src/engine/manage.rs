@@ -37,7 +37,11 @@ impl Engine {
         self.table()
             .by_role
             .iter()
-            .map(|e| e.as_ref().filter(|e| e.rebuilt_below.is_none()).map(|e| e.slot.clone()))
+            .map(|e| {
+                e.as_ref()
+                    .filter(|e| e.rebuilt_below.is_none())
+                    .map(|e| e.slot.clone())
+            })
             .collect()
     }
 
@@ -51,7 +55,9 @@ impl Engine {
                 .find(|d| Self::same_device(&d.path, path))
                 .ok_or_else(|| format!("{} is not a member of this array", path.display()))?;
             match device.state {
-                DeviceState::Active { role } | DeviceState::Recovering { role, .. } => (Some(role), false),
+                DeviceState::Active { role } | DeviceState::Recovering { role, .. } => {
+                    (Some(role), false)
+                }
                 DeviceState::Spare => (None, true),
                 _ => return Err(format!("{} is already faulty", path.display())),
             }
@@ -66,10 +72,18 @@ impl Engine {
             }
             None if spare => {
                 let mut array = self.array.lock().unwrap();
-                if let Some(d) = array.devices.iter_mut().find(|d| Self::same_device(&d.path, path)) {
+                if let Some(d) = array
+                    .devices
+                    .iter_mut()
+                    .find(|d| Self::same_device(&d.path, path))
+                {
                     d.state = DeviceState::Faulty;
                 }
-                self.events.push("FailSpare", &path.display().to_string(), "failed by request");
+                self.events.push(
+                    "FailSpare",
+                    &path.display().to_string(),
+                    "failed by request",
+                );
                 self.write_state(&mut array);
             }
             None => {}
@@ -87,7 +101,10 @@ impl Engine {
             .ok_or_else(|| format!("{} is not a member of this array", path.display()))?;
         match array.devices[index].state {
             DeviceState::Active { .. } | DeviceState::Recovering { .. } => {
-                return Err(format!("{} is active: fail it first (md refuses too)", path.display()))
+                return Err(format!(
+                    "{} is active: fail it first (md refuses too)",
+                    path.display()
+                ))
             }
             _ => {}
         }
@@ -101,22 +118,41 @@ impl Engine {
     /// onto it starts at once if the array is degraded.
     pub fn manage_add(self: &Arc<Engine>, path: &Path) -> Result<(), String> {
         let name = path.display().to_string();
-        let member: MemberRef = Arc::new(FileMember::open(path, OpenOptions { write: true }).map_err(|e| e.to_string())?);
+        let member: MemberRef = Arc::new(
+            FileMember::open(path, OpenOptions { write: true }).map_err(|e| e.to_string())?,
+        );
         {
             let mut array = self.array.lock().unwrap();
-            if array.devices.iter().any(|d| Self::same_device(&d.path, path) && d.state != DeviceState::Faulty) {
+            if array
+                .devices
+                .iter()
+                .any(|d| Self::same_device(&d.path, path) && d.state != DeviceState::Faulty)
+            {
                 return Err(format!("{name} is already a member of this array"));
             }
-            if !self.geometry.level().has_parity() && matches!(self.geometry.level(), crate::geometry::Level::Raid0 | crate::geometry::Level::Linear) {
-                return Err(format!("a {} array has no redundancy to rebuild a member from", self.geometry.level()));
+            if !self.geometry.level().has_parity()
+                && matches!(
+                    self.geometry.level(),
+                    crate::geometry::Level::Raid0 | crate::geometry::Level::Linear
+                )
+            {
+                return Err(format!(
+                    "a {} array has no redundancy to rebuild a member from",
+                    self.geometry.level()
+                ));
             }
             let mut sb = array.sb.clone();
             let needed = array.devices[0].sb.data_offset_sectors + sb.size_sectors;
             if member.size_sectors() < needed {
-                return Err(format!("{name}: too small ({} sectors, needs {needed})", member.size_sectors()));
+                return Err(format!(
+                    "{name}: too small ({} sectors, needs {needed})",
+                    member.size_sectors()
+                ));
             }
             let taken: Vec<u32> = array.devices.iter().map(|d| d.sb.dev_number).collect();
-            let dev_number = (0..sb.max_dev).find(|n| !taken.contains(n)).ok_or("no free device slot in the superblock")?;
+            let dev_number = (0..sb.max_dev)
+                .find(|n| !taken.contains(n))
+                .ok_or("no free device slot in the superblock")?;
             let template = &array.devices[0].sb;
             sb.dev_number = dev_number;
             sb.device_uuid = rand::random();
@@ -125,16 +161,26 @@ impl Engine {
             sb.bblog_offset_sectors = template.bblog_offset_sectors;
             sb.bblog_size_sectors = template.bblog_size_sectors;
             sb.data_size_sectors = match sb.metadata {
-                crate::format::Metadata::V1_1 | crate::format::Metadata::V1_2 => member.size_sectors() - sb.data_offset_sectors,
+                crate::format::Metadata::V1_1 | crate::format::Metadata::V1_2 => {
+                    member.size_sectors() - sb.data_offset_sectors
+                }
                 _ => template.data_size_sectors,
             };
-            if sb.metadata == crate::format::Metadata::V1_0 || sb.metadata == crate::format::Metadata::V0_90 {
+            if sb.metadata == crate::format::Metadata::V1_0
+                || sb.metadata == crate::format::Metadata::V0_90
+            {
                 // The superblock sits at the end: its place depends on this device's size.
-                sb.super_offset_sectors = crate::format::superblock_offset_sectors(sb.metadata, member.size_sectors())
-                    .ok_or_else(|| format!("{name}: too small for the superblock"))?;
+                sb.super_offset_sectors =
+                    crate::format::superblock_offset_sectors(sb.metadata, member.size_sectors())
+                        .ok_or_else(|| format!("{name}: too small for the superblock"))?;
             }
             sb.feature_map &= !MD_FEATURE_RECOVERY_OFFSET;
-            array.devices.push(FoundDevice { path: name.clone(), sb, state: DeviceState::Spare, member });
+            array.devices.push(FoundDevice {
+                path: name.clone(),
+                sb,
+                state: DeviceState::Spare,
+                member,
+            });
             self.events.push("SpareAdded", &name, "");
             self.write_state(&mut array);
         }
@@ -161,18 +207,32 @@ impl Engine {
         }
         let mut array = self.array.lock().unwrap();
         let table = self.table();
-        let Some(role) = (0..table.by_role.len()).find(|r| table.by_role[*r].is_none()) else { return };
-        let Some(index) = array.devices.iter().position(|d| d.state == DeviceState::Spare) else { return };
+        let Some(role) = (0..table.by_role.len()).find(|r| table.by_role[*r].is_none()) else {
+            return;
+        };
+        let Some(index) = array
+            .devices
+            .iter()
+            .position(|d| d.state == DeviceState::Spare)
+        else {
+            return;
+        };
         // Without enough in-sync members there is nothing to rebuild from.
         if !self.runnable() {
             return;
         }
         let device = &mut array.devices[index];
-        device.state = DeviceState::Recovering { role, recovery_offset_sectors: 0 };
+        device.state = DeviceState::Recovering {
+            role,
+            recovery_offset_sectors: 0,
+        };
         let path = device.path.clone();
         let next = Arc::new(AtomicU64::new(0));
         let entry = MemberEntry {
-            slot: Slot { member: device.member.clone(), data_offset_bytes: device.sb.data_offset_sectors * SECTOR_BYTES },
+            slot: Slot {
+                member: device.member.clone(),
+                data_offset_bytes: device.sb.data_offset_sectors * SECTOR_BYTES,
+            },
             rebuilt_below: Some(next.clone()),
         };
         {
@@ -183,7 +243,8 @@ impl Engine {
         }
         self.write_state(&mut array);
         drop(array);
-        self.events.push("RebuildStarted", &path, &format!("recovering role {role}"));
+        self.events
+            .push("RebuildStarted", &path, &format!("recovering role {role}"));
         if let Err(e) = SyncWorker::start(self, SyncAction::Recovery { role }, 0, next) {
             self.events.push("RebuildFailed", &path, &e);
         }
@@ -196,13 +257,21 @@ impl Engine {
         let now = next_stripe * 100 / total;
         // mdadm --monitor's RebuildNN events at 20, 40, 60 and 80 percent,
         // with the position checkpointed so a restart resumes there.
-        if let Some(step) = [20, 40, 60, 80].into_iter().find(|p| before < *p && now >= *p) {
-            self.events.push(&format!("Rebuild{step}"), "", action.word());
+        if let Some(step) = [20, 40, 60, 80]
+            .into_iter()
+            .find(|p| before < *p && now >= *p)
+        {
+            self.events
+                .push(&format!("Rebuild{step}"), "", action.word());
             if let SyncAction::Recovery { role } = action {
                 let mut array = self.array.lock().unwrap();
                 let offset = recovery_offset_of(&self.geometry, next_stripe);
                 for d in array.devices.iter_mut() {
-                    if let DeviceState::Recovering { role: r, recovery_offset_sectors } = &mut d.state {
+                    if let DeviceState::Recovering {
+                        role: r,
+                        recovery_offset_sectors,
+                    } = &mut d.state
+                    {
                         if *r == role {
                             *recovery_offset_sectors = offset;
                         }
@@ -238,13 +307,22 @@ impl Engine {
                 self.write_state(&mut array);
                 drop(array);
                 self.events.push("RebuildFinished", &path, "");
-                self.events.push("SpareActive", &path, &format!("role {role}"));
+                self.events
+                    .push("SpareActive", &path, &format!("role {role}"));
                 // Another role may still be missing, with another spare waiting.
                 self.start_recovery_if_possible();
             }
-            (SyncAction::Check | SyncAction::Repair | SyncAction::Resync, Outcome::Finished { mismatch_sectors }) => {
-                self.last_mismatch_sectors.store(mismatch_sectors, Ordering::SeqCst);
-                self.events.push("RebuildFinished", "", &format!("{}: mismatches found: {mismatch_sectors}", action.word()));
+            (
+                SyncAction::Check | SyncAction::Repair | SyncAction::Resync,
+                Outcome::Finished { mismatch_sectors },
+            ) => {
+                self.last_mismatch_sectors
+                    .store(mismatch_sectors, Ordering::SeqCst);
+                self.events.push(
+                    "RebuildFinished",
+                    "",
+                    &format!("{}: mismatches found: {mismatch_sectors}", action.word()),
+                );
                 if action == SyncAction::Resync {
                     self.start_recovery_if_possible();
                 }

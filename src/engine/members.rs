@@ -39,13 +39,19 @@ impl MemberTable {
     pub fn usable(&self, role: usize, stripe: u64) -> bool {
         match self.entry(role) {
             None => false,
-            Some(e) => e.rebuilt_below.as_ref().is_none_or(|below| stripe < below.load(Ordering::SeqCst)),
+            Some(e) => e
+                .rebuilt_below
+                .as_ref()
+                .is_none_or(|below| stripe < below.load(Ordering::SeqCst)),
         }
     }
 
     /// Roles that are fully in sync.
     pub fn in_sync(&self) -> Vec<bool> {
-        self.by_role.iter().map(|e| e.as_ref().is_some_and(|e| e.rebuilt_below.is_none())).collect()
+        self.by_role
+            .iter()
+            .map(|e| e.as_ref().is_some_and(|e| e.rebuilt_below.is_none()))
+            .collect()
     }
 }
 
@@ -70,13 +76,20 @@ pub fn member_error(role: usize, source: io::Error) -> io::Error {
 
 /// The role of the member an error came from, if it came from one.
 pub fn member_of(error: &io::Error) -> Option<usize> {
-    error.get_ref().and_then(|e| e.downcast_ref::<MemberIoError>()).map(|e| e.role)
+    error
+        .get_ref()
+        .and_then(|e| e.downcast_ref::<MemberIoError>())
+        .map(|e| e.role)
 }
 
 impl Engine {
     /// A view of the members for work on `stripe`.
     pub(super) fn view(&self, stripe: u64) -> View<'_> {
-        View { engine: self, table: self.members.read().unwrap().clone(), stripe }
+        View {
+            engine: self,
+            table: self.members.read().unwrap().clone(),
+            stripe,
+        }
     }
 
     pub(super) fn table(&self) -> Arc<MemberTable> {
@@ -91,7 +104,11 @@ impl Engine {
 
     /// The copy to read from. The first usable one, for now; read balancing
     /// over mirrors belongs to the performance work.
-    pub(super) fn pick_copy<'p>(&self, copies: &'p [Place], usable: impl Fn(&Place) -> bool) -> Option<&'p Place> {
+    pub(super) fn pick_copy<'p>(
+        &self,
+        copies: &'p [Place],
+        usable: impl Fn(&Place) -> bool,
+    ) -> Option<&'p Place> {
         copies.iter().find(|c| usable(c))
     }
 
@@ -121,7 +138,11 @@ impl Engine {
         array.slots[role] = None;
         self.events.push("Fail", &path, reason);
         if !self.runnable() {
-            self.events.push("Failed", &path, "too many members lost: the array can no longer serve all its data");
+            self.events.push(
+                "Failed",
+                &path,
+                "too many members lost: the array can no longer serve all its data",
+            );
         } else {
             self.events.push("DegradedArray", &path, "");
         }
@@ -142,7 +163,13 @@ impl Engine {
     /// md's answer to a read error: rebuild what the member holds for this
     /// stripe from the other members and write it back (a drive remaps a bad
     /// sector on write). If that write fails too, the member is failed.
-    pub(super) fn correct_read_error(&self, stripe: u64, role: usize, error: &io::Error, locked: bool) {
+    pub(super) fn correct_read_error(
+        &self,
+        stripe: u64,
+        role: usize,
+        error: &io::Error,
+        locked: bool,
+    ) {
         let view = self.view(stripe);
         if view.table.entry(role).is_none() {
             return;
@@ -150,14 +177,22 @@ impl Engine {
         // Exclude the erring member: rebuild its share from the others.
         let mut table = (*view.table).clone();
         let entry = table.by_role[role].take().expect("checked above");
-        let others = View { engine: self, table: Arc::new(table), stripe };
+        let others = View {
+            engine: self,
+            table: Arc::new(table),
+            stripe,
+        };
         let map = self.geometry.stripe(stripe);
         let _guard = (!locked).then(|| self.locks.lock(stripe));
         let result = others.rebuild_onto(&map, role, &entry);
         match result {
             Ok(()) => {
                 self.corrected_reads.fetch_add(1, Ordering::SeqCst);
-                self.events.push("CorrectedRead", &entry.slot.member.name().to_string(), &format!("stripe {stripe}: {error}"));
+                self.events.push(
+                    "CorrectedRead",
+                    &entry.slot.member.name().to_string(),
+                    &format!("stripe {stripe}: {error}"),
+                );
             }
             Err(e) => self.fail_member(role, &format!("read error ({error}) not correctable: {e}")),
         }
@@ -168,7 +203,12 @@ impl View<'_> {
     /// Computes what `role` must hold in stripe `map` from the usable members
     /// of this view and writes it to `target`. Used by rebuild and by
     /// read-error correction.
-    pub(super) fn rebuild_onto(&self, map: &StripeMap, role: usize, target: &MemberEntry) -> io::Result<()> {
+    pub(super) fn rebuild_onto(
+        &self,
+        map: &StripeMap,
+        role: usize,
+        target: &MemberEntry,
+    ) -> io::Result<()> {
         let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
         let write = |place: &Place, buf: &[u8]| -> io::Result<()> {
             let at = target.slot.data_offset_bytes + place.member_sector * SECTOR_BYTES;
@@ -193,7 +233,12 @@ impl View<'_> {
                         .copies
                         .iter()
                         .find(|c| c.member != role && self.present(c))
-                        .ok_or_else(|| io::Error::other(format!("stripe {}: no copy left to rebuild from", map.stripe)))?;
+                        .ok_or_else(|| {
+                            io::Error::other(format!(
+                                "stripe {}: no copy left to rebuild from",
+                                map.stripe
+                            ))
+                        })?;
                     let mut buf = vec![0u8; strip_bytes];
                     self.read_place(source, 0, &mut buf)?;
                     write(place, &buf)?;
@@ -201,7 +246,9 @@ impl View<'_> {
             }
             return Ok(());
         }
-        let lost: Vec<usize> = (0..map.data.len()).filter(|&i| !map.data[i].copies.iter().any(|c| self.present(c))).collect();
+        let lost: Vec<usize> = (0..map.data.len())
+            .filter(|&i| !map.data[i].copies.iter().any(|c| self.present(c)))
+            .collect();
         let strips = self.read_window(map, 0..strip_bytes, &lost)?;
         let views: Vec<&[u8]> = strips.iter().map(Vec::as_slice).collect();
         for (i, strip) in map.data.iter().enumerate() {

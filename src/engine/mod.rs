@@ -95,7 +95,12 @@ impl Engine {
             by_role: array
                 .slots
                 .iter()
-                .map(|s| s.clone().map(|slot| MemberEntry { slot, rebuilt_below: None }))
+                .map(|s| {
+                    s.clone().map(|slot| MemberEntry {
+                        slot,
+                        rebuilt_below: None,
+                    })
+                })
                 .collect(),
         };
         let sync = SyncWorker::new(geometry.stripe_count());
@@ -151,7 +156,8 @@ impl Engine {
                 // A member that cannot make its writes durable is failed,
                 // as md fails a member whose flush errors.
                 let role = self.table().by_role.iter().position(|x| {
-                    x.as_ref().is_some_and(|x| Arc::ptr_eq(&x.slot.member, &entry.slot.member))
+                    x.as_ref()
+                        .is_some_and(|x| Arc::ptr_eq(&x.slot.member, &entry.slot.member))
                 });
                 if let Some(role) = role {
                     self.fail_member(role, &format!("flush error: {e}"));
@@ -179,12 +185,19 @@ impl Engine {
     fn resume_recovery(self: &Arc<Engine>) {
         let array = self.array.lock().unwrap();
         let table = self.table();
-        let Some((index, role, offset)) = array.devices.iter().enumerate().find_map(|(i, d)| match d.state {
-            DeviceState::Recovering { role, recovery_offset_sectors } if table.entry(role).is_none() => {
-                Some((i, role, recovery_offset_sectors))
-            }
-            _ => None,
-        }) else {
+        let Some((index, role, offset)) =
+            array
+                .devices
+                .iter()
+                .enumerate()
+                .find_map(|(i, d)| match d.state {
+                    DeviceState::Recovering {
+                        role,
+                        recovery_offset_sectors,
+                    } if table.entry(role).is_none() => Some((i, role, recovery_offset_sectors)),
+                    _ => None,
+                })
+        else {
             return;
         };
         if !self.runnable() {
@@ -208,7 +221,11 @@ impl Engine {
             *members = Arc::new(new_table);
         }
         drop(array);
-        self.events.push("RebuildStarted", &path, &format!("resuming role {role} at {offset} sectors"));
+        self.events.push(
+            "RebuildStarted",
+            &path,
+            &format!("resuming role {role} at {offset} sectors"),
+        );
         let _ = SyncWorker::start(self, SyncAction::Recovery { role }, from, next);
         let _ = index;
     }
@@ -219,10 +236,19 @@ impl Engine {
         if self.read_only && repair {
             return Err("the array is served read-only".into());
         }
-        if !self.geometry.level().has_parity() && !matches!(self.geometry.level(), Level::Raid1 | Level::Raid10) {
-            return Err(format!("{} has no redundancy to check", self.geometry.level()));
+        if !self.geometry.level().has_parity()
+            && !matches!(self.geometry.level(), Level::Raid1 | Level::Raid10)
+        {
+            return Err(format!(
+                "{} has no redundancy to check",
+                self.geometry.level()
+            ));
         }
-        let action = if repair { SyncAction::Repair } else { SyncAction::Check };
+        let action = if repair {
+            SyncAction::Repair
+        } else {
+            SyncAction::Check
+        };
         SyncWorker::start(self, action, 0, Arc::new(AtomicU64::new(0)))?;
         self.events.push("RebuildStarted", "", action.word());
         Ok(())
@@ -244,10 +270,14 @@ impl Engine {
     /// md's speed_limit_min / speed_limit_max for this array, KiB/s per member.
     pub fn set_speed_limits(&self, min_kib_per_s: Option<u64>, max_kib_per_s: Option<u64>) {
         if let Some(min) = min_kib_per_s {
-            self.sync.speed_limit_min_kib_per_s.store(min, Ordering::SeqCst);
+            self.sync
+                .speed_limit_min_kib_per_s
+                .store(min, Ordering::SeqCst);
         }
         if let Some(max) = max_kib_per_s {
-            self.sync.speed_limit_max_kib_per_s.store(max.max(1), Ordering::SeqCst);
+            self.sync
+                .speed_limit_max_kib_per_s
+                .store(max.max(1), Ordering::SeqCst);
         }
     }
 
@@ -273,10 +303,14 @@ impl Engine {
         let canonical = |p: &std::path::Path| std::fs::canonicalize(p).ok();
         let (_, injector) = injectors
             .iter()
-            .find(|(name, _)| std::path::Path::new(name) == path || canonical(std::path::Path::new(name)) == canonical(path))
+            .find(|(name, _)| {
+                std::path::Path::new(name) == path
+                    || canonical(std::path::Path::new(name)) == canonical(path)
+            })
             .ok_or_else(|| format!("{} is not a member of this array", path.display()))?;
         injector.apply_str(fault).map_err(|e| e.to_string())?;
-        self.events.push("FaultInjected", &path.display().to_string(), fault);
+        self.events
+            .push("FaultInjected", &path.display().to_string(), fault);
         Ok(injector.describe())
     }
 
@@ -305,7 +339,11 @@ impl Engine {
                 let offset = manage::recovery_offset_of(&self.geometry, stripe);
                 let mut array = self.array.lock().unwrap();
                 for d in array.devices.iter_mut() {
-                    if let DeviceState::Recovering { role: r, recovery_offset_sectors } = &mut d.state {
+                    if let DeviceState::Recovering {
+                        role: r,
+                        recovery_offset_sectors,
+                    } = &mut d.state
+                    {
                         if *r == role {
                             *recovery_offset_sectors = offset;
                         }

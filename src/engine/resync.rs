@@ -105,7 +105,12 @@ impl SyncWorker {
     /// Starts `action` at `from_stripe`, with `next` as the shared position
     /// (a rebuilding member's entry holds the same counter). Refused while
     /// another job runs.
-    pub fn start(engine: &Arc<Engine>, action: SyncAction, from_stripe: u64, next: Arc<AtomicU64>) -> Result<(), String> {
+    pub fn start(
+        engine: &Arc<Engine>,
+        action: SyncAction,
+        from_stripe: u64,
+        next: Arc<AtomicU64>,
+    ) -> Result<(), String> {
         let worker = engine.sync.clone();
         let mut current = worker.action.lock().unwrap();
         if let Some(running) = *current {
@@ -152,7 +157,11 @@ impl SyncWorker {
     /// Called by the job's thread as it ends.
     fn ended(&self, action: SyncAction, outcome: Outcome) {
         let next = self.next_stripe.lock().unwrap().load(Ordering::SeqCst);
-        if outcome != (Outcome::Finished { mismatch_sectors: self.mismatch_sectors.load(Ordering::SeqCst) }) {
+        if outcome
+            != (Outcome::Finished {
+                mismatch_sectors: self.mismatch_sectors.load(Ordering::SeqCst),
+            })
+        {
             *self.interrupted.lock().unwrap() = Some((action, next));
         }
         *self.action.lock().unwrap() = None;
@@ -165,8 +174,17 @@ impl SyncWorker {
         let done_kib = geometry.resync_position_sectors(next) / 2;
         let total_kib = geometry.resync_position_sectors(self.stripe_count) / 2;
         let first_kib = geometry.resync_position_sectors(first) / 2;
-        let elapsed = self.started.lock().unwrap().map(|s| s.elapsed().as_secs_f64()).unwrap_or(0.0);
-        let speed = if elapsed > 0.0 { ((done_kib - first_kib) as f64 / elapsed) as u64 } else { 0 };
+        let elapsed = self
+            .started
+            .lock()
+            .unwrap()
+            .map(|s| s.elapsed().as_secs_f64())
+            .unwrap_or(0.0);
+        let speed = if elapsed > 0.0 {
+            ((done_kib - first_kib) as f64 / elapsed) as u64
+        } else {
+            0
+        };
         Some(SyncProgress {
             action,
             done_kib,
@@ -194,15 +212,24 @@ impl Throttle {
             self.mark = Instant::now();
             self.done_kib = kib;
         }
-        let min = engine.sync.speed_limit_min_kib_per_s.load(Ordering::Relaxed);
-        let max = engine.sync.speed_limit_max_kib_per_s.load(Ordering::Relaxed).max(1);
+        let min = engine
+            .sync
+            .speed_limit_min_kib_per_s
+            .load(Ordering::Relaxed);
+        let max = engine
+            .sync
+            .speed_limit_max_kib_per_s
+            .load(Ordering::Relaxed)
+            .max(1);
         loop {
             let elapsed = self.mark.elapsed().as_secs_f64().max(1e-3);
             let speed = self.done_kib as f64 / elapsed;
             if speed > max as f64 {
                 // Sleep just long enough to fall back to the maximum.
                 let wanted = self.done_kib as f64 / max as f64;
-                std::thread::sleep(Duration::from_secs_f64((wanted - elapsed).clamp(0.001, 0.5)));
+                std::thread::sleep(Duration::from_secs_f64(
+                    (wanted - elapsed).clamp(0.001, 0.5),
+                ));
                 if engine.sync.stop.load(Ordering::SeqCst) {
                     return;
                 }
@@ -222,7 +249,11 @@ impl Throttle {
 }
 
 fn run(weak: Weak<Engine>, action: SyncAction) {
-    let mut throttle = Throttle { mark: Instant::now(), done_kib: 0, foreground_seen: 0 };
+    let mut throttle = Throttle {
+        mark: Instant::now(),
+        done_kib: 0,
+        foreground_seen: 0,
+    };
     let outcome = loop {
         let Some(engine) = weak.upgrade() else { return };
         let worker = &engine.sync;
@@ -232,7 +263,9 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
             break Outcome::Stopped;
         }
         if stripe >= worker.stripe_count {
-            break Outcome::Finished { mismatch_sectors: worker.mismatch_sectors.load(Ordering::SeqCst) };
+            break Outcome::Finished {
+                mismatch_sectors: worker.mismatch_sectors.load(Ordering::SeqCst),
+            };
         }
         let map = engine.geometry.stripe(stripe);
         let result = {
@@ -247,9 +280,15 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                 }
                 SyncAction::Resync | SyncAction::Check | SyncAction::Repair => {
                     let slots = engine.in_sync_slots();
-                    resync(&engine.geometry, &slots, stripe..stripe + 1, action != SyncAction::Check, |_| {})
-                        .map(|r| r.mismatch_sectors)
-                        .map_err(|e| std::io::Error::other(e.to_string()))
+                    resync(
+                        &engine.geometry,
+                        &slots,
+                        stripe..stripe + 1,
+                        action != SyncAction::Check,
+                        |_| {},
+                    )
+                    .map(|r| r.mismatch_sectors)
+                    .map_err(|e| std::io::Error::other(e.to_string()))
                 }
             };
             if step.is_ok() {
@@ -261,12 +300,18 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
         };
         match result {
             Ok(mismatches) => {
-                worker.mismatch_sectors.fetch_add(mismatches, Ordering::SeqCst);
+                worker
+                    .mismatch_sectors
+                    .fetch_add(mismatches, Ordering::SeqCst);
                 engine.sync_progressed(action, stripe + 1);
                 throttle.account(&engine, map.strip_sectors * SECTOR_BYTES / 1024);
             }
             Err(e) => {
-                engine.events.push("SyncFailed", "", &format!("{} stopped at stripe {stripe}: {e}", action.word()));
+                engine.events.push(
+                    "SyncFailed",
+                    "",
+                    &format!("{} stopped at stripe {stripe}: {e}", action.word()),
+                );
                 break Outcome::Failed;
             }
         }

@@ -50,7 +50,13 @@ fn hammer(engine: &Arc<Engine>, threads: usize, writes_per_thread: usize, seed: 
 
 /// [`hammer`], applying the writes to an expected image that already holds
 /// earlier writes.
-fn hammer_onto(engine: &Arc<Engine>, threads: usize, writes_per_thread: usize, seed: u64, image: &mut [u8]) {
+fn hammer_onto(
+    engine: &Arc<Engine>,
+    threads: usize,
+    writes_per_thread: usize,
+    seed: u64,
+    image: &mut [u8],
+) {
     let size = engine.size_bytes() as usize;
     let slot = 3 * 1024;
     let handles: Vec<_> = (0..threads)
@@ -277,7 +283,10 @@ fn members_with_4096_byte_blocks_work_end_to_end() {
 fn wait_idle(engine: &Arc<Engine>) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while engine.snapshot().sync.is_some() {
-        assert!(std::time::Instant::now() < deadline, "background job did not finish");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "background job did not finish"
+        );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
@@ -292,7 +301,8 @@ fn fail_add_and_rebuild_under_io_keeps_every_byte() {
     ] {
         let dir = tempfile::tempdir().unwrap();
         let paths = make_array(dir.path(), level, layout, disks, chunk);
-        let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+        let engine =
+            Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
         let mut image = hammer(&engine, 3, 60, 31);
         for &role in &fail {
             engine.manage_fail(&paths[role]).unwrap();
@@ -316,15 +326,32 @@ fn fail_add_and_rebuild_under_io_keeps_every_byte() {
         // The second spare's recovery starts when the first finishes.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while !engine.snapshot().missing_roles.is_empty() || engine.snapshot().sync.is_some() {
-            assert!(std::time::Instant::now() < deadline, "{level}: rebuild did not finish");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{level}: rebuild did not finish"
+            );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         let mut back = vec![0u8; image.len()];
         engine.read(0, &mut back).unwrap();
         assert!(back == image, "{level}: data differs after rebuild");
-        let events: Vec<String> = engine.snapshot().events.iter().map(|e| e.event.clone()).collect();
-        for name in ["Fail", "DegradedArray", "RebuildStarted", "RebuildFinished", "SpareActive"] {
-            assert!(events.iter().any(|e| e == name), "{level}: no {name} event in {events:?}");
+        let events: Vec<String> = engine
+            .snapshot()
+            .events
+            .iter()
+            .map(|e| e.event.clone())
+            .collect();
+        for name in [
+            "Fail",
+            "DegradedArray",
+            "RebuildStarted",
+            "RebuildFinished",
+            "SpareActive",
+        ] {
+            assert!(
+                events.iter().any(|e| e == name),
+                "{level}: no {name} event in {events:?}"
+            );
         }
         // The failed members can go; the array is whole on the spares.
         for &role in &fail {
@@ -332,7 +359,12 @@ fn fail_add_and_rebuild_under_io_keeps_every_byte() {
         }
         engine.shutdown().unwrap();
         drop(engine);
-        let mut now: Vec<PathBuf> = paths.iter().enumerate().filter(|(i, _)| !fail.contains(i)).map(|(_, p)| p.clone()).collect();
+        let mut now: Vec<PathBuf> = paths
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !fail.contains(i))
+            .map(|(_, p)| p.clone())
+            .collect();
         now.extend(spares.clone());
         check_consistent(&now);
         let array = assemble(&now, false).unwrap();
@@ -354,35 +386,60 @@ fn check_counts_and_repair_fixes_mismatches() {
     engine.flush_members().unwrap();
     // Corrupt 8 KiB of one member's data area behind the engine's back.
     // (The engine holds the members exclusively, so write to the file directly.)
-    let data_offset = assemble(&paths, false).unwrap().slots[2].as_ref().unwrap().data_offset_bytes;
+    let data_offset = assemble(&paths, false).unwrap().slots[2]
+        .as_ref()
+        .unwrap()
+        .data_offset_bytes;
     use std::os::unix::fs::FileExt;
-    let file = std::fs::OpenOptions::new().write(true).open(&paths[2]).unwrap();
-    file.write_all_at(&[0x5a; 8192], data_offset + 65536).unwrap();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&paths[2])
+        .unwrap();
+    file.write_all_at(&[0x5a; 8192], data_offset + 65536)
+        .unwrap();
     file.sync_all().unwrap();
     engine.start_scrub(false).unwrap();
     wait_idle(&engine);
-    assert_eq!(engine.mismatch_sectors(), 16, "check counts the corrupted sectors, page by page");
+    assert_eq!(
+        engine.mismatch_sectors(),
+        16,
+        "check counts the corrupted sectors, page by page"
+    );
     engine.start_scrub(true).unwrap();
     wait_idle(&engine);
     engine.start_scrub(false).unwrap();
     wait_idle(&engine);
-    assert_eq!(engine.mismatch_sectors(), 0, "repair rewrote the redundancy");
+    assert_eq!(
+        engine.mismatch_sectors(),
+        0,
+        "repair rewrote the redundancy"
+    );
 }
 
 #[test]
 fn recovery_is_throttled_by_speed_limit_max() {
     let dir = tempfile::tempdir().unwrap();
     let paths = make_array(dir.path(), Level::Raid1, None, 2, 0);
-    let engine = Engine::start(assemble(&paths[..1], true).unwrap(), EngineOptions::default()).unwrap();
+    let engine = Engine::start(
+        assemble(&paths[..1], true).unwrap(),
+        EngineOptions::default(),
+    )
+    .unwrap();
     // 2000 KiB/s over a ~6 MiB member: about three seconds, far above the
     // unthrottled time; the progress after one second must be well short.
     engine.set_speed_limits(Some(100), Some(2000));
     let spare = dir.path().join("spare");
-    std::fs::File::create(&spare).unwrap().set_len(6 << 20).unwrap();
+    std::fs::File::create(&spare)
+        .unwrap()
+        .set_len(6 << 20)
+        .unwrap();
     engine.manage_add(&spare).unwrap();
     std::thread::sleep(std::time::Duration::from_secs(1));
     let progress = engine.snapshot().sync.expect("recovery running");
-    assert!(progress.done_kib < 4000, "recovery ran past its speed limit: {progress:?}");
+    assert!(
+        progress.done_kib < 4000,
+        "recovery ran past its speed limit: {progress:?}"
+    );
     engine.set_speed_limits(None, Some(1_000_000));
     wait_idle(&engine);
     assert!(engine.snapshot().missing_roles.is_empty());

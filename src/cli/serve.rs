@@ -80,6 +80,10 @@ pub fn run(args: &ServeArgs) -> CliResult {
     let listener: Listener = nbd_address
         .parse()
         .map_err(|e| format!("--nbd {nbd_address}: {e}"))?;
+    // Refuse sockets that a running server owns before anything is written:
+    // starting the engine marks the members active.
+    refuse_live_socket(&nbd_address)?;
+    refuse_live_socket(&format!("unix:{}", control_path.display()))?;
     let level = array.level();
     let uuid = array.sb.uuid_string();
     let engine = Engine::start(
@@ -123,6 +127,25 @@ pub fn run(args: &ServeArgs) -> CliResult {
     control.stop();
     engine.shutdown().map_err(|e| e.to_string())?;
     eprintln!("uraid: stopped cleanly");
+    Ok(())
+}
+
+/// Fails if `address` is a unix socket on which a server answers, or a TCP
+/// port that cannot be bound.
+fn refuse_live_socket(address: &str) -> Result<(), String> {
+    if let Some(path) = address.strip_prefix("unix:") {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(format!("{path}: another server is listening there"));
+        }
+    } else if let Some(host_port) = address.strip_prefix("tcp:") {
+        let host_port = host_port.replace(['[', ']'], "");
+        if let Some((host, port)) = host_port.rsplit_once(':') {
+            if port != "0" {
+                std::net::TcpListener::bind((host, port.parse::<u16>().map_err(|e| format!("{address}: {e}"))?))
+                    .map_err(|e| format!("{address}: {e}"))?;
+            }
+        }
+    }
     Ok(())
 }
 

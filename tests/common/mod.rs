@@ -85,3 +85,785 @@ pub fn in_kernel(script: &str, timeout_s: u32) -> String {
     assert!(out.status.success(), "kernel script failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}", out.status);
     stdout
 }
+
+// ---------------------------------------------------------------------------
+// Serving arrays: `uraid serve` as a child process, and the NBD client tools
+// that talk to it (tests/serve.rs, tests/serve_kernel.rs).
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Finds a client tool on PATH, or fails with the Debian package that
+/// provides it: a test that passed without its tool would have checked nothing.
+pub fn client_tool(name: &str, package: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let candidate = dir.join(name);
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!("{name} is not installed: install the Debian package {package} (tests/kernel/install-deps installs the test dependencies)");
+}
+
+/// Runs a command with a time limit, so that a hung server fails the test
+/// instead of hanging it. The command is killed when the limit passes.
+pub fn run_limited(cmd: &mut Command, limit: Duration) -> Output {
+    let desc = format!("{cmd:?}");
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {desc}: {e}"));
+    let pid = child.id() as i32;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.unwrap_or_else(|e| panic!("{desc}: {e}")),
+        Err(_) => {
+            // SAFETY: kill(2) of the child started above (not yet reaped: the
+            // waiting thread has not returned).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("{desc} did not finish within {limit:?}");
+        }
+    }
+}
+
+/// `run_limited`, requiring success; the failure message has both outputs.
+pub fn run_limited_ok(cmd: &mut Command, limit: Duration) -> Output {
+    let desc = format!("{cmd:?}");
+    let out = run_limited(cmd, limit);
+    assert!(
+        out.status.success(),
+        "{desc} failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A Command for nbdsh. nbdsh runs `python3 -m nbd` from PATH, and the nbd
+/// module belongs to the distribution's python3 next to nbdsh; a python3
+/// earlier in PATH (pyenv, a venv) would not find it, so nbdsh's folder goes
+/// first.
+pub fn nbdsh_command() -> Command {
+    let nbdsh = client_tool("nbdsh", "python3-libnbd");
+    let dir = nbdsh.parent().unwrap().to_path_buf();
+    let path = std::env::join_paths(std::iter::once(dir).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
+    .unwrap();
+    let mut cmd = Command::new(&nbdsh);
+    cmd.env("PATH", path);
+    cmd
+}
+
+/// Runs a Python script in nbdsh, with `URI` defined. The script connects
+/// itself and fails with an exception, which makes nbdsh exit non-zero.
+pub fn nbdsh_script(uri: &str, script: &str, limit: Duration) -> Output {
+    let code = format!("URI = {uri:?}\n{script}");
+    let out = run_limited(nbdsh_command().arg("-c").arg(&code), limit);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("No module named nbd"),
+        "nbdsh cannot import the nbd module: install the Debian package python3-libnbd"
+    );
+    assert!(
+        out.status.success(),
+        "nbdsh script failed ({}):\n{script}\n--- stdout\n{}\n--- stderr\n{stderr}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+    out
+}
+
+/// Copies a file into the export with nbdcopy (several connections when the
+/// server offers multi-conn), flushing at the end.
+pub fn nbdcopy_in(image: &Path, uri: &str) {
+    let nbdcopy = client_tool("nbdcopy", "libnbd-bin");
+    run_limited_ok(
+        Command::new(nbdcopy).arg("--flush").arg(image).arg(uri),
+        Duration::from_secs(120),
+    );
+}
+
+/// Copies the whole export out with nbdcopy and returns its bytes.
+pub fn nbdcopy_out(uri: &str, dir: &Path) -> Vec<u8> {
+    let nbdcopy = client_tool("nbdcopy", "libnbd-bin");
+    let out = dir.join("nbdcopy-out.img");
+    std::fs::write(&out, b"").unwrap();
+    run_limited_ok(
+        Command::new(nbdcopy).arg(uri).arg(&out),
+        Duration::from_secs(120),
+    );
+    let data = std::fs::read(&out).unwrap();
+    let _ = std::fs::remove_file(&out);
+    data
+}
+
+/// Panics with the first differing offset when two images differ (printing
+/// whole images would drown the report).
+pub fn assert_same_bytes(got: &[u8], expected: &[u8], what: &str) {
+    if got == expected {
+        return;
+    }
+    let first = got.iter().zip(expected).position(|(a, b)| a != b);
+    panic!(
+        "{what}: {} bytes, expected {}; first difference at {:?}",
+        got.len(),
+        expected.len(),
+        first.map(|o| format!("offset {o} (0x{o:x})"))
+    );
+}
+
+pub fn sha256_file(path: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    let data = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    format!("{:x}", Sha256::digest(&data))
+}
+
+/// `uraid create` on new sparse member files `DIR/PREFIX0..`, all `size` bytes.
+pub fn create_array(
+    dir: &Path,
+    prefix: &str,
+    options: &[&str],
+    disks: usize,
+    size: u64,
+) -> Vec<PathBuf> {
+    let members = sparse_files(dir, prefix, &vec![size; disks]);
+    let mut args = vec!["create"];
+    args.extend_from_slice(options);
+    args.extend(paths(&members));
+    uraid_ok(&args);
+    members
+}
+
+/// `uraid copy-out` of the given members into memory.
+pub fn copy_out(members: &[&str], dir: &Path) -> Vec<u8> {
+    let out = dir.join("copy-out.img");
+    let mut args = vec!["copy-out", "--output", out.to_str().unwrap()];
+    args.extend_from_slice(members);
+    uraid_ok(&args);
+    let data = std::fs::read(&out).unwrap();
+    let _ = std::fs::remove_file(&out);
+    data
+}
+
+/// The "state" field of `uraid examine --json` for each member.
+pub fn examine_states(members: &[&str]) -> Vec<String> {
+    let mut args = vec!["examine", "--json"];
+    args.extend_from_slice(members);
+    let out = uraid_ok(&args);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("examine json");
+    v.as_array()
+        .expect("examine --json: a list")
+        .iter()
+        .map(|d| d["state"].as_str().expect("state").to_string())
+        .collect()
+}
+
+/// The value of the "State :" line of `uraid examine` (text) for each member.
+pub fn examine_state_lines(members: &[&str]) -> Vec<String> {
+    let mut args = vec!["examine"];
+    args.extend_from_slice(members);
+    let out = uraid_ok(&args);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            l.trim()
+                .strip_prefix("State :")
+                .map(|v| v.trim().to_string())
+        })
+        .collect()
+}
+
+/// `uraid detail --json` on members (offline).
+pub fn detail_offline(members: &[&str]) -> serde_json::Value {
+    let mut args = vec!["detail", "--json"];
+    args.extend_from_slice(members);
+    let out = uraid_ok(&args);
+    serde_json::from_slice(&out.stdout).expect("detail json")
+}
+
+static SERVE_COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A running `uraid serve` on a unix socket. Dropping it stops the server
+/// (SIGTERM) and, unless the test is already failing, requires exit status 0;
+/// `stop` does the same explicitly, `kill` sends SIGKILL.
+pub struct Served {
+    child: Option<Child>,
+    pub sock: PathBuf,
+    pub control: PathBuf,
+    uri: String,
+    /// The whole stderr so far (the reader thread appends to it).
+    stderr: Arc<Mutex<String>>,
+    stderr_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How long a server may take to say it is serving, and to stop.
+pub const SERVE_READY_LIMIT: Duration = Duration::from_secs(60);
+pub const SERVE_STOP_LIMIT: Duration = Duration::from_secs(60);
+
+/// Starts `uraid serve --nbd unix:DIR/nbd-K.sock --control DIR/ctl-K.sock
+/// EXTRA... MEMBERS...` and waits for its `uraid: serving` line, which must
+/// name the socket's URI. Each call in a folder gets new socket names.
+pub fn serve(dir: &Path, extra: &[&str], members: &[&str]) -> Served {
+    match try_serve(dir, extra, members) {
+        Ok(s) => s,
+        Err((status, stderr)) => {
+            panic!("uraid serve {extra:?} {members:?} exited ({status}) before serving:\n{stderr}")
+        }
+    }
+}
+
+/// `serve`, returning the exit status and stderr when the server exits
+/// instead of serving. Still panics if it neither serves nor exits in time.
+pub fn try_serve(
+    dir: &Path,
+    extra: &[&str],
+    members: &[&str],
+) -> Result<Served, (ExitStatus, String)> {
+    let k = SERVE_COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let sock = dir.join(format!("nbd-{k}.sock"));
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    spawn_server(
+        dir,
+        k,
+        format!("unix:{}", sock.display()),
+        sock,
+        uri,
+        extra,
+        members,
+    )
+}
+
+/// `serve` on `--nbd tcp:127.0.0.1:PORT`; the serving line must name
+/// nbd://127.0.0.1:PORT.
+pub fn serve_tcp(dir: &Path, port: u16, extra: &[&str], members: &[&str]) -> Served {
+    let k = SERVE_COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let uri = format!("nbd://127.0.0.1:{port}");
+    match spawn_server(
+        dir,
+        k,
+        format!("tcp:127.0.0.1:{port}"),
+        PathBuf::new(),
+        uri,
+        extra,
+        members,
+    ) {
+        Ok(s) => s,
+        Err((status, stderr)) => panic!(
+            "uraid serve --nbd tcp:127.0.0.1:{port} exited ({status}) before serving:\n{stderr}"
+        ),
+    }
+}
+
+/// `try_serve` on the given NBD and control socket paths (to restart a
+/// server where the last one was, or to collide with a running one).
+pub fn try_serve_at(
+    sock: &Path,
+    control: &Path,
+    extra: &[&str],
+    members: &[&str],
+) -> Result<Served, (ExitStatus, String)> {
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    spawn_server_at(
+        format!("unix:{}", sock.display()),
+        sock.to_path_buf(),
+        control.to_path_buf(),
+        uri,
+        extra,
+        members,
+    )
+}
+
+fn spawn_server(
+    dir: &Path,
+    k: usize,
+    nbd: String,
+    sock: PathBuf,
+    uri: String,
+    extra: &[&str],
+    members: &[&str],
+) -> Result<Served, (ExitStatus, String)> {
+    spawn_server_at(
+        nbd,
+        sock,
+        dir.join(format!("ctl-{k}.sock")),
+        uri,
+        extra,
+        members,
+    )
+}
+
+fn spawn_server_at(
+    nbd: String,
+    sock: PathBuf,
+    control: PathBuf,
+    uri: String,
+    extra: &[&str],
+    members: &[&str],
+) -> Result<Served, (ExitStatus, String)> {
+    let mut cmd = uraid();
+    cmd.arg("serve")
+        .arg("--nbd")
+        .arg(nbd)
+        .arg("--control")
+        .arg(&control)
+        .args(extra)
+        .args(members)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let desc = format!("{cmd:?}");
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {desc}: {e}"));
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let (tx, rx) = mpsc::channel::<String>();
+    let pipe = child.stderr.take().unwrap();
+    let sink = stderr.clone();
+    let stderr_thread = std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            sink.lock().unwrap().push_str(&format!("{line}\n"));
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + SERVE_READY_LIMIT;
+    loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) if line.starts_with("uraid: serving") => {
+                assert!(
+                    line.contains(&uri),
+                    "{desc}: the serving line does not name {uri}: {line:?}"
+                );
+                return Ok(Served {
+                    child: Some(child),
+                    sock,
+                    control,
+                    uri,
+                    stderr,
+                    stderr_thread: Some(stderr_thread),
+                });
+            }
+            Ok(_) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                // stderr closed: the server exited (or closed stderr, which it must not).
+                let status = wait_limited(&mut child, SERVE_STOP_LIMIT).unwrap_or_else(|| {
+                    panic!("{desc} closed stderr without serving but did not exit")
+                });
+                let _ = stderr_thread.join();
+                let text = stderr.lock().unwrap().clone();
+                return Err((status, text));
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // SAFETY: kill(2) of our own child, not yet reaped.
+                unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+                let _ = child.wait();
+                let text = stderr.lock().unwrap().clone();
+                panic!("{desc} did not print `uraid: serving` within {SERVE_READY_LIMIT:?}; stderr:\n{text}");
+            }
+        }
+    }
+}
+
+/// Waits for a child to exit, for at most `limit`; None if it is still running.
+fn wait_limited(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for child") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Served {
+    pub fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("server still running").id() as i32
+    }
+
+    /// The server's stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    fn signal_and_wait(&mut self, signal: i32) -> Result<(ExitStatus, String), String> {
+        let Some(mut child) = self.child.take() else {
+            return Err("the server was already stopped".into());
+        };
+        // SAFETY: kill(2) of our own child, not yet reaped.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let status = match wait_limited(&mut child, SERVE_STOP_LIMIT) {
+            Some(status) => status,
+            None => {
+                // SAFETY: as above.
+                unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+                let _ = child.wait();
+                return Err(format!("uraid serve did not exit within {SERVE_STOP_LIMIT:?} of signal {signal}; stderr:\n{}", self.stderr()));
+            }
+        };
+        if let Some(t) = self.stderr_thread.take() {
+            let _ = t.join();
+        }
+        Ok((status, self.stderr()))
+    }
+
+    /// SIGTERM: the server finishes in-flight I/O, marks the array clean and
+    /// must exit 0. Returns its stderr.
+    pub fn stop(mut self) -> String {
+        match self.signal_and_wait(libc::SIGTERM) {
+            Ok((status, stderr)) => {
+                assert!(
+                    status.success(),
+                    "uraid serve exited with {status} after SIGTERM; stderr:\n{stderr}"
+                );
+                stderr
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// SIGKILL: a crash, which leaves the array dirty.
+    pub fn kill(mut self) {
+        match self.signal_and_wait(libc::SIGKILL) {
+            Ok((status, _)) => assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&status),
+                Some(libc::SIGKILL),
+                "the server was not killed by SIGKILL but exited with {status}"
+            ),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// `uraid status --control SOCK` (text).
+    pub fn status_text(&self) -> String {
+        let out = run_limited_ok(
+            uraid().arg("status").arg("--control").arg(&self.control),
+            Duration::from_secs(20),
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
+    /// `uraid detail --json --control SOCK`.
+    pub fn detail_json(&self) -> serde_json::Value {
+        let out = run_limited_ok(
+            uraid()
+                .args(["detail", "--json", "--control"])
+                .arg(&self.control),
+            Duration::from_secs(20),
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "detail --control --json: {e}\n{}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if self.child.is_none() {
+            return;
+        }
+        // Always stop the server, also when the test failed: a server left
+        // behind would keep the member files open and the socket bound.
+        let result = self.signal_and_wait(libc::SIGTERM);
+        let complaint = match result {
+            Ok((status, _)) if status.success() => return,
+            Ok((status, stderr)) => {
+                format!("uraid serve exited with {status} after SIGTERM; stderr:\n{stderr}")
+            }
+            Err(e) => e,
+        };
+        if std::thread::panicking() {
+            eprintln!("(while failing) {complaint}");
+        } else {
+            panic!("{complaint}");
+        }
+    }
+}
+
+/// Reads lines from a child's stdout in a thread, so that a test can wait
+/// for a line with a time limit.
+pub fn line_reader(pipe: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// An nbdsh script that writes through the export and keeps a model of its
+/// contents: sector-aligned (512-byte) writes whose offsets and lengths are
+/// not multiples of the chunk, crossing chunk and stripe boundaries and the
+/// end of the array, some with FUA, each read back with its neighbourhood;
+/// then many disjoint writes in flight at once on two connections, inside
+/// the same few stripes (parity updates of one stripe racing), a flush, and
+/// a full read compared with the model, which is saved to OUT.
+/// Parameters: IMG (the export's current contents), OUT, SEED, CH (chunk
+/// bytes), W (bytes of data in one stripe), COUNT (random writes).
+pub const PATCH_SCRIPT: &str = r#"
+import nbd, random
+rng = random.Random(SEED)
+h.connect_uri(URI)
+size = h.get_size()
+model = bytearray(open(IMG, "rb").read())
+assert len(model) == size, "image %d bytes, export %d" % (len(model), size)
+assert h.can_flush() and h.can_fua() and h.can_multi_conn(), "flush/fua/multi-conn not offered"
+S = 512
+
+def check(c, off, n, what):
+    for o in range(off, off + n, 4 << 20):
+        k = min(4 << 20, off + n - o)
+        got = c.pread(k, o)
+        if got != model[o:o + k]:
+            bad = next(i for i in range(k) if got[i] != model[o + i])
+            raise AssertionError("%s: array offset %d reads %r, expected %r" % (what, o + bad, got[bad:bad + 8], bytes(model[o + bad:o + bad + 8])))
+
+def write(off, n, flags=0):
+    data = rng.randbytes(n)
+    h.pwrite(data, off, flags)
+    model[off:off + n] = data
+    # A margin around the write: neighbouring sectors must be untouched.
+    lo = max(0, off - 4096)
+    hi = min(size, off + n + 4096)
+    check(h, lo, hi - lo, "after writing %d bytes at %d (flags %d)" % (n, off, flags))
+
+targeted = [
+    (0, S), (S, S), (CH - S, 2 * S), (CH - 3 * S, CH + 5 * S),
+    (W - S, 2 * S), (W - 7 * S, W + 9 * S), (2 * W + 3 * S, 3 * W - 5 * S),
+    (5 * W - CH - S, 3 * CH + 3 * S), (size - S, S), (size - W - 3 * S, W + 3 * S),
+]
+for i, (off, n) in enumerate(targeted):
+    assert 0 <= off and off + n <= size, (off, n, size)
+    write(off, n, nbd.CMD_FLAG_FUA if i % 2 else 0)
+for i in range(COUNT):
+    n = S * rng.randint(1, (3 * W) // S)
+    off = S * rng.randrange(0, (size - n) // S + 1)
+    write(off, n, nbd.CMD_FLAG_FUA if i % 3 == 0 else 0)
+if h.can_zero():
+    # Offered, so it must work: zeroes across a stripe boundary.
+    off, n = 3 * W - 5 * S, 2 * CH + 7 * S
+    h.zero(n, off)
+    model[off:off + n] = bytes(n)
+    check(h, off - S, n + 2 * S, "after zeroing %d bytes at %d" % (n, off))
+h.flush()
+
+h2 = nbd.NBD()
+h2.connect_uri(URI)
+base = S * rng.randrange(0, (size - 8 * W) // S)
+pending = []
+off = base
+j = 0
+while off < base + 8 * W:
+    n = min(S * rng.randint(1, 16), base + 8 * W - off)
+    data = bytearray(rng.randbytes(n))
+    model[off:off + n] = data
+    c = h if j % 2 == 0 else h2
+    buf = nbd.Buffer.from_bytearray(data)
+    pending.append((c, c.aio_pwrite(buf, off, flags=nbd.CMD_FLAG_FUA if j % 5 == 0 else 0), buf))
+    off += n
+    j += 1
+for c in (h, h2):
+    while c.aio_in_flight() > 0:
+        c.poll(-1)
+for c, cookie, _ in pending:
+    assert c.aio_command_completed(cookie)
+h.flush()
+h2.flush()
+check(h2, 0, size, "full read on a second connection")
+open(OUT, "wb").write(model)
+h2.shutdown()
+h.shutdown()
+print("patched", len(pending), "concurrent writes")
+"#;
+
+/// Runs PATCH_SCRIPT against a served export whose contents are `image`;
+/// returns the new contents (also left in `out`).
+pub fn nbd_patch(
+    uri: &str,
+    image: &Path,
+    out: &Path,
+    seed: u64,
+    chunk: u64,
+    width: u64,
+    count: usize,
+) -> Vec<u8> {
+    let script = format!(
+        "IMG = {:?}\nOUT = {:?}\nSEED = {seed}\nCH = {chunk}\nW = {width}\nCOUNT = {count}\n{PATCH_SCRIPT}",
+        image.to_str().unwrap(),
+        out.to_str().unwrap()
+    );
+    nbdsh_script(uri, &script, Duration::from_secs(180));
+    std::fs::read(out).unwrap()
+}
+
+/// An nbdsh script that keeps 32 random writes in flight in the second half
+/// of the export (from the first whole stripe there on) until it is killed,
+/// printing "hammering" once 64 writes have completed.
+/// Parameters: SEED, W (bytes of data in one stripe).
+pub const HAMMER_SCRIPT: &str = r#"
+import nbd, random
+rng = random.Random(SEED)
+h.connect_uri(URI)
+size = h.get_size()
+lo = (size // 2 + W - 1) // W * W
+inflight = {}
+done = 0
+announced = False
+while True:
+    while h.aio_in_flight() < 32:
+        n = 512 * rng.randint(1, (2 * W) // 512)
+        off = lo + 512 * rng.randrange(0, (size - lo - n) // 512 + 1)
+        buf = nbd.Buffer.from_bytearray(bytearray(rng.randbytes(n)))
+        inflight[h.aio_pwrite(buf, off)] = buf
+    h.poll(-1)
+    for cookie in list(inflight):
+        if h.aio_command_completed(cookie):
+            del inflight[cookie]
+            done += 1
+    if done >= 64 and not announced:
+        print("hammering", flush=True)
+        announced = True
+"#;
+
+/// Starts HAMMER_SCRIPT, waits until it says it is hammering, SIGKILLs the
+/// server in the middle of the writes, and reaps the client.
+pub fn crash_while_hammering(served: Served, seed: u64, width: u64) {
+    let code = format!(
+        "URI = {:?}\nSEED = {seed}\nW = {width}\n{HAMMER_SCRIPT}",
+        served.uri()
+    );
+    let mut client = nbdsh_command()
+        .arg("-c")
+        .arg(&code)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start nbdsh");
+    let lines = line_reader(client.stdout.take().unwrap());
+    let ready = lines.recv_timeout(Duration::from_secs(60));
+    if ready.as_deref() != Ok("hammering") {
+        // SAFETY: kill(2) of our own child, not yet reaped.
+        unsafe { libc::kill(client.id() as i32, libc::SIGKILL) };
+        let out = client.wait_with_output().unwrap();
+        panic!(
+            "the writing client did not start hammering ({ready:?}); stderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    served.kill();
+    // The client loses its connection and fails; it must not outlive the test.
+    if wait_limited(&mut client, Duration::from_secs(20)).is_none() {
+        // SAFETY: as above.
+        unsafe { libc::kill(client.id() as i32, libc::SIGKILL) };
+        let _ = client.wait();
+    }
+}
+
+/// Polls `status` and `detail --json` over the control socket until neither
+/// reports a resync or recovery; returns whether one was seen.
+pub fn wait_until_in_sync(served: &Served, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    let mut seen = false;
+    loop {
+        let text = served.status_text();
+        let detail = served.detail_json();
+        let state = detail["state"]
+            .as_str()
+            .unwrap_or_else(|| panic!("detail without state: {detail}"))
+            .to_string();
+        let busy = |s: &str| {
+            let s = s.to_lowercase();
+            s.contains("resync") || s.contains("recover")
+        };
+        if !busy(&text) && !busy(&state) {
+            return seen;
+        }
+        seen = true;
+        assert!(
+            Instant::now() < deadline,
+            "still resyncing after {limit:?}:\n{text}\nstate: {state}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Overwrites 4 KiB of one member at 3/4 of its data area: a torn stripe, as
+/// a crash between the writes of one stripe leaves it, in the second half
+/// of the array. Only a resync makes the stripe consistent again.
+pub fn tear_a_stripe(member: &Path) {
+    use std::os::unix::fs::FileExt;
+    let out = uraid_ok(&["examine", "--json", member.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let offset = v[0]["data_offset_sectors"].as_u64().unwrap() * 512;
+    let used = v[0]["used_dev_size_sectors"].as_u64().unwrap() * 512;
+    let at = offset + (used * 3 / 4) / 4096 * 4096;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(member)
+        .unwrap();
+    f.write_all_at(&random_bytes(0x7ea2, 4096), at).unwrap();
+}
+
+/// Checks parity (and mirror) consistency offline: reading the array with
+/// any one member missing (and, for raid6, any two adjacent members) gives
+/// the same bytes as reading it whole, which is `expected` when given.
+/// Returns the whole array's bytes.
+pub fn assert_redundancy_consistent(
+    members: &[&str],
+    losable: usize,
+    expected: Option<&[u8]>,
+    dir: &Path,
+) -> Vec<u8> {
+    let whole = copy_out(members, dir);
+    if let Some(e) = expected {
+        assert_same_bytes(&whole, e, "copy-out of all members");
+    }
+    let n = members.len();
+    let mut lost_sets: Vec<Vec<usize>> = Vec::new();
+    if losable >= 1 {
+        lost_sets.extend((0..n).map(|i| vec![i]));
+    }
+    if losable >= 2 {
+        lost_sets.extend((0..n).map(|i| vec![i, (i + 1) % n]));
+    }
+    for lost in lost_sets {
+        let subset: Vec<&str> = members
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !lost.contains(i))
+            .map(|(_, m)| *m)
+            .collect();
+        let got = copy_out(&subset, dir);
+        assert_same_bytes(
+            &got,
+            &whole,
+            &format!("copy-out without member(s) {lost:?} (parity/mirror inconsistent)"),
+        );
+    }
+    whole
+}

@@ -7,7 +7,7 @@ use crate::control::{self, Request};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
-#[command(group(clap::ArgGroup::new("what").required(true).multiple(false).args(["fail", "remove", "add", "action", "speed", "inject"])))]
+#[command(group(clap::ArgGroup::new("what").required(true).multiple(false).args(["fail", "remove", "add", "replace", "action", "speed", "inject"])))]
 pub struct ManageArgs {
     /// The control socket of the running `uraid serve`.
     #[arg(long)]
@@ -26,6 +26,12 @@ pub struct ManageArgs {
     /// `--inject d3 restore`.
     #[arg(long, num_args = 2, value_names = ["DEV", "FAULT"])]
     inject: Option<Vec<String>>,
+    /// Copy a member onto a new device while it stays in service, then swap (mdadm --replace).
+    #[arg(long, requires = "with")]
+    replace: Option<PathBuf>,
+    /// The device that replaces the one given to --replace.
+    #[arg(long)]
+    with: Option<PathBuf>,
     /// md's sync_action: check (count mismatches), repair (fix them), idle (stop).
     #[arg(long)]
     action: Option<String>,
@@ -49,6 +55,11 @@ pub fn run(args: &ManageArgs) -> CliResult {
     } else if let Some(device) = &args.add {
         Request::Add {
             device: absolute(device),
+        }
+    } else if let (Some(device), Some(with)) = (&args.replace, &args.with) {
+        Request::Replace {
+            device: absolute(device),
+            with: absolute(with),
         }
     } else if let Some(inject) = &args.inject {
         Request::Inject {

@@ -141,8 +141,11 @@ fn refuse_live_socket(address: &str) -> Result<(), String> {
         let host_port = host_port.replace(['[', ']'], "");
         if let Some((host, port)) = host_port.rsplit_once(':') {
             if port != "0" {
-                std::net::TcpListener::bind((host, port.parse::<u16>().map_err(|e| format!("{address}: {e}"))?))
-                    .map_err(|e| format!("{address}: {e}"))?;
+                std::net::TcpListener::bind((
+                    host,
+                    port.parse::<u16>().map_err(|e| format!("{address}: {e}"))?,
+                ))
+                .map_err(|e| format!("{address}: {e}"))?;
             }
         }
     }

@@ -34,6 +34,11 @@ pub enum Request {
     Add {
         device: PathBuf,
     },
+    /// mdadm --replace DEV --with NEW.
+    Replace {
+        device: PathBuf,
+        with: PathBuf,
+    },
     /// md's sync_action: "check", "repair" or "idle" (stop the running job).
     SyncAction {
         action: String,
@@ -204,6 +209,10 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
         Request::Add { device } => {
             let message = format!("added {}", device.display());
             done(engine.manage_add(&device), message)
+        }
+        Request::Replace { device, with } => {
+            let message = format!("replacing {} with {}", device.display(), with.display());
+            done(engine.manage_replace(&device, &with), message)
         }
         Request::SyncAction { action } => match action.as_str() {
             "check" => done(engine.start_scrub(false), "check started".into()),

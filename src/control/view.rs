@@ -85,7 +85,7 @@ impl DetailView {
         // idle array and "active" while it writes. uraid shows the on-disk truth.
         let clean = if sb.is_clean() { "clean" } else { "active" };
         let sync_suffix = match array.sync.as_ref().map(|p| p.action) {
-            Some(SyncAction::Recovery { .. }) => ", recovering",
+            Some(SyncAction::Recovery { .. } | SyncAction::Replace { .. }) => ", recovering",
             Some(SyncAction::Resync) => ", resyncing",
             Some(SyncAction::Check | SyncAction::Repair) => ", checking",
             None => "",
@@ -191,7 +191,7 @@ impl DetailView {
             bitmap,
             sync_status: array.sync.as_ref().map(|p| {
                 let word = match p.action {
-                    SyncAction::Recovery { .. } => "Rebuild",
+                    SyncAction::Recovery { .. } | SyncAction::Replace { .. } => "Rebuild",
                     SyncAction::Resync => "Resync",
                     SyncAction::Check | SyncAction::Repair => "Check",
                 };

@@ -224,6 +224,31 @@ impl View<'_> {
         buf: &[u8],
     ) -> io::Result<()> {
         let (member, at) = self.offset_of(place, offset_in_strip);
+        // A replacement under construction gets the write too where its copy
+        // is done; it must not fall behind. A failing replacement is dropped.
+        if let Some(replacement) = self.table.replacing[place.member].as_ref() {
+            let copied = replacement
+                .rebuilt_below
+                .as_ref()
+                .is_none_or(|b| self.stripe < b.load(std::sync::atomic::Ordering::SeqCst));
+            if copied
+                && replacement
+                    .slot
+                    .member
+                    .write_at(
+                        buf,
+                        at - self
+                            .table
+                            .entry(place.member)
+                            .map_or(0, |e| e.slot.data_offset_bytes)
+                            + replacement.slot.data_offset_bytes,
+                    )
+                    .is_err()
+            {
+                self.engine
+                    .abandon_replacement(place.member, "write error on the replacement");
+            }
+        }
         match member.write_at(buf, at) {
             Ok(()) => Ok(()),
             Err(source) => {

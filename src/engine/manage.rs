@@ -188,6 +188,84 @@ impl Engine {
         Ok(())
     }
 
+    /// `uraid manage --replace DEV --with NEW` (mdadm --replace): NEW (added as
+    /// a spare if it is not one yet) receives a copy of DEV's role while DEV
+    /// stays in service; at the end NEW takes the role and DEV is marked
+    /// faulty. Until then a crash simply leaves NEW a spare.
+    pub fn manage_replace(self: &Arc<Engine>, old: &Path, new: &Path) -> Result<(), String> {
+        let role = {
+            let array = self.array.lock().unwrap();
+            let device = array
+                .devices
+                .iter()
+                .find(|d| Self::same_device(&d.path, old))
+                .ok_or_else(|| format!("{} is not a member of this array", old.display()))?;
+            match device.state {
+                DeviceState::Active { role } => role,
+                _ => return Err(format!("{} is not an active member", old.display())),
+            }
+        };
+        if self.sync.action().is_some() {
+            return Err("another background job is running; replace when it is done".into());
+        }
+        let is_spare = {
+            let array = self.array.lock().unwrap();
+            array
+                .devices
+                .iter()
+                .any(|d| Self::same_device(&d.path, new) && d.state == DeviceState::Spare)
+        };
+        if !is_spare {
+            self.manage_add(new)?;
+        }
+        let array = self.array.lock().unwrap();
+        let device = array
+            .devices
+            .iter()
+            .find(|d| Self::same_device(&d.path, new) && d.state == DeviceState::Spare)
+            .ok_or_else(|| {
+                format!(
+                    "{} did not become a spare (a recovery took it?)",
+                    new.display()
+                )
+            })?;
+        let next = Arc::new(AtomicU64::new(0));
+        let entry = MemberEntry {
+            slot: Slot {
+                member: device.member.clone(),
+                data_offset_bytes: device.sb.data_offset_sectors * SECTOR_BYTES,
+            },
+            rebuilt_below: Some(next.clone()),
+        };
+        let path = device.path.clone();
+        {
+            let mut members = self.members.write().unwrap();
+            let mut table: MemberTable = (**members).clone();
+            table.replacing[role] = Some(entry);
+            *members = Arc::new(table);
+        }
+        drop(array);
+        self.events.push(
+            "RebuildStarted",
+            &path,
+            &format!("replacing {} in role {role}", old.display()),
+        );
+        SyncWorker::start(self, SyncAction::Replace { role }, 0, next)
+    }
+
+    /// Drops a replacement under construction (it failed, or was stopped).
+    pub(super) fn abandon_replacement(&self, role: usize, reason: &str) {
+        let mut members = self.members.write().unwrap();
+        if members.replacing[role].is_none() {
+            return;
+        }
+        let mut table: MemberTable = (**members).clone();
+        table.replacing[role] = None;
+        *members = Arc::new(table);
+        self.events
+            .push("ReplaceFailed", "", &format!("role {role}: {reason}"));
+    }
+
     /// Writes the array's state to every member, logging (not returning) a
     /// failure: the in-memory state stays authoritative while serving.
     fn write_state(&self, array: &mut crate::array::Assembled) {
@@ -327,6 +405,40 @@ impl Engine {
                     self.start_recovery_if_possible();
                 }
             }
+            (SyncAction::Replace { role }, Outcome::Finished { .. }) => {
+                let mut array = self.array.lock().unwrap();
+                let replacement = {
+                    let mut members = self.members.write().unwrap();
+                    let mut table: MemberTable = (**members).clone();
+                    let Some(mut entry) = table.replacing[role].take() else {
+                        return;
+                    };
+                    entry.rebuilt_below = None;
+                    table.by_role[role] = Some(entry.clone());
+                    *members = Arc::new(table);
+                    entry
+                };
+                let (mut old_path, mut new_path) = (String::new(), String::new());
+                for d in array.devices.iter_mut() {
+                    if matches!(d.state, DeviceState::Active { role: r } if r == role) {
+                        d.state = DeviceState::Faulty;
+                        old_path = d.path.clone();
+                    } else if Arc::ptr_eq(&d.member, &replacement.slot.member) {
+                        d.state = DeviceState::Active { role };
+                        new_path = d.path.clone();
+                    }
+                }
+                array.slots[role] = Some(replacement.slot.clone());
+                self.write_state(&mut array);
+                drop(array);
+                self.events.push(
+                    "RebuildFinished",
+                    &new_path,
+                    &format!("replaced {old_path}"),
+                );
+                self.events.push("Fail", &old_path, "replaced");
+            }
+            (SyncAction::Replace { role }, _) => self.abandon_replacement(role, "copy stopped"),
             (_, Outcome::Stopped) => {}
             (_, Outcome::Failed) => self.events.push("SyncFailed", "", action.word()),
         }

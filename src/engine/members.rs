@@ -28,6 +28,9 @@ pub struct MemberEntry {
 #[derive(Clone)]
 pub struct MemberTable {
     pub by_role: Vec<Option<MemberEntry>>,
+    /// A replacement being built for a role while its member stays in
+    /// service (mdadm --replace): it receives writes below its copy point.
+    pub replacing: Vec<Option<MemberEntry>>,
 }
 
 impl MemberTable {

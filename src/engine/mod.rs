@@ -102,6 +102,7 @@ impl Engine {
                     })
                 })
                 .collect(),
+            replacing: vec![None; array.slots.len()],
         };
         let sync = SyncWorker::new(geometry.stripe_count());
         let engine = Arc::new(Engine {

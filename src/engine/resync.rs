@@ -27,6 +27,8 @@ pub enum SyncAction {
     Resync,
     /// Rebuild the member in this role from the others.
     Recovery { role: usize },
+    /// Copy the member in this role onto its replacement (mdadm --replace).
+    Replace { role: usize },
     /// Count mismatches, change nothing.
     Check,
     /// Count mismatches and rewrite redundancy where it disagrees.
@@ -38,7 +40,7 @@ impl SyncAction {
     pub fn word(self) -> &'static str {
         match self {
             SyncAction::Resync => "resync",
-            SyncAction::Recovery { .. } => "recovery",
+            SyncAction::Recovery { .. } | SyncAction::Replace { .. } => "recovery",
             SyncAction::Check => "check",
             SyncAction::Repair => "repair",
         }
@@ -276,6 +278,15 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                     match view.table.entry(role).cloned() {
                         Some(target) => view.rebuild_onto(&map, role, &target).map(|_| 0),
                         None => Err(std::io::Error::other("the member being rebuilt is gone")),
+                    }
+                }
+                SyncAction::Replace { role } => {
+                    // The member itself still serves, so its content is read
+                    // (or rebuilt, if it fails to read) and written to the copy.
+                    let view = engine.view(stripe);
+                    match view.table.replacing[role].clone() {
+                        Some(target) => view.rebuild_onto(&map, role, &target).map(|_| 0),
+                        None => Err(std::io::Error::other("the replacement is gone")),
                     }
                 }
                 SyncAction::Resync | SyncAction::Check | SyncAction::Repair => {

@@ -444,3 +444,52 @@ fn recovery_is_throttled_by_speed_limit_max() {
     wait_idle(&engine);
     assert!(engine.snapshot().missing_roles.is_empty());
 }
+
+#[test]
+fn replace_copies_a_member_while_it_serves_then_swaps() {
+    for (level, layout, disks, chunk) in [
+        (Level::Raid6, Some("left-symmetric"), 5, 8),
+        (Level::Raid1, None, 2, 0),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = make_array(dir.path(), level, layout, disks, chunk);
+        let engine =
+            Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+        let mut image = hammer(&engine, 2, 60, 41);
+        let new = dir.path().join("new");
+        std::fs::File::create(&new)
+            .unwrap()
+            .set_len(6 << 20)
+            .unwrap();
+        // Slow enough that the writes below land during the copy.
+        engine.set_speed_limits(Some(100), Some(4000));
+        engine.manage_replace(&paths[1], &new).unwrap();
+        assert!(
+            engine.snapshot().missing_roles.is_empty(),
+            "the old member serves during the copy"
+        );
+        hammer_onto(&engine, 2, 60, 43, &mut image);
+        engine.set_speed_limits(None, Some(1_000_000));
+        wait_idle(&engine);
+        let snapshot = engine.snapshot();
+        assert!(snapshot
+            .devices
+            .iter()
+            .any(|d| d.path == paths[1].display().to_string() && d.state == DeviceState::Faulty));
+        engine.shutdown().unwrap();
+        drop(engine);
+        // The array without the replaced member is whole and consistent.
+        let mut now: Vec<PathBuf> = paths.clone();
+        now[1] = new.clone();
+        check_consistent(&now);
+        let array = assemble(&now, false).unwrap();
+        assert!(
+            array.missing_roles().is_empty(),
+            "{level}: the replacement holds role 1"
+        );
+        let io = crate::array::StripeIo::new(&array.geometry, &array.slots);
+        let mut back = vec![0u8; image.len()];
+        io.read_bytes(0, &mut back).unwrap();
+        assert!(back == image, "{level}: data differs after replace");
+    }
+}

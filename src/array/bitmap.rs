@@ -233,7 +233,7 @@ pub(crate) fn sync_bitmaps(array: &Assembled, state: Cleanliness) -> Result<(), 
             bits.clear_all();
             bsb.events_cleared = events;
         }
-        Cleanliness::Clean if !stale => {}
+        Cleanliness::Clean | Cleanliness::DirtyTracked if !stale => {}
         _ => bits.set_all(),
     }
     bsb.state &= !BITMAP_STATE_STALE;

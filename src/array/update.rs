@@ -15,6 +15,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub enum Cleanliness {
     Dirty,
     Clean,
+    /// Active, with a live write-intent bitmap kept by the engine: the bits
+    /// on disk already mark every region being written, so they are kept.
+    DirtyTracked,
     /// Shut down in order but with a resync unfinished: it must resume at
     /// this position (md's unit: see Geometry::resync_position_sectors).
     ResyncFrom(u64),
@@ -47,7 +50,7 @@ pub fn write_array_state(array: &mut Assembled, state: Cleanliness) -> Result<()
     array.sb.utime_micros = now.subsec_micros();
     array.sb.resync_offset_sectors = match state {
         Cleanliness::Clean => MAX_SECTOR,
-        Cleanliness::Dirty => 0,
+        Cleanliness::Dirty | Cleanliness::DirtyTracked => 0,
         Cleanliness::ResyncFrom(position) => position,
     };
     array.sb.dev_roles = roles.clone();

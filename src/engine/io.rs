@@ -162,6 +162,7 @@ impl Engine {
     pub(super) fn write_bytes(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         self.for_each_piece(offset, data.len(), |engine, map, in_stripe, range| {
             let _guard = engine.locks.lock(map.stripe);
+            let _in_flight = engine.bitmap_start_write(map.stripe)?;
             engine.with_retries(map.stripe, true, |view| {
                 let piece =
                     Engine::piece(map.clone(), in_stripe, range.len(), &data[range.clone()]);

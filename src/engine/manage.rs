@@ -6,7 +6,7 @@
 use super::members::{MemberEntry, MemberTable};
 use super::resync::{Outcome, SyncAction, SyncWorker};
 use super::Engine;
-use crate::array::{write_array_state, Cleanliness, DeviceState, FoundDevice, Slot};
+use crate::array::{write_array_state, DeviceState, FoundDevice, Slot};
 use crate::format::MD_FEATURE_RECOVERY_OFFSET;
 use crate::geometry::Geometry;
 use crate::member::{FileMember, MemberRef, OpenOptions};
@@ -272,7 +272,7 @@ impl Engine {
         if self.read_only {
             return;
         }
-        if let Err(e) = write_array_state(array, Cleanliness::Dirty) {
+        if let Err(e) = write_array_state(array, self.active_state()) {
             self.events.push("SuperblockWriteError", "", &e.to_string());
         }
     }

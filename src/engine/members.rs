@@ -9,7 +9,7 @@
 
 use super::io::View;
 use super::Engine;
-use crate::array::{write_array_state, Cleanliness, DeviceState, Slot};
+use crate::array::{write_array_state, DeviceState, Slot};
 use crate::geometry::{Place, StripeMap};
 use crate::units::SECTOR_BYTES;
 use std::io;
@@ -152,7 +152,7 @@ impl Engine {
         // The superblocks of the remaining members record the failure, so
         // that a restart does not trust the failed member.
         if !self.read_only {
-            if let Err(e) = write_array_state(&mut array, Cleanliness::Dirty) {
+            if let Err(e) = write_array_state(&mut array, self.active_state()) {
                 eprintln!("uraid: recording the failure of {path}: {e}");
             }
         }

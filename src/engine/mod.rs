@@ -5,6 +5,7 @@
 //! background resync. Everything above it — the NBD export, the control
 //! socket — calls its small API and never looks at the level.
 
+mod bitmap;
 mod events;
 mod io;
 mod locks;
@@ -71,6 +72,8 @@ pub struct Engine {
     /// Fault injectors wrapped around the members, by device path, when the
     /// array is served with fault injection enabled.
     injectors: Mutex<Vec<(String, Arc<crate::member::FaultyMember>)>>,
+    /// The live write-intent bitmap, when the array has one.
+    bitmap: Option<bitmap::LiveBitmap>,
 }
 
 impl Engine {
@@ -88,8 +91,16 @@ impl Engine {
         // point in resync_offset when it shuts down mid-resync.
         let resync_from = (!array.is_clean() && level.md_number() > 0 && level != Level::Raid0)
             .then(|| geometry.stripe_at_resync_position(array.sb.resync_offset_sectors));
+        // The bitmap is read before the array is marked active: its bits say
+        // which regions a crash may have left out of sync.
+        let live_bitmap = bitmap::LiveBitmap::load(&array);
         if !options.read_only {
-            write_array_state(&mut array, Cleanliness::Dirty)?;
+            let state = if live_bitmap.is_some() {
+                Cleanliness::DirtyTracked
+            } else {
+                Cleanliness::Dirty
+            };
+            write_array_state(&mut array, state)?;
         }
         let table = MemberTable {
             by_role: array
@@ -119,7 +130,11 @@ impl Engine {
             last_mismatch_sectors: AtomicU64::new(0),
             me: OnceLock::new(),
             injectors: Mutex::new(Vec::new()),
+            bitmap: live_bitmap,
         });
+        if !options.read_only {
+            engine.start_bitmap_daemon();
+        }
         let _ = engine.me.set(Arc::downgrade(&engine));
         if let (Some(from), false) = (resync_from, options.read_only) {
             let next = Arc::new(AtomicU64::new(from));
@@ -315,6 +330,21 @@ impl Engine {
         Ok(injector.describe())
     }
 
+    /// How the array is marked while it serves: with a live bitmap the bits
+    /// on disk already cover what is being written.
+    pub(super) fn active_state(&self) -> Cleanliness {
+        if self.bitmap.is_some() {
+            Cleanliness::DirtyTracked
+        } else {
+            Cleanliness::Dirty
+        }
+    }
+
+    /// (dirty chunks, all chunks) of the live bitmap, if any.
+    pub fn bitmap_dirty(&self) -> Option<(u64, u64)> {
+        self.bitmap.as_ref().map(|b| b.dirty_count())
+    }
+
     /// md's mismatch_cnt.
     pub fn mismatch_sectors(&self) -> u64 {
         self.last_mismatch_sectors.load(Ordering::SeqCst)
@@ -324,6 +354,9 @@ impl Engine {
     /// clean — or records where an unfinished resync or recovery resumes.
     pub fn shutdown(&self) -> Result<(), EngineError> {
         let resume = self.sync.stop();
+        if let Some(bitmap) = self.bitmap.as_ref() {
+            bitmap.stop();
+        }
         if self.read_only {
             return Ok(());
         }

@@ -269,6 +269,11 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                 mismatch_sectors: worker.mismatch_sectors.load(Ordering::SeqCst),
             };
         }
+        if action == SyncAction::Resync && !engine.stripe_needs_resync(stripe) {
+            // The bitmap says this region was quiet at the crash.
+            next.store(stripe + 1, Ordering::SeqCst);
+            continue;
+        }
         let map = engine.geometry.stripe(stripe);
         let result = {
             let _guard = engine.locks.lock(stripe);

@@ -7,7 +7,7 @@ use crate::control::{self, Request};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
-#[command(group(clap::ArgGroup::new("what").required(true).multiple(false).args(["fail", "remove", "add", "replace", "action", "speed", "inject"])))]
+#[command(group(clap::ArgGroup::new("what").required(true).multiple(false).args(["fail", "remove", "add", "replace", "action", "speed", "inject", "check_period"])))]
 pub struct ManageArgs {
     /// The control socket of the running `uraid serve`.
     #[arg(long)]
@@ -32,6 +32,9 @@ pub struct ManageArgs {
     /// The device that replaces the one given to --replace.
     #[arg(long)]
     with: Option<PathBuf>,
+    /// Run a consistency check every DAYS days (fractions allowed; 0 turns it off).
+    #[arg(long, value_name = "DAYS")]
+    check_period: Option<f64>,
     /// md's sync_action: check (count mismatches), repair (fix them), idle (stop).
     #[arg(long)]
     action: Option<String>,
@@ -61,6 +64,8 @@ pub fn run(args: &ManageArgs) -> CliResult {
             device: absolute(device),
             with: absolute(with),
         }
+    } else if let Some(days) = args.check_period {
+        Request::CheckPeriod { days }
     } else if let Some(inject) = &args.inject {
         Request::Inject {
             device: absolute(std::path::Path::new(&inject[0])),

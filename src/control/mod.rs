@@ -34,6 +34,10 @@ pub enum Request {
     Add {
         device: PathBuf,
     },
+    /// The consistency-check period in days (0 removes the schedule).
+    CheckPeriod {
+        days: f64,
+    },
     /// mdadm --replace DEV --with NEW.
     Replace {
         device: PathBuf,
@@ -73,6 +77,13 @@ pub struct StatusReply {
     pub speed_limit_min_kib_per_s: u64,
     #[serde(default)]
     pub speed_limit_max_kib_per_s: u64,
+    #[serde(default)]
+    pub check_period_days: Option<f64>,
+    #[serde(default)]
+    pub next_check_in_secs: Option<u64>,
+    /// (dirty, all) chunks of the write-intent bitmap.
+    #[serde(default)]
+    pub bitmap_dirty_chunks: Option<(u64, u64)>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -95,6 +106,9 @@ pub fn status_of(snapshot: &Snapshot, nbd_uri: &str, homehost: &str) -> StatusRe
         mismatch_cnt: 0,
         speed_limit_min_kib_per_s: 0,
         speed_limit_max_kib_per_s: 0,
+        check_period_days: None,
+        next_check_in_secs: None,
+        bitmap_dirty_chunks: None,
     }
 }
 
@@ -190,6 +204,11 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
         Request::Status => {
             let mut status = status_of(&engine.snapshot(), nbd_uri, homehost);
             status.mismatch_cnt = engine.mismatch_sectors();
+            status.check_period_days = engine
+                .check_schedule()
+                .map(|(p, _)| p.as_secs_f64() / 86400.0);
+            status.next_check_in_secs = engine.check_schedule().map(|(_, s)| s);
+            status.bitmap_dirty_chunks = engine.bitmap_dirty();
             (
                 status.speed_limit_min_kib_per_s,
                 status.speed_limit_max_kib_per_s,
@@ -209,6 +228,23 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
         Request::Add { device } => {
             let message = format!("added {}", device.display());
             done(engine.manage_add(&device), message)
+        }
+        Request::CheckPeriod { days } => {
+            if !(days >= 0.0 && days <= 3650.0) {
+                return Reply::Error {
+                    message: format!("check period {days} days: give 0 (off) to 3650"),
+                };
+            }
+            let period = (days > 0.0).then(|| std::time::Duration::from_secs_f64(days * 86400.0));
+            engine.set_check_period(period);
+            Reply::Done {
+                message: match period {
+                    Some(_) => format!(
+                        "a check runs every {days} days, the first one {days} days from now"
+                    ),
+                    None => "no scheduled checks".into(),
+                },
+            }
         }
         Request::Replace { device, with } => {
             let message = format!("replacing {} with {}", device.display(), with.display());

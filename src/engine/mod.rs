@@ -12,6 +12,7 @@ mod locks;
 mod manage;
 mod members;
 mod resync;
+mod schedule;
 
 pub use events::Event;
 pub use resync::{SyncAction, SyncProgress};
@@ -27,6 +28,7 @@ use members::{MemberEntry, MemberTable};
 use resync::SyncWorker;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::time::Duration;
 
 /// Stripe lock slots; a power of two, sized for many concurrent requests.
 const STRIPE_LOCK_SLOTS: usize = 4096;
@@ -74,6 +76,8 @@ pub struct Engine {
     injectors: Mutex<Vec<(String, Arc<crate::member::FaultyMember>)>>,
     /// The live write-intent bitmap, when the array has one.
     bitmap: Option<bitmap::LiveBitmap>,
+    /// The consistency-check period.
+    schedule: schedule::CheckSchedule,
 }
 
 impl Engine {
@@ -131,6 +135,7 @@ impl Engine {
             me: OnceLock::new(),
             injectors: Mutex::new(Vec::new()),
             bitmap: live_bitmap,
+            schedule: schedule::CheckSchedule::default(),
         });
         if !options.read_only {
             engine.start_bitmap_daemon();
@@ -338,6 +343,11 @@ impl Engine {
         } else {
             Cleanliness::Dirty
         }
+    }
+
+    /// The check period and seconds until the next check, if scheduled.
+    pub fn check_schedule(&self) -> Option<(Duration, u64)> {
+        Some((self.schedule.period()?, self.schedule.due_in_secs()?))
     }
 
     /// (dirty chunks, all chunks) of the live bitmap, if any.

@@ -575,3 +575,29 @@ fn bitmap_marks_written_regions_and_bounds_the_resync_after_a_crash() {
     );
     engine.shutdown().unwrap();
 }
+
+#[test]
+fn scheduled_checks_run_every_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = make_array(dir.path(), Level::Raid5, None, 3, 8);
+    let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+    engine.set_check_period(Some(std::time::Duration::from_millis(600)));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let checks = |e: &Arc<Engine>| {
+        e.snapshot()
+            .events
+            .iter()
+            .filter(|ev| ev.event == "RebuildFinished" && ev.detail.starts_with("check"))
+            .count()
+    };
+    while checks(&engine) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "two scheduled checks did not run"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    engine.set_check_period(None);
+    assert_eq!(engine.mismatch_sectors(), 0);
+    engine.shutdown().unwrap();
+}

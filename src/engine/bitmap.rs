@@ -83,6 +83,12 @@ impl LiveBitmap {
         chunks.into_iter().any(|c| state.1.get(c))
     }
 
+    /// The bitmap's (events, events_cleared).
+    pub fn events(&self) -> (u64, u64) {
+        let state = self.state.lock().unwrap();
+        (state.0.events, state.0.events_cleared)
+    }
+
     pub fn dirty_count(&self) -> (u64, u64) {
         let state = self.state.lock().unwrap();
         (state.1.count_set(), state.1.chunks())
@@ -193,8 +199,8 @@ impl Engine {
         self.table().in_sync().iter().all(|s| *s)
     }
 
-    /// Whether stripe `stripe` needs a resync after a crash: with a trusted
-    /// bitmap only if one of its bits is set.
+    /// Whether stripe `stripe` needs a resync after a crash (or a copy to a
+    /// re-added member): with a trusted bitmap only if one of its bits is set.
     pub(super) fn stripe_needs_resync(&self, stripe: u64) -> bool {
         match self.bitmap.as_ref() {
             Some(bitmap) if bitmap.trusted => {

@@ -121,6 +121,9 @@ impl Engine {
         let member: MemberRef = Arc::new(
             FileMember::open(path, OpenOptions { write: true }).map_err(|e| e.to_string())?,
         );
+        if self.try_readd(path, &member)? {
+            return Ok(());
+        }
         {
             let mut array = self.array.lock().unwrap();
             if array
@@ -186,6 +189,76 @@ impl Engine {
         }
         self.start_recovery_if_possible();
         Ok(())
+    }
+
+    /// md's re-add: a member that left (failed, pulled, or missing at
+    /// assembly) comes back with its superblock and the array has a trusted
+    /// write-intent bitmap that covers everything written since it left:
+    /// only the regions whose bits are set are copied to it. Returns false
+    /// when the device is no such member (it is then added as a new spare).
+    fn try_readd(self: &Arc<Engine>, path: &Path, member: &MemberRef) -> Result<bool, String> {
+        let Some(bitmap) = self.bitmap.as_ref().filter(|b| b.trusted) else {
+            return Ok(false);
+        };
+        let Ok(Some(sb)) = crate::array::read_superblock(&**member) else {
+            return Ok(false);
+        };
+        let mut array = self.array.lock().unwrap();
+        if sb.set_uuid != array.sb.set_uuid {
+            return Ok(false);
+        }
+        let crate::format::Role::Active(role) = sb.this_role() else {
+            return Ok(false);
+        };
+        let role = role as usize;
+        let (_, events_cleared) = bitmap.events();
+        if role >= self.geometry.raid_disks()
+            || self.table().entry(role).is_some()
+            || sb.events < events_cleared
+        {
+            return Ok(false);
+        }
+        if self.sync.action().is_some() {
+            return Err("another background job is running; re-add when it is done".into());
+        }
+        let name = path.display().to_string();
+        array.devices.retain(|d| !Self::same_device(&d.path, path));
+        let next = Arc::new(AtomicU64::new(0));
+        let entry = MemberEntry {
+            slot: Slot {
+                member: member.clone(),
+                data_offset_bytes: sb.data_offset_sectors * SECTOR_BYTES,
+            },
+            rebuilt_below: Some(next.clone()),
+        };
+        array.devices.push(FoundDevice {
+            path: name.clone(),
+            sb,
+            state: DeviceState::Recovering {
+                role,
+                recovery_offset_sectors: 0,
+            },
+            member: member.clone(),
+        });
+        {
+            let mut members = self.members.write().unwrap();
+            let mut table: MemberTable = (**members).clone();
+            table.by_role[role] = Some(entry);
+            *members = Arc::new(table);
+        }
+        self.write_state(&mut array);
+        drop(array);
+        self.events.push(
+            "ReAdd",
+            &name,
+            &format!("role {role}: copying only the regions the bitmap marks"),
+        );
+        self.sync.set_bitmap_guided(true);
+        if let Err(e) = SyncWorker::start(self, SyncAction::Recovery { role }, 0, next) {
+            self.sync.set_bitmap_guided(false);
+            return Err(e);
+        }
+        Ok(true)
     }
 
     /// `uraid manage --replace DEV --with NEW` (mdadm --replace): NEW (added as

@@ -77,6 +77,8 @@ pub struct SyncWorker {
     mismatch_sectors: AtomicU64,
     started: Mutex<Option<Instant>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The running recovery copies only regions the bitmap marks (a re-add).
+    bitmap_guided: AtomicBool,
     /// A job that stopped or failed before the end, and where it stood.
     interrupted: Mutex<Option<(SyncAction, u64)>>,
     pub speed_limit_min_kib_per_s: AtomicU64,
@@ -94,10 +96,16 @@ impl SyncWorker {
             mismatch_sectors: AtomicU64::new(0),
             started: Mutex::new(None),
             thread: Mutex::new(None),
+            bitmap_guided: AtomicBool::new(false),
             interrupted: Mutex::new(None),
             speed_limit_min_kib_per_s: AtomicU64::new(SPEED_LIMIT_MIN_KIB_PER_S),
             speed_limit_max_kib_per_s: AtomicU64::new(SPEED_LIMIT_MAX_KIB_PER_S),
         })
+    }
+
+    /// Marks the next job as guided by the bitmap (re-add).
+    pub fn set_bitmap_guided(&self, guided: bool) {
+        self.bitmap_guided.store(guided, Ordering::SeqCst);
     }
 
     pub fn action(&self) -> Option<SyncAction> {
@@ -158,6 +166,7 @@ impl SyncWorker {
 
     /// Called by the job's thread as it ends.
     fn ended(&self, action: SyncAction, outcome: Outcome) {
+        self.bitmap_guided.store(false, Ordering::SeqCst);
         let next = self.next_stripe.lock().unwrap().load(Ordering::SeqCst);
         if outcome
             != (Outcome::Finished {
@@ -269,7 +278,10 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                 mismatch_sectors: worker.mismatch_sectors.load(Ordering::SeqCst),
             };
         }
-        if action == SyncAction::Resync && !engine.stripe_needs_resync(stripe) {
+        let guided = action == SyncAction::Resync
+            || (matches!(action, SyncAction::Recovery { .. })
+                && worker.bitmap_guided.load(Ordering::SeqCst));
+        if guided && !engine.stripe_needs_resync(stripe) {
             // The bitmap says this region was quiet at the crash.
             next.store(stripe + 1, Ordering::SeqCst);
             continue;

@@ -7,7 +7,7 @@ use crate::control::{self, Request};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
-#[command(group(clap::ArgGroup::new("what").required(true).multiple(false).args(["fail", "remove", "add", "replace", "action", "speed", "inject", "check_period"])))]
+#[command(group(clap::ArgGroup::new("what").required(true).multiple(false).args(["fail", "remove", "add", "replace", "action", "speed", "inject", "check_period", "grow"])))]
 pub struct ManageArgs {
     /// The control socket of the running `uraid serve`.
     #[arg(long)]
@@ -35,6 +35,15 @@ pub struct ManageArgs {
     /// Run a consistency check every DAYS days (fractions allowed; 0 turns it off).
     #[arg(long, value_name = "DAYS")]
     check_period: Option<f64>,
+    /// Change the array's shape; with --bitmap internal|none, add or remove the write-intent bitmap.
+    #[arg(long, requires = "bitmap")]
+    grow: bool,
+    /// With --grow: internal or none.
+    #[arg(long)]
+    bitmap: Option<String>,
+    /// With --grow --bitmap internal: the bytes each bit covers (K/M/G).
+    #[arg(long)]
+    bitmap_chunk: Option<String>,
     /// md's sync_action: check (count mismatches), repair (fix them), idle (stop).
     #[arg(long)]
     action: Option<String>,
@@ -63,6 +72,16 @@ pub fn run(args: &ManageArgs) -> CliResult {
         Request::Replace {
             device: absolute(device),
             with: absolute(with),
+        }
+    } else if args.grow {
+        let chunk_bytes = args
+            .bitmap_chunk
+            .as_deref()
+            .map(crate::units::parse_size_bytes)
+            .transpose()?;
+        Request::GrowBitmap {
+            bitmap: args.bitmap.clone().unwrap_or_default(),
+            chunk_bytes,
         }
     } else if let Some(days) = args.check_period {
         Request::CheckPeriod { days }

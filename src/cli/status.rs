@@ -35,9 +35,20 @@ pub fn run(control_socket: Option<&Path>, json: bool) -> CliResult {
     if json {
         let arrays: Vec<serde_json::Value> = replies
             .iter()
-            .map(
-                |r| serde_json::json!({ "nbd": r.nbd_uri, "mdstat": r.mdstat, "detail": r.detail }),
-            )
+            .map(|r| {
+                serde_json::json!({
+                    "nbd": r.nbd_uri,
+                    "mdstat": r.mdstat,
+                    "detail": r.detail,
+                    "events": r.events,
+                    "mismatch_cnt": r.mismatch_cnt,
+                    "speed_limit_min_kib_per_s": r.speed_limit_min_kib_per_s,
+                    "speed_limit_max_kib_per_s": r.speed_limit_max_kib_per_s,
+                    "check_period_days": r.check_period_days,
+                    "next_check_in_secs": r.next_check_in_secs,
+                    "bitmap_dirty_chunks": r.bitmap_dirty_chunks,
+                })
+            })
             .collect();
         println!(
             "{}",

@@ -38,6 +38,11 @@ pub enum Request {
     CheckPeriod {
         days: f64,
     },
+    /// mdadm --grow --bitmap internal|none.
+    GrowBitmap {
+        bitmap: String,
+        chunk_bytes: Option<u64>,
+    },
     /// mdadm --replace DEV --with NEW.
     Replace {
         device: PathBuf,
@@ -244,6 +249,20 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
                     ),
                     None => "no scheduled checks".into(),
                 },
+            }
+        }
+        Request::GrowBitmap {
+            bitmap,
+            chunk_bytes,
+        } => {
+            let result = match bitmap.as_str() {
+                "internal" => engine.grow_bitmap(true, chunk_bytes),
+                "none" => engine.grow_bitmap(false, None),
+                other => Err(format!("unknown bitmap '{other}': internal or none")),
+            };
+            match result {
+                Ok(message) => Reply::Done { message },
+                Err(message) => Reply::Error { message },
             }
         }
         Request::Replace { device, with } => {

@@ -29,12 +29,12 @@ pub struct LiveBitmap {
 }
 
 /// Counts a write in flight on a range of chunks; dropping it ends it.
-pub struct WriteGuard<'a> {
-    bitmap: &'a LiveBitmap,
+pub struct WriteGuard {
+    bitmap: Arc<LiveBitmap>,
     chunks: Range<u64>,
 }
 
-impl Drop for WriteGuard<'_> {
+impl Drop for WriteGuard {
     fn drop(&mut self) {
         let now = self.bitmap.epoch.elapsed().as_millis() as u64;
         for c in self.chunks.clone() {
@@ -105,11 +105,8 @@ impl LiveBitmap {
 impl Engine {
     /// Called before a write to `stripe`: sets (and makes durable) the bits
     /// of its regions, and counts the write in flight.
-    pub(super) fn bitmap_start_write(
-        &self,
-        stripe: u64,
-    ) -> std::io::Result<Option<WriteGuard<'_>>> {
-        let Some(bitmap) = self.bitmap.as_ref() else {
+    pub(super) fn bitmap_start_write(&self, stripe: u64) -> std::io::Result<Option<WriteGuard>> {
+        let Some(bitmap) = self.live_bitmap() else {
             return Ok(None);
         };
         let range = self.geometry.resync_position_sectors(stripe)
@@ -119,7 +116,7 @@ impl Engine {
             bitmap.pending[c as usize].fetch_add(1, Ordering::SeqCst);
         }
         let guard = WriteGuard {
-            bitmap,
+            bitmap: bitmap.clone(),
             chunks: chunks.clone(),
         };
         let clear = {
@@ -143,13 +140,14 @@ impl Engine {
 
     /// Starts the daemon that clears quiet regions' bits.
     pub(super) fn start_bitmap_daemon(self: &Arc<Engine>) {
-        let Some(bitmap) = self.bitmap.as_ref() else {
+        let Some(bitmap) = self.live_bitmap() else {
             return;
         };
         let weak: Weak<Engine> = Arc::downgrade(self);
+        let mine = Arc::downgrade(&bitmap);
         let handle = std::thread::Builder::new()
             .name("uraid-bitmap".into())
-            .spawn(move || bitmap_daemon(weak))
+            .spawn(move || bitmap_daemon(weak, mine))
             .expect("spawn the bitmap daemon");
         *bitmap.daemon.lock().unwrap() = Some(handle);
     }
@@ -157,7 +155,7 @@ impl Engine {
     /// Clears the bits of chunks quiet for `quiet_ms`, after flushing the
     /// members so that what the bits covered is durable. Not while degraded.
     pub fn bitmap_clear_quiet(&self, quiet_ms: u64) -> std::io::Result<u64> {
-        let Some(bitmap) = self.bitmap.as_ref() else {
+        let Some(bitmap) = self.live_bitmap() else {
             return Ok(0);
         };
         if !self.snapshot_missing_roles_empty() || self.sync.action().is_some() {
@@ -202,7 +200,7 @@ impl Engine {
     /// Whether stripe `stripe` needs a resync after a crash (or a copy to a
     /// re-added member): with a trusted bitmap only if one of its bits is set.
     pub(super) fn stripe_needs_resync(&self, stripe: u64) -> bool {
-        match self.bitmap.as_ref() {
+        match self.live_bitmap() {
             Some(bitmap) if bitmap.trusted => {
                 let range = self.geometry.resync_position_sectors(stripe)
                     ..self.geometry.resync_position_sectors(stripe + 1);
@@ -233,40 +231,155 @@ fn write_everywhere(array: &Assembled, bsb: &BitmapSuper, bits: &Bitmap) -> std:
     Ok(())
 }
 
-fn bitmap_daemon(weak: Weak<Engine>) {
+fn bitmap_daemon(weak: Weak<Engine>, mine: Weak<LiveBitmap>) {
     // The engine is held only while working, never while sleeping, so that
-    // dropping it (a crash in tests) releases the members at once.
-    let stopped = |weak: &Weak<Engine>| match weak.upgrade() {
-        None => true,
-        Some(engine) => engine
-            .bitmap
-            .as_ref()
-            .is_none_or(|b| b.stop.load(Ordering::SeqCst)),
+    // dropping it (a crash in tests) releases the members at once. The
+    // daemon ends when its bitmap is stopped or replaced.
+    let current = |weak: &Weak<Engine>| -> Option<(Arc<Engine>, Arc<LiveBitmap>)> {
+        let engine = weak.upgrade()?;
+        let bitmap = engine.live_bitmap()?;
+        let mine = mine.upgrade()?;
+        (Arc::ptr_eq(&bitmap, &mine) && !bitmap.stop.load(Ordering::SeqCst))
+            .then_some((engine, bitmap))
     };
     loop {
-        let sleep_s = match weak.upgrade() {
+        let sleep_s = match current(&weak) {
             None => return,
-            Some(engine) => match engine.bitmap.as_ref() {
-                None => return,
-                Some(bitmap) => bitmap
-                    .state
-                    .lock()
-                    .unwrap()
-                    .0
-                    .daemon_sleep_secs
-                    .clamp(1, 60) as u64,
-            },
+            Some((_, bitmap)) => bitmap
+                .state
+                .lock()
+                .unwrap()
+                .0
+                .daemon_sleep_secs
+                .clamp(1, 60) as u64,
         };
         for _ in 0..sleep_s * 10 {
-            if stopped(&weak) {
+            if current(&weak).is_none() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let Some(engine) = weak.upgrade() else { return };
+        let Some((engine, _)) = current(&weak) else {
+            return;
+        };
         // md clears a bit after two quiet daemon periods.
         if let Err(e) = engine.bitmap_clear_quiet(2 * sleep_s * 1000) {
             engine.events.push("BitmapWriteError", "", &e.to_string());
         }
+    }
+}
+
+impl Engine {
+    /// `uraid manage --grow --bitmap internal|none` on a live array, as seed
+    /// 001 does around a rebuild. Adding writes a bitmap with every bit set
+    /// (the daemon clears quiet regions, as md does for a new bitmap) into
+    /// the room between the superblock and the bad-block log or the data.
+    pub fn grow_bitmap(
+        self: &Arc<Engine>,
+        internal: bool,
+        chunk_bytes: Option<u64>,
+    ) -> Result<String, String> {
+        if self.read_only {
+            return Err("the array is served read-only".into());
+        }
+        let mut array = self.array.lock().unwrap();
+        if !internal {
+            let Some(bitmap) = self.bitmap.write().unwrap().take() else {
+                return Err("the array has no bitmap".into());
+            };
+            bitmap.stop.store(true, Ordering::SeqCst);
+            for d in array.devices.iter_mut() {
+                d.sb.feature_map &= !crate::format::MD_FEATURE_BITMAP_OFFSET;
+                d.sb.bitmap_offset_sectors = 0;
+            }
+            array.sb.feature_map &= !crate::format::MD_FEATURE_BITMAP_OFFSET;
+            array.sb.bitmap_offset_sectors = 0;
+            crate::array::write_array_state(&mut array, crate::array::Cleanliness::Dirty)
+                .map_err(|e| e.to_string())?;
+            self.events.push("BitmapRemoved", "", "");
+            return Ok("bitmap removed".into());
+        }
+        if self.live_bitmap().is_some() {
+            return Err("the array already has a bitmap".into());
+        }
+        let sb = array.sb.clone();
+        if !matches!(
+            sb.metadata,
+            crate::format::Metadata::V1_1 | crate::format::Metadata::V1_2
+        ) {
+            return Err(format!(
+                "adding a bitmap to a live {} array is not supported",
+                sb.metadata.as_str()
+            ));
+        }
+        if !(self.geometry.level().has_parity()
+            || matches!(
+                self.geometry.level(),
+                crate::geometry::Level::Raid1 | crate::geometry::Level::Raid10
+            ))
+        {
+            return Err(format!(
+                "{} has no redundancy for a bitmap to protect",
+                self.geometry.level()
+            ));
+        }
+        let sync =
+            crate::format::bitmap_sync_sectors(sb.level, sb.layout, sb.raid_disks, sb.size_sectors);
+        // The room after the superblock: up to the bad-block log if it
+        // follows, else up to the data (on every member).
+        let offset: i64 = 8;
+        let room_sectors = array
+            .devices
+            .iter()
+            .map(|d| {
+                let data = d.sb.data_offset_sectors as i64 - d.sb.super_offset_sectors as i64;
+                let bblog = d.sb.bblog_offset_sectors as i64;
+                let end = if d.sb.bblog_size_sectors > 0 && bblog > offset {
+                    bblog.min(data)
+                } else {
+                    data
+                };
+                (end - offset).max(0) as u64
+            })
+            .min()
+            .unwrap_or(0);
+        let room_bits = (room_sectors * 512).saturating_sub(256) * 8;
+        if room_bits == 0 {
+            return Err("no room for a bitmap between the superblock and the data".into());
+        }
+        // mdadm's default (>= 64 MiB chunks, <= 128 KiB of bitmap), made
+        // larger until the bits fit the room.
+        let mut chunk = chunk_bytes.unwrap_or(64 << 20).max(512).next_power_of_two();
+        while crate::format::bitmap::bit_count(sync, chunk) > room_bits {
+            if chunk_bytes.is_some() {
+                return Err(format!("a {chunk}-byte bitmap chunk needs more room than the {room_sectors} sectors after the superblock"));
+            }
+            chunk *= 2;
+        }
+        let bsb = BitmapSuper::new(sb.set_uuid, sb.events, sync, chunk as u32);
+        let bits = Bitmap::new(bsb.chunks(), true);
+        for d in array.devices.iter_mut() {
+            d.sb.feature_map |= crate::format::MD_FEATURE_BITMAP_OFFSET;
+            d.sb.bitmap_offset_sectors = offset as i32;
+        }
+        array.sb.feature_map |= crate::format::MD_FEATURE_BITMAP_OFFSET;
+        array.sb.bitmap_offset_sectors = offset as i32;
+        write_everywhere(&array, &bsb, &bits).map_err(|e| e.to_string())?;
+        crate::array::write_array_state(&mut array, crate::array::Cleanliness::DirtyTracked)
+            .map_err(|e| e.to_string())?;
+        let live = LiveBitmap::load(&array).ok_or("the new bitmap does not read back")?;
+        *self.bitmap.write().unwrap() = Some(Arc::new(live));
+        drop(array);
+        self.start_bitmap_daemon();
+        self.events.push(
+            "BitmapAdded",
+            "",
+            &format!("{} chunks of {} KiB", bsb.chunks(), chunk >> 10),
+        );
+        Ok(format!(
+            "internal bitmap added: {} chunks of {} KiB",
+            bsb.chunks(),
+            chunk >> 10
+        ))
     }
 }

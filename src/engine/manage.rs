@@ -197,7 +197,7 @@ impl Engine {
     /// only the regions whose bits are set are copied to it. Returns false
     /// when the device is no such member (it is then added as a new spare).
     fn try_readd(self: &Arc<Engine>, path: &Path, member: &MemberRef) -> Result<bool, String> {
-        let Some(bitmap) = self.bitmap.as_ref().filter(|b| b.trusted) else {
+        let Some(bitmap) = self.live_bitmap().filter(|b| b.trusted) else {
             return Ok(false);
         };
         let Ok(Some(sb)) = crate::array::read_superblock(&**member) else {

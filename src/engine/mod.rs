@@ -75,7 +75,7 @@ pub struct Engine {
     /// array is served with fault injection enabled.
     injectors: Mutex<Vec<(String, Arc<crate::member::FaultyMember>)>>,
     /// The live write-intent bitmap, when the array has one.
-    bitmap: Option<bitmap::LiveBitmap>,
+    bitmap: RwLock<Option<Arc<bitmap::LiveBitmap>>>,
     /// The consistency-check period.
     schedule: schedule::CheckSchedule,
 }
@@ -134,7 +134,7 @@ impl Engine {
             last_mismatch_sectors: AtomicU64::new(0),
             me: OnceLock::new(),
             injectors: Mutex::new(Vec::new()),
-            bitmap: live_bitmap,
+            bitmap: RwLock::new(live_bitmap.map(Arc::new)),
             schedule: schedule::CheckSchedule::default(),
         });
         if !options.read_only {
@@ -338,7 +338,7 @@ impl Engine {
     /// How the array is marked while it serves: with a live bitmap the bits
     /// on disk already cover what is being written.
     pub(super) fn active_state(&self) -> Cleanliness {
-        if self.bitmap.is_some() {
+        if self.live_bitmap().is_some() {
             Cleanliness::DirtyTracked
         } else {
             Cleanliness::Dirty
@@ -350,9 +350,14 @@ impl Engine {
         Some((self.schedule.period()?, self.schedule.due_in_secs()?))
     }
 
+    /// The live write-intent bitmap, if the array has one now.
+    pub(super) fn live_bitmap(&self) -> Option<Arc<bitmap::LiveBitmap>> {
+        self.bitmap.read().unwrap().clone()
+    }
+
     /// (dirty chunks, all chunks) of the live bitmap, if any.
     pub fn bitmap_dirty(&self) -> Option<(u64, u64)> {
-        self.bitmap.as_ref().map(|b| b.dirty_count())
+        self.live_bitmap().map(|b| b.dirty_count())
     }
 
     /// md's mismatch_cnt.
@@ -364,7 +369,7 @@ impl Engine {
     /// clean — or records where an unfinished resync or recovery resumes.
     pub fn shutdown(&self) -> Result<(), EngineError> {
         let resume = self.sync.stop();
-        if let Some(bitmap) = self.bitmap.as_ref() {
+        if let Some(bitmap) = self.live_bitmap() {
             bitmap.stop();
         }
         if self.read_only {

@@ -428,6 +428,9 @@ pub fn mdstat_block(array: &Snapshot) -> String {
             p.speed_kib_per_s
         );
     }
+    if let Some(line) = &array.bitmap_line {
+        let _ = writeln!(o, "      {line}");
+    }
     let _ = writeln!(o, "      ");
     o
 }

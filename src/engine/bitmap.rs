@@ -83,6 +83,27 @@ impl LiveBitmap {
         chunks.into_iter().any(|c| state.1.get(c))
     }
 
+    /// The /proc/mdstat "bitmap:" line's figures: md keeps a 16-bit counter
+    /// per chunk in 4 KiB pages (2048 a page); the file size is the on-disk
+    /// bitmap rounded to pages.
+    pub fn mdstat_line(&self) -> String {
+        let state = self.state.lock().unwrap();
+        let chunks = state.1.chunks();
+        let per_page = 2048u64;
+        let pages = chunks.div_ceil(per_page).max(1);
+        let busy = (0..pages)
+            .filter(|p| (p * per_page..((p + 1) * per_page).min(chunks)).any(|c| state.1.get(c)))
+            .count();
+        let file_kb = (256 + chunks.div_ceil(8)).div_ceil(4096) * 4;
+        let chunk_bytes = state.0.chunk_bytes as u64;
+        let chunk = if chunk_bytes >= 1024 {
+            format!("{}KB", chunk_bytes / 1024)
+        } else {
+            format!("{chunk_bytes}B")
+        };
+        format!("bitmap: {busy}/{pages} pages [{file_kb}KB], {chunk} chunk")
+    }
+
     /// The bitmap's (events, events_cleared).
     pub fn events(&self) -> (u64, u64) {
         let state = self.state.lock().unwrap();

@@ -198,6 +198,7 @@ impl Engine {
         snapshot.read_only = self.read_only;
         snapshot.serving = true;
         snapshot.events = self.events.recent();
+        snapshot.bitmap_line = self.live_bitmap().map(|b| b.mdstat_line());
         snapshot
     }
 
@@ -431,6 +432,8 @@ pub struct Snapshot {
     pub runnable: bool,
     /// Recent events (Fail, RebuildStarted, ...), oldest first.
     pub events: Vec<Event>,
+    /// /proc/mdstat's "bitmap:" line, when the array has a live bitmap.
+    pub bitmap_line: Option<String>,
 }
 
 impl Snapshot {
@@ -455,6 +458,7 @@ impl Snapshot {
             serving: false,
             runnable: array.runnable(),
             events: Vec::new(),
+            bitmap_line: None,
         }
     }
 }

@@ -91,6 +91,13 @@ pub fn main() -> i32 {
             return code;
         }
     };
+    // A report piped into `head` should end quietly, as other tools do.
+    // Not for serve: a client that goes away must not kill the server.
+    if !matches!(cli.command, Command::Serve(_)) {
+        // SAFETY: restoring the default action of a signal has no
+        // preconditions; no other thread runs yet.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let result = match cli.command {
         Command::Create(args) => create::run(&args),
         Command::Examine {

@@ -345,7 +345,9 @@ pub fn mdstat_block(array: &Snapshot) -> String {
             DeviceState::Faulty | DeviceState::Stale { .. } | DeviceState::Duplicate { .. } => {
                 "(F)"
             }
-            DeviceState::Spare | DeviceState::Recovering { .. } => "(S)",
+            // md flags a spare; a member being rebuilt has its slot already.
+            DeviceState::Recovering { .. } => "",
+            DeviceState::Spare => "(S)",
         };
         members.push(format!("{base}[{}]{suffix}", d.dev_number));
     }

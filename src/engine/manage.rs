@@ -475,6 +475,9 @@ impl Engine {
                     &format!("{}: mismatches found: {mismatch_sectors}", action.word()),
                 );
                 if action == SyncAction::Resync {
+                    // A member that was mid-rebuild when the array crashed
+                    // resumes now that the array is consistent again.
+                    self.resume_recovery();
                     self.start_recovery_if_possible();
                 }
             }

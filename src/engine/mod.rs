@@ -204,7 +204,7 @@ impl Engine {
 
     /// A member that was being rebuilt when the array last stopped resumes
     /// its recovery where its superblock says it stood.
-    fn resume_recovery(self: &Arc<Engine>) {
+    pub(super) fn resume_recovery(self: &Arc<Engine>) {
         let array = self.array.lock().unwrap();
         let table = self.table();
         let Some((index, role, offset)) =

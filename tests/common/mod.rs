@@ -867,3 +867,180 @@ pub fn assert_redundancy_consistent(
     }
     whole
 }
+
+// ---------------------------------------------------------------------------
+// Failures, rebuilds and background jobs on a served array
+// (tests/failures.rs, tests/failures_kernel.rs).
+
+/// `uraid manage --control SOCK ARGS...`, requiring success; returns the
+/// server's message (manage prints it on stderr).
+pub fn manage_ok(control: &Path, args: &[&str]) -> String {
+    let out = run_limited_ok(
+        uraid()
+            .arg("manage")
+            .arg("--control")
+            .arg(control)
+            .args(args),
+        Duration::from_secs(30),
+    );
+    String::from_utf8_lossy(&out.stderr).trim().to_string()
+}
+
+/// `uraid manage`, expecting a refusal: non-zero exit and one line
+/// `uraid: ...` on stderr, which is returned.
+pub fn manage_refused(control: &Path, args: &[&str]) -> String {
+    let out = run_limited(
+        uraid()
+            .arg("manage")
+            .arg("--control")
+            .arg(control)
+            .args(args),
+        Duration::from_secs(30),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !out.status.success(),
+        "uraid manage {args:?} should have been refused; it said {stderr:?}"
+    );
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(
+        lines.len() == 1 && lines[0].starts_with("uraid: "),
+        "uraid manage {args:?}: expected one line `uraid: ...`, got {stderr:?}"
+    );
+    stderr
+}
+
+/// The fields of a status that `uraid status --json` documents next to
+/// mdstat and detail.
+pub const STATUS_EXTRA_FIELDS: [&str; 4] = [
+    "events",
+    "mismatch_cnt",
+    "speed_limit_min_kib_per_s",
+    "speed_limit_max_kib_per_s",
+];
+
+/// `uraid status --json --control SOCK`: the one array's entry (mdstat,
+/// detail, events, mismatch_cnt, speed limits, ...).
+pub fn array_status(control: &Path) -> serde_json::Value {
+    let out = run_limited_ok(
+        uraid().args(["status", "--json", "--control"]).arg(control),
+        Duration::from_secs(20),
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "status --json: {e}\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    let arrays = v.as_array().expect("status --json: a list");
+    assert_eq!(arrays.len(), 1, "status --json --control: one array: {v}");
+    arrays[0].clone()
+}
+
+/// The events of a status as (event, device, detail).
+pub fn status_events(status: &serde_json::Value) -> Vec<(String, String, String)> {
+    status["events"]
+        .as_array()
+        .unwrap_or_else(|| panic!("status without events: {status}"))
+        .iter()
+        .map(|e| {
+            let s = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+            (s("event"), s("device"), s("detail"))
+        })
+        .collect()
+}
+
+/// The background job in an mdstat block, from its progress line
+/// `[==>...]  recovery = 12.5% (8192/65536) finish=0.2min speed=5000K/sec`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SyncLine {
+    /// md's word: resync, recovery, check or repair.
+    pub action: String,
+    pub done_kib: u64,
+    pub total_kib: u64,
+    pub speed_kib_per_s: u64,
+}
+
+pub fn sync_line(mdstat: &str) -> Option<SyncLine> {
+    let line = mdstat.lines().find(|l| l.contains("% ("))?;
+    // The bar before the word is made of '=' too: split at " = " after it.
+    let bar_end = line.find(']')? + 1;
+    let (before, after) = line[bar_end..].split_once('=')?;
+    let action = before.split_whitespace().last()?.to_string();
+    let inside = after.split_once('(')?.1.split_once(')')?.0;
+    let (done, total) = inside.split_once('/')?;
+    let speed = after
+        .split("speed=")
+        .nth(1)?
+        .trim_end()
+        .trim_end_matches("K/sec")
+        .parse()
+        .ok()?;
+    Some(SyncLine {
+        action,
+        done_kib: done.trim().parse().ok()?,
+        total_kib: total.trim().parse().ok()?,
+        speed_kib_per_s: speed,
+    })
+}
+
+/// Polls `array_status` every 100 ms until `done` holds, for at most
+/// `limit`; returns the status that satisfied it. Fails with the last
+/// status (mdstat, state, events) otherwise.
+pub fn wait_status(
+    control: &Path,
+    what: &str,
+    limit: Duration,
+    mut done: impl FnMut(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        let status = array_status(control);
+        if done(&status) {
+            return status;
+        }
+        if Instant::now() >= deadline {
+            let events: Vec<String> = status_events(&status)
+                .iter()
+                .map(|(e, d, x)| format!("  {e} {d} {x}"))
+                .collect();
+            panic!(
+                "timed out after {limit:?} waiting for {what}; last status:\n{}state: {}\nevents:\n{}",
+                status["mdstat"].as_str().unwrap_or_default(),
+                status["detail"]["state"],
+                events.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Whether a status shows the array whole and idle: every role active and
+/// in sync, no background job.
+pub fn status_whole_and_idle(status: &serde_json::Value) -> bool {
+    let detail = &status["detail"];
+    detail["active_devices"] == detail["raid_devices"]
+        && sync_line(status["mdstat"].as_str().unwrap_or_default()).is_none()
+        && detail["sync_status"].is_null()
+}
+
+/// The row of `detail` for a member path (compared canonically).
+pub fn detail_row<'a>(detail: &'a serde_json::Value, path: &str) -> Option<&'a serde_json::Value> {
+    let want = std::fs::canonicalize(path).ok();
+    detail["devices"].as_array()?.iter().find(|r| {
+        r["path"]
+            .as_str()
+            .is_some_and(|p| p == path || (want.is_some() && std::fs::canonicalize(p).ok() == want))
+    })
+}
+
+/// The "Recovery Offset : N sectors" line of an examine text (uraid's or
+/// mdadm's), if the superblock has one.
+pub fn recovery_offset_line(examine_text: &str) -> Option<u64> {
+    examine_text.lines().find_map(|l| {
+        l.trim()
+            .strip_prefix("Recovery Offset :")
+            .and_then(|v| v.trim().strip_suffix("sectors"))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}

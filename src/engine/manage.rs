@@ -516,6 +516,28 @@ impl Engine {
             }
             (SyncAction::Replace { role }, _) => self.abandon_replacement(role, "copy stopped"),
             (_, Outcome::Stopped) => {}
+            (SyncAction::Recovery { role }, Outcome::Failed) => {
+                // The new member could not be written, or nothing is left to
+                // rebuild it from: it leaves the array as faulty, so that no
+                // automatic retry loops on it; a fresh --add starts over.
+                let mut array = self.array.lock().unwrap();
+                {
+                    let mut members = self.members.write().unwrap();
+                    let mut table: MemberTable = (**members).clone();
+                    table.by_role[role] = None;
+                    *members = Arc::new(table);
+                }
+                let mut path = String::new();
+                for d in array.devices.iter_mut() {
+                    if matches!(d.state, DeviceState::Recovering { role: r, .. } if r == role) {
+                        d.state = DeviceState::Faulty;
+                        path = d.path.clone();
+                    }
+                }
+                self.write_state(&mut array);
+                drop(array);
+                self.events.push("RebuildFailed", &path, &format!("role {role}"));
+            }
             (_, Outcome::Failed) => self.events.push("SyncFailed", "", action.word()),
         }
     }

@@ -265,6 +265,7 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
         done_kib: 0,
         foreground_seen: 0,
     };
+    let mut retries = 0usize;
     let outcome = loop {
         let Some(engine) = weak.upgrade() else { return };
         let worker = &engine.sync;
@@ -328,6 +329,7 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
         };
         match result {
             Ok(mismatches) => {
+                retries = 0;
                 worker
                     .mismatch_sectors
                     .fetch_add(mismatches, Ordering::SeqCst);
@@ -335,6 +337,22 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                 throttle.account(&engine, map.strip_sectors * SECTOR_BYTES / 1024);
             }
             Err(e) => {
+                // A member's error is handled as on the request path (correct
+                // from redundancy, or fail the member), and the stripe is
+                // tried again, a bounded number of times.
+                retries += 1;
+                if let Some(role) = super::members::member_of(&e) {
+                    if retries <= engine.geometry.raid_disks() {
+                        let target = match action {
+                            SyncAction::Recovery { role } | SyncAction::Replace { role } => Some(role),
+                            _ => None,
+                        };
+                        if target != Some(role) {
+                            engine.correct_read_error(stripe, role, &e, false);
+                            continue;
+                        }
+                    }
+                }
                 engine.events.push(
                     "SyncFailed",
                     "",

@@ -799,8 +799,7 @@ fn uraid_serves_what_the_kernel_wrote_and_the_kernel_reads_it_back() {
         let detail = served.detail_json();
         let active = detail["active_devices"].as_u64().unwrap() as usize;
         assert!(
-            active == c.disks - gone
-                || (!c.fail.is_empty() && active <= c.disks - c.missing.len()),
+            active == c.disks - gone || (!c.fail.is_empty() && active <= c.disks - c.missing.len()),
             "{name}: {active} active devices: {detail}"
         );
         assert_same_bytes(

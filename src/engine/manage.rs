@@ -536,7 +536,8 @@ impl Engine {
                 }
                 self.write_state(&mut array);
                 drop(array);
-                self.events.push("RebuildFailed", &path, &format!("role {role}"));
+                self.events
+                    .push("RebuildFailed", &path, &format!("role {role}"));
             }
             (_, Outcome::Failed) => self.events.push("SyncFailed", "", action.word()),
         }

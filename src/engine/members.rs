@@ -215,7 +215,11 @@ impl View<'_> {
         let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
         let write = |place: &Place, buf: &[u8]| -> io::Result<()> {
             let at = target.slot.data_offset_bytes + place.member_sector * SECTOR_BYTES;
-            target.slot.member.write_at(buf, at).map_err(|e| member_error(role, e))
+            target
+                .slot
+                .member
+                .write_at(buf, at)
+                .map_err(|e| member_error(role, e))
         };
         let targets: Vec<&Place> = map
             .data

@@ -344,7 +344,9 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                 if let Some(role) = super::members::member_of(&e) {
                     if retries <= engine.geometry.raid_disks() {
                         let target = match action {
-                            SyncAction::Recovery { role } | SyncAction::Replace { role } => Some(role),
+                            SyncAction::Recovery { role } | SyncAction::Replace { role } => {
+                                Some(role)
+                            }
                             _ => None,
                         };
                         if target != Some(role) {

@@ -13,7 +13,11 @@ pub fn uraid() -> Command {
 /// Runs uraid and returns its output, panicking with stderr if it failed.
 pub fn uraid_ok(args: &[&str]) -> Output {
     let out = uraid().args(args).output().expect("run uraid");
-    assert!(out.status.success(), "uraid {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "uraid {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out
 }
 
@@ -23,14 +27,21 @@ pub fn uraid_refused(args: &[&str]) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(!out.status.success(), "uraid {args:?} should have failed");
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "uraid {args:?}: expected one line of error, got {stderr:?}");
+    assert_eq!(
+        lines.len(),
+        1,
+        "uraid {args:?}: expected one line of error, got {stderr:?}"
+    );
     assert!(lines[0].starts_with("uraid: "), "{stderr}");
     stderr
 }
 
 /// A scratch folder under /tmp (which user-mode Linux sees too, through hostfs).
 pub fn scratch(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new().prefix(&format!("uraid-{name}-")).tempdir_in("/tmp").expect("tempdir")
+    tempfile::Builder::new()
+        .prefix(&format!("uraid-{name}-"))
+        .tempdir_in("/tmp")
+        .expect("tempdir")
 }
 
 /// Sparse, zero-filled files of the given sizes.
@@ -76,13 +87,24 @@ pub fn in_kernel(script: &str, timeout_s: u32) -> String {
     let script_path = dir.path().join("script.sh");
     std::fs::write(&script_path, format!("#!/bin/bash\nset -eu\n{script}")).unwrap();
     let out = Command::new(root.join("tests/kernel/uml-run"))
-        .args(["--mem", "768M", "--timeout", &timeout_s.to_string(), "--", "bash"])
+        .args([
+            "--mem",
+            "768M",
+            "--timeout",
+            &timeout_s.to_string(),
+            "--",
+            "bash",
+        ])
         .arg(&script_path)
         .output()
         .expect("run tests/kernel/uml-run (install user-mode-linux: tests/kernel/install-deps)");
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(out.status.success(), "kernel script failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}", out.status);
+    assert!(
+        out.status.success(),
+        "kernel script failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        out.status
+    );
     stdout
 }
 

@@ -3,7 +3,7 @@
 //! hot spares taking over a failed member, and the hooks the background job
 //! calls as it progresses and ends.
 
-use super::members::{MemberEntry, MemberTable};
+use super::members::MemberEntry;
 use super::resync::{Outcome, SyncAction, SyncWorker};
 use super::Engine;
 use crate::array::{write_array_state, DeviceState, FoundDevice, Slot};
@@ -240,12 +240,7 @@ impl Engine {
             },
             member: member.clone(),
         });
-        {
-            let mut members = self.members.write().unwrap();
-            let mut table: MemberTable = (**members).clone();
-            table.by_role[role] = Some(entry);
-            *members = Arc::new(table);
-        }
+        self.update_table(|t| t.by_role[role] = Some(entry));
         self.write_state(&mut array);
         drop(array);
         self.events.push(
@@ -311,12 +306,7 @@ impl Engine {
             rebuilt_below: Some(next.clone()),
         };
         let path = device.path.clone();
-        {
-            let mut members = self.members.write().unwrap();
-            let mut table: MemberTable = (**members).clone();
-            table.replacing[role] = Some(entry);
-            *members = Arc::new(table);
-        }
+        self.update_table(|t| t.replacing[role] = Some(entry));
         drop(array);
         self.events.push(
             "RebuildStarted",
@@ -328,13 +318,10 @@ impl Engine {
 
     /// Drops a replacement under construction (it failed, or was stopped).
     pub(super) fn abandon_replacement(&self, role: usize, reason: &str) {
-        let mut members = self.members.write().unwrap();
-        if members.replacing[role].is_none() {
+        if self.table().replacing[role].is_none() {
             return;
         }
-        let mut table: MemberTable = (**members).clone();
-        table.replacing[role] = None;
-        *members = Arc::new(table);
+        self.update_table(|t| t.replacing[role] = None);
         self.events
             .push("ReplaceFailed", "", &format!("role {role}: {reason}"));
     }
@@ -386,12 +373,7 @@ impl Engine {
             },
             rebuilt_below: Some(next.clone()),
         };
-        {
-            let mut members = self.members.write().unwrap();
-            let mut new_table: MemberTable = (**members).clone();
-            new_table.by_role[role] = Some(entry);
-            *members = Arc::new(new_table);
-        }
+        self.update_table(|t| t.by_role[role] = Some(entry));
         self.write_state(&mut array);
         drop(array);
         self.events
@@ -438,14 +420,11 @@ impl Engine {
         match (action, outcome) {
             (SyncAction::Recovery { role }, Outcome::Finished { .. }) => {
                 let mut array = self.array.lock().unwrap();
-                {
-                    let mut members = self.members.write().unwrap();
-                    let mut table: MemberTable = (**members).clone();
-                    if let Some(entry) = table.by_role[role].as_mut() {
+                self.update_table(|t| {
+                    if let Some(entry) = t.by_role[role].as_mut() {
                         entry.rebuilt_below = None;
                     }
-                    *members = Arc::new(table);
-                }
+                });
                 let mut path = String::new();
                 for d in array.devices.iter_mut() {
                     if matches!(d.state, DeviceState::Recovering { role: r, .. } if r == role) {
@@ -483,16 +462,14 @@ impl Engine {
             }
             (SyncAction::Replace { role }, Outcome::Finished { .. }) => {
                 let mut array = self.array.lock().unwrap();
-                let replacement = {
-                    let mut members = self.members.write().unwrap();
-                    let mut table: MemberTable = (**members).clone();
-                    let Some(mut entry) = table.replacing[role].take() else {
-                        return;
-                    };
+                let replacement = self.update_table(|t| {
+                    let mut entry = t.replacing[role].take()?;
                     entry.rebuilt_below = None;
-                    table.by_role[role] = Some(entry.clone());
-                    *members = Arc::new(table);
-                    entry
+                    t.by_role[role] = Some(entry.clone());
+                    Some(entry)
+                });
+                let Some(replacement) = replacement else {
+                    return;
                 };
                 let (mut old_path, mut new_path) = (String::new(), String::new());
                 for d in array.devices.iter_mut() {
@@ -521,12 +498,7 @@ impl Engine {
                 // rebuild it from: it leaves the array as faulty, so that no
                 // automatic retry loops on it; a fresh --add starts over.
                 let mut array = self.array.lock().unwrap();
-                {
-                    let mut members = self.members.write().unwrap();
-                    let mut table: MemberTable = (**members).clone();
-                    table.by_role[role] = None;
-                    *members = Arc::new(table);
-                }
+                self.update_table(|t| t.by_role[role] = None);
                 let mut path = String::new();
                 for d in array.devices.iter_mut() {
                     if matches!(d.state, DeviceState::Recovering { role: r, .. } if r == role) {

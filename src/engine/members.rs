@@ -99,6 +99,16 @@ impl Engine {
         self.members.read().unwrap().clone()
     }
 
+    /// The one place the member table changes: a modified copy is swapped
+    /// in, so readers holding the old snapshot are never disturbed.
+    pub(super) fn update_table<T>(&self, change: impl FnOnce(&mut MemberTable) -> T) -> T {
+        let mut members = self.members.write().unwrap();
+        let mut table: MemberTable = (**members).clone();
+        let result = change(&mut table);
+        *members = Arc::new(table);
+        result
+    }
+
     /// Whether every array sector can still be served by in-sync members.
     pub fn runnable(&self) -> bool {
         let missing: Vec<bool> = self.table().in_sync().iter().map(|s| !s).collect();
@@ -121,13 +131,10 @@ impl Engine {
     pub fn fail_member(&self, role: usize, reason: &str) {
         let mut array = self.array.lock().unwrap();
         {
-            let mut members = self.members.write().unwrap();
-            if members.entry(role).is_none() {
+            if self.table().entry(role).is_none() {
                 return;
             }
-            let mut table = (**members).clone();
-            table.by_role[role] = None;
-            *members = Arc::new(table);
+            self.update_table(|t| t.by_role[role] = None);
         }
         let path = array
             .devices

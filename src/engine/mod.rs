@@ -236,12 +236,7 @@ impl Engine {
             rebuilt_below: Some(next.clone()),
         };
         let path = device.path.clone();
-        {
-            let mut members = self.members.write().unwrap();
-            let mut new_table = (**members).clone();
-            new_table.by_role[role] = Some(entry);
-            *members = Arc::new(new_table);
-        }
+        self.update_table(|t| t.by_role[role] = Some(entry));
         drop(array);
         self.events.push(
             "RebuildStarted",

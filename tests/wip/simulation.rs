@@ -46,21 +46,29 @@
 //! sector across the members of a raid4/5/6 stripe) that had writes in
 //! flight at a crash may have data and parity that disagree until a resync
 //! has repaired it. If the member holding a data sector of such a row is
-//! missing or faulty, that sector is rebuilt from disagreeing blocks, which
-//! gives garbage — in md too. Such sectors are *wild*: the model accepts any
-//! value until the sector is written again. Rows stop being suspect when a
-//! full check of a fully in-sync array finds no mismatch. Mirrors have no
-//! write hole: every copy holds one of the allowed values, and the resync
-//! copies the copy that reads return.
+//! missing or faulty (or becomes so later), that sector is rebuilt from
+//! disagreeing blocks, which gives garbage — in md too. Such sectors are
+//! *wild*: the model accepts any value until the sector is written while
+//! its member is sound (a write to it while its member is lost or faulty
+//! is folded into parity that was already wrong); a wild sector written
+//! but not yet flushed may come back wild after a crash. Rows stop being
+//! suspect when a full check of a fully in-sync array finds no mismatch.
+//! Mirrors have no write hole: every copy holds one of the allowed values,
+//! and the resync copies the copy that reads return.
 //!
 //! Further checks: every read, write and flush must succeed (the faults
 //! never exceed what the level survives); a dirty degraded parity array
-//! must refuse to start without `force`; after the resync that follows a
-//! crash, a check must find no mismatch (raid6 started degraded after a
-//! crash is the exception: its rebuild can make the write hole visible to a
-//! check, so there a repair must bring the count to 0); and background work
-//! must always finish: a missing role with a spare or a half-rebuilt member
-//! available must be rebuilt, without further prompting.
+//! must refuse to start without `force`; an orderly shutdown must succeed
+//! and leave the array clean; after the resync that follows a crash, a
+//! check must find no mismatch, and its count must equal what the same
+//! check finds stripe by stripe on the members (`array::resync`, offline).
+//! raid6 started degraded after a crash is the one exception: rebuilding a
+//! member from P can make the write hole visible to Q, so mismatches are
+//! accepted in stripes with suspect rows only, and a repair must clear
+//! them. Background work must always finish: a missing role with a spare
+//! or a half-rebuilt member available must be rebuilt without further
+//! prompting, and no engine call may hang (a watchdog reports a seed that
+//! stops making progress as a deadlock).
 //!
 //! # Determinism and replay
 //!
@@ -1534,9 +1542,11 @@ fn run_seed(level: Level, seed: u64, steps: usize) -> Result<Stats, String> {
                     format!("SIMULATION FAILED: {level} seed {seed}: panic: {text}\n{replay}\nlast operations:\n  {ops}")
                 });
             }
-            Err(mpsc::RecvTimeoutError::Disconnected) => return Err(format!(
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(format!(
                 "SIMULATION FAILED: {level} seed {seed}: the simulation thread vanished\n{replay}"
-            )),
+            ))
+            }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 let trace = trace.lock().unwrap_or_else(|e| e.into_inner());
                 if trace.count != seen {
@@ -1599,7 +1609,7 @@ fn simulate(level: Level) {
     if !failures.is_empty() {
         let failed: Vec<u64> = failures.iter().map(|(s, _)| *s).collect();
         for (_, text) in &failures[1..] {
-            eprintln!("{}\n", text.lines().take(3).collect::<Vec<_>>().join("\n"));
+            eprintln!("{text}\n");
         }
         panic!(
             "{level}: {} of {} seeds failed: {failed:?}\n\nthe first failure:\n{}",

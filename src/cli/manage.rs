@@ -7,7 +7,7 @@ use crate::control::{self, Request};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
-#[command(group(clap::ArgGroup::new("what").required(true).multiple(false).args(["fail", "remove", "add", "replace", "action", "speed", "inject", "check_period", "grow"])))]
+#[command(group(clap::ArgGroup::new("what").required(true).multiple(false).args(["fail", "remove", "add", "replace", "action", "speed_limit_min", "speed_limit_max", "inject", "check_period", "grow"])))]
 pub struct ManageArgs {
     /// The control socket of the running `uraid serve`.
     #[arg(long)]
@@ -48,10 +48,10 @@ pub struct ManageArgs {
     #[arg(long)]
     action: Option<String>,
     /// md's sync_speed_min for this array, KiB/s per member.
-    #[arg(long, group = "speed")]
+    #[arg(long)]
     speed_limit_min: Option<u64>,
     /// md's sync_speed_max for this array, KiB/s per member.
-    #[arg(long, group = "speed")]
+    #[arg(long)]
     speed_limit_max: Option<u64>,
 }
 

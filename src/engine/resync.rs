@@ -126,13 +126,10 @@ impl SyncWorker {
         if let Some(running) = *current {
             return Err(format!("a {} is already running", running.word()));
         }
-        // A previous job's thread has ended (it cleared the action); reap it,
-        // unless this is that very thread starting the next job as it ends.
-        if let Some(handle) = worker.thread.lock().unwrap().take() {
-            if handle.thread().id() != std::thread::current().id() {
-                let _ = handle.join();
-            }
-        }
+        // A previous job has ended (it cleared the action) but its thread may
+        // still be finishing its hooks, which can wait for this very lock:
+        // let it go (detach) rather than join it while holding the lock.
+        drop(worker.thread.lock().unwrap().take());
         next.store(from_stripe, Ordering::SeqCst);
         *worker.next_stripe.lock().unwrap() = next;
         worker.first_stripe.store(from_stripe, Ordering::SeqCst);
@@ -365,6 +362,12 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
         }
     };
     if let Some(engine) = weak.upgrade() {
+        // mismatch_cnt is in place before the job disappears from status.
+        if let Outcome::Finished { mismatch_sectors } = outcome {
+            engine
+                .last_mismatch_sectors
+                .store(mismatch_sectors, Ordering::SeqCst);
+        }
         engine.sync.ended(action, outcome);
         engine.sync_ended(action, outcome);
     }

@@ -79,7 +79,7 @@
 //! names the level, seed and step, and shows the last operations:
 //!
 //! ```text
-//! URAID_SIM_SEED=17 cargo test --test simulation sim_raid5 -- --nocapture
+//! URAID_SIM_SEED=17 cargo test --test simulation -- --exact sim_raid5 --nocapture
 //! ```
 //!
 //! `URAID_SIM_SEEDS=N` runs N seeds per level (default 40),
@@ -567,7 +567,7 @@ impl Sim {
             .unwrap_or_else(|| "(no engine running)".into());
         panic!(
             "SIMULATION FAILED: {level} seed {seed} step {step}: {what}\n\
-             replay: URAID_SIM_SEED={seed} cargo test --test simulation sim_{level} -- --nocapture\n\
+             replay: URAID_SIM_SEED={seed} cargo test --test simulation -- --exact sim_{level} --nocapture\n\
              config: {cfg:?}\n\
              engine: {snapshot}\n\
              last operations:\n  {ops}",
@@ -1526,7 +1526,7 @@ fn run_seed(level: Level, seed: u64, steps: usize) -> Result<Stats, String> {
         })
         .expect("spawn a simulation thread");
     let replay = format!(
-        "replay: URAID_SIM_SEED={seed} cargo test --test simulation sim_{level} -- --nocapture"
+        "replay: URAID_SIM_SEED={seed} cargo test --test simulation -- --exact sim_{level} --nocapture"
     );
     let mut seen = 0;
     let mut since = Instant::now();

@@ -496,37 +496,8 @@ fn replace_copies_a_member_while_it_serves_then_swaps() {
 
 #[test]
 fn bitmap_marks_written_regions_and_bounds_the_resync_after_a_crash() {
-    use crate::array::{create_with_bitmap, BitmapRequest};
     let dir = tempfile::tempdir().unwrap();
-    let paths: Vec<PathBuf> = (0..4)
-        .map(|i| {
-            let p = dir.path().join(format!("m{i}"));
-            std::fs::File::create(&p).unwrap().set_len(8 << 20).unwrap();
-            p
-        })
-        .collect();
-    let options = CreateOptions {
-        level: Level::Raid5,
-        raid_disks: 4,
-        chunk_bytes: Some(64 << 10),
-        layout: None,
-        metadata: Metadata::V1_2,
-        assume_clean: false,
-        name: "bm".into(),
-        size_sectors: None,
-        force: false,
-        homehost: None,
-    };
-    let specs: Vec<MemberSpec> = paths.iter().cloned().map(MemberSpec::Device).collect();
-    create_with_bitmap(
-        &specs,
-        &options,
-        BitmapRequest::Internal {
-            chunk_bytes: Some(256 << 10),
-        },
-        |_, _| {},
-    )
-    .unwrap();
+    let paths = raid5_with_bitmap(dir.path());
     let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
     let (dirty, chunks) = engine.bitmap_dirty().expect("the array has a bitmap");
     assert_eq!(dirty, 0, "a clean array starts with clear bits");
@@ -604,38 +575,9 @@ fn scheduled_checks_run_every_period() {
 
 #[test]
 fn readd_with_a_bitmap_copies_only_what_changed() {
-    use crate::array::{create_with_bitmap, BitmapRequest};
     use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir().unwrap();
-    let paths: Vec<PathBuf> = (0..4)
-        .map(|i| {
-            let p = dir.path().join(format!("m{i}"));
-            std::fs::File::create(&p).unwrap().set_len(8 << 20).unwrap();
-            p
-        })
-        .collect();
-    let options = CreateOptions {
-        level: Level::Raid5,
-        raid_disks: 4,
-        chunk_bytes: Some(64 << 10),
-        layout: None,
-        metadata: Metadata::V1_2,
-        assume_clean: false,
-        name: "readd".into(),
-        size_sectors: None,
-        force: false,
-        homehost: None,
-    };
-    let specs: Vec<MemberSpec> = paths.iter().cloned().map(MemberSpec::Device).collect();
-    create_with_bitmap(
-        &specs,
-        &options,
-        BitmapRequest::Internal {
-            chunk_bytes: Some(256 << 10),
-        },
-        |_, _| {},
-    )
-    .unwrap();
+    let paths = raid5_with_bitmap(dir.path());
     let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
     let mut image = hammer(&engine, 2, 40, 5);
     engine.bitmap_clear_quiet(0).unwrap();
@@ -678,4 +620,35 @@ fn readd_with_a_bitmap_copies_only_what_changed() {
 fn read_superblock_of(path: &std::path::Path) -> crate::format::MemberSuper {
     let member = crate::member::FileMember::open(path, Default::default()).unwrap();
     crate::array::read_superblock(&member).unwrap().unwrap()
+}
+
+/// A 4-member raid5 (64K chunks) on 8 MiB files with an internal bitmap of
+/// 256 KiB chunks, small enough that a few writes dirty distinct regions.
+fn raid5_with_bitmap(dir: &std::path::Path) -> Vec<PathBuf> {
+    use crate::array::{create_with_bitmap, BitmapRequest};
+    let paths: Vec<PathBuf> = (0..4)
+        .map(|i| {
+            let p = dir.join(format!("m{i}"));
+            std::fs::File::create(&p).unwrap().set_len(8 << 20).unwrap();
+            p
+        })
+        .collect();
+    let options = CreateOptions {
+        level: Level::Raid5,
+        raid_disks: 4,
+        chunk_bytes: Some(64 << 10),
+        layout: None,
+        metadata: Metadata::V1_2,
+        assume_clean: false,
+        name: "bm".into(),
+        size_sectors: None,
+        force: false,
+        homehost: None,
+    };
+    let specs: Vec<MemberSpec> = paths.iter().cloned().map(MemberSpec::Device).collect();
+    let bitmap = BitmapRequest::Internal {
+        chunk_bytes: Some(256 << 10),
+    };
+    create_with_bitmap(&specs, &options, bitmap, |_, _| {}).unwrap();
+    paths
 }

@@ -325,9 +325,15 @@ impl Engine {
                     || canonical(std::path::Path::new(name)) == canonical(path)
             })
             .ok_or_else(|| format!("{} is not a member of this array", path.display()))?;
-        injector.apply_str(fault).map_err(|e| e.to_string())?;
-        self.events
-            .push("FaultInjected", &path.display().to_string(), fault);
+        let parsed: crate::member::Fault = fault.parse()?;
+        // The event goes first: a pull fails the member at once, on another
+        // thread, and the log must show the cause before its effect.
+        let device = path.display().to_string();
+        self.events.push("FaultInjected", &device, fault);
+        if let Err(e) = injector.apply(&parsed) {
+            self.events.push("FaultRejected", &device, &e.to_string());
+            return Err(e.to_string());
+        }
         Ok(injector.describe())
     }
 

@@ -48,12 +48,18 @@ pub struct CreateArgs {
     /// Overwrite devices that hold a filesystem, a partition table or another array.
     #[arg(long, short = 'f')]
     force: bool,
+    /// The array's knobs, saved with its other settings (see `--set help`).
+    #[command(flatten)]
+    tuning: super::tuning::TuningArgs,
     /// Member devices or image files; "missing" leaves a slot empty (degraded).
     #[arg(required = true)]
     devices: Vec<String>,
 }
 
 pub fn run(args: &CreateArgs) -> CliResult {
+    if args.tuning.help_requested() {
+        return super::tuning::print_help();
+    }
     let level =
         level_from_name(&args.level).ok_or_else(|| format!("unknown level '{}'", args.level))?;
     let bitmap_chunk = args
@@ -72,6 +78,10 @@ pub fn run(args: &CreateArgs) -> CliResult {
         }
     };
     let metadata: Metadata = args.metadata.parse().map_err(|e: String| e)?;
+    // Knobs are checked before anything is written, saved after.
+    let settings = args
+        .tuning
+        .settings(&crate::engine::tuning::TuningValues::defaults(8))?;
     let chunk_bytes = args.chunk.as_deref().map(parse_size_bytes).transpose()?;
     let size_sectors = args
         .size
@@ -119,6 +129,11 @@ pub fn run(args: &CreateArgs) -> CliResult {
     })
     .map_err(|e| e.to_string())?;
     bar.finish_and_clear();
+    crate::engine::tuning::saved::save_changes(
+        &array.sb.uuid_string(),
+        &settings,
+        args.tuning.i_accept_data_loss,
+    )?;
     eprintln!(
         "uraid: created {} array {} ({} KiB) on {} devices",
         level,

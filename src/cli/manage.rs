@@ -7,7 +7,7 @@ use crate::control::{self, Request};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
-#[command(group(clap::ArgGroup::new("what").required(true).multiple(false).args(["fail", "remove", "add", "replace", "action", "speed_limit_min", "speed_limit_max", "inject", "check_period", "grow"])))]
+#[command(group(clap::ArgGroup::new("what").multiple(false).args(["fail", "remove", "add", "replace", "action", "speed_limit_min", "speed_limit_max", "inject", "check_period", "grow"])))]
 pub struct ManageArgs {
     /// The control socket of the running `uraid serve`.
     #[arg(long)]
@@ -53,9 +53,41 @@ pub struct ManageArgs {
     /// md's sync_speed_max for this array, KiB/s per member.
     #[arg(long)]
     speed_limit_max: Option<u64>,
+    /// The array's knobs, changed live and saved (see `--set help`).
+    #[command(flatten)]
+    tuning: super::tuning::TuningArgs,
 }
 
 pub fn run(args: &ManageArgs) -> CliResult {
+    if args.tuning.help_requested() {
+        return super::tuning::print_help();
+    }
+    // One change per command, as mdadm --manage takes one; the knobs
+    // (several at once) are one change.
+    let other = [
+        args.fail.is_some(),
+        args.remove.is_some(),
+        args.add.is_some(),
+        args.replace.is_some(),
+        args.action.is_some(),
+        args.speed_limit_min.is_some() || args.speed_limit_max.is_some(),
+        args.inject.is_some(),
+        args.check_period.is_some(),
+        args.grow,
+    ]
+    .iter()
+    .any(|x| *x);
+    match (other, args.tuning.is_empty()) {
+        (false, true) => {
+            return Err("nothing to do: give --fail, --remove, --add, --replace, --action, \
+                        --speed-limit-min/max, --inject, --check-period, --grow or a setting"
+                .into())
+        }
+        (true, false) => {
+            return Err("settings cannot be combined with another change in one command".into())
+        }
+        _ => {}
+    }
     let request = if let Some(device) = &args.fail {
         Request::Fail {
             device: absolute(device),
@@ -89,6 +121,12 @@ pub fn run(args: &ManageArgs) -> CliResult {
         Request::Inject {
             device: absolute(std::path::Path::new(&inject[0])),
             fault: inject[1].clone(),
+        }
+    } else if !args.tuning.is_empty() {
+        Request::Set {
+            // The server checks them: it knows whether write-back is allowed.
+            settings: args.tuning.pairs()?,
+            accept_data_loss: args.tuning.i_accept_data_loss,
         }
     } else if let Some(action) = &args.action {
         Request::SyncAction {

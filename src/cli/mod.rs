@@ -10,6 +10,7 @@ mod detail;
 mod manage;
 mod serve;
 mod status;
+mod tuning;
 
 mod examine;
 pub(crate) mod text;

@@ -30,6 +30,9 @@ pub struct ServeArgs {
     /// (pull, offline, I/O errors, latency, torn writes): for rehearsals and tests.
     #[arg(long)]
     fault_injection: bool,
+    /// The array's knobs for this run, over its saved settings (see `--set help`).
+    #[command(flatten)]
+    tuning: super::tuning::TuningArgs,
     /// The member devices or image files.
     #[arg(required = true)]
     devices: Vec<PathBuf>,
@@ -59,6 +62,9 @@ fn wait_for_stop_signal(set: &libc::sigset_t) -> i32 {
 }
 
 pub fn run(args: &ServeArgs) -> CliResult {
+    if args.tuning.help_requested() {
+        return super::tuning::print_help();
+    }
     let signals = block_stop_signals();
     let mut members = open_members(&args.devices, !args.read_only).map_err(|e| e.to_string())?;
     let mut injectors = Vec::new();
@@ -86,11 +92,18 @@ pub fn run(args: &ServeArgs) -> CliResult {
     refuse_live_socket(&format!("unix:{}", control_path.display()))?;
     let level = array.level();
     let uuid = array.sb.uuid_string();
+    let defaults = crate::engine::tuning::TuningValues::defaults(
+        array.geometry.stripe(0).data_sectors(),
+    );
+    let (tuning, accept_data_loss) =
+        super::tuning::values_for_serve(&uuid, defaults, &args.tuning)?;
     let engine = Engine::start(
         array,
         EngineOptions {
             read_only: args.read_only,
             force: args.force,
+            tuning: Some(tuning),
+            accept_data_loss,
         },
     )
     .map_err(|e| e.to_string())?;

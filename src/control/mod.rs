@@ -58,6 +58,13 @@ pub enum Request {
         device: PathBuf,
         fault: String,
     },
+    /// The seeds' knobs (stripe_cache_size, read_ahead, ...), changed live
+    /// and saved with the array's settings.
+    Set {
+        settings: Vec<(String, String)>,
+        #[serde(default)]
+        accept_data_loss: bool,
+    },
     /// md's sync_speed_min / sync_speed_max for this array, KiB/s per member.
     SpeedLimits {
         min_kib_per_s: Option<u64>,
@@ -281,6 +288,13 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
             Ok(state) => Reply::Done {
                 message: format!("{}: {state}", device.display()),
             },
+            Err(message) => Reply::Error { message },
+        },
+        Request::Set {
+            settings,
+            accept_data_loss,
+        } => match engine.set_tunables(&settings, accept_data_loss) {
+            Ok(message) => Reply::Done { message },
             Err(message) => Reply::Error { message },
         },
         Request::SpeedLimits {

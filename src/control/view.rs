@@ -49,6 +49,9 @@ pub struct DetailView {
     /// "Resync Status : N% complete" and friends, while one runs.
     pub sync_status: Option<String>,
     pub devices: Vec<DeviceRow>,
+    /// The knobs in force on a served array (stripe_cache_size, ...).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty", default)]
+    pub tuning: std::collections::BTreeMap<String, String>,
 }
 
 fn device_numbers(path: &str) -> (u32, u32) {
@@ -201,6 +204,7 @@ impl DetailView {
                 )
             }),
             devices: rows,
+            tuning: array.tuning.iter().cloned().collect(),
         }
     }
 
@@ -304,6 +308,16 @@ impl DetailView {
                     .map(|p| format!("   {p}"))
                     .unwrap_or_default()
             );
+        }
+        // After mdadm's part, which stays as mdadm prints it: the knobs that
+        // md keeps in sysfs and a controller shows per virtual disk.
+        if !self.tuning.is_empty() {
+            let _ = writeln!(o, "\n    Tuning (uraid):");
+            for (key, _) in crate::engine::tuning::KNOBS {
+                if let Some(value) = self.tuning.get(*key) {
+                    let _ = writeln!(o, "{key:>22} : {value}");
+                }
+            }
         }
         o
     }

@@ -13,6 +13,7 @@ mod manage;
 mod members;
 mod resync;
 mod schedule;
+pub mod tuning;
 
 pub use events::Event;
 pub use resync::{SyncAction, SyncProgress};
@@ -49,6 +50,10 @@ pub struct EngineOptions {
     pub read_only: bool,
     /// Start a dirty degraded parity array anyway.
     pub force: bool,
+    /// The knobs to start with; None: the defaults for this geometry.
+    pub tuning: Option<tuning::TuningValues>,
+    /// Write-back may be chosen without a journal (--i-accept-data-loss).
+    pub accept_data_loss: bool,
 }
 
 pub struct Engine {
@@ -78,6 +83,8 @@ pub struct Engine {
     bitmap: RwLock<Option<Arc<bitmap::LiveBitmap>>>,
     /// The consistency-check period.
     schedule: schedule::CheckSchedule,
+    /// The seeds' knobs, live.
+    tunables: tuning::Tunables,
 }
 
 impl Engine {
@@ -120,6 +127,7 @@ impl Engine {
             replacing: vec![None; array.slots.len()],
         };
         let sync = SyncWorker::new(geometry.stripe_count());
+        let full_stripe = geometry.stripe(0).data_sectors();
         let engine = Arc::new(Engine {
             geometry,
             members: RwLock::new(Arc::new(table)),
@@ -136,6 +144,10 @@ impl Engine {
             injectors: Mutex::new(Vec::new()),
             bitmap: RwLock::new(live_bitmap.map(Arc::new)),
             schedule: schedule::CheckSchedule::default(),
+            tunables: tuning::Tunables::new(
+                &options.tuning.unwrap_or_else(|| tuning::TuningValues::defaults(full_stripe)),
+                options.accept_data_loss,
+            ),
         });
         if !options.read_only {
             engine.start_bitmap_daemon();
@@ -199,6 +211,7 @@ impl Engine {
         snapshot.serving = true;
         snapshot.events = self.events.recent();
         snapshot.bitmap_line = self.live_bitmap().map(|b| b.mdstat_line());
+        snapshot.tuning = self.tunables();
         snapshot
     }
 
@@ -282,6 +295,55 @@ impl Engine {
                 Ok(())
             }
         }
+    }
+
+    /// Changes one knob on the live array (`manage --set KEY=VALUE`).
+    pub fn set_tunable(&self, key: &str, value: &str) -> Result<(), String> {
+        if self.read_only && key == "write_policy" {
+            return Err("the array is served read-only".into());
+        }
+        let (before, after) = self.tunables.set(key, value)?;
+        if before != after {
+            self.events.push("SettingChanged", "", &format!("{key}={value}"));
+        }
+        Ok(())
+    }
+
+    /// Changes several knobs at once, all or none, and saves them with the
+    /// array's settings. Returns what is now in force.
+    pub fn set_tunables(
+        &self,
+        settings: &[(String, String)],
+        accept_data_loss: bool,
+    ) -> Result<String, String> {
+        if accept_data_loss {
+            self.tunables.allow_write_back();
+        }
+        let mut check = self.tunables.values();
+        for (k, v) in settings {
+            check.set(k, v, self.tunables.write_back_allowed())?;
+        }
+        for (k, v) in settings {
+            self.set_tunable(k, v)?;
+        }
+        let uuid = self.array.lock().unwrap().sb.uuid_string();
+        tuning::saved::save_changes(&uuid, settings, accept_data_loss)?;
+        let now = self.tunables.values().pairs();
+        let shown: Vec<String> = settings
+            .iter()
+            .filter_map(|(k, _)| now.iter().find(|(n, _)| n == k))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        Ok(format!("set {}", shown.join(" ")))
+    }
+
+    /// Every knob in force, as (name, value).
+    pub fn tunables(&self) -> Vec<(String, String)> {
+        self.tunables.values().pairs()
+    }
+
+    pub fn tuning(&self) -> tuning::TuningValues {
+        self.tunables.values()
     }
 
     /// md's speed_limit_min / speed_limit_max for this array, KiB/s per member.
@@ -435,6 +497,8 @@ pub struct Snapshot {
     pub events: Vec<Event>,
     /// /proc/mdstat's "bitmap:" line, when the array has a live bitmap.
     pub bitmap_line: Option<String>,
+    /// The knobs in force, as (name, value); empty when not served.
+    pub tuning: Vec<(String, String)>,
 }
 
 impl Snapshot {
@@ -460,6 +524,7 @@ impl Snapshot {
             runnable: array.runnable(),
             events: Vec::new(),
             bitmap_line: None,
+            tuning: Vec::new(),
         }
     }
 }

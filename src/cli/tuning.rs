@@ -1,0 +1,109 @@
+//! The seeds' knobs on the command line, shared by `create` (saved with
+//! the array), `serve` (for this run) and `manage` (live, and saved).
+
+use crate::engine::tuning::{saved, split_setting, TuningValues, KNOBS};
+
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct TuningArgs {
+    /// Stripe cache entries, 17..32768 (md's stripe_cache_size; default 256).
+    #[arg(long, value_name = "ENTRIES")]
+    pub stripe_cache_size: Option<String>,
+    /// Read-ahead on sequential reads, in 512-byte sectors (as `blockdev --setra`; 0 = off).
+    #[arg(long, value_name = "SECTORS")]
+    pub read_ahead: Option<String>,
+    /// Largest I/O sent to a member, KiB (the block layer's max_sectors_kb).
+    #[arg(long, value_name = "KIB")]
+    pub max_sectors_kb: Option<String>,
+    /// write-through (ack when on the members) or write-back (ack from cache; needs --i-accept-data-loss).
+    #[arg(long, value_name = "POLICY")]
+    pub write_policy: Option<String>,
+    /// Keep data read or written in the stripe cache for later reads: on or off.
+    #[arg(long, value_name = "on|off")]
+    pub read_cache: Option<String>,
+    /// Send small reads inside one strip straight to their member: on or off.
+    #[arg(long, value_name = "on|off")]
+    pub fast_path: Option<String>,
+    /// 0: never read-modify-write; 1: when it saves reads (default); 2: also on ties.
+    #[arg(long, value_name = "0|1|2")]
+    pub rmw_level: Option<String>,
+    /// Stripe-cache worker threads (0 = one per core), as md's group_thread_cnt.
+    #[arg(long, value_name = "N")]
+    pub group_thread_cnt: Option<String>,
+    /// Any knob as KEY=VALUE (repeatable); `--set help` lists them.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Allow write-back without a journal: writes acknowledged from memory are lost in a crash.
+    #[arg(long)]
+    pub i_accept_data_loss: bool,
+}
+
+impl TuningArgs {
+    /// The settings given, as (key, value) in a fixed order, each checked
+    /// against `base` so that a bad one is refused before anything changes.
+    pub fn settings(&self, base: &TuningValues) -> Result<Vec<(String, String)>, String> {
+        let out = self.pairs()?;
+        let mut check = *base;
+        for (k, v) in &out {
+            check.set(k, v, self.i_accept_data_loss)?;
+        }
+        Ok(out)
+    }
+
+    /// `--set help`: the caller prints [`print_help`] and stops.
+    pub fn help_requested(&self) -> bool {
+        self.set.iter().any(|s| s == "help")
+    }
+
+    /// The settings given, unchecked.
+    pub fn pairs(&self) -> Result<Vec<(String, String)>, String> {
+        let named = [
+            ("stripe_cache_size", &self.stripe_cache_size),
+            ("read_ahead", &self.read_ahead),
+            ("max_sectors_kb", &self.max_sectors_kb),
+            ("write_policy", &self.write_policy),
+            ("read_cache", &self.read_cache),
+            ("fast_path", &self.fast_path),
+            ("rmw_level", &self.rmw_level),
+            ("group_thread_cnt", &self.group_thread_cnt),
+        ];
+        let mut out: Vec<(String, String)> = named
+            .iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| (k.to_string(), v.clone())))
+            .collect();
+        for text in &self.set {
+            let (k, v) = split_setting(text)?;
+            out.push((k.to_string(), v.to_string()));
+        }
+        Ok(out)
+    }
+
+    /// Whether any knob was given.
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.pairs().is_ok_and(|p| p.is_empty())
+    }
+}
+
+/// Lists the knobs (`--set help`).
+pub fn print_help() -> super::CliResult {
+    for (key, meaning) in KNOBS {
+        println!("{key:18} {meaning}");
+    }
+    Ok(())
+}
+
+/// The values an array starts with: md's defaults, then its saved
+/// settings, then what `serve` was given for this run.
+pub fn values_for_serve(
+    uuid: &str,
+    defaults: TuningValues,
+    args: &TuningArgs,
+) -> Result<(TuningValues, bool), String> {
+    let stored = saved::load(uuid)?;
+    let accept = stored.accept_data_loss || args.i_accept_data_loss;
+    let mut values = saved::apply(defaults, &stored)?;
+    for (k, v) in args.settings(&values)? {
+        values.set(&k, &v, accept)?;
+    }
+    Ok((values, accept))
+}
+

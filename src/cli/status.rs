@@ -47,6 +47,7 @@ pub fn run(control_socket: Option<&Path>, json: bool) -> CliResult {
                     "check_period_days": r.check_period_days,
                     "next_check_in_secs": r.next_check_in_secs,
                     "bitmap_dirty_chunks": r.bitmap_dirty_chunks,
+                    "stripe_cache": r.stripe_cache,
                 })
             })
             .collect();

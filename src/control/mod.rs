@@ -96,6 +96,9 @@ pub struct StatusReply {
     /// (dirty, all) chunks of the write-intent bitmap.
     #[serde(default)]
     pub bitmap_dirty_chunks: Option<(u64, u64)>,
+    /// The stripe cache's occupancy and counters.
+    #[serde(default)]
+    pub stripe_cache: Option<crate::engine::CacheReport>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -121,6 +124,7 @@ pub fn status_of(snapshot: &Snapshot, nbd_uri: &str, homehost: &str) -> StatusRe
         check_period_days: None,
         next_check_in_secs: None,
         bitmap_dirty_chunks: None,
+        stripe_cache: None,
     }
 }
 
@@ -221,6 +225,7 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
                 .map(|(p, _)| p.as_secs_f64() / 86400.0);
             status.next_check_in_secs = engine.check_schedule().map(|(_, s)| s);
             status.bitmap_dirty_chunks = engine.bitmap_dirty();
+            status.stripe_cache = Some(engine.cache_report());
             (
                 status.speed_limit_min_kib_per_s,
                 status.speed_limit_max_kib_per_s,

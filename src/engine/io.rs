@@ -8,8 +8,10 @@
 //! relative to the start of each strip, that the request touches in any
 //! strip. Parity is read, computed and written over that window only.
 
+use super::cache::{Batch, Offer, StripeCache};
 use super::members::{member_error, member_of, MemberTable};
 use super::Engine;
+use std::sync::atomic::Ordering;
 use crate::geometry::{Place, StripeMap};
 use crate::member::MemberRef;
 use crate::parity;
@@ -124,11 +126,50 @@ impl Engine {
         let len = buf.len();
         self.for_each_piece(offset, len, |engine, map, in_stripe, range| {
             let out = &mut buf[range.clone()];
+            // Bytes still in the stripe cache are newer than the members'.
+            let pending = if engine.cache.has_batches() {
+                engine
+                    .cache
+                    .pending_in(map.stripe, in_stripe..in_stripe + range.len())
+            } else {
+                Vec::new()
+            };
             engine.with_retries(map.stripe, false, |view| {
                 let piece = Engine::piece(map.clone(), in_stripe, range.len(), &[]);
                 view.read_piece(&piece, in_stripe, out)
-            })
+            })?;
+            for (at, bytes) in pending {
+                out[at..at + bytes.len()].copy_from_slice(&bytes);
+            }
+            Ok(())
         })
+    }
+
+    /// What one stripe-cache entry set for a row costs, and the capacity.
+    pub(super) fn cache_entries_per_row(&self) -> usize {
+        let strip = (self.geometry.stripe(0).strip_sectors * SECTOR_BYTES) as usize;
+        StripeCache::entries_for(strip)
+    }
+
+    /// Writes a batch of the stripe cache to the members.
+    pub(super) fn destage(&self, batch: &Batch, runs: &[Range<usize>], buf: &[u8]) -> io::Result<()> {
+        let map = self.geometry.stripe(batch.stripe);
+        let parts: Vec<(usize, &[u8])> = runs.iter().map(|r| (r.start, &buf[r.clone()])).collect();
+        self.write_in_row(&map, &parts)
+    }
+
+    /// Writes parts of one row (offset in the row's data, bytes) under the
+    /// row's lock, keeping parity right.
+    fn write_in_row(&self, map: &StripeMap, parts: &[(usize, &[u8])]) -> io::Result<()> {
+        let _guard = self.locks.lock(map.stripe);
+        let _in_flight = self.bitmap_start_write(map.stripe)?;
+        for &(at, bytes) in parts {
+            self.with_retries(map.stripe, true, |view| {
+                let piece = Engine::piece(map.clone(), at, bytes.len(), bytes);
+                view.write_piece(&piece)
+            })?;
+        }
+        Ok(())
     }
 
     /// Runs `f` on a view of the members, correcting member read errors from
@@ -159,15 +200,40 @@ impl Engine {
     }
 
     /// Writes `data` at array byte `offset`, keeping redundancy right.
-    pub(super) fn write_bytes(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+    /// Partial rows may wait in the stripe cache to be gathered into whole
+    /// ones (see [`super::cache`]); with write-back they are acknowledged
+    /// from it.
+    pub(super) fn write_bytes(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
+        let (_in_flight, sequential) = self.cache.write_arrives(offset, data.len());
+        let gather = sequential && self.geometry.level().has_parity();
+        let write_back = self.tunables.write_back();
+        let capacity = self.tunables.stripe_cache_size() as usize;
+        let entries = self.cache_entries_per_row();
         self.for_each_piece(offset, data.len(), |engine, map, in_stripe, range| {
-            let _guard = engine.locks.lock(map.stripe);
-            let _in_flight = engine.bitmap_start_write(map.stripe)?;
-            engine.with_retries(map.stripe, true, |view| {
-                let piece =
-                    Engine::piece(map.clone(), in_stripe, range.len(), &data[range.clone()]);
-                view.write_piece(&piece)
-            })
+            let bytes = &data[range.clone()];
+            let row_bytes = (map.data_sectors() * SECTOR_BYTES) as usize;
+            let offer = engine.cache.offer(
+                map.stripe,
+                row_bytes,
+                in_stripe,
+                bytes,
+                gather,
+                write_back,
+                fua,
+                entries,
+                capacity,
+                &|batch, runs, buf| engine.destage(batch, runs, buf),
+            );
+            match offer {
+                Offer::Done(result) => result,
+                Offer::Direct => {
+                    if bytes.len() < row_bytes {
+                        let stats = &engine.cache.stats;
+                        stats.direct_writes.fetch_add(1, Ordering::Relaxed);
+                    }
+                    engine.write_in_row(&map, &[(in_stripe, bytes)])
+                }
+            }
         })
     }
 }

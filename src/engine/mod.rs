@@ -6,6 +6,7 @@
 //! socket — calls its small API and never looks at the level.
 
 mod bitmap;
+mod cache;
 mod events;
 mod io;
 mod locks;
@@ -15,6 +16,7 @@ mod resync;
 mod schedule;
 pub mod tuning;
 
+pub use cache::CacheReport;
 pub use events::Event;
 pub use resync::{SyncAction, SyncProgress};
 
@@ -85,6 +87,10 @@ pub struct Engine {
     schedule: schedule::CheckSchedule,
     /// The seeds' knobs, live.
     tunables: tuning::Tunables,
+    /// Where partial-stripe writes gather (and wait, with write-back).
+    cache: Arc<cache::StripeCache>,
+    /// Stripe-cache worker threads started so far.
+    cache_workers: Mutex<usize>,
 }
 
 impl Engine {
@@ -148,11 +154,16 @@ impl Engine {
                 &options.tuning.unwrap_or_else(|| tuning::TuningValues::defaults(full_stripe)),
                 options.accept_data_loss,
             ),
+            cache: Arc::new(cache::StripeCache::new()),
+            cache_workers: Mutex::new(0),
         });
         if !options.read_only {
             engine.start_bitmap_daemon();
         }
         let _ = engine.me.set(Arc::downgrade(&engine));
+        if !options.read_only {
+            engine.ensure_cache_workers();
+        }
         if let (Some(from), false) = (resync_from, options.read_only) {
             let next = Arc::new(AtomicU64::new(from));
             SyncWorker::start(&engine, SyncAction::Resync, from, next).expect("no job runs yet");
@@ -303,6 +314,12 @@ impl Engine {
             return Err("the array is served read-only".into());
         }
         let (before, after) = self.tunables.set(key, value)?;
+        if before.group_thread_cnt != after.group_thread_cnt && !self.read_only {
+            self.ensure_cache_workers();
+        }
+        if before.write_policy != after.write_policy {
+            self.cache.wake_workers();
+        }
         if before != after {
             self.events.push("SettingChanged", "", &format!("{key}={value}"));
         }
@@ -335,6 +352,40 @@ impl Engine {
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         Ok(format!("set {}", shown.join(" ")))
+    }
+
+    /// Writes every batch of the stripe cache to the members.
+    fn write_out_cache(&self) -> std::io::Result<()> {
+        self.cache.write_all(self.cache_entries_per_row(), &|batch, runs, buf| {
+            self.destage(batch, runs, buf)
+        })
+    }
+
+    /// Starts stripe-cache workers up to group_thread_cnt (they never stop
+    /// before the engine: a lowered count leaves the extra ones idle).
+    fn ensure_cache_workers(&self) {
+        let Some(me) = self.me.get().cloned() else {
+            return;
+        };
+        let mut started = self.cache_workers.lock().unwrap();
+        while *started < self.tunables.worker_threads() {
+            let index = *started;
+            let me = me.clone();
+            let cache = self.cache.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("uraid-cache-{index}"))
+                .spawn(move || cache_worker(&me, &cache, index));
+            if spawned.is_err() {
+                break;
+            }
+            *started += 1;
+        }
+    }
+
+    /// The stripe cache's occupancy and counters.
+    pub fn cache_report(&self) -> CacheReport {
+        self.cache
+            .report(self.tunables.stripe_cache_size() as usize)
     }
 
     /// Every knob in force, as (name, value).
@@ -432,6 +483,10 @@ impl Engine {
     /// Orderly stop: ends the background job, flushes, and marks the array
     /// clean — or records where an unfinished resync or recovery resumes.
     pub fn shutdown(&self) -> Result<(), EngineError> {
+        // What the cache holds reaches the members before anything stops.
+        self.cache.stop.store(true, Ordering::SeqCst);
+        self.cache.wake_workers();
+        let written = self.write_out_cache();
         let resume = self.sync.stop();
         if let Some(bitmap) = self.live_bitmap() {
             bitmap.stop();
@@ -439,7 +494,8 @@ impl Engine {
         if self.read_only {
             return Ok(());
         }
-        self.flush_members()
+        written
+            .and_then(|()| self.flush_members())
             .map_err(|source| crate::array::SuperblockError::Io {
                 device: "members".into(),
                 source,
@@ -529,6 +585,32 @@ impl Snapshot {
     }
 }
 
+/// A stripe-cache worker: writes out write-back batches that are due, on
+/// the shards that are its own, until the engine stops.
+///
+/// It holds the engine only while it works, never while it sleeps: an
+/// engine dropped without shutdown (a crash, in tests) must close its
+/// members at once.
+fn cache_worker(engine: &Weak<Engine>, cache: &cache::StripeCache, index: usize) {
+    while !cache.stop.load(Ordering::SeqCst) {
+        let busy = {
+            let Some(engine) = engine.upgrade() else {
+                return;
+            };
+            let workers = engine.tunables.worker_threads();
+            index < workers
+                && cache.work(
+                    index,
+                    workers,
+                    engine.cache_entries_per_row(),
+                    engine.tunables.stripe_cache_size() as usize,
+                    &|batch, runs, buf| engine.destage(batch, runs, buf),
+                )
+        };
+        cache.idle_wait(busy);
+    }
+}
+
 impl BlockBackend for Engine {
     fn size_bytes(&self) -> u64 {
         Engine::size_bytes(self)
@@ -571,7 +653,7 @@ impl BlockBackend for Engine {
             "the export refuses writes on a read-only array"
         );
         self.foreground_ios.fetch_add(1, Ordering::Relaxed);
-        self.write_bytes(offset, data)?;
+        self.write_bytes(offset, data, fua)?;
         if fua {
             self.flush_members()?;
         }
@@ -579,6 +661,7 @@ impl BlockBackend for Engine {
     }
 
     fn flush(&self) -> std::io::Result<()> {
+        self.write_out_cache()?;
         self.flush_members()
     }
 

@@ -19,7 +19,8 @@ use std::time::Duration;
 
 /// Saved settings go to a folder of this test run, not /etc/uraid.
 fn config_dir() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("uraid-stripe-cache-config-{}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("uraid-stripe-cache-config-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     // SAFETY (edition 2021: safe call): every test sets the same value
     // before it starts any child process.
@@ -49,7 +50,8 @@ fn fio(dir: &Path, uri: &str, args: &[&str]) {
             .args(args),
         Duration::from_secs(300),
     );
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success() && !text.contains("verify: bad"),
         "fio {args:?} failed ({}):\n{text}",
@@ -90,7 +92,10 @@ fn write_through_gathers_sequential_writes_into_whole_rows() {
         full > 0 && gathered >= 16,
         "sequential 16K writes were not gathered into whole rows: {cache}"
     );
-    assert_eq!(cache["batches"], 0, "nothing may wait once fio is done: {cache}");
+    assert_eq!(
+        cache["batches"], 0,
+        "nothing may wait once fio is done: {cache}"
+    );
     // Random writes are not delayed into batches of their own.
     fio(
         dir.path(),
@@ -105,6 +110,36 @@ fn write_through_gathers_sequential_writes_into_whole_rows() {
             "--do_verify=1",
             "--verify_fatal=1",
         ],
+    );
+    // Read-ahead and the read cache serve sequential reads from memory and
+    // stay coherent with writes mixed in.
+    manage_ok(
+        &served.control,
+        &["--read-cache", "on", "--read-ahead", "1024"],
+    );
+    fio(
+        dir.path(),
+        served.uri(),
+        &[
+            "--rw=randrw",
+            "--bs=16k",
+            "--iodepth=8",
+            "--size=24M",
+            "--io_size=8M",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+        ],
+    );
+    fio(
+        dir.path(),
+        served.uri(),
+        &["--rw=read", "--bs=16k", "--iodepth=4", "--size=24M"],
+    );
+    let cache = cache_counters(&served);
+    assert!(
+        cache["read_hits"].as_u64().unwrap() > 0,
+        "sequential reads never hit the read-ahead: {cache}"
     );
     let image = nbdcopy_out(served.uri(), dir.path());
     served.stop();
@@ -134,7 +169,11 @@ fn write_back_needs_consent_acks_from_cache_and_flush_makes_it_durable() {
             );
         }
     }
-    assert_eq!(examine_states(&m), before, "a refused serve changed the members");
+    assert_eq!(
+        examine_states(&m),
+        before,
+        "a refused serve changed the members"
+    );
 
     let wb = ["--write-policy", "write-back", "--i-accept-data-loss"];
     let served = serve(dir.path(), &wb, &m);
@@ -187,7 +226,13 @@ fn write_back_needs_consent_acks_from_cache_and_flush_makes_it_durable() {
     fio(
         dir.path(),
         served.uri(),
-        &["--rw=randwrite", "--bs=8k", "--iodepth=8", "--size=16M", "--io_size=2M"],
+        &[
+            "--rw=randwrite",
+            "--bs=8k",
+            "--iodepth=8",
+            "--size=16M",
+            "--io_size=2M",
+        ],
     );
     let image = nbdcopy_out(served.uri(), dir.path());
     served.stop();
@@ -198,7 +243,10 @@ fn write_back_needs_consent_acks_from_cache_and_flush_makes_it_durable() {
 fn knobs_are_saved_set_live_shown_and_checked() {
     let config = config_dir();
     let dir = scratch("cache-knobs");
-    let members = raid6(dir.path(), &["--stripe-cache-size", "2048", "--rmw-level", "2"]);
+    let members = raid6(
+        dir.path(),
+        &["--stripe-cache-size", "2048", "--rmw-level", "2"],
+    );
     let m: Vec<&str> = members.iter().map(String::as_str).collect();
     assert!(
         std::fs::read_dir(&config).unwrap().count() > 0,
@@ -218,12 +266,18 @@ fn knobs_are_saved_set_live_shown_and_checked() {
 
     let served = serve(dir.path(), &["--read-ahead", "512"], &m);
     let tuning = &served.detail_json()["tuning"];
-    assert_eq!(tuning["stripe_cache_size"], "2048", "saved at create: {tuning}");
+    assert_eq!(
+        tuning["stripe_cache_size"], "2048",
+        "saved at create: {tuning}"
+    );
     assert_eq!(tuning["rmw_level"], "2", "saved at create: {tuning}");
     assert_eq!(tuning["read_ahead"], "512", "given to serve: {tuning}");
     assert_eq!(tuning["write_policy"], "write-through");
 
-    manage_ok(&served.control, &["--stripe-cache-size", "8192", "--set", "fast_path=off"]);
+    manage_ok(
+        &served.control,
+        &["--stripe-cache-size", "8192", "--set", "fast_path=off"],
+    );
     for bad in [
         vec!["--stripe-cache-size", "40000"],
         vec!["--set", "colour=blue"],
@@ -235,7 +289,10 @@ fn knobs_are_saved_set_live_shown_and_checked() {
     let detail = served.detail_json();
     assert_eq!(detail["tuning"]["stripe_cache_size"], "8192", "{detail}");
     assert_eq!(detail["tuning"]["fast_path"], "off", "{detail}");
-    assert_eq!(detail["tuning"]["write_policy"], "write-through", "{detail}");
+    assert_eq!(
+        detail["tuning"]["write_policy"], "write-through",
+        "{detail}"
+    );
     let detail_text = String::from_utf8_lossy(
         &uraid_ok(&["detail", "--control", served.control.to_str().unwrap()]).stdout,
     )

@@ -79,9 +79,11 @@ pub fn run(args: &ManageArgs) -> CliResult {
     .any(|x| *x);
     match (other, args.tuning.is_empty()) {
         (false, true) => {
-            return Err("nothing to do: give --fail, --remove, --add, --replace, --action, \
+            return Err(
+                "nothing to do: give --fail, --remove, --add, --replace, --action, \
                         --speed-limit-min/max, --inject, --check-period, --grow or a setting"
-                .into())
+                    .into(),
+            )
         }
         (true, false) => {
             return Err("settings cannot be combined with another change in one command".into())

@@ -92,9 +92,8 @@ pub fn run(args: &ServeArgs) -> CliResult {
     refuse_live_socket(&format!("unix:{}", control_path.display()))?;
     let level = array.level();
     let uuid = array.sb.uuid_string();
-    let defaults = crate::engine::tuning::TuningValues::defaults(
-        array.geometry.stripe(0).data_sectors(),
-    );
+    let defaults =
+        crate::engine::tuning::TuningValues::defaults(array.geometry.stripe(0).data_sectors());
     let (tuning, accept_data_loss) =
         super::tuning::values_for_serve(&uuid, defaults, &args.tuning)?;
     let engine = Engine::start(

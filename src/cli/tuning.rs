@@ -106,4 +106,3 @@ pub fn values_for_serve(
     }
     Ok((values, accept))
 }
-

@@ -110,6 +110,14 @@ pub struct CacheReport {
     /// went straight to the members.
     pub gathered_writes: u64,
     pub direct_writes: u64,
+    /// Reads served from memory (read-ahead, read cache) and from members.
+    #[serde(default)]
+    pub read_hits: u64,
+    #[serde(default)]
+    pub read_misses: u64,
+    /// Bytes held for reads.
+    #[serde(default)]
+    pub read_cached_bytes: u64,
 }
 
 /// What happened to a write offered to the cache.
@@ -224,6 +232,9 @@ impl StripeCache {
             partial_rows: get(&self.stats.partial_rows),
             gathered_writes: get(&self.stats.gathered_writes),
             direct_writes: get(&self.stats.direct_writes),
+            read_hits: 0,
+            read_misses: 0,
+            read_cached_bytes: 0,
             batches: self.batches.load(Ordering::SeqCst),
         }
     }
@@ -258,10 +269,7 @@ impl StripeCache {
                         // so that this write lands after it.
                         drop(shard);
                         while state.result.is_none() {
-                            state = batch
-                                .changed
-                                .wait(state)
-                                .unwrap_or_else(|e| e.into_inner());
+                            state = batch.changed.wait(state).unwrap_or_else(|e| e.into_inner());
                         }
                         continue;
                     }
@@ -443,10 +451,7 @@ impl StripeCache {
             self.write_out(&batch, entries, destage);
             let mut state = lock(&batch.state);
             while state.result.is_none() {
-                state = batch
-                    .changed
-                    .wait(state)
-                    .unwrap_or_else(|e| e.into_inner());
+                state = batch.changed.wait(state).unwrap_or_else(|e| e.into_inner());
             }
             if let Some(Err(e)) = &state.result {
                 first_error.get_or_insert_with(|| io::Error::other(e.clone()));

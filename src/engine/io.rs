@@ -11,13 +11,13 @@
 use super::cache::{Batch, Offer, StripeCache};
 use super::members::{member_error, member_of, MemberTable};
 use super::Engine;
-use std::sync::atomic::Ordering;
 use crate::geometry::{Place, StripeMap};
 use crate::member::MemberRef;
 use crate::parity;
 use crate::units::SECTOR_BYTES;
 use std::io;
 use std::ops::Range;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 fn lost(what: String) -> io::Error {
@@ -145,6 +145,51 @@ impl Engine {
         })
     }
 
+    /// Reads through read-ahead and the read cache (see [`super::readcache`]).
+    pub(super) fn read_cached(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let len = buf.len();
+        let t = &self.tunables;
+        let map = self.geometry.stripe(0);
+        let strip = map.strip_sectors * SECTOR_BYTES;
+        let read_ahead = t.read_ahead_sectors() as u64 * SECTOR_BYTES;
+        if !t.read_cache() && read_ahead == 0 {
+            return self.read_bytes(offset, buf);
+        }
+        let sequential = self.reads.read_arrives(offset, len);
+        // The fast path: a small random read goes to its member, no lookup.
+        if t.fast_path() && !sequential && offset % strip + len as u64 <= strip {
+            return self.read_bytes(offset, buf);
+        }
+        if self.reads.lookup(offset, buf) {
+            return Ok(());
+        }
+        let capacity =
+            t.stripe_cache_size() as usize * super::tuning::STRIPE_CACHE_PAGE * map.data.len();
+        let generation = self.reads.generation();
+        let extra = if sequential { read_ahead } else { 0 };
+        let total = (len as u64 + extra).min(self.size_bytes() - offset) as usize;
+        if total == len {
+            self.read_bytes(offset, buf)?;
+            if t.read_cache() {
+                self.reads
+                    .insert(offset, buf.to_vec(), generation, capacity);
+            }
+            return Ok(());
+        }
+        let mut ahead = vec![0u8; total];
+        self.read_bytes(offset, &mut ahead)?;
+        buf.copy_from_slice(&ahead[..len]);
+        self.reads.insert(offset, ahead, generation, capacity);
+        Ok(())
+    }
+
+    /// The largest I/O sent to a member (max_sectors_kb), a multiple of
+    /// every member's block.
+    pub(super) fn max_member_io(&self) -> usize {
+        let block = self.member_block_bytes() as usize;
+        (self.tunables.max_io_bytes() / block).max(1) * block
+    }
+
     /// What one stripe-cache entry set for a row costs, and the capacity.
     pub(super) fn cache_entries_per_row(&self) -> usize {
         let strip = (self.geometry.stripe(0).strip_sectors * SECTOR_BYTES) as usize;
@@ -152,7 +197,12 @@ impl Engine {
     }
 
     /// Writes a batch of the stripe cache to the members.
-    pub(super) fn destage(&self, batch: &Batch, runs: &[Range<usize>], buf: &[u8]) -> io::Result<()> {
+    pub(super) fn destage(
+        &self,
+        batch: &Batch,
+        runs: &[Range<usize>],
+        buf: &[u8],
+    ) -> io::Result<()> {
         let map = self.geometry.stripe(batch.stripe);
         let parts: Vec<(usize, &[u8])> = runs.iter().map(|r| (r.start, &buf[r.clone()])).collect();
         self.write_in_row(&map, &parts)
@@ -205,6 +255,15 @@ impl Engine {
     /// from it.
     pub(super) fn write_bytes(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
         let (_in_flight, sequential) = self.cache.write_arrives(offset, data.len());
+        // Bytes read ahead are dropped once the write is in; reads racing
+        // with it keep nothing (see readcache).
+        self.reads.write_begins();
+        let result = self.write_rows(offset, data, fua, sequential);
+        self.reads.write_done(offset..offset + data.len() as u64);
+        result
+    }
+
+    fn write_rows(&self, offset: u64, data: &[u8], fua: bool, sequential: bool) -> io::Result<()> {
         let gather = sequential && self.geometry.level().has_parity();
         let write_back = self.tunables.write_back();
         let capacity = self.tunables.stripe_cache_size() as usize;
@@ -273,11 +332,16 @@ impl View<'_> {
         buf: &mut [u8],
     ) -> io::Result<()> {
         let (member, at) = self.offset_of(place, offset_in_strip);
-        // One retry: a transient error should not cost a member.
-        member
-            .read_at(buf, at)
-            .or_else(|_| member.read_at(buf, at))
-            .map_err(|source| member_error(place.member, source))
+        let max = self.engine.max_member_io();
+        for (i, part) in buf.chunks_mut(max).enumerate() {
+            let at = at + (i * max) as u64;
+            // One retry: a transient error should not cost a member.
+            member
+                .read_at(part, at)
+                .or_else(|_| member.read_at(part, at))
+                .map_err(|source| member_error(place.member, source))?;
+        }
+        Ok(())
     }
 
     /// Writes to a member. A member that fails a write is failed at once
@@ -316,7 +380,12 @@ impl View<'_> {
                     .abandon_replacement(place.member, "write error on the replacement");
             }
         }
-        match member.write_at(buf, at) {
+        let max = self.engine.max_member_io();
+        let written = buf
+            .chunks(max)
+            .enumerate()
+            .try_for_each(|(i, part)| member.write_at(part, at + (i * max) as u64));
+        match written {
             Ok(()) => Ok(()),
             Err(source) => {
                 self.engine
@@ -510,7 +579,14 @@ impl View<'_> {
                 .filter(|&i| !piece.covers_window(i) && !lost.contains(&i))
                 .count()
         };
-        if rmw_possible && rmw_reads < rcw_reads {
+        // md's rmw_level: 0 never reads-modifies-writes, 1 does when it
+        // needs fewer reads, 2 also when the counts tie.
+        let rmw = match self.engine.tunables.rmw_level() {
+            0 => false,
+            1 => rmw_reads < rcw_reads,
+            _ => rmw_reads <= rcw_reads,
+        };
+        if rmw_possible && rmw {
             self.read_modify_write(piece, &touched)
         } else {
             self.reconstruct_write(piece, &touched, &lost)

@@ -12,6 +12,7 @@ mod io;
 mod locks;
 mod manage;
 mod members;
+mod readcache;
 mod resync;
 mod schedule;
 pub mod tuning;
@@ -91,6 +92,8 @@ pub struct Engine {
     cache: Arc<cache::StripeCache>,
     /// Stripe-cache worker threads started so far.
     cache_workers: Mutex<usize>,
+    /// Read-ahead and cached reads.
+    reads: readcache::ReadCache,
 }
 
 impl Engine {
@@ -151,11 +154,14 @@ impl Engine {
             bitmap: RwLock::new(live_bitmap.map(Arc::new)),
             schedule: schedule::CheckSchedule::default(),
             tunables: tuning::Tunables::new(
-                &options.tuning.unwrap_or_else(|| tuning::TuningValues::defaults(full_stripe)),
+                &options
+                    .tuning
+                    .unwrap_or_else(|| tuning::TuningValues::defaults(full_stripe)),
                 options.accept_data_loss,
             ),
             cache: Arc::new(cache::StripeCache::new()),
             cache_workers: Mutex::new(0),
+            reads: readcache::ReadCache::new(),
         });
         if !options.read_only {
             engine.start_bitmap_daemon();
@@ -321,7 +327,8 @@ impl Engine {
             self.cache.wake_workers();
         }
         if before != after {
-            self.events.push("SettingChanged", "", &format!("{key}={value}"));
+            self.events
+                .push("SettingChanged", "", &format!("{key}={value}"));
         }
         Ok(())
     }
@@ -356,9 +363,10 @@ impl Engine {
 
     /// Writes every batch of the stripe cache to the members.
     fn write_out_cache(&self) -> std::io::Result<()> {
-        self.cache.write_all(self.cache_entries_per_row(), &|batch, runs, buf| {
-            self.destage(batch, runs, buf)
-        })
+        self.cache
+            .write_all(self.cache_entries_per_row(), &|batch, runs, buf| {
+                self.destage(batch, runs, buf)
+            })
     }
 
     /// Starts stripe-cache workers up to group_thread_cnt (they never stop
@@ -384,8 +392,21 @@ impl Engine {
 
     /// The stripe cache's occupancy and counters.
     pub fn cache_report(&self) -> CacheReport {
-        self.cache
-            .report(self.tunables.stripe_cache_size() as usize)
+        let mut report = self
+            .cache
+            .report(self.tunables.stripe_cache_size() as usize);
+        report.read_hits = self.reads.hits.load(Ordering::Relaxed);
+        report.read_misses = self.reads.misses.load(Ordering::Relaxed);
+        report.read_cached_bytes = self.reads.held_bytes() as u64;
+        report
+    }
+
+    /// Writes out what the stripe cache holds and forgets what was read
+    /// (the benchmarks' "drop caches": the next read goes to the members).
+    pub fn drop_caches(&self) -> std::io::Result<()> {
+        self.write_out_cache()?;
+        self.reads.clear();
+        Ok(())
     }
 
     /// Every knob in force, as (name, value).
@@ -644,7 +665,7 @@ impl BlockBackend for Engine {
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
         self.foreground_ios.fetch_add(1, Ordering::Relaxed);
-        self.read_bytes(offset, buf)
+        self.read_cached(offset, buf)
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> std::io::Result<()> {

@@ -126,7 +126,12 @@ impl TuningValues {
                 next.read_ahead = number(key, value, 0, READ_AHEAD_MAX_SECTORS as u64)? as u32
             }
             "max_sectors_kb" => {
-                let kb = number(key, value, MAX_SECTORS_KB_MIN as u64, MAX_SECTORS_KB_MAX as u64)?;
+                let kb = number(
+                    key,
+                    value,
+                    MAX_SECTORS_KB_MIN as u64,
+                    MAX_SECTORS_KB_MAX as u64,
+                )?;
                 if !kb.is_multiple_of(4) {
                     return Err(format!(
                         "max_sectors_kb {kb} is not a multiple of 4 KiB (one page)"
@@ -145,9 +150,11 @@ impl TuningValues {
                     }
                 };
                 if next.write_policy == WritePolicy::WriteBack && !protected {
-                    return Err("write-back acknowledges writes that are only in memory: a crash \
+                    return Err(
+                        "write-back acknowledges writes that are only in memory: a crash \
                                 loses them; give --i-accept-data-loss to accept that"
-                        .into());
+                            .into(),
+                    );
                 }
             }
             "read_cache" => next.read_cache = on_off(key, value)?,
@@ -172,7 +179,10 @@ impl TuningValues {
     pub fn pairs(&self) -> Vec<(String, String)> {
         let on = |b: bool| if b { "on" } else { "off" }.to_string();
         vec![
-            ("stripe_cache_size".into(), self.stripe_cache_size.to_string()),
+            (
+                "stripe_cache_size".into(),
+                self.stripe_cache_size.to_string(),
+            ),
             ("read_ahead".into(), self.read_ahead.to_string()),
             ("max_sectors_kb".into(), self.max_sectors_kb.to_string()),
             ("write_policy".into(), self.write_policy.name().into()),
@@ -452,7 +462,10 @@ mod tests {
         let t = Tunables::new(&TuningValues::defaults(128), false);
         assert_eq!(t.stripe_cache_size(), 256);
         let (before, after) = t.set("stripe_cache_size", "4096").unwrap();
-        assert_eq!((before.stripe_cache_size, after.stripe_cache_size), (256, 4096));
+        assert_eq!(
+            (before.stripe_cache_size, after.stripe_cache_size),
+            (256, 4096)
+        );
         assert_eq!(t.stripe_cache_size(), 4096);
         assert!(t.set("write_policy", "write-back").is_err());
         assert!(!t.write_back());
@@ -467,7 +480,8 @@ mod tests {
         assert_eq!(s.settings.len(), 1);
         let v = saved::apply(TuningValues::defaults(8), &s).unwrap();
         assert_eq!(v.read_ahead, 128);
-        s.settings.push(("write_policy".into(), "write-back".into()));
+        s.settings
+            .push(("write_policy".into(), "write-back".into()));
         assert!(saved::apply(TuningValues::defaults(8), &s).is_err());
         s.accept_data_loss = true;
         assert!(saved::apply(TuningValues::defaults(8), &s).is_ok());

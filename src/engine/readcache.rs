@@ -1,0 +1,188 @@
+//! Read-ahead and the read cache: clean copies of array bytes, kept so that
+//! the next read of a sequential stream (or, with read_cache on, any read
+//! of recently read bytes) is served from memory.
+//!
+//! - read_ahead (sectors, as `blockdev --setra`): a read that continues a
+//!   recent one is extended by that much, in one member pass, and the
+//!   extra bytes are kept here.
+//! - read_cache on: every read's bytes are kept too (a controller's "cached
+//!   I/O"); off: only read-ahead's.
+//! - fast_path on: a read inside one strip goes straight to its member and
+//!   never looks here (a controller's FastPath: small random reads gain
+//!   nothing from a cache and pay for looking).
+//!
+//! Coherence: every write drops the extents it overlaps, after it is on the
+//! members. An extent read from the members while a write was in flight
+//! could hold older bytes, so a generation count, bumped by every write,
+//! decides: an extent is kept only if no write began while it was read.
+//! Memory is bounded by stripe_cache_size × 4 KiB × data members, the same
+//! memory md's stripe cache would take.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Recent read ends remembered to tell sequential reads.
+const RECENT: usize = 16;
+
+struct Extent {
+    start: u64,
+    bytes: Vec<u8>,
+}
+
+impl Extent {
+    fn range(&self) -> Range<u64> {
+        self.start..self.start + self.bytes.len() as u64
+    }
+}
+
+pub(super) struct ReadCache {
+    /// Oldest first; few extents, so a scan is cheap.
+    extents: Mutex<VecDeque<Extent>>,
+    /// Bumped when a write starts and when it ends.
+    generation: AtomicU64,
+    recent_ends: [AtomicU64; RECENT],
+    recent_next: AtomicU64,
+    pub(super) hits: AtomicU64,
+    pub(super) misses: AtomicU64,
+}
+
+impl ReadCache {
+    pub(super) fn new() -> ReadCache {
+        ReadCache {
+            extents: Mutex::new(VecDeque::new()),
+            generation: AtomicU64::new(0),
+            recent_ends: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
+            recent_next: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    /// Notes a read; says whether it continues a recent one.
+    pub(super) fn read_arrives(&self, offset: u64, len: usize) -> bool {
+        let reach = 8 * len as u64;
+        let sequential = self.recent_ends.iter().any(|e| {
+            let end = e.load(Ordering::Relaxed);
+            end != u64::MAX && end.abs_diff(offset) <= reach
+        });
+        let slot = self.recent_next.fetch_add(1, Ordering::Relaxed) as usize % RECENT;
+        self.recent_ends[slot].store(offset + len as u64, Ordering::Relaxed);
+        sequential
+    }
+
+    /// Copies `buf.len()` bytes at `offset` from one cached extent, if one
+    /// holds them all.
+    pub(super) fn lookup(&self, offset: u64, buf: &mut [u8]) -> bool {
+        let extents = self.extents.lock().unwrap();
+        let end = offset + buf.len() as u64;
+        let found = extents
+            .iter()
+            .rev()
+            .find(|e| e.start <= offset && e.range().end >= end);
+        match found {
+            Some(e) => {
+                let at = (offset - e.start) as usize;
+                buf.copy_from_slice(&e.bytes[at..at + buf.len()]);
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            None => {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    /// The generation to hand back to [`insert`](Self::insert) for bytes
+    /// about to be read from the members.
+    pub(super) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// Keeps bytes read from the members at `start`, unless a write began
+    /// since `generation` was taken; evicts the oldest beyond `capacity`.
+    pub(super) fn insert(&self, start: u64, bytes: Vec<u8>, generation: u64, capacity: usize) {
+        if bytes.is_empty() || bytes.len() > capacity {
+            return;
+        }
+        let mut extents = self.extents.lock().unwrap();
+        if self.generation.load(Ordering::SeqCst) != generation {
+            return;
+        }
+        let new = start..start + bytes.len() as u64;
+        extents.retain(|e| !(e.range().start >= new.start && e.range().end <= new.end));
+        extents.push_back(Extent { start, bytes });
+        let mut held: usize = extents.iter().map(|e| e.bytes.len()).sum();
+        while held > capacity {
+            let old = extents.pop_front().expect("over capacity means not empty");
+            held -= old.bytes.len();
+        }
+    }
+
+    /// A write to `range` begins: extents being read now must not be kept.
+    pub(super) fn write_begins(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A write to `range` is on the members: drop what it overlaps.
+    pub(super) fn write_done(&self, range: Range<u64>) {
+        let mut extents = self.extents.lock().unwrap();
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        extents.retain(|e| e.range().end <= range.start || e.range().start >= range.end);
+    }
+
+    /// Drops everything (the benchmark's "drop caches", a reconfiguration).
+    pub(super) fn clear(&self) {
+        let mut extents = self.extents.lock().unwrap();
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        extents.clear();
+    }
+
+    pub(super) fn held_bytes(&self) -> usize {
+        self.extents
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|e| e.bytes.len())
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extents_hit_evict_and_drop_on_write() {
+        let c = ReadCache::new();
+        let g = c.generation();
+        c.insert(4096, vec![1; 8192], g, 16384);
+        let mut buf = vec![0; 4096];
+        assert!(c.lookup(8192, &mut buf));
+        assert!(buf.iter().all(|b| *b == 1));
+        assert!(!c.lookup(0, &mut buf), "not all of it is cached");
+        // A write that began during a read: the read's bytes are not kept.
+        let g = c.generation();
+        c.write_begins();
+        c.insert(65536, vec![2; 4096], g, 16384);
+        assert!(!c.lookup(65536, &mut buf));
+        // Capacity evicts the oldest.
+        let g = c.generation();
+        c.insert(100_000, vec![3; 12288], g, 16384);
+        assert!(!c.lookup(8192, &mut buf), "the oldest extent was evicted");
+        assert!(c.held_bytes() <= 16384);
+        // A finished write drops what it overlaps.
+        c.write_done(100_000..100_001);
+        assert!(!c.lookup(100_000, &mut buf));
+    }
+
+    #[test]
+    fn sequential_reads_are_told_from_random_ones() {
+        let c = ReadCache::new();
+        assert!(!c.read_arrives(0, 4096));
+        assert!(c.read_arrives(4096, 4096));
+        assert!(!c.read_arrives(1 << 30, 4096));
+    }
+}

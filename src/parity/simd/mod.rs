@@ -1,0 +1,661 @@
+//! SIMD implementations of [`Syndrome`]: the kernels are written once, generic
+//! over a [`Vector`] of bytes, and instantiated per instruction set.
+//!
+//! # How the kernels work
+//!
+//! Syndromes are computed as md's and ISA-L's assembly does: for each group of
+//! `U` consecutive vectors (64 to 256 bytes), the loop walks every data block,
+//! keeping P and Q in registers, and stores them once. P and Q therefore never
+//! make a round trip through memory, and each data byte is read exactly once.
+//! Q is evaluated by Horner's rule in decreasing exponent order (see
+//! [`HornerPlan`]): one multiplication by g per block for md's contiguous
+//! exponents, and a multiplication by the constant g^gap where DDF layouts leave
+//! gaps.
+//!
+//! Multiplication by g is a shift plus a conditional XOR of 0x1d (or one affine
+//! instruction with GFNI). Multiplication by any other constant c uses two
+//! 16-entry tables, c·(low nibble) and c·(high nibble), looked up with a byte
+//! shuffle (pshufb, tbl), or one gf2p8affineqb with c's 8×8 bit matrix. GFNI's
+//! own gf2p8mulb reduces by 0x11b (AES's field), not md's 0x11d, so it is not used.
+//!
+//! Two-data-member recovery is one fused pass ([`recover_two`]): the survivors'
+//! P' and Q' are computed in registers exactly as above, then both missing
+//! blocks are derived from them, P and Q with two multiplications by constants,
+//! instead of the six passes the trait-level composition makes.
+//!
+//! # Unsafe
+//!
+//! The kernels use raw pointers and CPU-specific instructions. Their contract,
+//! stated once here: (1) the CPU has the vector type's features, which holds
+//! because a [`Simd`] value, the only way to reach the kernels, is handed out
+//! only after run-time detection; (2) every pointer is valid for `body` bytes,
+//! which the safe wrappers in [`Simd`]'s [`Syndrome`] impl guarantee by
+//! checking all slice lengths before taking pointers.
+
+#[cfg(target_arch = "aarch64")]
+pub(super) mod neon;
+#[cfg(target_arch = "x86_64")]
+pub(super) mod x86;
+
+use super::scalar::HornerPlan;
+use super::{check_p_args, check_q_args, gf, recover, Scalar, Syndrome};
+use std::marker::PhantomData;
+
+/// One SIMD register of bytes and the GF(2^8) operations on it.
+///
+/// Every method is unsafe because it executes the implementing type's
+/// instructions: see the module's contract.
+pub(super) trait Vector: Copy {
+    /// Bytes in one vector.
+    const BYTES: usize;
+    /// A multiplier by one constant, prepared for [`mul`](Self::mul).
+    type Mul: Copy;
+    unsafe fn zero() -> Self;
+    /// Loads `BYTES` bytes from `src`, which need not be aligned.
+    unsafe fn load(src: *const u8) -> Self;
+    /// Stores `BYTES` bytes to `dst`, which need not be aligned.
+    unsafe fn store(self, dst: *mut u8);
+    unsafe fn xor(self, other: Self) -> Self;
+    /// Multiplies every byte by g = {02}.
+    unsafe fn mul2(self) -> Self;
+    unsafe fn prepare(c: u8) -> Self::Mul;
+    /// Multiplies every byte by the constant `m` was prepared for.
+    unsafe fn mul(self, m: &Self::Mul) -> Self;
+}
+
+/// The 16-entry tables c·i and c·(i << 4), for i in 0..16, that byte-shuffle
+/// multiplication looks up: c·x = c·(x & 0x0f) + c·(x & 0xf0).
+pub(super) fn nibble_tables(c: u8) -> [[u8; 16]; 2] {
+    [
+        std::array::from_fn(|i| gf::mul(c, i as u8)),
+        std::array::from_fn(|i| gf::mul(c, (i as u8) << 4)),
+    ]
+}
+
+/// The 8×8 bit matrix A, in gf2p8affineqb's layout, for which A·x = c·x in
+/// md's field. Multiplication by c is linear over GF(2), so column j of A is
+/// c·2^j; the instruction computes result bit i from the row in byte 7 - i.
+pub(super) const fn affine_matrix(c: u8) -> u64 {
+    let mut matrix = 0u64;
+    let mut i = 0;
+    while i < 8 {
+        let mut row = 0u8;
+        let mut j = 0;
+        while j < 8 {
+            if (gf::mul(c, 1 << j) >> i) & 1 != 0 {
+                row |= 1 << j;
+            }
+            j += 1;
+        }
+        matrix |= (row as u64) << (8 * (7 - i));
+        i += 1;
+    }
+    matrix
+}
+
+/// One data block in a [`Plan`]: where it starts, and how the Q accumulator is
+/// multiplied before the block is added (0: by g; k: by `muls[k - 1]`).
+#[derive(Clone, Copy)]
+struct Step {
+    ptr: *const u8,
+    mul: u8,
+}
+
+/// [`HornerPlan`] with pointers and prepared multipliers, built inside the
+/// instruction set's target-feature context.
+struct Plan<V: Vector> {
+    steps: [Step; gf::ORDER],
+    len: usize,
+    /// Multipliers for the gaps of more than one exponent; empty (and so not
+    /// allocated) for md's contiguous exponents.
+    muls: Vec<V::Mul>,
+    /// g^(smallest exponent), or None when it is g^0 = 1.
+    final_mul: Option<V::Mul>,
+}
+
+impl<V: Vector> Plan<V> {
+    /// The Horner plan for `data` with `exps`, or, for P alone (`exps` None),
+    /// the blocks in their order.
+    #[inline(always)]
+    unsafe fn new(data: &[&[u8]], exps: Option<&[u8]>) -> Self {
+        assert!(data.len() <= gf::ORDER);
+        let mut plan = Plan {
+            steps: [Step {
+                ptr: std::ptr::null(),
+                mul: 0,
+            }; gf::ORDER],
+            len: data.len(),
+            muls: Vec::new(),
+            final_mul: None,
+        };
+        match exps {
+            _ if data.is_empty() => {}
+            None => {
+                for (step, block) in plan.steps.iter_mut().zip(data) {
+                    step.ptr = block.as_ptr();
+                }
+            }
+            Some(exps) => {
+                let horner = HornerPlan::new(exps);
+                for (step, &(k, shift)) in plan.steps.iter_mut().zip(horner.steps()) {
+                    step.ptr = data[k as usize].as_ptr();
+                    if shift > 1 {
+                        plan.muls.push(V::prepare(gf::pow2(shift)));
+                        step.mul = plan.muls.len() as u8;
+                    }
+                }
+                if horner.final_shift != 0 {
+                    plan.final_mul = Some(V::prepare(gf::pow2(horner.final_shift)));
+                }
+            }
+        }
+        plan
+    }
+}
+
+/// P and Q (Horner's, before its final multiplication unless `FINAL`) of the
+/// `U` vectors at byte offset `off` of every block in `plan`. With no blocks
+/// both are zero.
+#[inline(always)]
+unsafe fn syndromes<V: Vector, const U: usize, const WANT_P: bool, const WANT_Q: bool>(
+    plan: &Plan<V>,
+    off: usize,
+) -> ([V; U], [V; U]) {
+    let mut p = [V::zero(); U];
+    let mut q = [V::zero(); U];
+    let Some((first, rest)) = plan.steps[..plan.len].split_first() else {
+        return (p, q);
+    };
+    for u in 0..U {
+        let d = V::load(first.ptr.add(off + u * V::BYTES));
+        p[u] = d;
+        q[u] = d;
+    }
+    for step in rest {
+        let mut d = [V::zero(); U];
+        for (u, d) in d.iter_mut().enumerate() {
+            *d = V::load(step.ptr.add(off + u * V::BYTES));
+        }
+        if WANT_Q {
+            if step.mul == 0 {
+                for q in q.iter_mut() {
+                    *q = q.mul2();
+                }
+            } else {
+                let m = &plan.muls[step.mul as usize - 1];
+                for q in q.iter_mut() {
+                    *q = q.mul(m);
+                }
+            }
+            for u in 0..U {
+                q[u] = q[u].xor(d[u]);
+            }
+        }
+        if WANT_P {
+            for u in 0..U {
+                p[u] = p[u].xor(d[u]);
+            }
+        }
+    }
+    if WANT_Q {
+        if let Some(m) = &plan.final_mul {
+            for q in q.iter_mut() {
+                *q = q.mul(m);
+            }
+        }
+    }
+    (p, q)
+}
+
+/// Calls `wide(off)` for each group of `U` vectors in `0..body`, then
+/// `narrow(off)` for each remaining vector. `body` is a multiple of the vector size.
+#[inline(always)]
+unsafe fn for_each_group<V: Vector, const U: usize>(
+    body: usize,
+    mut wide: impl FnMut(usize),
+    mut narrow: impl FnMut(usize),
+) {
+    debug_assert_eq!(body % V::BYTES, 0);
+    let group = U * V::BYTES;
+    let mut off = 0;
+    while off + group <= body {
+        wide(off);
+        off += group;
+    }
+    while off < body {
+        narrow(off);
+        off += V::BYTES;
+    }
+}
+
+/// Stores `U` vectors at `dst + off`.
+#[inline(always)]
+unsafe fn store_all<V: Vector, const U: usize>(vectors: &[V; U], dst: *mut u8, off: usize) {
+    for (u, v) in vectors.iter().enumerate() {
+        v.store(dst.add(off + u * V::BYTES));
+    }
+}
+
+/// Loads `U` vectors from `src + off`.
+#[inline(always)]
+unsafe fn load_all<V: Vector, const U: usize>(src: *const u8, off: usize) -> [V; U] {
+    let mut vectors = [V::zero(); U];
+    for (u, v) in vectors.iter_mut().enumerate() {
+        *v = V::load(src.add(off + u * V::BYTES));
+    }
+    vectors
+}
+
+/// P and/or Q of `data` over the first `body` bytes.
+#[inline(always)]
+unsafe fn generate<V: Vector, const U: usize, const WANT_P: bool, const WANT_Q: bool>(
+    data: &[&[u8]],
+    exps: Option<&[u8]>,
+    p: *mut u8,
+    q: *mut u8,
+    body: usize,
+) {
+    let plan = Plan::<V>::new(data, if WANT_Q { exps } else { None });
+    let group = |off: usize| {
+        let (pv, qv) = syndromes::<V, U, WANT_P, WANT_Q>(&plan, off);
+        if WANT_P {
+            store_all(&pv, p, off);
+        }
+        if WANT_Q {
+            store_all(&qv, q, off);
+        }
+    };
+    let single = |off: usize| {
+        let (pv, qv) = syndromes::<V, 1, WANT_P, WANT_Q>(&plan, off);
+        if WANT_P {
+            store_all(&pv, p, off);
+        }
+        if WANT_Q {
+            store_all(&qv, q, off);
+        }
+    };
+    for_each_group::<V, U>(body, group, single);
+}
+
+/// The two constants of two-data recovery: with A = P + P' and B = Q + Q',
+/// D_y = coef_b·B + coef_a·A (see [`recover::recover_two_data`]).
+fn two_data_coefs(exp_x: u8, exp_y: u8) -> (u8, u8) {
+    let gx = gf::pow2(exp_x);
+    let coef_b = gf::inv(gx ^ gf::pow2(exp_y));
+    (gf::mul(coef_b, gx), coef_b)
+}
+
+/// The survivors and P, Q and the outputs of a two-data recovery, as pointers.
+pub(super) struct TwoData<'a> {
+    present: &'a [&'a [u8]],
+    present_exps: &'a [u8],
+    p: *const u8,
+    q: *const u8,
+    exp_x: u8,
+    exp_y: u8,
+    out_x: *mut u8,
+    out_y: *mut u8,
+}
+
+/// Rebuilds two data blocks over the first `body` bytes in one pass.
+#[inline(always)]
+unsafe fn recover_two<V: Vector, const U: usize>(job: &TwoData, body: usize) {
+    let plan = Plan::<V>::new(job.present, Some(job.present_exps));
+    let (coef_a, coef_b) = two_data_coefs(job.exp_x, job.exp_y);
+    let (mul_a, mul_b) = (V::prepare(coef_a), V::prepare(coef_b));
+    let solve = |pv: &mut [V], qv: &mut [V], off: usize| {
+        for (u, (a, b)) in pv.iter_mut().zip(qv.iter_mut()).enumerate() {
+            let at = off + u * V::BYTES;
+            *a = a.xor(V::load(job.p.add(at)));
+            *b = b.xor(V::load(job.q.add(at)));
+            let dy = b.mul(&mul_b).xor(a.mul(&mul_a));
+            a.xor(dy).store(job.out_x.add(at));
+            dy.store(job.out_y.add(at));
+        }
+    };
+    for_each_group::<V, U>(
+        body,
+        |off| {
+            let (mut pv, mut qv) = syndromes::<V, U, true, true>(&plan, off);
+            solve(&mut pv, &mut qv, off);
+        },
+        |off| {
+            let (mut pv, mut qv) = syndromes::<V, 1, true, true>(&plan, off);
+            solve(&mut pv, &mut qv, off);
+        },
+    );
+}
+
+/// dst ^= c·src over `body` bytes (c·src alone when `ACC` is false, with
+/// src == dst allowed then).
+#[inline(always)]
+unsafe fn mul_into<V: Vector, const U: usize, const ACC: bool>(
+    dst: *mut u8,
+    src: *const u8,
+    c: u8,
+    body: usize,
+) {
+    let m = V::prepare(c);
+    let apply = |off: usize, vectors: &mut [V]| {
+        for (u, v) in vectors.iter_mut().enumerate() {
+            let at = off + u * V::BYTES;
+            let product = v.mul(&m);
+            let out = if ACC {
+                product.xor(V::load(dst.add(at)))
+            } else {
+                product
+            };
+            out.store(dst.add(at));
+        }
+    };
+    for_each_group::<V, U>(
+        body,
+        |off| apply(off, &mut load_all::<V, U>(src, off)),
+        |off| apply(off, &mut load_all::<V, 1>(src, off)),
+    );
+}
+
+/// dst ^= src over `body` bytes.
+#[inline(always)]
+unsafe fn xor_into<V: Vector, const U: usize>(dst: *mut u8, src: *const u8, body: usize) {
+    let apply = |off: usize, vectors: &[V]| {
+        for (u, v) in vectors.iter().enumerate() {
+            let at = off + u * V::BYTES;
+            v.xor(V::load(dst.add(at))).store(dst.add(at));
+        }
+    };
+    for_each_group::<V, U>(
+        body,
+        |off| apply(off, &load_all::<V, U>(src, off)),
+        |off| apply(off, &load_all::<V, 1>(src, off)),
+    );
+}
+
+/// The entry points of one instruction set, each compiled with its target
+/// features by [`simd_entries!`].
+///
+/// # Safety
+/// Implementors' functions execute the instruction set's instructions, so
+/// they may only be called on a CPU that has them, with pointers valid for
+/// `body` bytes (a multiple of `BYTES`). [`Simd`] ensures both.
+pub(super) unsafe trait Entries: Send + Sync + 'static {
+    const NAME: &'static str;
+    const BYTES: usize;
+    unsafe fn generate(
+        data: &[&[u8]],
+        exps: Option<&[u8]>,
+        p: *mut u8,
+        q: *mut u8,
+        body: usize,
+    );
+    unsafe fn recover_two(job: &TwoData, body: usize);
+    unsafe fn mul_into(dst: *mut u8, src: *const u8, c: u8, body: usize, accumulate: bool);
+    unsafe fn xor_into(dst: *mut u8, src: *const u8, body: usize);
+}
+
+/// Implements [`Entries`] for `$set`, with kernels on vector type `$vector`
+/// unrolled `$unroll` times and compiled with target features `$features`.
+macro_rules! simd_entries {
+    ($set:ident, $name:literal, $vector:ty, $unroll:literal, $features:literal) => {
+        pub(in crate::parity) struct $set;
+
+        // SAFETY: the functions below only run instructions of `$features`,
+        // and Simd<$set> exists only where detection found them.
+        unsafe impl $crate::parity::simd::Entries for $set {
+            const NAME: &'static str = $name;
+            const BYTES: usize = <$vector as $crate::parity::simd::Vector>::BYTES;
+
+            #[target_feature(enable = $features)]
+            unsafe fn generate(
+                data: &[&[u8]],
+                exps: Option<&[u8]>,
+                p: *mut u8,
+                q: *mut u8,
+                body: usize,
+            ) {
+                use $crate::parity::simd::generate;
+                match (p.is_null(), q.is_null()) {
+                    (false, false) => generate::<$vector, $unroll, true, true>(data, exps, p, q, body),
+                    (false, true) => generate::<$vector, $unroll, true, false>(data, exps, p, q, body),
+                    (true, false) => generate::<$vector, $unroll, false, true>(data, exps, p, q, body),
+                    (true, true) => unreachable!("gen without outputs"),
+                }
+            }
+
+            #[target_feature(enable = $features)]
+            unsafe fn recover_two(job: &$crate::parity::simd::TwoData, body: usize) {
+                $crate::parity::simd::recover_two::<$vector, $unroll>(job, body)
+            }
+
+            #[target_feature(enable = $features)]
+            unsafe fn mul_into(dst: *mut u8, src: *const u8, c: u8, body: usize, acc: bool) {
+                use $crate::parity::simd::mul_into;
+                if acc {
+                    mul_into::<$vector, $unroll, true>(dst, src, c, body)
+                } else {
+                    mul_into::<$vector, $unroll, false>(dst, src, c, body)
+                }
+            }
+
+            #[target_feature(enable = $features)]
+            unsafe fn xor_into(dst: *mut u8, src: *const u8, body: usize) {
+                $crate::parity::simd::xor_into::<$vector, $unroll>(dst, src, body)
+            }
+        }
+    };
+}
+pub(super) use simd_entries;
+
+/// A SIMD implementation of [`Syndrome`]. Its field is private to this module
+/// and its children, which create values only after detecting the CPU features.
+pub(super) struct Simd<E: Entries> {
+    detected: PhantomData<E>,
+}
+
+impl<E: Entries> Simd<E> {
+    /// # Safety
+    /// The CPU must have `E`'s instruction set.
+    const unsafe fn new() -> Self {
+        Simd {
+            detected: PhantomData,
+        }
+    }
+}
+
+/// The length SIMD handles, a multiple of the vector size; Scalar does the rest.
+fn body_len<E: Entries>(len: usize) -> usize {
+    len - len % E::BYTES
+}
+
+/// Every block's bytes from `start` on.
+fn tails<'a>(blocks: &[&'a [u8]], start: usize) -> Vec<&'a [u8]> {
+    blocks.iter().map(|b| &b[start..]).collect()
+}
+
+impl<E: Entries> Simd<E> {
+    /// P and/or Q over the body with SIMD, then the tail with Scalar.
+    fn gen(&self, data: &[&[u8]], exps: Option<&[u8]>, p: Option<&mut [u8]>, q: Option<&mut [u8]>) {
+        let len = p.as_ref().or(q.as_ref()).map_or(0, |b| b.len());
+        let body = body_len::<E>(len);
+        if data.is_empty() {
+            p.map(|p| p.fill(0));
+            q.map(|q| q.fill(0));
+            return;
+        }
+        let (mut p, mut q) = (p, q);
+        let p_ptr = p.as_deref_mut().map_or(std::ptr::null_mut(), <[u8]>::as_mut_ptr);
+        let q_ptr = q.as_deref_mut().map_or(std::ptr::null_mut(), <[u8]>::as_mut_ptr);
+        if body > 0 {
+            // SAFETY: Simd<E> exists only on CPUs with E's features; the
+            // callers checked that every block, P and Q have `len` bytes.
+            unsafe { E::generate(data, exps, p_ptr, q_ptr, body) };
+        }
+        if body < len {
+            let rest = tails(data, body);
+            match (p, q, exps) {
+                (Some(p), Some(q), Some(exps)) => Scalar.gen_pq(&rest, exps, &mut p[body..], &mut q[body..]),
+                (Some(p), None, _) => Scalar.gen_p(&rest, &mut p[body..]),
+                (None, Some(q), Some(exps)) => Scalar.gen_q(&rest, exps, &mut q[body..]),
+                _ => unreachable!("gen needs an output, and exponents for Q"),
+            }
+        }
+    }
+}
+
+impl<E: Entries> Syndrome for Simd<E> {
+    fn name(&self) -> &'static str {
+        E::NAME
+    }
+
+    fn gen_p(&self, data: &[&[u8]], p: &mut [u8]) {
+        check_p_args(data, p.len());
+        self.gen(data, None, Some(p), None);
+    }
+
+    fn gen_pq(&self, data: &[&[u8]], exps: &[u8], p: &mut [u8], q: &mut [u8]) {
+        assert_eq!(q.len(), p.len(), "parity: P and Q lengths differ");
+        check_q_args(data, exps, p.len());
+        self.gen(data, Some(exps), Some(p), Some(q));
+    }
+
+    fn gen_q(&self, data: &[&[u8]], exps: &[u8], q: &mut [u8]) {
+        check_q_args(data, exps, q.len());
+        self.gen(data, Some(exps), None, Some(q));
+    }
+
+    fn xor_into(&self, dst: &mut [u8], src: &[u8]) {
+        assert_eq!(dst.len(), src.len(), "parity: xor_into lengths differ");
+        let body = body_len::<E>(dst.len());
+        // SAFETY: as in `gen`; both slices have at least `body` bytes.
+        unsafe { E::xor_into(dst.as_mut_ptr(), src.as_ptr(), body) };
+        Scalar.xor_into(&mut dst[body..], &src[body..]);
+    }
+
+    fn mul_acc(&self, dst: &mut [u8], src: &[u8], coef: u8) {
+        assert_eq!(dst.len(), src.len(), "parity: mul_acc lengths differ");
+        match coef {
+            0 => {}
+            1 => self.xor_into(dst, src),
+            _ => {
+                let body = body_len::<E>(dst.len());
+                // SAFETY: as in `xor_into`.
+                unsafe { E::mul_into(dst.as_mut_ptr(), src.as_ptr(), coef, body, true) };
+                Scalar.mul_acc(&mut dst[body..], &src[body..], coef);
+            }
+        }
+    }
+
+    fn scale(&self, buf: &mut [u8], coef: u8) {
+        match coef {
+            0 => buf.fill(0),
+            1 => {}
+            _ => {
+                let body = body_len::<E>(buf.len());
+                let ptr = buf.as_mut_ptr();
+                // SAFETY: as in `xor_into`; source and destination are the
+                // same bytes, each vector read before it is written.
+                unsafe { E::mul_into(ptr, ptr, coef, body, false) };
+                Scalar.scale(&mut buf[body..], coef);
+            }
+        }
+    }
+
+    fn recover_two(
+        &self,
+        present: &[&[u8]],
+        present_exps: &[u8],
+        p: &[u8],
+        q: &[u8],
+        exp_x: u8,
+        exp_y: u8,
+        out_x: &mut [u8],
+        out_y: &mut [u8],
+    ) {
+        let len = p.len();
+        assert!(q.len() == len && out_x.len() == len && out_y.len() == len);
+        check_q_args(present, present_exps, len);
+        let body = body_len::<E>(len);
+        let job = TwoData {
+            present,
+            present_exps,
+            p: p.as_ptr(),
+            q: q.as_ptr(),
+            exp_x,
+            exp_y,
+            out_x: out_x.as_mut_ptr(),
+            out_y: out_y.as_mut_ptr(),
+        };
+        // SAFETY: as in `gen`; every block and buffer has `len` bytes.
+        unsafe { E::recover_two(&job, body) };
+        if body < len {
+            recover::two_data_composed(
+                &Scalar,
+                &tails(present, body),
+                present_exps,
+                &p[body..],
+                &q[body..],
+                exp_x,
+                exp_y,
+                &mut out_x[body..],
+                &mut out_y[body..],
+            );
+        }
+    }
+}
+
+/// Every SIMD implementation this CPU can run, slowest first.
+pub(super) fn detected() -> Vec<&'static dyn Syndrome> {
+    #[cfg(target_arch = "x86_64")]
+    return x86::detected();
+    #[cfg(target_arch = "aarch64")]
+    return neon::detected();
+    #[allow(unreachable_code)]
+    Vec::new()
+}
+
+/// Names of every SIMD implementation uraid has for this architecture,
+/// whether or not this CPU runs it.
+pub(super) fn known_names() -> &'static [&'static str] {
+    #[cfg(target_arch = "x86_64")]
+    return x86::NAMES;
+    #[cfg(target_arch = "aarch64")]
+    return neon::NAMES;
+    #[allow(unreachable_code)]
+    &[]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parity::testutil::mul_bitwise;
+
+    #[test]
+    fn nibble_tables_multiply() {
+        for c in 0..=255u8 {
+            let [lo, hi] = nibble_tables(c);
+            for x in 0..=255u8 {
+                let product = lo[(x & 15) as usize] ^ hi[(x >> 4) as usize];
+                assert_eq!(product, mul_bitwise(c, x));
+            }
+        }
+    }
+
+    /// gf2p8affineqb emulated from Intel's pseudocode, to check the matrices
+    /// on machines without GFNI as well.
+    fn affine_byte(matrix: u64, x: u8) -> u8 {
+        (0..8).fold(0u8, |out, i| {
+            let row = (matrix >> (8 * (7 - i))) as u8;
+            out | ((((row & x).count_ones() & 1) as u8) << i)
+        })
+    }
+
+    #[test]
+    fn affine_matrices_multiply() {
+        for c in 0..=255u8 {
+            let matrix = affine_matrix(c);
+            for x in 0..=255u8 {
+                assert_eq!(affine_byte(matrix, x), mul_bitwise(c, x), "c={c} x={x}");
+            }
+        }
+    }
+}

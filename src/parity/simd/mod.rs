@@ -75,6 +75,7 @@ pub(super) fn nibble_tables(c: u8) -> [[u8; 16]; 2] {
 /// The 8×8 bit matrix A, in gf2p8affineqb's layout, for which A·x = c·x in
 /// md's field. Multiplication by c is linear over GF(2), so column j of A is
 /// c·2^j; the instruction computes result bit i from the row in byte 7 - i.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // Used by x86 GFNI and the tests.
 pub(super) const fn affine_matrix(c: u8) -> u64 {
     let mut matrix = 0u64;
     let mut i = 0;
@@ -381,13 +382,7 @@ unsafe fn xor_into<V: Vector, const U: usize>(dst: *mut u8, src: *const u8, body
 pub(super) unsafe trait Entries: Send + Sync + 'static {
     const NAME: &'static str;
     const BYTES: usize;
-    unsafe fn generate(
-        data: &[&[u8]],
-        exps: Option<&[u8]>,
-        p: *mut u8,
-        q: *mut u8,
-        body: usize,
-    );
+    unsafe fn generate(data: &[&[u8]], exps: Option<&[u8]>, p: *mut u8, q: *mut u8, body: usize);
     unsafe fn recover_two(job: &TwoData, body: usize);
     unsafe fn mul_into(dst: *mut u8, src: *const u8, c: u8, body: usize, accumulate: bool);
     unsafe fn xor_into(dst: *mut u8, src: *const u8, body: usize);
@@ -415,9 +410,15 @@ macro_rules! simd_entries {
             ) {
                 use $crate::parity::simd::generate;
                 match (p.is_null(), q.is_null()) {
-                    (false, false) => generate::<$vector, $unroll, true, true>(data, exps, p, q, body),
-                    (false, true) => generate::<$vector, $unroll, true, false>(data, exps, p, q, body),
-                    (true, false) => generate::<$vector, $unroll, false, true>(data, exps, p, q, body),
+                    (false, false) => {
+                        generate::<$vector, $unroll, true, true>(data, exps, p, q, body)
+                    }
+                    (false, true) => {
+                        generate::<$vector, $unroll, true, false>(data, exps, p, q, body)
+                    }
+                    (true, false) => {
+                        generate::<$vector, $unroll, false, true>(data, exps, p, q, body)
+                    }
                     (true, true) => unreachable!("gen without outputs"),
                 }
             }
@@ -483,8 +484,12 @@ impl<E: Entries> Simd<E> {
             return;
         }
         let (mut p, mut q) = (p, q);
-        let p_ptr = p.as_deref_mut().map_or(std::ptr::null_mut(), <[u8]>::as_mut_ptr);
-        let q_ptr = q.as_deref_mut().map_or(std::ptr::null_mut(), <[u8]>::as_mut_ptr);
+        let p_ptr = p
+            .as_deref_mut()
+            .map_or(std::ptr::null_mut(), <[u8]>::as_mut_ptr);
+        let q_ptr = q
+            .as_deref_mut()
+            .map_or(std::ptr::null_mut(), <[u8]>::as_mut_ptr);
         if body > 0 {
             // SAFETY: Simd<E> exists only on CPUs with E's features; the
             // callers checked that every block, P and Q have `len` bytes.
@@ -493,7 +498,9 @@ impl<E: Entries> Simd<E> {
         if body < len {
             let rest = tails(data, body);
             match (p, q, exps) {
-                (Some(p), Some(q), Some(exps)) => Scalar.gen_pq(&rest, exps, &mut p[body..], &mut q[body..]),
+                (Some(p), Some(q), Some(exps)) => {
+                    Scalar.gen_pq(&rest, exps, &mut p[body..], &mut q[body..])
+                }
                 (Some(p), None, _) => Scalar.gen_p(&rest, &mut p[body..]),
                 (None, Some(q), Some(exps)) => Scalar.gen_q(&rest, exps, &mut q[body..]),
                 _ => unreachable!("gen needs an output, and exponents for Q"),

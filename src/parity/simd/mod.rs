@@ -208,43 +208,70 @@ unsafe fn syndromes<V: Vector, const U: usize, const WANT_P: bool, const WANT_Q:
     (p, q)
 }
 
-/// Calls `wide(off)` for each group of `U` vectors in `0..body`, then
-/// `narrow(off)` for each remaining vector. `body` is a multiple of the vector size.
+/// The work on one group of `N` consecutive vectors at byte offset `off`.
+///
+/// Kernels are structs implementing this rather than closures: a closure is
+/// compiled without its enclosing function's target features, so the
+/// intrinsics inside it would become calls instead of single instructions.
+trait Group<V: Vector> {
+    unsafe fn run<const N: usize>(&self, off: usize);
+}
+
+/// Runs `group` for each group of `U` vectors in `0..body`, then for each
+/// remaining vector. `body` is a multiple of the vector size.
 #[inline(always)]
-unsafe fn for_each_group<V: Vector, const U: usize>(
-    body: usize,
-    mut wide: impl FnMut(usize),
-    mut narrow: impl FnMut(usize),
-) {
+unsafe fn over_groups<V: Vector, const U: usize>(body: usize, group: &impl Group<V>) {
     debug_assert_eq!(body % V::BYTES, 0);
-    let group = U * V::BYTES;
+    let wide = U * V::BYTES;
     let mut off = 0;
-    while off + group <= body {
-        wide(off);
-        off += group;
+    while off + wide <= body {
+        group.run::<U>(off);
+        off += wide;
     }
     while off < body {
-        narrow(off);
+        group.run::<1>(off);
         off += V::BYTES;
     }
 }
 
-/// Stores `U` vectors at `dst + off`.
+/// Stores `N` vectors at `dst + off`.
 #[inline(always)]
-unsafe fn store_all<V: Vector, const U: usize>(vectors: &[V; U], dst: *mut u8, off: usize) {
+unsafe fn store_all<V: Vector, const N: usize>(vectors: &[V; N], dst: *mut u8, off: usize) {
     for (u, v) in vectors.iter().enumerate() {
         v.store(dst.add(off + u * V::BYTES));
     }
 }
 
-/// Loads `U` vectors from `src + off`.
+/// Loads `N` vectors from `src + off`.
 #[inline(always)]
-unsafe fn load_all<V: Vector, const U: usize>(src: *const u8, off: usize) -> [V; U] {
-    let mut vectors = [V::zero(); U];
+unsafe fn load_all<V: Vector, const N: usize>(src: *const u8, off: usize) -> [V; N] {
+    let mut vectors = [V::zero(); N];
     for (u, v) in vectors.iter_mut().enumerate() {
         *v = V::load(src.add(off + u * V::BYTES));
     }
     vectors
+}
+
+/// P and/or Q of a plan's blocks, stored to `p` and `q`.
+struct Generate<'a, V: Vector, const WANT_P: bool, const WANT_Q: bool> {
+    plan: &'a Plan<V>,
+    p: *mut u8,
+    q: *mut u8,
+}
+
+impl<V: Vector, const WANT_P: bool, const WANT_Q: bool> Group<V>
+    for Generate<'_, V, WANT_P, WANT_Q>
+{
+    #[inline(always)]
+    unsafe fn run<const N: usize>(&self, off: usize) {
+        let (p, q) = syndromes::<V, N, WANT_P, WANT_Q>(self.plan, off);
+        if WANT_P {
+            store_all(&p, self.p, off);
+        }
+        if WANT_Q {
+            store_all(&q, self.q, off);
+        }
+    }
 }
 
 /// P and/or Q of `data` over the first `body` bytes.
@@ -257,25 +284,7 @@ unsafe fn generate<V: Vector, const U: usize, const WANT_P: bool, const WANT_Q: 
     body: usize,
 ) {
     let plan = Plan::<V>::new(data, if WANT_Q { exps } else { None });
-    let group = |off: usize| {
-        let (pv, qv) = syndromes::<V, U, WANT_P, WANT_Q>(&plan, off);
-        if WANT_P {
-            store_all(&pv, p, off);
-        }
-        if WANT_Q {
-            store_all(&qv, q, off);
-        }
-    };
-    let single = |off: usize| {
-        let (pv, qv) = syndromes::<V, 1, WANT_P, WANT_Q>(&plan, off);
-        if WANT_P {
-            store_all(&pv, p, off);
-        }
-        if WANT_Q {
-            store_all(&qv, q, off);
-        }
-    };
-    for_each_group::<V, U>(body, group, single);
+    over_groups::<V, U>(body, &Generate::<V, WANT_P, WANT_Q> { plan: &plan, p, q });
 }
 
 /// The two constants of two-data recovery: with A = P + P' and B = Q + Q',
@@ -298,37 +307,72 @@ pub(super) struct TwoData<'a> {
     out_y: *mut u8,
 }
 
+/// Both missing blocks from the survivors' syndromes, P and Q.
+struct RecoverTwo<'a, V: Vector> {
+    plan: &'a Plan<V>,
+    job: &'a TwoData<'a>,
+    mul_a: V::Mul,
+    mul_b: V::Mul,
+}
+
+impl<V: Vector> Group<V> for RecoverTwo<'_, V> {
+    #[inline(always)]
+    unsafe fn run<const N: usize>(&self, off: usize) {
+        let (partial_p, partial_q) = syndromes::<V, N, true, true>(self.plan, off);
+        let (p, q) = (
+            load_all::<V, N>(self.job.p, off),
+            load_all::<V, N>(self.job.q, off),
+        );
+        let (mut x, mut y) = ([V::zero(); N], [V::zero(); N]);
+        for u in 0..N {
+            let a = partial_p[u].xor(p[u]);
+            let b = partial_q[u].xor(q[u]);
+            y[u] = b.mul(&self.mul_b).xor(a.mul(&self.mul_a));
+            x[u] = a.xor(y[u]);
+        }
+        store_all(&x, self.job.out_x, off);
+        store_all(&y, self.job.out_y, off);
+    }
+}
+
 /// Rebuilds two data blocks over the first `body` bytes in one pass.
 #[inline(always)]
 unsafe fn recover_two<V: Vector, const U: usize>(job: &TwoData, body: usize) {
     let plan = Plan::<V>::new(job.present, Some(job.present_exps));
     let (coef_a, coef_b) = two_data_coefs(job.exp_x, job.exp_y);
-    let (mul_a, mul_b) = (V::prepare(coef_a), V::prepare(coef_b));
-    let solve = |pv: &mut [V], qv: &mut [V], off: usize| {
-        for (u, (a, b)) in pv.iter_mut().zip(qv.iter_mut()).enumerate() {
-            let at = off + u * V::BYTES;
-            *a = a.xor(V::load(job.p.add(at)));
-            *b = b.xor(V::load(job.q.add(at)));
-            let dy = b.mul(&mul_b).xor(a.mul(&mul_a));
-            a.xor(dy).store(job.out_x.add(at));
-            dy.store(job.out_y.add(at));
-        }
+    let group = RecoverTwo {
+        plan: &plan,
+        job,
+        mul_a: V::prepare(coef_a),
+        mul_b: V::prepare(coef_b),
     };
-    for_each_group::<V, U>(
-        body,
-        |off| {
-            let (mut pv, mut qv) = syndromes::<V, U, true, true>(&plan, off);
-            solve(&mut pv, &mut qv, off);
-        },
-        |off| {
-            let (mut pv, mut qv) = syndromes::<V, 1, true, true>(&plan, off);
-            solve(&mut pv, &mut qv, off);
-        },
-    );
+    over_groups::<V, U>(body, &group);
 }
 
-/// dst ^= c·src over `body` bytes (c·src alone when `ACC` is false, with
-/// src == dst allowed then).
+/// dst = c·src, or dst ^= c·src when `ACC`; src == dst is allowed.
+struct MulInto<V: Vector, const ACC: bool> {
+    dst: *mut u8,
+    src: *const u8,
+    m: V::Mul,
+}
+
+impl<V: Vector, const ACC: bool> Group<V> for MulInto<V, ACC> {
+    #[inline(always)]
+    unsafe fn run<const N: usize>(&self, off: usize) {
+        let mut out = load_all::<V, N>(self.src, off);
+        for v in out.iter_mut() {
+            *v = v.mul(&self.m);
+        }
+        if ACC {
+            let old = load_all::<V, N>(self.dst, off);
+            for (v, old) in out.iter_mut().zip(old) {
+                *v = v.xor(old);
+            }
+        }
+        store_all(&out, self.dst, off);
+    }
+}
+
 #[inline(always)]
 unsafe fn mul_into<V: Vector, const U: usize, const ACC: bool>(
     dst: *mut u8,
@@ -336,40 +380,34 @@ unsafe fn mul_into<V: Vector, const U: usize, const ACC: bool>(
     c: u8,
     body: usize,
 ) {
-    let m = V::prepare(c);
-    let apply = |off: usize, vectors: &mut [V]| {
-        for (u, v) in vectors.iter_mut().enumerate() {
-            let at = off + u * V::BYTES;
-            let product = v.mul(&m);
-            let out = if ACC {
-                product.xor(V::load(dst.add(at)))
-            } else {
-                product
-            };
-            out.store(dst.add(at));
-        }
+    let group = MulInto::<V, ACC> {
+        dst,
+        src,
+        m: V::prepare(c),
     };
-    for_each_group::<V, U>(
-        body,
-        |off| apply(off, &mut load_all::<V, U>(src, off)),
-        |off| apply(off, &mut load_all::<V, 1>(src, off)),
-    );
+    over_groups::<V, U>(body, &group);
 }
 
-/// dst ^= src over `body` bytes.
+/// dst ^= src.
+struct XorInto {
+    dst: *mut u8,
+    src: *const u8,
+}
+
+impl<V: Vector> Group<V> for XorInto {
+    #[inline(always)]
+    unsafe fn run<const N: usize>(&self, off: usize) {
+        let mut out = load_all::<V, N>(self.src, off);
+        for (v, old) in out.iter_mut().zip(load_all::<V, N>(self.dst, off)) {
+            *v = v.xor(old);
+        }
+        store_all(&out, self.dst, off);
+    }
+}
+
 #[inline(always)]
 unsafe fn xor_into<V: Vector, const U: usize>(dst: *mut u8, src: *const u8, body: usize) {
-    let apply = |off: usize, vectors: &[V]| {
-        for (u, v) in vectors.iter().enumerate() {
-            let at = off + u * V::BYTES;
-            v.xor(V::load(dst.add(at))).store(dst.add(at));
-        }
-    };
-    for_each_group::<V, U>(
-        body,
-        |off| apply(off, &load_all::<V, U>(src, off)),
-        |off| apply(off, &load_all::<V, 1>(src, off)),
-    );
+    over_groups::<V, U>(body, &XorInto { dst, src });
 }
 
 /// The entry points of one instruction set, each compiled with its target

@@ -40,7 +40,8 @@ impl Vector for Neon {
     }
     #[inline(always)]
     unsafe fn prepare(c: u8) -> Self::Mul {
-        nibble_tables(c).map(|t| vld1q_u8(t.as_ptr()))
+        let [lo, hi] = nibble_tables(c);
+        [vld1q_u8(lo.as_ptr()), vld1q_u8(hi.as_ptr())]
     }
     #[inline(always)]
     unsafe fn mul(self, m: &Self::Mul) -> Self {

@@ -46,7 +46,11 @@ impl Vector for Ssse3 {
     }
     #[inline(always)]
     unsafe fn prepare(c: u8) -> Self::Mul {
-        nibble_tables(c).map(|t| _mm_loadu_si128(t.as_ptr().cast()))
+        let [lo, hi] = nibble_tables(c);
+        [
+            _mm_loadu_si128(lo.as_ptr().cast()),
+            _mm_loadu_si128(hi.as_ptr().cast()),
+        ]
     }
     #[inline(always)]
     unsafe fn mul(self, m: &Self::Mul) -> Self {
@@ -92,7 +96,12 @@ impl Vector for Avx2 {
     #[inline(always)]
     unsafe fn prepare(c: u8) -> Self::Mul {
         // vpshufb looks up within each 128-bit lane, so both lanes hold the table.
-        nibble_tables(c).map(|t| _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast())))
+        let [lo, hi] = nibble_tables(c);
+        let lane = |t: [u8; 16]| _mm_loadu_si128(t.as_ptr().cast());
+        [
+            _mm256_broadcastsi128_si256(lane(lo)),
+            _mm256_broadcastsi128_si256(lane(hi)),
+        ]
     }
     #[inline(always)]
     unsafe fn mul(self, m: &Self::Mul) -> Self {
@@ -138,7 +147,12 @@ impl Vector for Avx512 {
     }
     #[inline(always)]
     unsafe fn prepare(c: u8) -> Self::Mul {
-        nibble_tables(c).map(|t| _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr().cast())))
+        let [lo, hi] = nibble_tables(c);
+        let lane = |t: [u8; 16]| _mm_loadu_si128(t.as_ptr().cast());
+        [
+            _mm512_broadcast_i32x4(lane(lo)),
+            _mm512_broadcast_i32x4(lane(hi)),
+        ]
     }
     #[inline(always)]
     unsafe fn mul(self, m: &Self::Mul) -> Self {

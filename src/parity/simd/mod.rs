@@ -40,6 +40,7 @@ pub(super) mod x86;
 use super::scalar::HornerPlan;
 use super::{check_p_args, check_q_args, gf, recover, Scalar, Syndrome};
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 
 /// One SIMD register of bytes and the GF(2^8) operations on it.
 ///
@@ -65,12 +66,37 @@ pub(super) trait Vector: Copy {
 
 /// The 16-entry tables c·i and c·(i << 4), for i in 0..16, that byte-shuffle
 /// multiplication looks up: c·x = c·(x & 0x0f) + c·(x & 0xf0).
-pub(super) fn nibble_tables(c: u8) -> [[u8; 16]; 2] {
-    [
-        std::array::from_fn(|i| gf::mul(c, i as u8)),
-        std::array::from_fn(|i| gf::mul(c, (i as u8) << 4)),
-    ]
+pub(super) fn nibble_tables(c: u8) -> &'static [[u8; 16]; 2] {
+    &NIBBLE_TABLES[c as usize]
 }
+
+/// [`nibble_tables`] for every c, built at compile time (8 KiB).
+static NIBBLE_TABLES: [[[u8; 16]; 2]; 256] = {
+    let mut tables = [[[0u8; 16]; 2]; 256];
+    let mut c = 0;
+    while c < 256 {
+        let mut i = 0;
+        while i < 16 {
+            tables[c][0][i] = gf::mul(c as u8, i as u8);
+            tables[c][1][i] = gf::mul(c as u8, (i as u8) << 4);
+            i += 1;
+        }
+        c += 1;
+    }
+    tables
+};
+
+/// [`affine_matrix`] for every c, built at compile time (2 KiB).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // Used by x86 GFNI.
+pub(super) static AFFINE_MATRICES: [u64; 256] = {
+    let mut matrices = [0u64; 256];
+    let mut c = 0;
+    while c < 256 {
+        matrices[c] = affine_matrix(c as u8);
+        c += 1;
+    }
+    matrices
+};
 
 /// The 8×8 bit matrix A, in gf2p8affineqb's layout, for which A·x = c·x in
 /// md's field. Multiplication by c is linear over GF(2), so column j of A is
@@ -94,6 +120,12 @@ pub(super) const fn affine_matrix(c: u8) -> u64 {
     matrix
 }
 
+/// Whether the exponents are e, e+1, e+2, ...: then the Horner order is
+/// simply the blocks from last to first, which saves [`HornerPlan`]'s sort.
+fn is_consecutive(exps: &[u8]) -> bool {
+    exps.windows(2).all(|w| w[0].checked_add(1) == Some(w[1]))
+}
+
 /// One data block in a [`Plan`]: where it starts, and how the Q accumulator is
 /// multiplied before the block is added (0: by g; k: by `muls[k - 1]`).
 #[derive(Clone, Copy)]
@@ -105,7 +137,10 @@ struct Step {
 /// [`HornerPlan`] with pointers and prepared multipliers, built inside the
 /// instruction set's target-feature context.
 struct Plan<V: Vector> {
-    steps: [Step; gf::ORDER],
+    /// The first `len` are initialised: left uninitialised, the array costs
+    /// nothing to create, where zeroing it took as long as the whole kernel
+    /// on a 4 KiB chunk.
+    steps: [MaybeUninit<Step>; gf::ORDER],
     len: usize,
     /// Multipliers for the gaps of more than one exponent; empty (and so not
     /// allocated) for md's contiguous exponents.
@@ -121,36 +156,61 @@ impl<V: Vector> Plan<V> {
     unsafe fn new(data: &[&[u8]], exps: Option<&[u8]>) -> Self {
         assert!(data.len() <= gf::ORDER);
         let mut plan = Plan {
-            steps: [Step {
-                ptr: std::ptr::null(),
-                mul: 0,
-            }; gf::ORDER],
-            len: data.len(),
+            steps: [const { MaybeUninit::uninit() }; gf::ORDER],
+            len: 0,
             muls: Vec::new(),
             final_mul: None,
         };
         match exps {
             _ if data.is_empty() => {}
             None => {
-                for (step, block) in plan.steps.iter_mut().zip(data) {
-                    step.ptr = block.as_ptr();
+                for block in data {
+                    plan.push(block, 0);
+                }
+            }
+            Some(exps) if is_consecutive(exps) => {
+                // md's usual layouts (and DDF's without a gap): Horner visits
+                // the blocks from the last, each step a multiplication by g.
+                for block in data.iter().rev() {
+                    plan.push(block, 0);
+                }
+                if exps[0] != 0 {
+                    plan.final_mul = Some(V::prepare(gf::pow2(exps[0])));
                 }
             }
             Some(exps) => {
                 let horner = HornerPlan::new(exps);
-                for (step, &(k, shift)) in plan.steps.iter_mut().zip(horner.steps()) {
-                    step.ptr = data[k as usize].as_ptr();
+                for &(k, shift) in horner.steps() {
+                    let mut mul = 0;
                     if shift > 1 {
                         plan.muls.push(V::prepare(gf::pow2(shift)));
-                        step.mul = plan.muls.len() as u8;
+                        mul = plan.muls.len() as u8;
                     }
+                    plan.push(data[k as usize], mul);
                 }
                 if horner.final_shift != 0 {
                     plan.final_mul = Some(V::prepare(gf::pow2(horner.final_shift)));
                 }
             }
         }
+        assert_eq!(plan.len, data.len());
         plan
+    }
+
+    #[inline(always)]
+    fn push(&mut self, block: &[u8], mul: u8) {
+        self.steps[self.len].write(Step {
+            ptr: block.as_ptr(),
+            mul,
+        });
+        self.len += 1;
+    }
+
+    #[inline(always)]
+    fn steps(&self) -> &[Step] {
+        // SAFETY: `push` initialised the first `len` steps, and MaybeUninit<Step>
+        // has Step's layout.
+        unsafe { std::slice::from_raw_parts(self.steps.as_ptr().cast::<Step>(), self.len) }
     }
 }
 
@@ -164,7 +224,7 @@ unsafe fn syndromes<V: Vector, const U: usize, const WANT_P: bool, const WANT_Q:
 ) -> ([V; U], [V; U]) {
     let mut p = [V::zero(); U];
     let mut q = [V::zero(); U];
-    let Some((first, rest)) = plan.steps[..plan.len].split_first() else {
+    let Some((first, rest)) = plan.steps().split_first() else {
         return (p, q);
     };
     for u in 0..U {

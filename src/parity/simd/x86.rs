@@ -4,7 +4,7 @@
 //! Every function here is an `unsafe fn` that executes the instructions of its
 //! type's feature set; see the contract in the [parent module](super).
 
-use super::{affine_matrix, nibble_tables, simd_entries, Simd, Vector};
+use super::{affine_matrix, nibble_tables, simd_entries, Simd, Vector, AFFINE_MATRICES};
 use crate::parity::Syndrome;
 use std::arch::x86_64::*;
 
@@ -97,7 +97,7 @@ impl Vector for Avx2 {
     unsafe fn prepare(c: u8) -> Self::Mul {
         // vpshufb looks up within each 128-bit lane, so both lanes hold the table.
         let [lo, hi] = nibble_tables(c);
-        let lane = |t: [u8; 16]| _mm_loadu_si128(t.as_ptr().cast());
+        let lane = |t: &[u8; 16]| _mm_loadu_si128(t.as_ptr().cast());
         [
             _mm256_broadcastsi128_si256(lane(lo)),
             _mm256_broadcastsi128_si256(lane(hi)),
@@ -148,7 +148,7 @@ impl Vector for Avx512 {
     #[inline(always)]
     unsafe fn prepare(c: u8) -> Self::Mul {
         let [lo, hi] = nibble_tables(c);
-        let lane = |t: [u8; 16]| _mm_loadu_si128(t.as_ptr().cast());
+        let lane = |t: &[u8; 16]| _mm_loadu_si128(t.as_ptr().cast());
         [
             _mm512_broadcast_i32x4(lane(lo)),
             _mm512_broadcast_i32x4(lane(hi)),
@@ -197,7 +197,7 @@ impl Vector for Gfni512 {
     }
     #[inline(always)]
     unsafe fn prepare(c: u8) -> Self::Mul {
-        _mm512_set1_epi64(affine_matrix(c) as i64)
+        _mm512_set1_epi64(AFFINE_MATRICES[c as usize] as i64)
     }
     #[inline(always)]
     unsafe fn mul(self, m: &Self::Mul) -> Self {
@@ -236,7 +236,7 @@ impl Vector for Gfni256 {
     }
     #[inline(always)]
     unsafe fn prepare(c: u8) -> Self::Mul {
-        _mm256_set1_epi64x(affine_matrix(c) as i64)
+        _mm256_set1_epi64x(AFFINE_MATRICES[c as usize] as i64)
     }
     #[inline(always)]
     unsafe fn mul(self, m: &Self::Mul) -> Self {

@@ -732,7 +732,167 @@ pub(super) fn known_names() -> &'static [&'static str] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::parity::testutil::mul_bitwise;
+    use crate::parity::testutil::*;
+    use crate::parity::{implementations, recover_two_data};
+    use rand::Rng;
+
+    /// Every length up to three 256-byte groups of the widest vectors, so that
+    /// each split between groups, single vectors and the scalar tail occurs,
+    /// and a few chunk-sized ones with and without a tail.
+    fn lengths() -> impl Iterator<Item = usize> {
+        (0..=800).chain([4095, 4096, 4097, 65536 + 63])
+    }
+
+    /// Exponent sets: [`exponent_sets`] plus DDF-like runs with one gap.
+    fn all_exponent_sets(rng: &mut impl Rng, n: usize) -> Vec<Vec<u8>> {
+        let mut sets = exponent_sets(rng, n);
+        let gap_at = n / 2;
+        sets.push(
+            (0..n as u8)
+                .map(|k| if k as usize >= gap_at { k + 1 } else { k })
+                .collect(),
+        );
+        sets.push(
+            (0..n as u8)
+                .map(|k| if k as usize >= gap_at { k + 3 } else { k + 1 })
+                .collect(),
+        );
+        sets
+    }
+
+    /// The SIMD implementations only (Scalar is the reference).
+    fn simd_impls() -> Vec<&'static dyn Syndrome> {
+        implementations()
+            .into_iter()
+            .filter(|i| i.name() != "scalar")
+            .collect()
+    }
+
+    #[test]
+    fn generation_matches_scalar() {
+        let mut rng = rng(0x51ad);
+        for len in lengths() {
+            // Fewer block counts for the long lengths, to bound the test's time.
+            let counts: &[usize] = if len <= 800 {
+                &[1, 2, 5, 14]
+            } else {
+                &[1, 3, 4, 8, 14, 17]
+            };
+            for &n in counts {
+                for exps in all_exponent_sets(&mut rng, n) {
+                    // Offsets 0..3 into larger buffers make the blocks unaligned.
+                    let skew = rng.gen_range(0..4);
+                    let raw = random_blocks(&mut rng, n, len + skew);
+                    let data: Vec<&[u8]> = raw.iter().map(|b| &b[skew..]).collect();
+                    let (mut p_ref, mut q_ref) = (vec![0; len], vec![0; len]);
+                    Scalar.gen_pq(&data, &exps, &mut p_ref, &mut q_ref);
+                    for imp in simd_impls() {
+                        let context = format!("{} len={len} exps={exps:?}", imp.name());
+                        let (mut p, mut q) = (vec![0xa5; len], vec![0x5a; len]);
+                        imp.gen_pq(&data, &exps, &mut p, &mut q);
+                        assert_eq!(p, p_ref, "P {context}");
+                        assert_eq!(q, q_ref, "Q {context}");
+                        q.fill(0x33);
+                        imp.gen_q(&data, &exps, &mut q);
+                        assert_eq!(q, q_ref, "gen_q {context}");
+                        p.fill(0x33);
+                        imp.gen_p(&data, &mut p);
+                        assert_eq!(p, p_ref, "gen_p {context}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fused_recovery_matches_scalar_for_every_pair() {
+        let mut rng = rng(0xfa11);
+        for len in [0, 1, 63, 64, 65, 255, 256, 257, 300, 4096, 4099] {
+            for n in [2, 3, 4, 8, 14] {
+                for exps in all_exponent_sets(&mut rng, n) {
+                    let blocks = random_blocks(&mut rng, n, len);
+                    let data = as_slices(&blocks);
+                    let (mut p, mut q) = (vec![0; len], vec![0; len]);
+                    Scalar.gen_pq(&data, &exps, &mut p, &mut q);
+                    for x in 0..n {
+                        for y in (0..n).filter(|&y| y != x) {
+                            let keep = |k: &usize| *k != x && *k != y;
+                            let present: Vec<&[u8]> =
+                                (0..n).filter(keep).map(|k| data[k]).collect();
+                            let present_exps: Vec<u8> =
+                                (0..n).filter(keep).map(|k| exps[k]).collect();
+                            for imp in simd_impls() {
+                                let (mut out_x, mut out_y) = (vec![0xa5; len], vec![0x5a; len]);
+                                recover_two_data(
+                                    imp,
+                                    &present,
+                                    &present_exps,
+                                    &p,
+                                    &q,
+                                    exps[x],
+                                    exps[y],
+                                    &mut out_x,
+                                    &mut out_y,
+                                );
+                                let context =
+                                    format!("{} len={len} exps={exps:?} x={x} y={y}", imp.name());
+                                assert_eq!(out_x, blocks[x], "{context}");
+                                assert_eq!(out_y, blocks[y], "{context}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn element_operations_match_scalar_on_unaligned_buffers() {
+        let mut rng = rng(0xe1e);
+        for len in lengths() {
+            let skew = len % 4;
+            let src_raw = random_blocks(&mut rng, 1, len + skew).remove(0);
+            let dst_raw = random_blocks(&mut rng, 1, len + skew).remove(0);
+            let (src, dst) = (&src_raw[skew..], &dst_raw[skew..]);
+            let coef: u8 = rng.gen();
+            for imp in simd_impls() {
+                let (mut got, mut want) = (dst.to_vec(), dst.to_vec());
+                imp.mul_acc(&mut got, src, coef);
+                Scalar.mul_acc(&mut want, src, coef);
+                assert_eq!(got, want, "{} mul_acc len={len} coef={coef}", imp.name());
+                imp.scale(&mut got, coef);
+                Scalar.scale(&mut want, coef);
+                assert_eq!(got, want, "{} scale len={len} coef={coef}", imp.name());
+                imp.xor_into(&mut got, src);
+                Scalar.xor_into(&mut want, src);
+                assert_eq!(got, want, "{} xor_into len={len}", imp.name());
+            }
+        }
+    }
+
+    #[test]
+    fn every_simd_implementation_this_cpu_has_is_listed() {
+        let names: Vec<&str> = implementations().iter().map(|i| i.name()).collect();
+        assert_eq!(names[0], "scalar");
+        for name in &names[1..] {
+            assert!(known_names().contains(name), "{name}");
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let expect = [
+                ("ssse3", is_x86_feature_detected!("ssse3")),
+                ("avx2", is_x86_feature_detected!("avx2")),
+                ("avx512bw", is_x86_feature_detected!("avx512bw")),
+                (
+                    "gfni",
+                    is_x86_feature_detected!("gfni") && is_x86_feature_detected!("avx512bw"),
+                ),
+            ];
+            for (name, detected) in expect {
+                assert_eq!(names.contains(&name), detected, "{name}");
+            }
+        }
+    }
 
     #[test]
     fn nibble_tables_multiply() {

@@ -573,15 +573,22 @@ fn tails<'a>(blocks: &[&'a [u8]], start: usize) -> Vec<&'a [u8]> {
 
 impl<E: Entries> Simd<E> {
     /// P and/or Q over the body with SIMD, then the tail with Scalar.
-    fn gen(&self, data: &[&[u8]], exps: Option<&[u8]>, p: Option<&mut [u8]>, q: Option<&mut [u8]>) {
+    fn gen(
+        &self,
+        data: &[&[u8]],
+        exps: Option<&[u8]>,
+        mut p: Option<&mut [u8]>,
+        mut q: Option<&mut [u8]>,
+    ) {
         let len = p.as_ref().or(q.as_ref()).map_or(0, |b| b.len());
         let body = body_len::<E>(len);
         if data.is_empty() {
-            p.map(|p| p.fill(0));
-            q.map(|q| q.fill(0));
+            // The empty sum is zero.
+            for out in [p, q].into_iter().flatten() {
+                out.fill(0);
+            }
             return;
         }
-        let (mut p, mut q) = (p, q);
         let p_ptr = p
             .as_deref_mut()
             .map_or(std::ptr::null_mut(), <[u8]>::as_mut_ptr);

@@ -6,6 +6,7 @@
 //! `array` (an assembled array: its levels' I/O over members), and `cli`.
 
 pub mod array;
+pub mod bench;
 pub mod cli;
 pub mod control;
 pub mod engine;

@@ -4,6 +4,7 @@
 //! Every failure is reported as one line, `uraid: <reason>`, with exit status 1
 //! (2 for usage errors, as clap does), and a refused command writes nothing.
 
+mod bench;
 mod copy;
 mod create;
 mod detail;
@@ -78,6 +79,9 @@ enum Command {
         #[arg(required = true)]
         devices: Vec<PathBuf>,
     },
+    /// Measure: `bench parity` compares the parity implementations with ISA-L.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 /// A command's failure: one line for the user.
@@ -99,6 +103,12 @@ pub fn main() -> i32 {
         // preconditions; no other thread runs yet.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
+    // URAID_PARITY forces a parity implementation; a bad name is refused
+    // here, in one line, before any command runs.
+    if let Err(message) = crate::parity::select_from_env() {
+        eprintln!("uraid: {message}");
+        return 1;
+    }
     let result = match cli.command {
         Command::Create(args) => create::run(&args),
         Command::Examine {
@@ -117,6 +127,7 @@ pub fn main() -> i32 {
         Command::Status { json, control } => status::run(control.as_deref(), json),
         Command::CopyIn { input, devices } => copy::copy_in(&input, &devices),
         Command::CopyOut { output, devices } => copy::copy_out(&output, &devices),
+        Command::Bench(command) => bench::run(&command),
     };
     match result {
         Ok(()) => 0,

@@ -28,12 +28,15 @@
 pub mod gf;
 pub mod recover;
 mod scalar;
+mod select;
+mod simd;
 
 #[cfg(test)]
 mod testutil;
 
 pub use recover::{recover_data_from_p, recover_data_from_q, recover_two_data};
 pub use scalar::Scalar;
+pub use select::{by_name, default_impl, select, select_from_env, ENV_VAR};
 
 /// The largest number of data blocks a stripe may have with Q: exponents are
 /// distinct values in 0..=254. (md itself allows at most 256 members, so at most
@@ -78,22 +81,45 @@ pub trait Syndrome: Send + Sync {
 
     /// buf = coef · buf, bytewise in GF(2^8).
     fn scale(&self, buf: &mut [u8], coef: u8);
+
+    /// The work of [`recover_two_data`], which checks the arguments first and
+    /// documents the algebra: rebuilds the data blocks with exponents `exp_x`
+    /// and `exp_y` from the survivors, P and Q.
+    ///
+    /// The default composes the element operations above (six passes over
+    /// the buffers); SIMD implementations fuse them into one.
+    #[allow(clippy::too_many_arguments)] // Each argument is a distinct input of the algebra.
+    fn recover_two(
+        &self,
+        present_data: &[&[u8]],
+        present_exps: &[u8],
+        p: &[u8],
+        q: &[u8],
+        exp_x: u8,
+        exp_y: u8,
+        out_x: &mut [u8],
+        out_y: &mut [u8],
+    ) {
+        recover::two_data_composed(
+            self,
+            present_data,
+            present_exps,
+            p,
+            q,
+            exp_x,
+            exp_y,
+            out_x,
+            out_y,
+        );
+    }
 }
 
-/// Every implementation usable on this machine, the portable one first.
-///
-/// SIMD implementations will be appended here after a run-time CPU feature check,
-/// so callers (benchmarks, cross-checking tests) see only what can run.
+/// Every implementation usable on this machine, the portable one first, then
+/// the SIMD ones this CPU has (detected at run time), roughly slowest first.
 pub fn implementations() -> Vec<&'static dyn Syndrome> {
-    vec![&Scalar]
-}
-
-/// The implementation to use by default: today the portable one.
-///
-/// When SIMD implementations exist, this will pick the fastest available one
-/// (as md's raid6_select_algo does), once, and cache the choice.
-pub fn default_impl() -> &'static dyn Syndrome {
-    &Scalar
+    let mut all: Vec<&'static dyn Syndrome> = vec![&Scalar];
+    all.extend(simd::detected());
+    all
 }
 
 /// Asserts the preconditions shared by every P-only computation: all data blocks

@@ -93,6 +93,30 @@ pub fn recover_two_data<S: Syndrome + ?Sized>(
         "recover: P, Q and output lengths differ"
     );
     check_recovery_exps(present_exps, &[exp_x, exp_y]);
+    assert_eq!(
+        present_exps.len(),
+        present_data.len(),
+        "recover: one exponent per survivor"
+    );
+    check_p_args(present_data, len);
+    imp.recover_two(present_data, present_exps, p, q, exp_x, exp_y, out_x, out_y);
+}
+
+/// [`recover_two_data`] composed from the trait's element operations: the
+/// reference ([`Syndrome::recover_two`]'s default), which fused SIMD kernels
+/// are tested against. Arguments must already be checked.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn two_data_composed<S: Syndrome + ?Sized>(
+    imp: &S,
+    present_data: &[&[u8]],
+    present_exps: &[u8],
+    p: &[u8],
+    q: &[u8],
+    exp_x: u8,
+    exp_y: u8,
+    out_x: &mut [u8],
+    out_y: &mut [u8],
+) {
     imp.gen_pq(present_data, present_exps, out_x, out_y);
     imp.xor_into(out_x, p); // A
     imp.xor_into(out_y, q); // B

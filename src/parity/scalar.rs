@@ -158,18 +158,18 @@ fn store(src: &Words, dst: &mut [u8]) {
 /// exponents e_1 > ... > e_j the accumulator is Σ_{i<=j} g^(e_i - e_j)·D_i, so
 /// the final multiplication by g^(e_n) yields Σ g^(e_i)·D_i. For md's usual
 /// contiguous exponents every step is the cheap multiplication by g.
-struct HornerPlan {
+pub(super) struct HornerPlan {
     /// (data block index, shift applied to the accumulator before adding that
     /// block); the first entry's shift is unused.
     steps: [(u8, u8); gf::ORDER],
     len: usize,
     /// The smallest exponent, by which the accumulator is finally multiplied.
-    final_shift: u8,
+    pub(super) final_shift: u8,
 }
 
 impl HornerPlan {
     /// Builds the plan for exponents already checked to be distinct and < 255.
-    fn new(exps: &[u8]) -> Self {
+    pub(super) fn new(exps: &[u8]) -> Self {
         assert!(!exps.is_empty() && exps.len() <= gf::ORDER);
         // At most 255 blocks, so indices are at most 254 and u8::MAX is free to
         // mean "no block has this exponent".
@@ -198,7 +198,7 @@ impl HornerPlan {
         plan
     }
 
-    fn steps(&self) -> &[(u8, u8)] {
+    pub(super) fn steps(&self) -> &[(u8, u8)] {
         &self.steps[..self.len]
     }
 }

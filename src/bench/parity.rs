@@ -1,0 +1,741 @@
+//! `uraid bench parity`: P+Q generation and two-data recovery speed of every
+//! parity implementation, next to Intel ISA-L's on the same buffers and the
+//! single-core memory copy speed of the same byte count.
+//!
+//! Speeds are GB/s of data bytes: 10^9 bytes per second, counting the data
+//! members' bytes only (data members × chunk), as md's raid6 benchmark does.
+//!
+//! Timing: every contestant of one cell (geometry and operation) is warmed up,
+//! then measured in samples taken in turn (ours, ISA-L, memcpy, ours, ...), so
+//! that the machine's noise falls on all of them alike. The table shows each
+//! contestant's median sample; the JSON has the best as well. Outputs pass
+//! through `std::hint::black_box`, and after timing every output is compared
+//! with the reference, so no work can be skipped and ISA-L provably computes
+//! the same bytes as uraid.
+
+use crate::parity::{self, gf, recover_two_data, Scalar, Syndrome};
+use crate::units::parse_size_bytes;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+pub struct ParityArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Numbers of data members to measure.
+    #[arg(long = "data", num_args = 1.., default_values_t = [4usize, 8, 14])]
+    pub data_members: Vec<usize>,
+    /// Chunk sizes (K, M suffixes; a bare number is KiB, as mdadm's --chunk).
+    #[arg(long = "chunk", num_args = 1.., default_values = ["4K", "64K", "512K"])]
+    pub chunks: Vec<String>,
+    /// Implementations to measure (default: every one this CPU runs).
+    #[arg(long = "impl", num_args = 1..)]
+    pub impls: Vec<String>,
+    /// Seconds of measurement per implementation, geometry and operation.
+    #[arg(long, default_value_t = 0.2)]
+    pub seconds: f64,
+}
+
+/// Samples per contestant; odd, so that the median is one sample.
+const SAMPLES: usize = 9;
+/// Bounds on what a user may ask for, so that a typo cannot exhaust memory.
+const DATA_MEMBERS_MAX: usize = 253;
+const CHUNK_BYTES_MAX: u64 = 16 << 20;
+const SECONDS_MAX: f64 = 60.0;
+/// md's chunks are whole pages, and ISA-L's pq_gen wants 64-byte multiples.
+const CHUNK_ALIGN_BYTES: u64 = 4096;
+
+/// The two data members lost in the recovery measurement.
+const LOST: (usize, usize) = (0, 1);
+
+pub fn run(args: &ParityArgs) -> Result<(), String> {
+    let plan = Plan::from_args(args)?;
+    let isal = isal::Isal::load();
+    let mut cells = Vec::new();
+    for &data_members in &plan.data_members {
+        for &chunk_bytes in &plan.chunks {
+            let stripe = Stripe::new(data_members, chunk_bytes);
+            cells.push(measure_cell(&stripe, &plan, isal.as_ref().ok())?);
+        }
+    }
+    let report = Report {
+        cells,
+        impls: plan.impls.iter().map(|i| i.name()).collect(),
+        isal: isal.as_ref().map(|_| ()).map_err(Clone::clone),
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report.json()).expect("JSON")
+        );
+    } else {
+        report.print_table();
+    }
+    Ok(())
+}
+
+/// The validated arguments.
+struct Plan {
+    data_members: Vec<usize>,
+    chunks: Vec<usize>,
+    impls: Vec<&'static dyn Syndrome>,
+    per_contestant: Duration,
+}
+
+impl Plan {
+    fn from_args(args: &ParityArgs) -> Result<Plan, String> {
+        for &n in &args.data_members {
+            if !(2..=DATA_MEMBERS_MAX).contains(&n) {
+                return Err(format!("--data {n}: must be 2..={DATA_MEMBERS_MAX}"));
+            }
+        }
+        let mut chunks = Vec::new();
+        for text in &args.chunks {
+            let bytes = parse_size_bytes(text).map_err(|e| format!("--chunk: {e}"))?;
+            if bytes == 0 || bytes % CHUNK_ALIGN_BYTES != 0 || bytes > CHUNK_BYTES_MAX {
+                return Err(format!(
+                    "--chunk {text}: must be a multiple of 4K, at most {}K",
+                    CHUNK_BYTES_MAX >> 10
+                ));
+            }
+            chunks.push(bytes as usize);
+        }
+        if !(args.seconds > 0.0 && args.seconds <= SECONDS_MAX) {
+            return Err(format!(
+                "--seconds {}: must be in (0, {SECONDS_MAX}]",
+                args.seconds
+            ));
+        }
+        let impls = if args.impls.is_empty() {
+            parity::implementations()
+        } else {
+            args.impls
+                .iter()
+                .map(|name| parity::by_name(name))
+                .collect::<Result<_, _>>()?
+        };
+        Ok(Plan {
+            data_members: args.data_members.clone(),
+            chunks,
+            impls,
+            per_contestant: Duration::from_secs_f64(args.seconds),
+        })
+    }
+}
+
+/// A buffer whose first byte is 64-byte aligned, as ISA-L's pq_gen requires
+/// and as the engine's O_DIRECT buffers are.
+struct Aligned {
+    storage: Vec<u8>,
+    offset: usize,
+    len: usize,
+}
+
+const ALIGN: usize = 64;
+
+impl Aligned {
+    fn zeroed(len: usize) -> Aligned {
+        let storage = vec![0u8; len + ALIGN];
+        let offset = storage.as_ptr().align_offset(ALIGN);
+        assert!(offset < ALIGN);
+        Aligned {
+            storage,
+            offset,
+            len,
+        }
+    }
+    fn as_slice(&self) -> &[u8] {
+        &self.storage[self.offset..self.offset + self.len]
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.storage[self.offset..self.offset + self.len]
+    }
+}
+
+/// One geometry's buffers: random data, its reference P and Q (from
+/// [`Scalar`], with md's exponents 0..n-1, which are also ISA-L's).
+struct Stripe {
+    data: Vec<Aligned>,
+    exps: Vec<u8>,
+    p: Aligned,
+    q: Aligned,
+    chunk_bytes: usize,
+}
+
+impl Stripe {
+    fn new(data_members: usize, chunk_bytes: usize) -> Stripe {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(data_members as u64 * chunk_bytes as u64);
+        let data: Vec<Aligned> = (0..data_members)
+            .map(|_| {
+                let mut block = Aligned::zeroed(chunk_bytes);
+                rng.fill(block.as_mut_slice());
+                block
+            })
+            .collect();
+        let exps: Vec<u8> = (0..data_members as u8).collect();
+        let (mut p, mut q) = (Aligned::zeroed(chunk_bytes), Aligned::zeroed(chunk_bytes));
+        let slices: Vec<&[u8]> = data.iter().map(Aligned::as_slice).collect();
+        Scalar.gen_pq(&slices, &exps, p.as_mut_slice(), q.as_mut_slice());
+        Stripe {
+            data,
+            exps,
+            p,
+            q,
+            chunk_bytes,
+        }
+    }
+
+    fn slices(&self) -> Vec<&[u8]> {
+        self.data.iter().map(Aligned::as_slice).collect()
+    }
+
+    /// The data bytes one operation covers.
+    fn data_bytes(&self) -> usize {
+        self.data.len() * self.chunk_bytes
+    }
+
+    fn label(&self) -> String {
+        format!("{} x {}K", self.data.len(), self.chunk_bytes >> 10)
+    }
+}
+
+/// One contestant's timing: seconds per operation.
+#[derive(Clone, Copy)]
+struct Timing {
+    median_s: f64,
+    best_s: f64,
+}
+
+impl Timing {
+    fn gbps(seconds: f64, bytes: usize) -> f64 {
+        bytes as f64 / seconds / 1e9
+    }
+    fn json(&self, bytes: usize) -> Value {
+        json!({
+            "median_gbps": round3(Self::gbps(self.median_s, bytes)),
+            "best_gbps": round3(Self::gbps(self.best_s, bytes)),
+        })
+    }
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Times the contestants in turn (see the module docs) and returns each one's
+/// median and best seconds per call.
+fn time_interleaved(contestants: &mut [&mut dyn FnMut()], per_contestant: Duration) -> Vec<Timing> {
+    // Warm up (caches, page faults, frequency) and estimate one call's cost.
+    let mut estimate = vec![Duration::MAX; contestants.len()];
+    for _ in 0..3 {
+        for (c, run) in contestants.iter_mut().enumerate() {
+            let start = Instant::now();
+            run();
+            estimate[c] = estimate[c].min(start.elapsed());
+        }
+    }
+    let per_sample = per_contestant / SAMPLES as u32;
+    let iterations: Vec<u32> = estimate
+        .iter()
+        .map(|e| (per_sample.as_secs_f64() / e.as_secs_f64().max(1e-9)).clamp(1.0, 1e7) as u32)
+        .collect();
+    let mut samples = vec![Vec::with_capacity(SAMPLES); contestants.len()];
+    for _ in 0..SAMPLES {
+        for (c, run) in contestants.iter_mut().enumerate() {
+            let start = Instant::now();
+            for _ in 0..iterations[c] {
+                run();
+            }
+            samples[c].push(start.elapsed().as_secs_f64() / iterations[c] as f64);
+        }
+    }
+    samples
+        .into_iter()
+        .map(|mut s| {
+            s.sort_by(f64::total_cmp);
+            Timing {
+                median_s: s[SAMPLES / 2],
+                best_s: s[0],
+            }
+        })
+        .collect()
+}
+
+/// Results of one geometry: per operation, each implementation's timing by
+/// name (ISA-L's as "isa-l"), and memcpy's.
+struct Cell {
+    label: String,
+    data_members: usize,
+    chunk_bytes: usize,
+    data_bytes: usize,
+    gen_pq: Vec<(&'static str, Timing)>,
+    recover_two: Vec<(&'static str, Timing)>,
+    memcpy: Timing,
+}
+
+const ISAL_NAME: &str = "isa-l";
+
+fn measure_cell(stripe: &Stripe, plan: &Plan, isal: Option<&isal::Isal>) -> Result<Cell, String> {
+    let len = stripe.chunk_bytes;
+    let data = stripe.slices();
+    let (x, y) = LOST;
+    let present: Vec<&[u8]> = (0..data.len())
+        .filter(|k| *k != x && *k != y)
+        .map(|k| data[k])
+        .collect();
+    let present_exps: Vec<u8> = (0..data.len())
+        .filter(|k| *k != x && *k != y)
+        .map(|k| stripe.exps[k])
+        .collect();
+    let (p_ref, q_ref) = (stripe.p.as_slice(), stripe.q.as_slice());
+
+    // One set of output buffers per contestant, checked after timing.
+    let n_out = plan.impls.len() + usize::from(isal.is_some());
+    let mut outputs: Vec<[Aligned; 2]> = (0..n_out)
+        .map(|_| [Aligned::zeroed(len), Aligned::zeroed(len)])
+        .collect();
+    let mut isal_gen = isal.map(|lib| lib.pq_gen_job(&data, len));
+    let isal_decode = isal
+        .map(|lib| lib.two_data_decoder(data.len(), x, y))
+        .transpose()?;
+
+    let names: Vec<&'static str> = plan
+        .impls
+        .iter()
+        .map(|i| i.name())
+        .chain(isal.map(|_| ISAL_NAME))
+        .collect();
+
+    // P+Q generation.
+    let gen_times = {
+        let mut runs: Vec<Box<dyn FnMut() + '_>> = Vec::new();
+        let ours = &mut outputs[..plan.impls.len()];
+        for (imp, [p, q]) in plan.impls.iter().zip(ours.iter_mut()) {
+            let (data, exps) = (&data, &stripe.exps);
+            runs.push(Box::new(move || {
+                imp.gen_pq(black_box(data), exps, p.as_mut_slice(), q.as_mut_slice());
+                black_box((p.as_slice().as_ptr(), q.as_slice().as_ptr()));
+            }));
+        }
+        if let (Some(lib), Some(job)) = (isal, isal_gen.as_mut()) {
+            runs.push(Box::new(move || lib.pq_gen(black_box(job))));
+        }
+        let mut refs: Vec<&mut dyn FnMut()> = runs
+            .iter_mut()
+            .map(|r| &mut **r as &mut dyn FnMut())
+            .collect();
+        time_interleaved(&mut refs, plan.per_contestant)
+    };
+    for (name, [p, q]) in names.iter().zip(&outputs) {
+        if *name != ISAL_NAME {
+            check_same(name, "P", p.as_slice(), p_ref, stripe)?;
+            check_same(name, "Q", q.as_slice(), q_ref, stripe)?;
+        }
+    }
+    if let Some(job) = &isal_gen {
+        check_same(ISAL_NAME, "pq_gen P", job.p(), p_ref, stripe)?;
+        check_same(ISAL_NAME, "pq_gen Q", job.q(), q_ref, stripe)?;
+    }
+
+    // Two-data recovery, from the reference P and Q.
+    let recover_times = {
+        let mut runs: Vec<Box<dyn FnMut() + '_>> = Vec::new();
+        let (ours, theirs) = outputs.split_at_mut(plan.impls.len());
+        for (imp, [out_x, out_y]) in plan.impls.iter().zip(ours.iter_mut()) {
+            let (present, present_exps) = (&present, &present_exps);
+            let exps = &stripe.exps;
+            runs.push(Box::new(move || {
+                recover_two_data(
+                    *imp,
+                    black_box(present),
+                    present_exps,
+                    p_ref,
+                    q_ref,
+                    exps[x],
+                    exps[y],
+                    out_x.as_mut_slice(),
+                    out_y.as_mut_slice(),
+                );
+                black_box((out_x.as_slice().as_ptr(), out_y.as_slice().as_ptr()));
+            }));
+        }
+        if let (Some(decoder), Some([out_x, out_y])) = (isal_decode.as_ref(), theirs.first_mut()) {
+            let mut sources: Vec<&[u8]> = present.clone();
+            sources.extend([p_ref, q_ref]);
+            runs.push(Box::new(move || {
+                decoder.decode(
+                    black_box(&sources),
+                    out_x.as_mut_slice(),
+                    out_y.as_mut_slice(),
+                );
+            }));
+        }
+        let mut refs: Vec<&mut dyn FnMut()> = runs
+            .iter_mut()
+            .map(|r| &mut **r as &mut dyn FnMut())
+            .collect();
+        time_interleaved(&mut refs, plan.per_contestant)
+    };
+    for (name, [out_x, out_y]) in names.iter().zip(&outputs) {
+        check_same(
+            name,
+            "recovered data member 0",
+            out_x.as_slice(),
+            data[x],
+            stripe,
+        )?;
+        check_same(
+            name,
+            "recovered data member 1",
+            out_y.as_slice(),
+            data[y],
+            stripe,
+        )?;
+    }
+
+    // Memory copy of the same byte count, from one contiguous buffer.
+    let src = Aligned::zeroed(stripe.data_bytes());
+    let mut dst = Aligned::zeroed(stripe.data_bytes());
+    let mut copy = || {
+        dst.as_mut_slice()
+            .copy_from_slice(black_box(src.as_slice()));
+        black_box(dst.as_slice().as_ptr());
+    };
+    let memcpy = time_interleaved(&mut [&mut copy as &mut dyn FnMut()], plan.per_contestant)[0];
+
+    Ok(Cell {
+        label: stripe.label(),
+        data_members: data.len(),
+        chunk_bytes: len,
+        data_bytes: stripe.data_bytes(),
+        gen_pq: names.iter().copied().zip(gen_times).collect(),
+        recover_two: names.iter().copied().zip(recover_times).collect(),
+        memcpy,
+    })
+}
+
+/// Fails loudly when a contestant computed other bytes than the reference:
+/// a benchmark of different computations would be meaningless.
+fn check_same(
+    who: &str,
+    what: &str,
+    got: &[u8],
+    want: &[u8],
+    stripe: &Stripe,
+) -> Result<(), String> {
+    if got == want {
+        return Ok(());
+    }
+    let at = got.iter().zip(want).position(|(g, w)| g != w).unwrap_or(0);
+    Err(format!(
+        "{who}'s {what} differs from the reference at byte {at} ({}): the comparison is not of the same computation",
+        stripe.label()
+    ))
+}
+
+struct Report {
+    cells: Vec<Cell>,
+    impls: Vec<&'static str>,
+    isal: Result<(), String>,
+}
+
+const UNIT: &str =
+    "GB/s of data bytes (10^9 bytes/s; data bytes = data members x chunk), one thread";
+
+impl Report {
+    fn json(&self) -> Value {
+        let times = |list: &[(&str, Timing)], bytes| -> Value {
+            list.iter()
+                .map(|(name, t)| (name.to_string(), t.json(bytes)))
+                .collect::<serde_json::Map<_, _>>()
+                .into()
+        };
+        json!({
+            "unit": UNIT,
+            "statistic": format!("median (and best) of {SAMPLES} interleaved samples"),
+            "machine": machine_json(),
+            "selected": parity::default_impl().name(),
+            "implementations": self.impls,
+            "isal": match &self.isal {
+                Ok(()) => json!({"loaded": true, "library": isal::LIBRARY}),
+                Err(why) => json!({"loaded": false, "note": why}),
+            },
+            "lost_data_members": [LOST.0, LOST.1],
+            "cells": self.cells.iter().map(|c| json!({
+                "data_members": c.data_members,
+                "chunk_bytes": c.chunk_bytes,
+                "gen_pq": times(&c.gen_pq, c.data_bytes),
+                "recover_two": times(&c.recover_two, c.data_bytes),
+                "memcpy": c.memcpy.json(c.data_bytes),
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    fn print_table(&self) {
+        println!("Parity speed in {UNIT};");
+        println!("median of {SAMPLES} interleaved samples. Recovery rebuilds data members 0 and 1 from the rest, P and Q.");
+        println!(
+            "CPU: {}; selected: {}",
+            machine_json()["cpu"].as_str().unwrap_or("?"),
+            parity::default_impl().name()
+        );
+        if let Err(why) = &self.isal {
+            println!("note: {why}");
+        }
+        let mut header = vec!["geometry".to_string(), "operation".to_string()];
+        header.extend(self.impls.iter().map(|s| s.to_string()));
+        if self.isal.is_ok() {
+            header.push(ISAL_NAME.into());
+        }
+        header.push("memcpy".into());
+        if self.isal.is_ok() {
+            header.push("best/isa-l".into());
+        }
+        let mut rows = vec![header];
+        for c in &self.cells {
+            for (op, list) in [("gen P+Q", &c.gen_pq), ("recover 2", &c.recover_two)] {
+                let gbps = |t: &Timing| Timing::gbps(t.median_s, c.data_bytes);
+                let mut row = vec![c.label.clone(), op.to_string()];
+                row.extend(list.iter().map(|(_, t)| format!("{:.2}", gbps(t))));
+                row.push(format!("{:.2}", gbps(&c.memcpy)));
+                if let Some((_, theirs)) = list.iter().find(|(n, _)| *n == ISAL_NAME) {
+                    let (best_name, best) = list
+                        .iter()
+                        .filter(|(n, _)| *n != ISAL_NAME)
+                        .map(|(n, t)| (n, gbps(t)))
+                        .max_by(|a, b| a.1.total_cmp(&b.1))
+                        .expect("at least one implementation");
+                    row.push(format!("{:.2} ({best_name})", best / gbps(theirs)));
+                }
+                rows.push(row);
+            }
+        }
+        let widths: Vec<usize> = (0..rows[0].len())
+            .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
+            .collect();
+        for row in rows {
+            let cells: Vec<String> = row
+                .iter()
+                .zip(&widths)
+                .enumerate()
+                .map(|(i, (s, w))| {
+                    if i < 2 {
+                        format!("{s:<w$}")
+                    } else {
+                        format!("{s:>w$}")
+                    }
+                })
+                .collect();
+            println!("{}", cells.join("  ").trim_end());
+        }
+    }
+}
+
+/// The CPU model and the vector features the implementations use, from
+/// /proc/cpuinfo (empty where it cannot be read).
+fn machine_json() -> Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |key: &str| {
+        cpuinfo
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+            .unwrap_or_default()
+    };
+    let flags = field("flags");
+    let features = field("Features");
+    let wanted = [
+        "ssse3", "avx2", "avx512f", "avx512bw", "avx512vl", "gfni", "asimd",
+    ];
+    let present: Vec<&str> = wanted
+        .into_iter()
+        .filter(|w| flags.split(' ').chain(features.split(' ')).any(|f| f == *w))
+        .collect();
+    json!({"cpu": field("model name"), "flags": present})
+}
+
+/// Intel ISA-L, loaded at run time so that uraid does not depend on it.
+mod isal {
+    use super::{gf, Aligned};
+    use libloading::Library;
+    use std::os::raw::{c_int, c_uchar, c_void};
+
+    pub const LIBRARY: &str = "libisal.so.2";
+
+    type PqGen = unsafe extern "C" fn(c_int, c_int, *mut *mut c_void) -> c_int;
+    type InvertMatrix = unsafe extern "C" fn(*mut c_uchar, *mut c_uchar, c_int) -> c_int;
+    type InitTables = unsafe extern "C" fn(c_int, c_int, *mut c_uchar, *mut c_uchar);
+    type EncodeData = unsafe extern "C" fn(
+        c_int,
+        c_int,
+        c_int,
+        *mut c_uchar,
+        *mut *mut c_uchar,
+        *mut *mut c_uchar,
+    );
+
+    /// The library and the four functions used, with the C signatures of
+    /// isa-l/raid.h and isa-l/erasure_code.h (ISA-L 2.x).
+    pub struct Isal {
+        pq_gen: PqGen,
+        invert_matrix: InvertMatrix,
+        init_tables: InitTables,
+        encode_data: EncodeData,
+        // Last, so that it is dropped after nothing can call into it.
+        _library: Library,
+    }
+
+    impl Isal {
+        /// Loads the library, or says in one line why not.
+        pub fn load() -> Result<Isal, String> {
+            let why = |e: libloading::Error| {
+                format!("ISA-L not measured: cannot load {LIBRARY} ({e}); install libisal2")
+            };
+            // SAFETY: loading ISA-L runs no initialisers with preconditions;
+            // each symbol is given the exact type its header declares.
+            unsafe {
+                let library = Library::new(LIBRARY).map_err(why)?;
+                Ok(Isal {
+                    pq_gen: *library.get::<PqGen>(b"pq_gen\0").map_err(why)?,
+                    invert_matrix: *library
+                        .get::<InvertMatrix>(b"gf_invert_matrix\0")
+                        .map_err(why)?,
+                    init_tables: *library
+                        .get::<InitTables>(b"ec_init_tables\0")
+                        .map_err(why)?,
+                    encode_data: *library
+                        .get::<EncodeData>(b"ec_encode_data\0")
+                        .map_err(why)?,
+                    _library: library,
+                })
+            }
+        }
+
+        /// Buffers for pq_gen over `data`: its own P and Q, and the pointer
+        /// array it takes (data..., P, Q).
+        pub fn pq_gen_job(&self, data: &[&[u8]], len: usize) -> PqGenJob {
+            let mut p = Aligned::zeroed(len);
+            let mut q = Aligned::zeroed(len);
+            let mut pointers: Vec<*mut c_void> =
+                data.iter().map(|d| d.as_ptr() as *mut c_void).collect();
+            pointers.push(p.as_mut_slice().as_mut_ptr().cast());
+            pointers.push(q.as_mut_slice().as_mut_ptr().cast());
+            PqGenJob {
+                pointers,
+                len,
+                _p: p,
+                _q: q,
+            }
+        }
+
+        pub fn pq_gen(&self, job: &mut PqGenJob) {
+            // SAFETY: the pointers are 64-byte aligned and valid for `len`
+            // bytes (a multiple of 4096); pq_gen writes only the last two,
+            // which the job owns. Data pointers are only read, despite the
+            // C type.
+            let status = unsafe {
+                (self.pq_gen)(
+                    job.pointers.len() as c_int,
+                    job.len as c_int,
+                    job.pointers.as_mut_ptr(),
+                )
+            };
+            assert_eq!(status, 0, "ISA-L pq_gen failed");
+        }
+
+        /// The decoder ISA-L users build for losing data members `x` and `y`
+        /// of `n` with P and Q: the generator matrix (identity, a row of ones,
+        /// a row of g^k), its rows for the survivors (data, then P, Q)
+        /// inverted, and the inverse's rows for x and y expanded into
+        /// multiplication tables.
+        pub fn two_data_decoder(
+            &self,
+            n: usize,
+            x: usize,
+            y: usize,
+        ) -> Result<Decoder<'_>, String> {
+            let generator_row = |row: usize| -> Vec<u8> {
+                (0..n)
+                    .map(|k| match row {
+                        r if r < n => u8::from(r == k),
+                        r if r == n => 1,
+                        _ => gf::pow2(k as u8),
+                    })
+                    .collect()
+            };
+            let rows: Vec<usize> = (0..n + 2).filter(|&r| r != x && r != y).collect();
+            let mut survivors: Vec<u8> = rows.iter().flat_map(|&r| generator_row(r)).collect();
+            let mut inverse = vec![0u8; n * n];
+            // SAFETY: both matrices are n×n bytes.
+            let status = unsafe {
+                (self.invert_matrix)(survivors.as_mut_ptr(), inverse.as_mut_ptr(), n as c_int)
+            };
+            if status != 0 {
+                return Err("ISA-L gf_invert_matrix found the survivors' matrix singular".into());
+            }
+            let mut decode: Vec<u8> = [x, y]
+                .iter()
+                .flat_map(|&r| inverse[r * n..(r + 1) * n].to_vec())
+                .collect();
+            let mut tables = vec![0u8; 32 * n * 2];
+            // SAFETY: `decode` is 2×n, `tables` 32·n·2 bytes as documented.
+            unsafe { (self.init_tables)(n as c_int, 2, decode.as_mut_ptr(), tables.as_mut_ptr()) };
+            Ok(Decoder {
+                isal: self,
+                n,
+                tables,
+            })
+        }
+    }
+
+    pub struct PqGenJob {
+        pointers: Vec<*mut c_void>,
+        len: usize,
+        _p: Aligned,
+        _q: Aligned,
+    }
+
+    impl PqGenJob {
+        pub fn p(&self) -> &[u8] {
+            self._p.as_slice()
+        }
+        pub fn q(&self) -> &[u8] {
+            self._q.as_slice()
+        }
+    }
+
+    pub struct Decoder<'a> {
+        isal: &'a Isal,
+        n: usize,
+        tables: Vec<u8>,
+    }
+
+    impl Decoder<'_> {
+        /// ec_encode_data with the decode tables: `sources` are the n - 2
+        /// surviving data members, P and Q, in the order the matrix used.
+        pub fn decode(&self, sources: &[&[u8]], out_x: &mut [u8], out_y: &mut [u8]) {
+            assert_eq!(sources.len(), self.n);
+            let len = out_x.len();
+            assert!(out_y.len() == len && sources.iter().all(|s| s.len() == len));
+            let mut inputs: Vec<*mut c_uchar> =
+                sources.iter().map(|s| s.as_ptr() as *mut c_uchar).collect();
+            let mut outputs = [out_x.as_mut_ptr(), out_y.as_mut_ptr()];
+            // SAFETY: n inputs and 2 outputs of `len` bytes each; inputs are
+            // only read, despite the C type; the tables match n and 2 rows.
+            unsafe {
+                (self.isal.encode_data)(
+                    len as c_int,
+                    self.n as c_int,
+                    2,
+                    self.tables.as_ptr() as *mut c_uchar,
+                    inputs.as_mut_ptr(),
+                    outputs.as_mut_ptr(),
+                )
+            };
+        }
+    }
+}

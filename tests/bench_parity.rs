@@ -1,0 +1,192 @@
+//! `uraid bench parity` runs end to end and prints well-formed JSON naming
+//! every implementation. Speeds are measured, never asserted here.
+
+use std::process::Command;
+
+fn uraid(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_uraid"));
+    command.args(args).env_remove("URAID_PARITY");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.output().expect("run uraid")
+}
+
+#[test]
+fn json_names_every_implementation_in_every_cell() {
+    let out = uraid(
+        &[
+            "bench",
+            "parity",
+            "--seconds",
+            "0.01",
+            "--json",
+            "--data",
+            "4",
+            "5",
+            "--chunk",
+            "4K",
+            "8K",
+        ],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("well-formed JSON");
+    let implementations: Vec<&str> = uraid::parity::implementations()
+        .iter()
+        .map(|i| i.name())
+        .collect();
+    let listed: Vec<&str> = report["implementations"]
+        .as_array()
+        .expect("implementations")
+        .iter()
+        .map(|v| v.as_str().expect("a name"))
+        .collect();
+    assert_eq!(listed, implementations);
+    assert!(implementations.contains(&report["selected"].as_str().expect("selected")));
+    assert!(report["unit"]
+        .as_str()
+        .expect("unit")
+        .starts_with("GB/s of data bytes (10^9"));
+    let isal_loaded = report["isal"]["loaded"].as_bool().expect("isal.loaded");
+    let cells = report["cells"].as_array().expect("cells");
+    let geometries: Vec<(u64, u64)> = cells
+        .iter()
+        .map(|c| {
+            (
+                c["data_members"].as_u64().unwrap(),
+                c["chunk_bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(geometries, [(4, 4096), (4, 8192), (5, 4096), (5, 8192)]);
+    for cell in cells {
+        assert!(cell["memcpy"]["median_gbps"].as_f64().expect("memcpy") > 0.0);
+        for op in ["gen_pq", "recover_two"] {
+            let results = cell[op].as_object().expect(op);
+            for name in &implementations {
+                let speed = &results[*name];
+                assert!(
+                    speed["median_gbps"].as_f64().expect("median") > 0.0,
+                    "{op} {name}"
+                );
+                assert!(
+                    speed["best_gbps"].as_f64().expect("best")
+                        >= speed["median_gbps"].as_f64().unwrap()
+                );
+            }
+            assert_eq!(results.contains_key("isa-l"), isal_loaded, "{op}");
+            assert_eq!(
+                results.len(),
+                implementations.len() + usize::from(isal_loaded)
+            );
+        }
+    }
+}
+
+#[test]
+fn table_has_a_row_per_geometry_and_operation() {
+    let out = uraid(
+        &[
+            "bench",
+            "parity",
+            "--seconds",
+            "0.01",
+            "--data",
+            "3",
+            "--chunk",
+            "4K",
+            "--impl",
+            "scalar",
+        ],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.starts_with("Parity speed in GB/s of data bytes"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("3 x 4K") && l.contains("gen P+Q")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("3 x 4K") && l.contains("recover 2")),
+        "{text}"
+    );
+}
+
+#[test]
+fn bad_names_and_sizes_are_refused_in_one_line() {
+    for (args, env, reason) in [
+        (
+            vec!["bench", "parity", "--impl", "nonesuch"],
+            vec![],
+            "'nonesuch' is unknown; available: scalar",
+        ),
+        (
+            vec!["bench", "parity", "--chunk", "0"],
+            vec![],
+            "multiple of 4K",
+        ),
+        (vec!["bench", "parity", "--data", "1"], vec![], "--data 1"),
+        (
+            vec!["bench", "parity", "--seconds", "0"],
+            vec![],
+            "--seconds",
+        ),
+        (
+            vec!["bench", "parity", "--data", "3"],
+            vec![("URAID_PARITY", "bogus")],
+            "URAID_PARITY: parity implementation 'bogus'",
+        ),
+    ] {
+        let out = uraid(&args, &env);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.starts_with("uraid: ") && stderr.contains(reason),
+            "{args:?}: {stderr}"
+        );
+        assert!(out.stdout.is_empty());
+    }
+}
+
+#[test]
+fn uraid_parity_forces_the_implementation() {
+    let out = uraid(
+        &[
+            "bench",
+            "parity",
+            "--seconds",
+            "0.01",
+            "--json",
+            "--data",
+            "3",
+            "--chunk",
+            "4K",
+            "--impl",
+            "scalar",
+        ],
+        &[("URAID_PARITY", "scalar")],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["selected"], "scalar");
+}

@@ -1,16 +1,17 @@
 //! One client connection: the handshake, then the transmission phase with
-//! requests executed concurrently by a small pool of worker threads.
+//! requests executed concurrently by a pool of worker threads.
 //!
-//! The connection thread is the only reader of the socket. It parses each
-//! request, refuses invalid ones itself, and hands valid ones to the workers.
-//! Workers call the backend and write their reply under the connection's
-//! writer lock, so replies go out whole but in completion order. A counter of
-//! requests and buffer bytes in flight bounds both concurrency and memory: when
-//! it is full the reader stops reading, and TCP flow control pushes back on
-//! the client.
+//! The workers take turns at reading (leader and followers, as nbdkit's
+//! parallel model): the one holding the reader parses the next request,
+//! refuses an invalid one itself, then lets go of the reader and serves the
+//! request, calling the backend and writing the reply under the
+//! connection's writer lock, so replies go out whole but in completion
+//! order. A request never changes threads, which at 4 KiB costs more than
+//! the I/O itself. A counter of requests and buffer bytes in flight bounds
+//! both concurrency and memory: when it is full the reader stops reading,
+//! and TCP flow control pushes back on the client.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -388,7 +389,7 @@ enum End {
 fn transmission(
     shared: &Arc<Shared>,
     sock: &Arc<Sock>,
-    mut reader: SockReader,
+    reader: SockReader,
     structured: bool,
     log: &Log,
 ) {
@@ -416,53 +417,57 @@ fn transmission(
         },
     });
 
-    let (tx, rx) = mpsc::channel::<Job>();
-    let rx = Arc::new(Mutex::new(rx));
-    let mut workers = Vec::new();
-    for n in 0..options.workers_per_connection {
-        let conn = conn.clone();
-        let rx = rx.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("nbd-worker-{}-{n}", log.id))
-            .spawn(move || worker(&conn, &rx));
-        match spawned {
-            Ok(t) => workers.push(t),
-            Err(e) => log.line(format_args!("cannot start worker thread {n}: {e}")),
+    // Leader and followers: whichever worker holds the reader reads the
+    // next request and then serves it itself. No request changes threads
+    // on its way, which at small I/O sizes costs more than the I/O.
+    let reader = Mutex::new(Reader {
+        reader,
+        ended: false,
+    });
+    std::thread::scope(|scope| {
+        let mut workers = Vec::new();
+        for n in 0..options.workers_per_connection {
+            let (conn, reader) = (&conn, &reader);
+            let spawned = std::thread::Builder::new()
+                .name(format!("nbd-worker-{}-{n}", log.id))
+                .spawn_scoped(scope, move || worker(conn, reader));
+            match spawned {
+                Ok(t) => workers.push(t),
+                Err(e) => log.line(format_args!("cannot start worker thread {n}: {e}")),
+            }
         }
-    }
-    if workers.is_empty() {
-        log.line("no worker threads; closing");
-        return;
-    }
-
-    let end = read_requests(&conn, &mut reader, &tx);
-    if let End::Abort = end {
-        // Replies to requests still in flight cannot be trusted to arrive;
-        // closing now tells the client at once.
-        sock.shutdown();
-    }
-    drop(tx);
-    for t in workers {
-        if t.join().is_err() {
-            log.line("a worker thread panicked");
+        if workers.is_empty() {
+            log.line("no worker threads; closing");
         }
-    }
+        for t in workers {
+            if t.join().is_err() {
+                log.line("a worker thread panicked");
+            }
+        }
+    });
 }
 
-/// Reads requests until the connection ends, dispatching valid ones to the
-/// workers and answering invalid ones directly.
-fn read_requests(conn: &Conn, reader: &mut SockReader, tx: &mpsc::Sender<Job>) -> End {
+/// The connection's reading side, held by one worker at a time.
+struct Reader<'a> {
+    reader: SockReader<'a>,
+    /// The connection has ended: workers finish what they hold and exit.
+    ended: bool,
+}
+
+/// Reads the next request: `Ok(Some(job))` to serve, `Ok(None)` when it was
+/// invalid and has been answered here, `Err` when the connection ends.
+fn read_request(conn: &Conn, reader: &mut SockReader) -> Result<Option<Job>, End> {
     let io_timeout = conn.shared.options.io_timeout;
     let mut header = [0u8; proto::REQUEST_HEADER_LEN];
-    loop {
+    {
         if conn.shared.stopping() {
-            return End::Graceful;
+            return Err(End::Graceful);
         }
         // Idle time between requests is unlimited (an idle kernel client is
         // normal); once a request has started, the rest must follow within
         // the I/O timeout.
         if let Err(e) = reader.read_exact(&mut header[..1], None) {
-            return read_failed(conn, e, "request");
+            return Err(read_failed(conn, e, "request"));
         }
         let deadline = io_timeout.map(|t| Instant::now() + t);
         if let Err(e) = reader.read_exact(&mut header[1..], deadline) {
@@ -478,14 +483,14 @@ fn read_requests(conn: &Conn, reader: &mut SockReader, tx: &mpsc::Sender<Job>) -
                 },
                 e => e,
             };
-            return read_failed(conn, e, "request header");
+            return Err(read_failed(conn, e, "request header"));
         }
         let request = match proto::decode_request_header(&header) {
             Ok(r) => r,
             Err(e) => {
                 conn.log
                     .line(format_args!("protocol violation: {e}; disconnecting"));
-                return End::Abort;
+                return Err(End::Abort);
             }
         };
         let payload_len = match proto::request_payload_len(&request, &conn.params) {
@@ -493,7 +498,7 @@ fn read_requests(conn: &Conn, reader: &mut SockReader, tx: &mpsc::Sender<Job>) -
             Err(e) => {
                 conn.log
                     .line(format_args!("protocol violation: {e}; disconnecting"));
-                return End::Abort;
+                return Err(End::Abort);
             }
         };
         let command = match proto::check_request(&request, &conn.params) {
@@ -503,15 +508,15 @@ fn read_requests(conn: &Conn, reader: &mut SockReader, tx: &mpsc::Sender<Job>) -
                 // must be consumed to stay in step with the client.
                 if payload_len > 0 {
                     if let Err(e) = reader.discard(payload_len as u64, deadline) {
-                        return read_failed(conn, e, "write payload");
+                        return Err(read_failed(conn, e, "write payload"));
                     }
                 }
                 conn.reply_error(&request, err, &refusal_message(&request, err, &conn.params));
-                continue;
+                return Ok(None);
             }
         };
         if let Command::Disconnect = command {
-            return End::Graceful;
+            return Err(End::Graceful);
         }
         let cost = match command {
             Command::Read { length, .. } | Command::Write { length, .. } => length as u64,
@@ -524,24 +529,15 @@ fn read_requests(conn: &Conn, reader: &mut SockReader, tx: &mpsc::Sender<Job>) -
             payload = vec![0u8; payload_len as usize];
             if let Err(e) = reader.read_exact(&mut payload, deadline) {
                 conn.inflight.release(cost);
-                return read_failed(conn, e, "write payload");
+                return Err(read_failed(conn, e, "write payload"));
             }
         }
-        if tx
-            .send(Job {
-                cookie: request.cookie,
-                command,
-                payload,
-                cost,
-            })
-            .is_err()
-        {
-            // Every worker is gone (they only exit when the channel closes,
-            // so this means they panicked); nothing can serve requests.
-            conn.inflight.release(cost);
-            conn.log.line("worker threads died; disconnecting");
-            return End::Abort;
-        }
+        Ok(Some(Job {
+            cookie: request.cookie,
+            command,
+            payload,
+            cost,
+        }))
     }
 }
 
@@ -594,12 +590,27 @@ fn refusal_message(request: &RequestHeader, err: NbdError, params: &Transmission
     }
 }
 
-fn worker(conn: &Conn, rx: &Mutex<mpsc::Receiver<Job>>) {
+fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
     loop {
-        // The lock is held only to take one job; execution runs unlocked.
-        let job = match rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
-            Ok(job) => job,
-            Err(_) => return,
+        // The reader is held only to read one request; serving runs unlocked.
+        let job = {
+            let mut r = reader.lock().unwrap_or_else(|e| e.into_inner());
+            if r.ended {
+                return;
+            }
+            match read_request(conn, &mut r.reader) {
+                Ok(Some(job)) => job,
+                Ok(None) => continue,
+                Err(end) => {
+                    r.ended = true;
+                    if let End::Abort = end {
+                        // Replies to requests still in flight cannot be
+                        // trusted to arrive; closing now tells the client.
+                        conn.sock.shutdown();
+                    }
+                    return;
+                }
+            }
         };
         let cost = job.cost;
         // A panicking backend must not take the connection's accounting

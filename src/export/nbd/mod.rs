@@ -28,8 +28,8 @@
 //!   read-only export; ENOTSUP for a fast zero the backend cannot do fast;
 //!   the backend's own errors mapped by [`proto::NbdError::from_io_error`].
 //!
-//! Concurrency: a thread per connection reads requests and a pool of worker
-//! threads per connection executes them, up to `max_inflight` at once;
+//! Concurrency: a pool of worker threads per connection takes turns reading
+//! requests and each serves what it read, up to `max_inflight` at once;
 //! replies are written whole under a per-connection lock, in completion
 //! order. `NBD_FLAG_CAN_MULTI_CONN` is advertised only when the backend says
 //! several connections are safe.

@@ -57,7 +57,7 @@ impl Default for ServeOptions {
             max_payload: 32 << 20,
             max_inflight: 128,
             max_inflight_bytes: 128 << 20,
-            workers_per_connection: 32,
+            workers_per_connection: 64,
             max_connections: 256,
             handshake_timeout: Some(Duration::from_secs(30)),
             io_timeout: Some(Duration::from_secs(60)),
@@ -229,8 +229,8 @@ impl Drop for ServerHandle {
 ///
 /// The server speaks the fixed newstyle handshake and serves one export,
 /// reachable under `options.export_name` or the empty name. Every connection
-/// gets a thread that reads requests and `options.workers_per_connection`
-/// threads that execute them concurrently, so replies may go out of order (the
+/// gets `options.workers_per_connection` threads that take turns reading
+/// requests and serve them concurrently, so replies may go out of order (the
 /// protocol allows that, and the kernel, libnbd and qemu clients all handle
 /// it). A malformed or hostile client only ever loses its own connection; the
 /// reason is logged on stderr.

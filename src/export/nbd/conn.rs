@@ -590,7 +590,11 @@ fn refusal_message(request: &RequestHeader, err: NbdError, params: &Transmission
     }
 }
 
+/// The largest read buffer a worker keeps between requests.
+const SCRATCH_KEPT: usize = 1 << 20;
+
 fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
+    let mut scratch = Vec::new();
     loop {
         // The reader is held only to read one request; serving runs unlocked.
         let job = {
@@ -615,30 +619,39 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
         let cost = job.cost;
         // A panicking backend must not take the connection's accounting
         // with it: the request is answered with EIO and the worker goes on.
-        if catch_unwind(AssertUnwindSafe(|| conn.execute(job))).is_err() {
+        if catch_unwind(AssertUnwindSafe(|| conn.execute(job, &mut scratch))).is_err() {
             conn.log
                 .line("the backend panicked while serving a request");
         }
         conn.inflight.release(cost);
+        // A big read's buffer is not kept: 64 workers would pin 64 of them.
+        if scratch.len() > SCRATCH_KEPT {
+            scratch = Vec::new();
+        }
     }
 }
 
 impl Conn {
-    fn execute(&self, job: Job) {
+    /// Serves one request; `scratch` is the worker's read buffer, reused so
+    /// that a read does not allocate and zero a new one each time.
+    fn execute(&self, job: Job, scratch: &mut Vec<u8>) {
         let backend = &*self.shared.backend;
         let cookie = job.cookie;
         let result = catch_unwind(AssertUnwindSafe(
-            || -> Result<Option<Vec<u8>>, (NbdError, String)> {
+            || -> Result<Option<usize>, (NbdError, String)> {
                 let io = |r: std::io::Result<()>, what: &str| {
                     r.map_err(|e| (NbdError::from_io_error(&e), format!("{what} failed: {e}")))
                 };
                 match job.command {
                     Command::Read { offset, length } => {
-                        let mut buf = vec![0u8; length as usize];
-                        if length > 0 {
-                            io(backend.read(offset, &mut buf), "read")?;
+                        let length = length as usize;
+                        if scratch.len() < length {
+                            scratch.resize(length, 0);
                         }
-                        Ok(Some(buf))
+                        if length > 0 {
+                            io(backend.read(offset, &mut scratch[..length]), "read")?;
+                        }
+                        Ok(Some(length))
                     }
                     Command::Write { offset, fua, .. } => {
                         if !job.payload.is_empty() {
@@ -697,7 +710,7 @@ impl Conn {
         .unwrap_or_else(|_| Err((NbdError::Io, "internal error in the storage backend".into())));
 
         match result {
-            Ok(Some(data)) => self.reply_read(cookie, &job.command, &data),
+            Ok(Some(length)) => self.reply_read(cookie, &job.command, &scratch[..length]),
             Ok(None) => self.send(&[&proto::encode_simple_reply(0, cookie)]),
             Err((err, msg)) => self.reply_error_raw(cookie, err, &msg),
         }

@@ -22,7 +22,7 @@ pub use fault::{
     injected_errno, BadRange, Crash, CrashReport, EioRate, Fault, FaultCounters, FaultPlan,
     FaultyMember, Heal, InjectedError, Latency, Offline, OfflineUntil, Ops, Torn, WriteCache,
 };
-pub use file::{CacheMode, FileMember, OpenOptions};
+pub use file::{CacheMode, FileMember, OpenOptions, RingAlways};
 pub use memory::MemoryMember;
 pub use throttle::{ThrottleLimits, ThrottleStats, ThrottledMember};
 

@@ -5,9 +5,11 @@ use super::*;
 use crate::member::uring::{self, Limits, Ring};
 use crate::member::{
     AlignedBuf, CacheMode, FaultyMember, FileMember, MemberRef, MemoryMember, OpenOptions, RawIo,
+    RingAlways,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
@@ -29,6 +31,11 @@ fn member_files(dir: &Path, count: usize, size_bytes: u64) -> Vec<PathBuf> {
 
 fn open(path: &Path, cache: CacheMode) -> FileMember {
     FileMember::open_with(path, OpenOptions { write: true }, cache).unwrap()
+}
+
+/// Opened so that batches use the ring, buffered or not.
+fn open_on_ring(path: &Path, cache: CacheMode) -> RingAlways {
+    RingAlways(open(path, cache))
 }
 
 fn random_bytes(rng: &mut StdRng, len: usize) -> Vec<u8> {
@@ -147,14 +154,15 @@ fn both_backends_agree_on_files_with_and_without_direct_io() {
         .into_iter()
         .enumerate()
     {
-        let members: Vec<FileMember> = paths.iter().map(|p| open(p, cache)).collect();
-        for member in &members {
-            // What `direct()` says is what the descriptor has.
-            let flags = unsafe { libc::fcntl(member.raw_io().unwrap().fd, libc::F_GETFL) };
+        let members: Vec<RingAlways> = paths.iter().map(|p| open_on_ring(p, cache)).collect();
+        for RingAlways(member) in &members {
+            // What `direct()` says is what the descriptor has, and only a
+            // direct member offers its descriptor to the ring by itself.
+            let flags = unsafe { libc::fcntl(member.as_raw_fd(), libc::F_GETFL) };
             assert_eq!(flags & libc::O_DIRECT != 0, member.direct());
+            assert_eq!(member.raw_io().is_some(), member.direct());
             if cache == CacheMode::Buffered {
                 assert!(!member.direct());
-                assert_eq!(member.raw_io().unwrap().memory_align_bytes, 1);
             }
         }
         let dyns: Vec<&dyn Member> = members.iter().map(|m| m as &dyn Member).collect();
@@ -189,6 +197,24 @@ fn direct_io_is_used_where_the_file_system_has_it() {
 }
 
 #[test]
+fn members_on_tmpfs_are_buffered_and_stay_off_the_ring() {
+    let shm = Path::new("/dev/shm");
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    let path = std::ffi::CString::new("/dev/shm").unwrap();
+    if unsafe { libc::statfs(path.as_ptr(), &mut stat) } != 0 || stat.f_type as i64 != 0x0102_1994 {
+        eprintln!("note: /dev/shm is not tmpfs here; untested");
+        return;
+    }
+    let dir = tempfile::tempdir_in(shm).unwrap();
+    let paths = member_files(dir.path(), 1, MEMBER_BYTES);
+    let member = open(&paths[0], CacheMode::Direct);
+    assert!(!member.direct());
+    assert!(member.raw_io().is_none());
+    let flags = unsafe { libc::fcntl(member.as_raw_fd(), libc::F_GETFL) };
+    assert_eq!(flags & libc::O_DIRECT, 0);
+}
+
+#[test]
 fn unaligned_memory_is_bounced_through_the_trait_too() {
     let dir = tempfile::tempdir_in("/tmp").unwrap();
     let paths = member_files(dir.path(), 1, 8 << 20);
@@ -216,7 +242,10 @@ fn queue_bounds_and_short_submissions_still_move_every_byte() {
     };
     let dir = tempfile::tempdir_in("/tmp").unwrap();
     let paths = member_files(dir.path(), 4, MEMBER_BYTES);
-    let members: Vec<FileMember> = paths.iter().map(|p| open(p, CacheMode::Direct)).collect();
+    let members: Vec<RingAlways> = paths
+        .iter()
+        .map(|p| open_on_ring(p, CacheMode::Direct))
+        .collect();
     let mut rng = StdRng::seed_from_u64(11);
     let mut data: Vec<(usize, u64, Vec<u8>)> = Vec::new();
     for m in 0..4 {
@@ -324,7 +353,7 @@ fn a_descriptor_that_is_not_open_fails_its_op() {
 fn a_file_cut_short_ends_a_read_with_end_of_file() {
     let dir = tempfile::tempdir_in("/tmp").unwrap();
     let paths = member_files(dir.path(), 1, MEMBER_BYTES);
-    let member = open(&paths[0], CacheMode::Buffered);
+    let member = open_on_ring(&paths[0], CacheMode::Buffered);
     // The member still believes in 1 MiB; the file now ends 1000 bytes
     // into the last 8 KiB, so the read comes back short, then empty.
     std::fs::OpenOptions::new()
@@ -489,8 +518,8 @@ fn members_with_4096_byte_blocks_on_loop_devices() {
         return;
     }
     for cache in [CacheMode::Direct, CacheMode::Buffered] {
-        let members: Vec<FileMember> = devices.iter().map(|d| open(&d.0, cache)).collect();
-        for member in &members {
+        let members: Vec<RingAlways> = devices.iter().map(|d| open_on_ring(&d.0, cache)).collect();
+        for RingAlways(member) in &members {
             assert!(member.is_block_device());
             assert_eq!(member.logical_block_bytes(), 4096);
             assert_eq!(member.direct(), cache == CacheMode::Direct);

@@ -16,7 +16,8 @@
 
 use std::alloc::{alloc_zeroed, dealloc, handle_alloc_error, Layout};
 use std::cell::RefCell;
-use std::ops::{Deref, DerefMut};
+use std::io;
+use std::ops::{Deref, DerefMut, Range};
 use std::ptr::NonNull;
 
 /// The alignment of every `AlignedBuf`, in bytes.
@@ -139,6 +140,29 @@ pub(crate) fn give_bounce(buf: AlignedBuf) {
             pool.push(buf);
         }
     });
+}
+
+/// Does a synchronous I/O of `len_bytes` at `offset_bytes` through one of
+/// this thread's bounce buffers, in pieces of at most BOUNCE_BYTES_MAX:
+/// `io(staged, at, piece)` moves the bytes `piece` of the caller's memory
+/// between `staged` and the member at `at`. Stops at the first error.
+pub(crate) fn in_bounce_pieces(
+    len_bytes: usize,
+    offset_bytes: u64,
+    mut io: impl FnMut(&mut [u8], u64, Range<usize>) -> io::Result<()>,
+) -> io::Result<()> {
+    let mut bounce = take_bounce(len_bytes.min(BOUNCE_BYTES_MAX));
+    let mut result = Ok(());
+    for start in (0..len_bytes).step_by(BOUNCE_BYTES_MAX) {
+        let piece = start..len_bytes.min(start + BOUNCE_BYTES_MAX);
+        let at = offset_bytes + start as u64;
+        result = io(&mut bounce[..piece.len()], at, piece);
+        if result.is_err() {
+            break;
+        }
+    }
+    give_bounce(bounce);
+    result
 }
 
 #[cfg(test)]

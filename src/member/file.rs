@@ -10,8 +10,7 @@
 //! page cache, so memory that is not aligned is bounced through an aligned
 //! buffer instead of switching to buffered I/O.
 
-use super::aligned::BOUNCE_BYTES_MAX;
-use super::aligned::{give_bounce, is_aligned, take_bounce, AlignedBuf, ALIGN_BYTES};
+use super::aligned::{in_bounce_pieces, is_aligned, AlignedBuf, ALIGN_BYTES};
 use super::{check_io, io_error, Member, RawIo};
 use std::fs::File;
 use std::io;
@@ -176,44 +175,26 @@ impl FileMember {
     }
 
     /// Reads through bounce buffers when `buf` is not aligned as O_DIRECT
-    /// needs; a bounce buffer is at most BOUNCE_BYTES_MAX, so a large read
-    /// goes in pieces.
+    /// needs.
     fn read_exact_at(&self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()> {
         if is_aligned(buf.as_ptr(), self.memory_align_bytes) {
             return self.file.read_exact_at(buf, offset_bytes);
         }
-        let mut bounce = take_bounce(buf.len().min(BOUNCE_BYTES_MAX));
-        let mut result = Ok(());
-        for (i, piece) in buf.chunks_mut(BOUNCE_BYTES_MAX).enumerate() {
-            let staged = &mut bounce[..piece.len()];
-            let at = offset_bytes + (i * BOUNCE_BYTES_MAX) as u64;
-            result = self.file.read_exact_at(staged, at);
-            if result.is_err() {
-                break;
-            }
-            piece.copy_from_slice(staged);
-        }
-        give_bounce(bounce);
-        result
+        in_bounce_pieces(buf.len(), offset_bytes, |staged, at, piece| {
+            self.file.read_exact_at(staged, at)?;
+            buf[piece].copy_from_slice(staged);
+            Ok(())
+        })
     }
 
     fn write_all_at(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
         if is_aligned(buf.as_ptr(), self.memory_align_bytes) {
             return self.file.write_all_at(buf, offset_bytes);
         }
-        let mut bounce = take_bounce(buf.len().min(BOUNCE_BYTES_MAX));
-        let mut result = Ok(());
-        for (i, piece) in buf.chunks(BOUNCE_BYTES_MAX).enumerate() {
-            let staged = &mut bounce[..piece.len()];
-            staged.copy_from_slice(piece);
-            let at = offset_bytes + (i * BOUNCE_BYTES_MAX) as u64;
-            result = self.file.write_all_at(staged, at);
-            if result.is_err() {
-                break;
-            }
-        }
-        give_bounce(bounce);
-        result
+        in_bounce_pieces(buf.len(), offset_bytes, |staged, at, piece| {
+            staged.copy_from_slice(&buf[piece]);
+            self.file.write_all_at(staged, at)
+        })
     }
 }
 
@@ -234,7 +215,10 @@ fn lives_in_memory(file: &File) -> bool {
         let mut stat: libc::statfs = std::mem::zeroed();
         (libc::fstatfs(file.as_raw_fd(), &mut stat), stat)
     };
-    rc == 0 && stat.f_type as i64 == TMPFS_MAGIC
+    // f_type is i64 on x86-64 and narrower elsewhere.
+    #[allow(clippy::unnecessary_cast)]
+    let f_type = stat.f_type as i64;
+    rc == 0 && f_type == TMPFS_MAGIC
 }
 
 /// Sets or clears O_DIRECT on an open descriptor (Linux allows it with

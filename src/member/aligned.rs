@@ -104,9 +104,10 @@ pub(crate) fn is_aligned(ptr: *const u8, align_bytes: usize) -> bool {
 /// The largest bounce buffer a thread keeps for reuse; a synchronous I/O
 /// larger than this is bounced in pieces of this size.
 pub(crate) const BOUNCE_BYTES_MAX: usize = 1 << 20;
-/// How many bounce buffers a thread keeps for reuse. A batch may need more at
-/// once; those are freed after it. With `BOUNCE_BYTES_MAX` this bounds what an
-/// idle thread holds to 8 MiB.
+/// What a thread keeps for reuse, in bytes and in buffers. A batch may need
+/// more at once; the rest is freed after it. NBD serves with tens of worker
+/// threads, so an idle thread must hold little: 1 MiB at most.
+const BOUNCE_POOL_BYTES_MAX: usize = 1 << 20;
 const BOUNCE_POOL_MAX: usize = 8;
 
 thread_local! {
@@ -128,15 +129,13 @@ pub(crate) fn take_bounce(len: usize) -> AlignedBuf {
     pooled.unwrap_or_else(|| AlignedBuf::zeroed(len.next_multiple_of(ALIGN_BYTES)))
 }
 
-/// Returns a bounce buffer to this thread's pool, or frees it when the pool is
-/// full or the buffer is larger than the pool keeps.
+/// Returns a bounce buffer to this thread's pool, or frees it when the pool
+/// would go over its bounds.
 pub(crate) fn give_bounce(buf: AlignedBuf) {
-    if buf.len() > BOUNCE_BYTES_MAX {
-        return;
-    }
     BOUNCE_POOL.with(|pool| {
         let mut pool = pool.borrow_mut();
-        if pool.len() < BOUNCE_POOL_MAX {
+        let held_bytes: usize = pool.iter().map(|b| b.len()).sum();
+        if pool.len() < BOUNCE_POOL_MAX && held_bytes + buf.len() <= BOUNCE_POOL_BYTES_MAX {
             pool.push(buf);
         }
     });
@@ -205,10 +204,16 @@ mod tests {
             for buf in held {
                 give_bounce(buf);
             }
+            let pool_len = || BOUNCE_POOL.with(|pool| pool.borrow().len());
+            assert_eq!(pool_len(), BOUNCE_POOL_MAX, "at most this many are kept");
+            // Bytes bound the pool too: with 1 MiB held, not one page more.
+            BOUNCE_POOL.with(|pool| pool.borrow_mut().clear());
+            give_bounce(take_bounce(BOUNCE_BYTES_MAX));
+            give_bounce(take_bounce(4096));
+            assert_eq!(pool_len(), 1);
             BOUNCE_POOL.with(|pool| {
-                let pool = pool.borrow();
-                assert_eq!(pool.len(), BOUNCE_POOL_MAX);
-                assert!(pool.iter().all(|b| b.len() <= BOUNCE_BYTES_MAX));
+                let held_bytes: usize = pool.borrow().iter().map(|b| b.len()).sum();
+                assert_eq!(held_bytes, BOUNCE_POOL_BYTES_MAX);
             });
         })
         .join()

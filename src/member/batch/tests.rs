@@ -192,6 +192,10 @@ fn direct_io_is_used_where_the_file_system_has_it() {
         return;
     }
     let raw = member.raw_io().unwrap();
+    eprintln!(
+        "/tmp: O_DIRECT with {}-byte aligned memory",
+        raw.memory_align_bytes
+    );
     assert!(raw.memory_align_bytes.is_power_of_two());
     assert!(raw.memory_align_bytes <= crate::member::aligned::ALIGN_BYTES);
 }
@@ -469,6 +473,31 @@ fn a_ring_that_can_be_set_up_is_used() {
     })
     .join()
     .unwrap();
+}
+
+/// Run by `the_environment_forces_a_backend` in a child process, whose
+/// URAID_IO it reports: the variable is read once per process.
+#[test]
+#[ignore = "run in a child process by the_environment_forces_a_backend"]
+fn child_reports_its_backend() {
+    println!("backend={}", backend().name());
+}
+
+#[test]
+fn the_environment_forces_a_backend() {
+    for (value, expected) in [("sync", "backend=sync"), ("uring", "backend=io_uring")] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "--nocapture"])
+            .arg("member::batch::tests::child_reports_its_backend")
+            .env("URAID_IO", value)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains(expected),
+            "URAID_IO={value}: {stdout}"
+        );
+    }
 }
 
 #[test]

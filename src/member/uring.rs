@@ -18,10 +18,11 @@ use super::aligned::{give_bounce, is_aligned, take_bounce, AlignedBuf};
 use super::batch::{Buffer, IoOp};
 use super::{check_io, io_error};
 use io_uring::{opcode, squeue, types, IoUring, Probe};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io;
 use std::os::unix::io::RawFd;
+use std::panic::{self, AssertUnwindSafe};
 
 /// Submission queue entries of a thread's ring; the completion queue has
 /// twice as many, so it cannot overflow with at most this many in flight.
@@ -127,14 +128,20 @@ impl Ring {
             pending.push_back(i);
         }
 
-        let mut in_flight = 0u32;
+        // A panic here with ops in flight must not unwind into the caller,
+        // which would free memory the kernel is about to write: the guard
+        // aborts instead. A member's own panic (trait ops) is caught and
+        // resumed once nothing is in flight.
+        let in_flight = Cell::new(0u32);
+        let _guard = AbortIfInFlight(&in_flight);
+        let mut panicked = None;
         loop {
             // Queue what the bounds allow, oldest first; the rest waits.
             for _ in 0..pending.len() {
                 let i = pending.pop_front().expect("counted");
                 let slot = slots[i].as_ref().expect("pending ops have a slot");
                 let depth = &mut depths[slot.member].1;
-                if in_flight == limits.entries || *depth == limits.member_depth_max {
+                if in_flight.get() == limits.entries || *depth == limits.member_depth_max {
                     pending.push_back(i);
                     continue;
                 }
@@ -143,25 +150,34 @@ impl Ring {
                 // the op or the slot until the completion is reaped.
                 let pushed = unsafe { self.ring.submission().push(&sqe) };
                 pushed.expect("the submission queue has room: in flight <= entries");
-                in_flight += 1;
+                in_flight.set(in_flight.get() + 1);
                 *depth += 1;
             }
-            if in_flight == 0 && through_trait.is_empty() {
+            if in_flight.get() == 0 && through_trait.is_empty() {
                 assert!(pending.is_empty(), "nothing in flight and ops left");
                 break;
             }
-            if in_flight > 0 {
+            if in_flight.get() > 0 {
                 // Wait for a completion, unless there is trait work to do
                 // while the kernel works.
                 self.enter(usize::from(through_trait.is_empty()));
             }
             for i in through_trait.drain(..) {
-                results[i] = Some(ops[i].run_through_trait());
+                let op = &mut ops[i];
+                results[i] = Some(
+                    match panic::catch_unwind(AssertUnwindSafe(|| op.run_through_trait())) {
+                        Ok(result) => result,
+                        Err(payload) => {
+                            panicked.get_or_insert(payload);
+                            Err(io::Error::other("panicked"))
+                        }
+                    },
+                );
             }
             for cqe in self.ring.completion() {
                 let i = cqe.user_data() as usize;
                 let slot = slots[i].as_mut().expect("a completion for a queued op");
-                in_flight -= 1;
+                in_flight.set(in_flight.get() - 1);
                 depths[slot.member].1 -= 1;
                 match slot.advance(cqe.result()) {
                     Next::Again => pending.push_back(i),
@@ -180,6 +196,9 @@ impl Ring {
             if let Some(slot) = slot {
                 slot.finish(&mut ops[i], results[i].as_ref().is_some_and(|r| r.is_ok()));
             }
+        }
+        if let Some(payload) = panicked {
+            panic::resume_unwind(payload);
         }
         results
             .into_iter()
@@ -206,6 +225,20 @@ impl Ring {
                 }
                 _ => fatal(&error),
             }
+        }
+    }
+}
+
+struct AbortIfInFlight<'a>(&'a Cell<u32>);
+
+impl Drop for AbortIfInFlight<'_> {
+    fn drop(&mut self) {
+        if self.0.get() > 0 {
+            eprintln!(
+                "uraid: a panic with {} member I/Os in flight; aborting",
+                self.0.get()
+            );
+            std::process::abort();
         }
     }
 }

@@ -421,6 +421,47 @@ fn overlapping_writes_in_one_batch_are_refused() {
     run_with(Backend::Sync, &mut ops);
 }
 
+/// A member that panics on every read, as a bug in a wrapper would.
+struct Panics;
+
+impl Member for Panics {
+    fn name(&self) -> &str {
+        "panics"
+    }
+    fn size_bytes(&self) -> u64 {
+        MEMBER_BYTES
+    }
+    fn logical_block_bytes(&self) -> u32 {
+        512
+    }
+    fn read_at(&self, _: &mut [u8], _: u64) -> io::Result<()> {
+        panic!("member panicked")
+    }
+    fn write_at(&self, _: &[u8], _: u64) -> io::Result<()> {
+        panic!("member panicked")
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn discard(&self, _: u64, _: u64) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+#[should_panic(expected = "member panicked")]
+fn a_member_that_panics_mid_batch_unwinds_after_the_ring_is_drained() {
+    // The ring's op is in flight while the trait op panics; the panic must
+    // come out (not abort the process) and only once the kernel is done.
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let paths = member_files(dir.path(), 1, MEMBER_BYTES);
+    let file = open_on_ring(&paths[0], CacheMode::Direct);
+    let mut a = vec![0u8; 65536];
+    let mut b = vec![0u8; 4096];
+    let mut ops = vec![IoOp::read(&file, 0, &mut a), IoOp::read(&Panics, 0, &mut b)];
+    run_with(Backend::Uring, &mut ops);
+}
+
 #[test]
 fn a_ring_that_cannot_be_set_up_falls_back_for_good() {
     // A fresh thread: its ring does not exist yet, so the failing setup is

@@ -303,14 +303,23 @@ fn a_bad_op_fails_alone_with_the_member_and_offset_in_its_error() {
     }
 }
 
-/// A member whose descriptor is not open: a read of it must fail with EBADF,
-/// named. (-1 rather than a descriptor closed here: the number of a closed
-/// one can be reused at once by another test's thread.)
-struct BadDescriptor;
+/// Members that misbehave. `BadDescriptor` gives the ring a descriptor that
+/// is not open (-1 rather than one closed here: the number of a closed one
+/// can be reused at once by another test's thread); `Panics` panics on
+/// every I/O, as a bug in a wrapper would.
+enum Misbehaving {
+    BadDescriptor,
+    Panics,
+}
 
-impl Member for BadDescriptor {
+use Misbehaving::{BadDescriptor, Panics};
+
+impl Member for Misbehaving {
     fn name(&self) -> &str {
-        "bad-fd"
+        match self {
+            BadDescriptor => "bad-fd",
+            Panics => "panics",
+        }
     }
     fn size_bytes(&self) -> u64 {
         MEMBER_BYTES
@@ -319,10 +328,13 @@ impl Member for BadDescriptor {
         512
     }
     fn read_at(&self, _: &mut [u8], _: u64) -> io::Result<()> {
-        Err(io::Error::from_raw_os_error(libc::EBADF))
+        match self {
+            BadDescriptor => Err(io::Error::from_raw_os_error(libc::EBADF)),
+            Panics => panic!("member panicked"),
+        }
     }
     fn write_at(&self, _: &[u8], _: u64) -> io::Result<()> {
-        unreachable!("the tests only read it")
+        unreachable!("the tests only read them")
     }
     fn flush(&self) -> io::Result<()> {
         Ok(())
@@ -331,10 +343,13 @@ impl Member for BadDescriptor {
         Ok(())
     }
     fn raw_io(&self) -> Option<RawIo> {
-        Some(RawIo {
-            fd: -1,
-            memory_align_bytes: 1,
-        })
+        match self {
+            BadDescriptor => Some(RawIo {
+                fd: -1,
+                memory_align_bytes: 1,
+            }),
+            Panics => None,
+        }
     }
 }
 
@@ -419,33 +434,6 @@ fn overlapping_writes_in_one_batch_are_refused() {
         IoOp::read(&member, 2048, &mut b),
     ];
     run_with(Backend::Sync, &mut ops);
-}
-
-/// A member that panics on every read, as a bug in a wrapper would.
-struct Panics;
-
-impl Member for Panics {
-    fn name(&self) -> &str {
-        "panics"
-    }
-    fn size_bytes(&self) -> u64 {
-        MEMBER_BYTES
-    }
-    fn logical_block_bytes(&self) -> u32 {
-        512
-    }
-    fn read_at(&self, _: &mut [u8], _: u64) -> io::Result<()> {
-        panic!("member panicked")
-    }
-    fn write_at(&self, _: &[u8], _: u64) -> io::Result<()> {
-        panic!("member panicked")
-    }
-    fn flush(&self) -> io::Result<()> {
-        Ok(())
-    }
-    fn discard(&self, _: u64, _: u64) -> io::Result<()> {
-        Ok(())
-    }
 }
 
 #[test]

@@ -7,21 +7,27 @@
 //! backend checks that, because a misaligned request that happens to work on a
 //! file would fail on a 4Kn disk.
 
+pub mod aligned;
+pub mod batch;
 mod fault;
 mod file;
 mod memory;
 pub mod probe;
 mod throttle;
+mod uring;
 
+pub use aligned::AlignedBuf;
+pub use batch::{Backend, IoOp};
 pub use fault::{
     injected_errno, BadRange, Crash, CrashReport, EioRate, Fault, FaultCounters, FaultPlan,
     FaultyMember, Heal, InjectedError, Latency, Offline, OfflineUntil, Ops, Torn, WriteCache,
 };
-pub use file::{FileMember, OpenOptions};
+pub use file::{CacheMode, FileMember, OpenOptions, RingAlways};
 pub use memory::MemoryMember;
 pub use throttle::{ThrottleLimits, ThrottleStats, ThrottledMember};
 
 use std::io;
+use std::os::unix::io::RawFd;
 use std::sync::Arc;
 
 pub trait Member: Send + Sync {
@@ -40,6 +46,15 @@ pub trait Member: Send + Sync {
     /// Tells the member a range is unused (a hint; contents become unspecified).
     fn discard(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()>;
 
+    /// The descriptor through which `batch` may do this member's reads and
+    /// writes itself (io_uring), bypassing `read_at`/`write_at`. Only a member
+    /// whose I/O is nothing but positional reads and writes on one descriptor
+    /// may return one; wrappers that add behaviour (faults, throttling) must
+    /// not, or batched I/O would go around them.
+    fn raw_io(&self) -> Option<RawIo> {
+        None
+    }
+
     /// Sectors of 512 bytes, the unit md counts in.
     fn size_sectors(&self) -> u64 {
         self.size_bytes() / crate::units::SECTOR_BYTES
@@ -47,6 +62,16 @@ pub trait Member: Send + Sync {
 }
 
 pub type MemberRef = Arc<dyn Member>;
+
+/// What `batch` needs to do a member's I/O on its descriptor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawIo {
+    /// Open for as long as the member lives.
+    pub fd: RawFd,
+    /// The alignment the I/O's memory must have (a power of two, at most
+    /// `aligned::ALIGN_BYTES`); 1 when any address will do.
+    pub memory_align_bytes: usize,
+}
 
 /// Checks that an I/O is aligned to the member's logical block and inside it.
 pub(crate) fn check_io(member: &dyn Member, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
@@ -74,4 +99,19 @@ pub(crate) fn check_io(member: &dyn Member, offset_bytes: u64, len_bytes: u64) -
         ));
     }
     Ok(())
+}
+
+/// An I/O error that names the member, the operation and where it was, so
+/// that a log line alone says which disk failed where.
+pub(crate) fn io_error(
+    member_name: &str,
+    what: &str,
+    offset_bytes: u64,
+    len_bytes: usize,
+    source: io::Error,
+) -> io::Error {
+    io::Error::new(
+        source.kind(),
+        format!("{member_name}: {what} at {offset_bytes}+{len_bytes}: {source}"),
+    )
 }

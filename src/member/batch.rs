@@ -1,0 +1,276 @@
+//! Batched member I/O: reads and writes on several members that may run at
+//! the same time, so that a stripe on 8 members costs about one member's
+//! latency instead of eight.
+//!
+//! `run` takes a set of `IoOp`s and returns one result per op, in the same
+//! order. Ops on members that expose a descriptor (`Member::raw_io`: files
+//! and block devices) go through this thread's io_uring, all submitted
+//! together, at most `uring::MEMBER_DEPTH_MAX` in flight per member; ops on
+//! other members (memory, the fault injector, the throttle) go through the
+//! `Member` trait one after another while the ring works, so that wrappers
+//! keep their behaviour. Where io_uring cannot be set up (no kernel support,
+//! seccomp, containers, `kernel.io_uring_disabled`) the whole process falls
+//! back to the trait (pread/pwrite) the first time, with one line in the log.
+//! `URAID_IO=uring` or `URAID_IO=sync` forces a backend, for tests and
+//! benchmarks; with `uring` forced and unavailable, every op fails.
+//!
+//! The ops of one batch may complete in any order: two ops on one member must
+//! not overlap unless both are reads (asserted). An op that fails does not
+//! stop the others; its error names the member, the operation and where.
+//! Memory need not be aligned, but `AlignedBuf`s save a copy on O_DIRECT
+//! members.
+//!
+//! ```
+//! use uraid::member::{batch, AlignedBuf, IoOp, Member, MemberRef, MemoryMember};
+//! use std::sync::Arc;
+//!
+//! let members: Vec<MemberRef> = (0..4)
+//!     .map(|i| Arc::new(MemoryMember::new(&format!("m{i}"), 1 << 20, 512)) as MemberRef)
+//!     .collect();
+//! // Write one 64 KiB strip to each member at the same offset...
+//! let strips: Vec<AlignedBuf> = (0..4u8).map(|i| AlignedBuf::copy_from(&[i; 65536])).collect();
+//! let mut ops: Vec<IoOp> = members
+//!     .iter()
+//!     .zip(&strips)
+//!     .map(|(m, strip)| IoOp::write(m.as_ref(), 4096, strip))
+//!     .collect();
+//! for result in batch::run(&mut ops) {
+//!     result.expect("write");
+//! }
+//! // ...and read them back, in one batch too.
+//! let mut back: Vec<AlignedBuf> = (0..4).map(|_| AlignedBuf::zeroed(65536)).collect();
+//! let mut ops: Vec<IoOp> = members
+//!     .iter()
+//!     .zip(back.iter_mut())
+//!     .map(|(m, buf)| IoOp::read(m.as_ref(), 4096, buf))
+//!     .collect();
+//! assert!(batch::run(&mut ops).iter().all(|r| r.is_ok()));
+//! assert!(back.iter().zip(&strips).all(|(b, s)| b[..] == s[..]));
+//! ```
+
+use super::{uring, Member};
+use std::io;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
+
+/// The memory of one op: filled by a read, sent by a write.
+pub enum Buffer<'a> {
+    Read(&'a mut [u8]),
+    Write(&'a [u8]),
+}
+
+/// One read or write of a member, at a byte offset that is a multiple of
+/// the member's logical block, of a whole number of blocks.
+pub struct IoOp<'a> {
+    pub member: &'a dyn Member,
+    pub offset_bytes: u64,
+    pub buffer: Buffer<'a>,
+}
+
+impl<'a> IoOp<'a> {
+    pub fn read(member: &'a dyn Member, offset_bytes: u64, buf: &'a mut [u8]) -> IoOp<'a> {
+        IoOp {
+            member,
+            offset_bytes,
+            buffer: Buffer::Read(buf),
+        }
+    }
+
+    pub fn write(member: &'a dyn Member, offset_bytes: u64, buf: &'a [u8]) -> IoOp<'a> {
+        IoOp {
+            member,
+            offset_bytes,
+            buffer: Buffer::Write(buf),
+        }
+    }
+
+    pub fn len_bytes(&self) -> usize {
+        match &self.buffer {
+            Buffer::Read(buf) => buf.len(),
+            Buffer::Write(buf) => buf.len(),
+        }
+    }
+
+    pub fn is_write(&self) -> bool {
+        matches!(self.buffer, Buffer::Write(_))
+    }
+
+    /// Does the op through the `Member` trait, synchronously.
+    pub(super) fn run_through_trait(&mut self) -> io::Result<()> {
+        match &mut self.buffer {
+            Buffer::Read(buf) => self.member.read_at(buf, self.offset_bytes),
+            Buffer::Write(buf) => self.member.write_at(buf, self.offset_bytes),
+        }
+    }
+}
+
+/// How batched I/O reaches the members.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// This thread's io_uring, for members with a descriptor.
+    Uring,
+    /// One op after another through the `Member` trait (pread/pwrite).
+    Sync,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Uring => "io_uring",
+            Backend::Sync => "sync",
+        }
+    }
+}
+
+/// Runs every op and returns their results in order; see the module doc.
+pub fn run(ops: &mut [IoOp]) -> Vec<io::Result<()>> {
+    match forced_backend() {
+        Some(backend) => run_with(backend, ops),
+        None => PROCESS.run(ops, &uring::Ring::new),
+    }
+}
+
+/// Runs every op with the given backend, whatever the process chose. With
+/// `Backend::Uring` and no io_uring, every op fails.
+pub fn run_with(backend: Backend, ops: &mut [IoOp]) -> Vec<io::Result<()>> {
+    assert_disjoint(ops);
+    match backend {
+        Backend::Sync => run_sync(ops),
+        Backend::Uring => match uring::run(ops, &uring::Ring::new) {
+            Ok(results) => results,
+            Err(e) => ops
+                .iter()
+                .map(|op| {
+                    Err(io::Error::new(
+                        e.kind(),
+                        format!("{}: io_uring is unavailable: {e}", op.member.name()),
+                    ))
+                })
+                .collect(),
+        },
+    }
+}
+
+/// The backend `run` uses from now on. When nothing has decided it yet, this
+/// sets up the calling thread's ring to find out (so that a server can say
+/// which one it uses when it starts).
+pub fn backend() -> Backend {
+    if let Some(backend) = forced_backend() {
+        return backend;
+    }
+    PROCESS.run(&mut [], &uring::Ring::new);
+    PROCESS.current()
+}
+
+fn run_sync(ops: &mut [IoOp]) -> Vec<io::Result<()>> {
+    ops.iter_mut().map(IoOp::run_through_trait).collect()
+}
+
+/// Two ops of one batch on one member may run in either order, so they
+/// must not overlap unless both only read. Checking costs n² comparisons of
+/// a few integers, nothing next to one system call for batches of stripe
+/// size.
+fn assert_disjoint(ops: &[IoOp]) {
+    for (i, a) in ops.iter().enumerate() {
+        for b in &ops[i + 1..] {
+            if !std::ptr::addr_eq(a.member, b.member) || !(a.is_write() || b.is_write()) {
+                continue;
+            }
+            let a_end = a.offset_bytes + a.len_bytes() as u64;
+            let b_end = b.offset_bytes + b.len_bytes() as u64;
+            assert!(
+                a_end <= b.offset_bytes || b_end <= a.offset_bytes,
+                "{}: ops at {}+{} and {}+{} of one batch overlap and one writes",
+                a.member.name(),
+                a.offset_bytes,
+                a.len_bytes(),
+                b.offset_bytes,
+                b.len_bytes()
+            );
+        }
+    }
+}
+
+const UNDECIDED: u8 = 0;
+const URING: u8 = 1;
+const SYNC: u8 = 2;
+
+/// The process's choice of backend: undecided until a ring is set up or
+/// fails to be. A failure is final: the reasons (ENOSYS, EPERM from seccomp
+/// or the sysctl) do not go away while the process runs.
+pub(super) struct Selector {
+    state: AtomicU8,
+}
+
+static PROCESS: Selector = Selector::new();
+
+impl Selector {
+    pub(super) const fn new() -> Selector {
+        Selector {
+            state: AtomicU8::new(UNDECIDED),
+        }
+    }
+
+    pub(super) fn current(&self) -> Backend {
+        match self.state.load(Ordering::Relaxed) {
+            SYNC => Backend::Sync,
+            _ => Backend::Uring,
+        }
+    }
+
+    /// Runs the ops on this thread's ring (made with `make_ring` if the
+    /// thread has none), or through the trait once the ring has failed.
+    pub(super) fn run(
+        &self,
+        ops: &mut [IoOp],
+        make_ring: &dyn Fn() -> io::Result<uring::Ring>,
+    ) -> Vec<io::Result<()>> {
+        assert_disjoint(ops);
+        if self.state.load(Ordering::Relaxed) == SYNC {
+            return run_sync(ops);
+        }
+        match uring::run(ops, make_ring) {
+            Ok(results) => {
+                let _ = self.state.compare_exchange(
+                    UNDECIDED,
+                    URING,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+                results
+            }
+            // No op has been started: the setup failed before any.
+            Err(e) => {
+                if self.state.swap(SYNC, Ordering::Relaxed) != SYNC {
+                    eprintln!("uraid: io_uring is unavailable ({e}); member I/O uses pread/pwrite");
+                }
+                run_sync(ops)
+            }
+        }
+    }
+}
+
+/// URAID_IO, read once: `uring`, `sync`, or unset/empty for the automatic
+/// choice. Another value is reported once and ignored.
+fn forced_backend() -> Option<Backend> {
+    static FORCED: OnceLock<Option<Backend>> = OnceLock::new();
+    *FORCED.get_or_init(|| {
+        let value = std::env::var("URAID_IO").unwrap_or_default();
+        parse_backend(&value).unwrap_or_else(|why| {
+            eprintln!("uraid: {why}; choosing the I/O backend automatically");
+            None
+        })
+    })
+}
+
+fn parse_backend(value: &str) -> Result<Option<Backend>, String> {
+    match value {
+        "" => Ok(None),
+        "uring" | "io_uring" => Ok(Some(Backend::Uring)),
+        "sync" => Ok(Some(Backend::Sync)),
+        other => Err(format!("URAID_IO={other:?} is not uring or sync")),
+    }
+}
+
+#[cfg(test)]
+mod tests;

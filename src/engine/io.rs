@@ -12,7 +12,7 @@ use super::cache::{Batch, Offer, StripeCache};
 use super::members::{member_error, member_of, MemberTable};
 use super::Engine;
 use crate::geometry::{Place, StripeMap};
-use crate::member::MemberRef;
+use crate::member::{batch, IoOp, MemberRef};
 use crate::parity;
 use crate::units::SECTOR_BYTES;
 use std::io;
@@ -323,6 +323,121 @@ impl View<'_> {
         (entry.slot.member.clone(), at)
     }
 
+    /// Reads several places at once (one io_uring batch where the members
+    /// allow it: a stripe costs one member's latency, not one per member).
+    /// A failed read is retried once alone; a failure is tagged with the
+    /// member's role so that the piece can correct it from redundancy.
+    pub(super) fn read_places(&self, reads: &mut [(&Place, usize, &mut [u8])]) -> io::Result<()> {
+        if reads.len() == 1 {
+            let (place, at, buf) = &mut reads[0];
+            return self.read_place(place, *at, buf);
+        }
+        let max = self.engine.max_member_io();
+        let targets: Vec<(MemberRef, u64)> = reads
+            .iter()
+            .map(|(place, at, _)| self.offset_of(place, *at))
+            .collect();
+        let mut ops = Vec::new();
+        let mut owner = Vec::new();
+        for (k, ((_, _, buf), (member, at))) in reads.iter_mut().zip(&targets).enumerate() {
+            for (i, part) in buf.chunks_mut(max).enumerate() {
+                ops.push(IoOp::read(member.as_ref(), at + (i * max) as u64, part));
+                owner.push(k);
+            }
+        }
+        let results = batch::run(&mut ops);
+        drop(ops);
+        let failed: Vec<usize> = owner
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_err())
+            .map(|(k, _)| *k)
+            .collect();
+        for k in failed.into_iter().fold(Vec::new(), |mut v, k| {
+            if !v.contains(&k) {
+                v.push(k);
+            }
+            v
+        }) {
+            let (place, at, buf) = &mut reads[k];
+            self.read_place(place, *at, buf)?;
+        }
+        Ok(())
+    }
+
+    /// Writes several places at once, with write_place's rules: a member
+    /// that fails is failed and the rest goes on, a replacement under
+    /// construction gets its copy, and only an array that can no longer
+    /// serve makes it an error.
+    pub(super) fn write_places(&self, writes: &[(&Place, usize, &[u8])]) -> io::Result<()> {
+        if writes.len() == 1 {
+            let (place, at, buf) = writes[0];
+            return self.write_place(place, at, buf);
+        }
+        let max = self.engine.max_member_io();
+        // (role, replacement?) of each op.
+        let mut targets: Vec<(usize, bool, MemberRef, u64, &[u8])> = Vec::new();
+        for &(place, at, buf) in writes {
+            let (member, offset) = self.offset_of(place, at);
+            if let Some((replacement, r_offset)) = self.replacement_target(place, offset) {
+                targets.push((place.member, true, replacement, r_offset, buf));
+            }
+            targets.push((place.member, false, member, offset, buf));
+        }
+        let mut ops = Vec::new();
+        let mut owner = Vec::new();
+        for (k, (_, _, member, at, buf)) in targets.iter().enumerate() {
+            for (i, part) in buf.chunks(max).enumerate() {
+                ops.push(IoOp::write(member.as_ref(), at + (i * max) as u64, part));
+                owner.push(k);
+            }
+        }
+        let results = batch::run(&mut ops);
+        drop(ops);
+        let mut first_error: Vec<Option<io::Error>> = (0..targets.len()).map(|_| None).collect();
+        for (k, result) in owner.into_iter().zip(results) {
+            if let Err(e) = result {
+                first_error[k].get_or_insert(e);
+            }
+        }
+        for ((role, replacement, ..), error) in targets.iter().zip(first_error) {
+            let Some(source) = error else { continue };
+            if *replacement {
+                self.engine
+                    .abandon_replacement(*role, "write error on the replacement");
+            } else {
+                self.engine
+                    .fail_member(*role, &format!("write error: {source}"));
+                if !self.engine.runnable() {
+                    return Err(io::Error::other(format!(
+                        "array failed: member {role} lost on write ({source})"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Where a write to `place` at member byte `offset` also goes: the
+    /// replacement under construction, where its copy is done.
+    fn replacement_target(&self, place: &Place, offset: u64) -> Option<(MemberRef, u64)> {
+        let replacement = self.table.replacing[place.member].as_ref()?;
+        let copied = replacement
+            .rebuilt_below
+            .as_ref()
+            .is_none_or(|b| self.stripe < b.load(std::sync::atomic::Ordering::SeqCst));
+        let base = self
+            .table
+            .entry(place.member)
+            .map_or(0, |e| e.slot.data_offset_bytes);
+        copied.then(|| {
+            (
+                replacement.slot.member.clone(),
+                offset - base + replacement.slot.data_offset_bytes,
+            )
+        })
+    }
+
     /// Reads from a member; a failure is tagged with the member's role so
     /// that the piece can correct it from redundancy.
     pub(super) fn read_place(
@@ -357,25 +472,8 @@ impl View<'_> {
         let (member, at) = self.offset_of(place, offset_in_strip);
         // A replacement under construction gets the write too where its copy
         // is done; it must not fall behind. A failing replacement is dropped.
-        if let Some(replacement) = self.table.replacing[place.member].as_ref() {
-            let copied = replacement
-                .rebuilt_below
-                .as_ref()
-                .is_none_or(|b| self.stripe < b.load(std::sync::atomic::Ordering::SeqCst));
-            if copied
-                && replacement
-                    .slot
-                    .member
-                    .write_at(
-                        buf,
-                        at - self
-                            .table
-                            .entry(place.member)
-                            .map_or(0, |e| e.slot.data_offset_bytes)
-                            + replacement.slot.data_offset_bytes,
-                    )
-                    .is_err()
-            {
+        if let Some((replacement, r_at)) = self.replacement_target(place, at) {
+            if replacement.write_at(buf, r_at).is_err() {
                 self.engine
                     .abandon_replacement(place.member, "write error on the replacement");
             }
@@ -406,19 +504,29 @@ impl View<'_> {
     fn read_piece(&self, piece: &Piece, in_stripe: usize, out: &mut [u8]) -> io::Result<()> {
         let strip_bytes = piece.strip_bytes();
         let mut missing = Vec::new();
+        let mut reads = Vec::new();
+        let mut rest: &mut [u8] = out;
+        let mut consumed = 0;
         for (i, r) in piece.ranges.iter().enumerate() {
             if r.is_empty() {
                 continue;
             }
-            let dst = &mut out[i * strip_bytes + r.start - in_stripe..][..r.len()];
+            // The strips' ranges lie in order in `out`; split it as we go.
+            let start = i * strip_bytes + r.start - in_stripe;
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - consumed);
+            let (dst, tail) = tail.split_at_mut(r.len());
+            rest = tail;
+            consumed = start + r.len();
             match self
                 .engine
                 .pick_copy(&piece.map.data[i].copies, |c| self.present(c))
             {
-                Some(copy) => self.read_place(copy, r.start, dst)?,
+                Some(copy) => reads.push((copy, r.start, dst)),
                 None => missing.push(i),
             }
         }
+        self.read_places(&mut reads)?;
+        drop(reads);
         if missing.is_empty() {
             return Ok(());
         }
@@ -450,7 +558,8 @@ impl View<'_> {
     ) -> io::Result<Vec<Vec<u8>>> {
         let len = window.len();
         let mut strips = vec![vec![0u8; len]; map.data.len()];
-        for (i, strip) in map.data.iter().enumerate() {
+        let mut reads = Vec::new();
+        for (i, (strip, buf)) in map.data.iter().zip(strips.iter_mut()).enumerate() {
             if lost.contains(&i) {
                 continue;
             }
@@ -459,8 +568,10 @@ impl View<'_> {
                 .iter()
                 .find(|c| self.present(c))
                 .ok_or_else(|| lost_error(map, "more data strips lost than expected"))?;
-            self.read_place(copy, window.start, &mut strips[i])?;
+            reads.push((copy, window.start, buf.as_mut_slice()));
         }
+        self.read_places(&mut reads)?;
+        drop(reads);
         self.reconstruct(map, window, &mut strips, lost)?;
         Ok(strips)
     }
@@ -476,18 +587,22 @@ impl View<'_> {
         if lost.is_empty() {
             return Ok(());
         }
-        let read_parity = |place: &Option<Place>| -> io::Result<Option<Vec<u8>>> {
-            match place {
-                Some(p) if self.present(p) => {
-                    let mut buf = vec![0u8; window.len()];
-                    self.read_place(p, window.start, &mut buf)?;
-                    Ok(Some(buf))
-                }
-                _ => Ok(None),
-            }
+        let wanted = |place: &Option<Place>| {
+            place
+                .filter(|p| self.present(p))
+                .map(|p| (p, vec![0u8; window.len()]))
         };
-        let p = read_parity(&map.p)?;
-        let q = read_parity(&map.q)?;
+        let (mut p, mut q) = (wanted(&map.p), wanted(&map.q));
+        {
+            let mut reads: Vec<(&Place, usize, &mut [u8])> = [p.as_mut(), q.as_mut()]
+                .into_iter()
+                .flatten()
+                .map(|(place, buf)| (&*place, window.start, buf.as_mut_slice()))
+                .collect();
+            self.read_places(&mut reads)?;
+        }
+        let p = p.map(|(_, buf)| buf);
+        let q = q.map(|(_, buf)| buf);
         let present: Vec<usize> = (0..map.data.len()).filter(|i| !lost.contains(i)).collect();
         let present_exps: Vec<u8> = present.iter().map(|&i| map.data[i].q_exponent).collect();
         let mut outputs: Vec<Vec<u8>> = lost.iter().map(|_| vec![0u8; window.len()]).collect();
@@ -530,6 +645,7 @@ impl View<'_> {
         let map = &piece.map;
         if map.p.is_none() {
             // Mirrors and stripes without parity: every present copy.
+            let mut writes = Vec::new();
             for i in (0..map.data.len()).filter(|i| piece.touched(*i)) {
                 let copies: Vec<&Place> = map.data[i]
                     .copies
@@ -540,10 +656,10 @@ impl View<'_> {
                     return Err(lost_error(map, "every copy of the data is lost"));
                 }
                 for copy in copies {
-                    self.write_place(copy, piece.ranges[i].start, piece.new_bytes(i))?;
+                    writes.push((copy, piece.ranges[i].start, piece.new_bytes(i)));
                 }
             }
-            return Ok(());
+            return self.write_places(&writes);
         }
         let parity_present: Vec<Place> = [map.p, map.q]
             .into_iter()
@@ -598,46 +714,66 @@ impl View<'_> {
     fn read_modify_write(&self, piece: &Piece, touched: &[usize]) -> io::Result<()> {
         let map = &piece.map;
         let window = piece.window.clone();
-        let read_parity = |place: Option<Place>| -> io::Result<Option<(Place, Vec<u8>)>> {
-            match place.filter(|p| self.present(p)) {
-                None => Ok(None),
-                Some(p) => {
-                    let mut buf = vec![0u8; window.len()];
-                    self.read_place(&p, window.start, &mut buf)?;
-                    Ok(Some((p, buf)))
-                }
-            }
+        let wanted = |place: Option<Place>| {
+            place
+                .filter(|p| self.present(p))
+                .map(|p| (p, vec![0u8; window.len()]))
         };
-        let mut p = read_parity(map.p)?;
-        let mut q = read_parity(map.q)?;
-        let mut delta = Vec::new();
-        for &i in touched {
+        let (mut p, mut q) = (wanted(map.p), wanted(map.q));
+        // Old data of every touched strip and old parity, in one batch.
+        let mut old: Vec<Vec<u8>> = touched
+            .iter()
+            .map(|&i| vec![0u8; piece.ranges[i].len()])
+            .collect();
+        {
+            let mut reads: Vec<(&Place, usize, &mut [u8])> = touched
+                .iter()
+                .zip(old.iter_mut())
+                .map(|(&i, buf)| {
+                    (
+                        &map.data[i].copies[0],
+                        piece.ranges[i].start,
+                        buf.as_mut_slice(),
+                    )
+                })
+                .collect();
+            reads.extend(
+                [p.as_mut(), q.as_mut()]
+                    .into_iter()
+                    .flatten()
+                    .map(|(place, buf)| (&*place, window.start, buf.as_mut_slice())),
+            );
+            self.read_places(&mut reads)?;
+        }
+        for (&i, delta) in touched.iter().zip(old.iter_mut()) {
             let r = piece.ranges[i].clone();
-            delta.resize(r.len(), 0);
-            self.read_place(&map.data[i].copies[0], r.start, &mut delta)?;
-            self.engine
-                .syndrome
-                .xor_into(&mut delta, piece.new_bytes(i));
+            self.engine.syndrome.xor_into(delta, piece.new_bytes(i));
             let at = r.start - window.start..r.end - window.start;
             if let Some((_, p)) = p.as_mut() {
-                self.engine.syndrome.xor_into(&mut p[at.clone()], &delta);
+                self.engine.syndrome.xor_into(&mut p[at.clone()], delta);
             }
             if let Some((_, q)) = q.as_mut() {
                 let coef = parity::gf::pow2(map.data[i].q_exponent);
-                self.engine.syndrome.mul_acc(&mut q[at], &delta, coef);
+                self.engine.syndrome.mul_acc(&mut q[at], delta, coef);
             }
         }
-        for &i in touched {
-            self.write_place(
-                &map.data[i].copies[0],
-                piece.ranges[i].start,
-                piece.new_bytes(i),
-            )?;
-        }
-        for (place, buf) in [p, q].into_iter().flatten() {
-            self.write_place(&place, window.start, &buf)?;
-        }
-        Ok(())
+        let mut writes: Vec<(&Place, usize, &[u8])> = touched
+            .iter()
+            .map(|&i| {
+                (
+                    &map.data[i].copies[0],
+                    piece.ranges[i].start,
+                    piece.new_bytes(i),
+                )
+            })
+            .collect();
+        writes.extend(
+            [p.as_ref(), q.as_ref()]
+                .into_iter()
+                .flatten()
+                .map(|(place, buf)| (place, window.start, buf.as_slice())),
+        );
+        self.write_places(&writes)
     }
 
     /// Parity recomputed from all data in the window: reads the strips the
@@ -660,13 +796,17 @@ impl View<'_> {
             Vec::new()
         };
         let mut strips = vec![vec![0u8; window.len()]; map.data.len()];
-        for i in 0..map.data.len() {
-            // Rebuilding a lost strip needs the old data of every other strip;
-            // otherwise the strips the request covers need not be read.
-            let needed = !need_rebuild.is_empty() || !piece.covers_window(i);
-            if needed && !lost.contains(&i) {
-                self.read_place(&map.data[i].copies[0], window.start, &mut strips[i])?;
+        {
+            let mut reads = Vec::new();
+            for (i, buf) in strips.iter_mut().enumerate() {
+                // Rebuilding a lost strip needs the old data of every other
+                // strip; otherwise the strips the request covers need not be read.
+                let needed = !need_rebuild.is_empty() || !piece.covers_window(i);
+                if needed && !lost.contains(&i) {
+                    reads.push((&map.data[i].copies[0], window.start, buf.as_mut_slice()));
+                }
             }
+            self.read_places(&mut reads)?;
         }
         self.reconstruct(map, window.clone(), &mut strips, &need_rebuild)?;
         for &i in touched {
@@ -684,22 +824,25 @@ impl View<'_> {
                 self.engine.syndrome.gen_pq(&views, &exps, &mut p, &mut q);
             }
         }
-        for &i in touched {
-            if !lost.contains(&i) {
-                self.write_place(
+        let mut writes: Vec<(&Place, usize, &[u8])> = touched
+            .iter()
+            .filter(|i| !lost.contains(i))
+            .map(|&i| {
+                (
                     &map.data[i].copies[0],
                     piece.ranges[i].start,
                     piece.new_bytes(i),
-                )?;
-            }
+                )
+            })
+            .collect();
+        let (p_place, q_place) = (map.p.filter(|p| self.present(p)), map.q.filter(|q| self.present(q)));
+        if let Some(place) = p_place.as_ref() {
+            writes.push((place, window.start, &p));
         }
-        if let Some(place) = map.p.filter(|p| self.present(p)) {
-            self.write_place(&place, window.start, &p)?;
+        if let Some(place) = q_place.as_ref() {
+            writes.push((place, window.start, &q));
         }
-        if let Some(place) = map.q.filter(|q| self.present(q)) {
-            self.write_place(&place, window.start, &q)?;
-        }
-        Ok(())
+        self.write_places(&writes)
     }
 }
 

@@ -12,7 +12,7 @@ use super::cache::{Batch, Offer, StripeCache};
 use super::members::{member_error, member_of, MemberTable};
 use super::Engine;
 use crate::geometry::{Place, StripeMap};
-use crate::member::{batch, IoOp, MemberRef};
+use crate::member::{batch, AlignedBuf, IoOp, MemberRef};
 use crate::parity;
 use crate::units::SECTOR_BYTES;
 use std::io;
@@ -155,7 +155,7 @@ impl Engine {
         if !t.read_cache() && read_ahead == 0 {
             return self.read_bytes(offset, buf);
         }
-        let sequential = self.reads.read_arrives(offset, len);
+        let (_in_flight, sequential, alone) = self.reads.read_arrives(offset, len);
         // The fast path: a small random read goes to its member, no lookup.
         if t.fast_path() && !sequential && offset % strip + len as u64 <= strip {
             return self.read_bytes(offset, buf);
@@ -166,7 +166,15 @@ impl Engine {
         let capacity =
             t.stripe_cache_size() as usize * super::tuning::STRIPE_CACHE_PAGE * map.data.len();
         let generation = self.reads.generation();
-        let extra = if sequential { read_ahead } else { 0 };
+        // Read-ahead serves a client that reads a stream one request at a
+        // time (dd, a single-threaded reader); one that keeps reads in
+        // flight is its own read-ahead, and fetching more would read twice.
+        // Half the cache at most, so that what is fetched stays.
+        let extra = if sequential && alone {
+            read_ahead.min(capacity as u64 / 2)
+        } else {
+            0
+        };
         let total = (len as u64 + extra).min(self.size_bytes() - offset) as usize;
         if total == len {
             self.read_bytes(offset, buf)?;
@@ -568,7 +576,7 @@ impl View<'_> {
                 .iter()
                 .find(|c| self.present(c))
                 .ok_or_else(|| lost_error(map, "more data strips lost than expected"))?;
-            reads.push((copy, window.start, buf.as_mut_slice()));
+            reads.push((copy, window.start, &mut buf[..]));
         }
         self.read_places(&mut reads)?;
         drop(reads);
@@ -590,14 +598,14 @@ impl View<'_> {
         let wanted = |place: &Option<Place>| {
             place
                 .filter(|p| self.present(p))
-                .map(|p| (p, vec![0u8; window.len()]))
+                .map(|p| (p, AlignedBuf::zeroed(window.len())))
         };
         let (mut p, mut q) = (wanted(&map.p), wanted(&map.q));
         {
             let mut reads: Vec<(&Place, usize, &mut [u8])> = [p.as_mut(), q.as_mut()]
                 .into_iter()
                 .flatten()
-                .map(|(place, buf)| (&*place, window.start, buf.as_mut_slice()))
+                .map(|(place, buf)| (&*place, window.start, &mut buf[..]))
                 .collect();
             self.read_places(&mut reads)?;
         }
@@ -717,13 +725,13 @@ impl View<'_> {
         let wanted = |place: Option<Place>| {
             place
                 .filter(|p| self.present(p))
-                .map(|p| (p, vec![0u8; window.len()]))
+                .map(|p| (p, AlignedBuf::zeroed(window.len())))
         };
         let (mut p, mut q) = (wanted(map.p), wanted(map.q));
         // Old data of every touched strip and old parity, in one batch.
-        let mut old: Vec<Vec<u8>> = touched
+        let mut old: Vec<AlignedBuf> = touched
             .iter()
-            .map(|&i| vec![0u8; piece.ranges[i].len()])
+            .map(|&i| AlignedBuf::zeroed(piece.ranges[i].len()))
             .collect();
         {
             let mut reads: Vec<(&Place, usize, &mut [u8])> = touched
@@ -733,7 +741,7 @@ impl View<'_> {
                     (
                         &map.data[i].copies[0],
                         piece.ranges[i].start,
-                        buf.as_mut_slice(),
+                        &mut buf[..],
                     )
                 })
                 .collect();
@@ -741,7 +749,7 @@ impl View<'_> {
                 [p.as_mut(), q.as_mut()]
                     .into_iter()
                     .flatten()
-                    .map(|(place, buf)| (&*place, window.start, buf.as_mut_slice())),
+                    .map(|(place, buf)| (&*place, window.start, &mut buf[..])),
             );
             self.read_places(&mut reads)?;
         }
@@ -771,7 +779,7 @@ impl View<'_> {
             [p.as_ref(), q.as_ref()]
                 .into_iter()
                 .flatten()
-                .map(|(place, buf)| (place, window.start, buf.as_slice())),
+                .map(|(place, buf)| (place, window.start, &buf[..])),
         );
         self.write_places(&writes)
     }
@@ -803,7 +811,7 @@ impl View<'_> {
                 // strip; otherwise the strips the request covers need not be read.
                 let needed = !need_rebuild.is_empty() || !piece.covers_window(i);
                 if needed && !lost.contains(&i) {
-                    reads.push((&map.data[i].copies[0], window.start, buf.as_mut_slice()));
+                    reads.push((&map.data[i].copies[0], window.start, &mut buf[..]));
                 }
             }
             self.read_places(&mut reads)?;
@@ -815,8 +823,8 @@ impl View<'_> {
                 .copy_from_slice(piece.new_bytes(i));
         }
         let views: Vec<&[u8]> = strips.iter().map(Vec::as_slice).collect();
-        let mut p = vec![0u8; window.len()];
-        let mut q = vec![0u8; window.len()];
+        let mut p = AlignedBuf::zeroed(window.len());
+        let mut q = AlignedBuf::zeroed(window.len());
         match map.q {
             None => self.engine.syndrome.gen_p(&views, &mut p),
             Some(_) => {

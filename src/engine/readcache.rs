@@ -20,8 +20,17 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
+
+/// Counts a read in flight for as long as it lives.
+pub(super) struct ReadInFlight<'a>(&'a ReadCache);
+
+impl Drop for ReadInFlight<'_> {
+    fn drop(&mut self) {
+        self.0.reads_in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 /// Recent read ends remembered to tell sequential reads.
 const RECENT: usize = 16;
@@ -44,6 +53,11 @@ pub(super) struct ReadCache {
     generation: AtomicU64,
     recent_ends: [AtomicU64; RECENT],
     recent_next: AtomicU64,
+    /// Reads inside the engine now: read-ahead pays only for a client that
+    /// does not keep several reads in flight itself.
+    reads_in_flight: AtomicUsize,
+    /// Extents held (checked without the lock on every write).
+    count: AtomicUsize,
     pub(super) hits: AtomicU64,
     pub(super) misses: AtomicU64,
 }
@@ -55,13 +69,21 @@ impl ReadCache {
             generation: AtomicU64::new(0),
             recent_ends: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
             recent_next: AtomicU64::new(0),
+            reads_in_flight: AtomicUsize::new(0),
+            count: AtomicUsize::new(0),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
         }
     }
 
-    /// Notes a read; says whether it continues a recent one.
-    pub(super) fn read_arrives(&self, offset: u64, len: usize) -> bool {
+    /// Notes a read; says whether it continues a recent one and whether it
+    /// is alone (no other read in flight), for as long as the guard lives.
+    pub(super) fn read_arrives(&self, offset: u64, len: usize) -> (ReadInFlight<'_>, bool, bool) {
+        let alone = self.reads_in_flight.fetch_add(1, Ordering::SeqCst) == 0;
+        (ReadInFlight(self), self.continues(offset, len), alone)
+    }
+
+    fn continues(&self, offset: u64, len: usize) -> bool {
         let reach = 8 * len as u64;
         let sequential = self.recent_ends.iter().any(|e| {
             let end = e.load(Ordering::Relaxed);
@@ -119,6 +141,7 @@ impl ReadCache {
             let old = extents.pop_front().expect("over capacity means not empty");
             held -= old.bytes.len();
         }
+        self.count.store(extents.len(), Ordering::SeqCst);
     }
 
     /// A write to `range` begins: extents being read now must not be kept.
@@ -128,9 +151,16 @@ impl ReadCache {
 
     /// A write to `range` is on the members: drop what it overlaps.
     pub(super) fn write_done(&self, range: Range<u64>) {
+        if self.count.load(Ordering::SeqCst) == 0 {
+            // Nothing held (the usual case): no lock on the write path. An
+            // insert racing with this write sees the generation move.
+            self.generation.fetch_add(1, Ordering::SeqCst);
+            return;
+        }
         let mut extents = self.extents.lock().unwrap();
         self.generation.fetch_add(1, Ordering::SeqCst);
         extents.retain(|e| e.range().end <= range.start || e.range().start >= range.end);
+        self.count.store(extents.len(), Ordering::SeqCst);
     }
 
     /// Drops everything (the benchmark's "drop caches", a reconfiguration).
@@ -138,6 +168,7 @@ impl ReadCache {
         let mut extents = self.extents.lock().unwrap();
         self.generation.fetch_add(1, Ordering::SeqCst);
         extents.clear();
+        self.count.store(0, Ordering::SeqCst);
     }
 
     pub(super) fn held_bytes(&self) -> usize {
@@ -181,8 +212,11 @@ mod tests {
     #[test]
     fn sequential_reads_are_told_from_random_ones() {
         let c = ReadCache::new();
-        assert!(!c.read_arrives(0, 4096));
-        assert!(c.read_arrives(4096, 4096));
-        assert!(!c.read_arrives(1 << 30, 4096));
+        assert!(!c.read_arrives(0, 4096).1);
+        let (_first, sequential, alone) = c.read_arrives(4096, 4096);
+        assert!(sequential && alone);
+        let (_, _, alone) = c.read_arrives(8192, 4096);
+        assert!(!alone, "a second read in flight");
+        assert!(!c.read_arrives(1 << 30, 4096).1);
     }
 }

@@ -11,6 +11,7 @@
 //! both concurrency and memory: when it is full the reader stops reading,
 //! and TCP flow control pushes back on the client.
 
+use crate::member::AlignedBuf;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
@@ -372,7 +373,8 @@ struct Conn {
 struct Job {
     cookie: u64,
     command: Command,
-    payload: Vec<u8>,
+    /// Aligned, so that O_DIRECT members take it without a copy.
+    payload: AlignedBuf,
     /// The bytes counted in `Inflight` for this request.
     cost: u64,
 }
@@ -524,9 +526,9 @@ fn read_request(conn: &Conn, reader: &mut SockReader) -> Result<Option<Job>, End
         };
         // Wait for room before allocating: this is what bounds memory.
         conn.inflight.acquire(cost);
-        let mut payload = Vec::new();
+        let mut payload = AlignedBuf::zeroed(0);
         if payload_len > 0 {
-            payload = vec![0u8; payload_len as usize];
+            payload = AlignedBuf::zeroed(payload_len as usize);
             if let Err(e) = reader.read_exact(&mut payload, deadline) {
                 conn.inflight.release(cost);
                 return Err(read_failed(conn, e, "write payload"));
@@ -594,7 +596,7 @@ fn refusal_message(request: &RequestHeader, err: NbdError, params: &Transmission
 const SCRATCH_KEPT: usize = 1 << 20;
 
 fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
-    let mut scratch = Vec::new();
+    let mut scratch = AlignedBuf::zeroed(0);
     loop {
         // The reader is held only to read one request; serving runs unlocked.
         let job = {
@@ -626,7 +628,7 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
         conn.inflight.release(cost);
         // A big read's buffer is not kept: 64 workers would pin 64 of them.
         if scratch.len() > SCRATCH_KEPT {
-            scratch = Vec::new();
+            scratch = AlignedBuf::zeroed(0);
         }
     }
 }
@@ -634,7 +636,7 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
 impl Conn {
     /// Serves one request; `scratch` is the worker's read buffer, reused so
     /// that a read does not allocate and zero a new one each time.
-    fn execute(&self, job: Job, scratch: &mut Vec<u8>) {
+    fn execute(&self, job: Job, scratch: &mut AlignedBuf) {
         let backend = &*self.shared.backend;
         let cookie = job.cookie;
         let result = catch_unwind(AssertUnwindSafe(
@@ -646,7 +648,7 @@ impl Conn {
                     Command::Read { offset, length } => {
                         let length = length as usize;
                         if scratch.len() < length {
-                            scratch.resize(length, 0);
+                            *scratch = AlignedBuf::zeroed(length);
                         }
                         if length > 0 {
                             io(backend.read(offset, &mut scratch[..length]), "read")?;
@@ -655,7 +657,7 @@ impl Conn {
                     }
                     Command::Write { offset, fua, .. } => {
                         if !job.payload.is_empty() {
-                            io(backend.write(offset, &job.payload, fua), "write")?;
+                            io(backend.write(offset, &job.payload[..], fua), "write")?;
                         }
                         Ok(None)
                     }

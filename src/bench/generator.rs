@@ -46,33 +46,62 @@ pub struct DataMode {
     pub seed: u64,
 }
 
-/// Counts what completes inside the measured window.
+/// The measured interval of a phase, shared by its threads. Requests are
+/// submitted until `end`, and past it, up to `GRACE`, while none has been
+/// recorded yet: a phase always measures at least one request, however
+/// slow. The requests in flight at `end` are waited for and counted, and
+/// the measured time runs to the last completion, as fio counts.
+struct Window {
+    measure_from: Instant,
+    end: Instant,
+    recorded: AtomicU64,
+    /// Nanoseconds from `measure_from` to the latest recorded completion.
+    last_completion_ns: AtomicU64,
+}
+
+/// How long past its end a phase goes on waiting for its first request.
+const GRACE: Duration = Duration::from_secs(60);
+
+impl Window {
+    fn keep_going(&self, now: Instant) -> bool {
+        now < self.end || (self.recorded.load(Ordering::Relaxed) == 0 && now < self.end + GRACE)
+    }
+
+    fn seconds(&self) -> f64 {
+        let last = Duration::from_nanos(self.last_completion_ns.load(Ordering::Relaxed));
+        last.max(self.end - self.measure_from).as_secs_f64()
+    }
+}
+
+/// Counts the requests submitted inside the measured window.
 struct Recorder {
     latency_ns: Histogram<u64>,
     ops: u64,
     bytes: u64,
-    measure_from: Instant,
-    end: Instant,
 }
 
 impl Recorder {
-    fn new(measure_from: Instant, end: Instant) -> Recorder {
+    fn new() -> Recorder {
         Recorder {
             latency_ns: Histogram::new_with_bounds(1, LATENCY_NS_MAX, 3).expect("valid bounds"),
             ops: 0,
             bytes: 0,
-            measure_from,
-            end,
         }
     }
 
-    fn record(&mut self, submitted: Instant, completed: Instant, bytes: u64) {
-        if submitted >= self.measure_from && completed <= self.end {
-            let ns = completed.duration_since(submitted).as_nanos() as u64;
-            self.latency_ns.saturating_record(ns.max(1));
-            self.ops += 1;
-            self.bytes += bytes;
+    fn record(&mut self, window: &Window, submitted: Instant, completed: Instant, bytes: u64) {
+        if submitted < window.measure_from {
+            return;
         }
+        let ns = completed.duration_since(submitted).as_nanos() as u64;
+        self.latency_ns.saturating_record(ns.max(1));
+        self.ops += 1;
+        self.bytes += bytes;
+        window.recorded.fetch_add(1, Ordering::Relaxed);
+        let since = completed.duration_since(window.measure_from).as_nanos() as u64;
+        window
+            .last_completion_ns
+            .fetch_max(since, Ordering::Relaxed);
     }
 
     fn merge(&mut self, other: Recorder) {
@@ -147,7 +176,12 @@ pub fn run_phase(
         .collect::<Result<_, _>>()?;
     let start = Instant::now();
     let measure_from = start + limits.warmup;
-    let end = measure_from + limits.measure;
+    let window = Arc::new(Window {
+        measure_from,
+        end: measure_from + limits.measure,
+        recorded: AtomicU64::new(0),
+        last_completion_ns: AtomicU64::new(0),
+    });
     let client_cpu = Arc::new(Mutex::new(0.0f64));
     let results: Vec<Result<Recorder, String>> = std::thread::scope(|scope| {
         let mut handles = Vec::new();
@@ -155,11 +189,12 @@ pub fn run_phase(
             let job = job as u32;
             match access {
                 Access::Nbd { socket, export, .. } => {
-                    let (socket, export, offsets, cpu) = (
+                    let (socket, export, offsets, cpu, window) = (
                         socket.clone(),
                         export.clone(),
                         offsets.clone(),
                         client_cpu.clone(),
+                        window.clone(),
                     );
                     handles.push(scope.spawn(move || {
                         let spec = NbdJob {
@@ -169,8 +204,7 @@ pub fn run_phase(
                             offsets: &offsets,
                             data,
                             job,
-                            measure_from,
-                            end,
+                            window: &window,
                             cpu: &cpu,
                         };
                         spec.run()
@@ -178,20 +212,16 @@ pub fn run_phase(
                 }
                 Access::Files(files) => {
                     for lane in 0..phase.depth_per_job {
-                        let (files, offsets, cpu) =
-                            (files.clone(), offsets.clone(), client_cpu.clone());
+                        let (files, offsets, cpu, window) = (
+                            files.clone(),
+                            offsets.clone(),
+                            client_cpu.clone(),
+                            window.clone(),
+                        );
                         handles.push(scope.spawn(move || {
                             let cpu_start = thread_cpu_seconds();
-                            let result = file_lane(
-                                &files,
-                                phase,
-                                &offsets,
-                                data,
-                                job,
-                                lane,
-                                measure_from,
-                                end,
-                            );
+                            let result =
+                                file_lane(&files, phase, &offsets, data, job, lane, &window);
                             *cpu.lock().unwrap() += thread_cpu_seconds() - cpu_start;
                             result
                         }));
@@ -207,7 +237,7 @@ pub fn run_phase(
             })
             .collect()
     });
-    let mut total = Recorder::new(measure_from, end);
+    let mut total = Recorder::new();
     for result in results {
         total.merge(result?);
     }
@@ -215,7 +245,7 @@ pub fn run_phase(
     Ok(Outcome {
         ops: total.ops,
         bytes: total.bytes,
-        seconds: limits.measure.as_secs_f64(),
+        seconds: window.seconds(),
         latency_ns: total.latency_ns,
         cpu_client_seconds,
     })
@@ -230,11 +260,10 @@ fn file_lane(
     data: DataMode,
     job: u32,
     lane: u32,
-    measure_from: Instant,
-    end: Instant,
+    window: &Window,
 ) -> Result<Recorder, String> {
     let mut rng = lane_rng(data.seed, job, lane);
-    let mut recorder = Recorder::new(measure_from, end);
+    let mut recorder = Recorder::new();
     let len = phase.block_bytes as usize;
     let mut buf = match (phase.op, data.verify_salt) {
         (Op::Write, None) => noise(len, data.seed ^ job as u64),
@@ -242,7 +271,7 @@ fn file_lane(
     };
     loop {
         let submitted = Instant::now();
-        if submitted >= end {
+        if !window.keep_going(submitted) {
             return Ok(recorder);
         }
         let offset = offsets.next(&mut rng);
@@ -260,7 +289,7 @@ fn file_lane(
         if let (Op::Read, Some(salt)) = (phase.op, data.verify_salt) {
             verify(&buf, offset, salt)?;
         }
-        recorder.record(submitted, completed, len as u64);
+        recorder.record(window, submitted, completed, len as u64);
     }
 }
 
@@ -288,8 +317,7 @@ struct NbdJob<'a> {
     offsets: &'a Offsets,
     data: DataMode,
     job: u32,
-    measure_from: Instant,
-    end: Instant,
+    window: &'a Arc<Window>,
     cpu: &'a Mutex<f64>,
 }
 
@@ -312,25 +340,15 @@ impl NbdJob<'_> {
         ]));
         let (done_tx, done_rx) = mpsc::sync_channel::<Result<usize, String>>(depth);
         let receiver_thread = {
-            let (pending, op, data, measure_from, end) = (
+            let (pending, op, data, window) = (
                 pending.clone(),
                 self.phase.op,
                 self.data,
-                self.measure_from,
-                self.end,
+                self.window.clone(),
             );
             std::thread::spawn(move || {
                 let cpu_start = thread_cpu_seconds();
-                let result = receive(
-                    receiver,
-                    &pending,
-                    op,
-                    len,
-                    data,
-                    &done_tx,
-                    measure_from,
-                    end,
-                );
+                let result = receive(receiver, &pending, op, len, data, &done_tx, &window);
                 if let Err(e) = &result {
                     let _ = done_tx.send(Err(e.clone()));
                 }
@@ -378,7 +396,7 @@ impl NbdJob<'_> {
             match done_rx.recv() {
                 Ok(Ok(slot)) => {
                     in_flight -= 1;
-                    if failure.is_none() && Instant::now() < self.end {
+                    if failure.is_none() && self.window.keep_going(Instant::now()) {
                         match submit(slot, &mut sender) {
                             Ok(()) => in_flight += 1,
                             Err(e) => failure = Some(e),
@@ -416,10 +434,9 @@ fn receive(
     len: usize,
     data: DataMode,
     done: &mpsc::SyncSender<Result<usize, String>>,
-    measure_from: Instant,
-    end: Instant,
+    window: &Window,
 ) -> Result<Recorder, String> {
-    let mut recorder = Recorder::new(measure_from, end);
+    let mut recorder = Recorder::new();
     let mut scratch = AlignedBuf::new(len);
     loop {
         let reply = match receiver.recv() {
@@ -448,7 +465,7 @@ fn receive(
         if let (Op::Read, Some(salt)) = (op, data.verify_salt) {
             verify(&scratch, request.offset, salt)?;
         }
-        recorder.record(request.submitted, completed, len as u64);
+        recorder.record(window, request.submitted, completed, len as u64);
         if done.send(Ok(slot)).is_err() {
             return Ok(recorder);
         }

@@ -285,12 +285,6 @@ fn validate(options: &BenchOptions) -> Result<(), String> {
     if options.workloads.is_empty() || options.states.is_empty() || options.targets.is_empty() {
         return Err("nothing to measure: give at least one workload, state and target".into());
     }
-    if (!options.settings.is_empty() || options.sweep.is_some()) && !tunables::available() {
-        return Err(
-            "--set/--sweep: this engine has no live tunables yet (Engine::set_tunable, issue #5)"
-                .into(),
-        );
-    }
     if let Some((key, values)) = &options.sweep {
         if values.is_empty() {
             return Err(format!("--sweep {key}: give at least one value"));

@@ -1,32 +1,24 @@
-//! The engine's live knobs, behind one small adapter so that the benchmark
-//! does not depend on how the engine spells them.
-//!
-//! The engine is getting `Engine::set_tunable(key, value)` and
-//! `Engine::tunables()` (stripe_cache_size, read-ahead, max I/O size, write
-//! policy, read cache, fast path; issue #5). Until they exist this adapter
-//! says so, and `--set`/`--sweep` are refused before anything is created.
+//! The engine's live knobs (stripe_cache_size, read_ahead, max_sectors_kb,
+//! write_policy, read_cache, fast_path, rmw_level, group_thread_cnt),
+//! behind one small adapter so that the benchmark depends on the engine's
+//! API in one place only.
 
 use crate::engine::Engine;
 
-/// Whether the engine offers live tunables.
-pub fn available() -> bool {
-    false
-}
-
-/// Sets one knob on a live engine.
-pub fn set(_engine: &Engine, key: &str, value: &str) -> Result<(), String> {
-    Err(format!(
-        "{key}={value}: this engine has no live tunables yet (Engine::set_tunable, issue #5)"
-    ))
+/// Sets one knob on a live engine, as `uraid manage --set` does.
+pub fn set(engine: &Engine, key: &str, value: &str) -> Result<(), String> {
+    engine
+        .set_tunable(key, value)
+        .map_err(|e| format!("{key}={value}: {e}"))
 }
 
 /// Every knob and its value in force, for the report.
-pub fn list(_engine: &Engine) -> Vec<(String, String)> {
-    Vec::new()
+pub fn list(engine: &Engine) -> Vec<(String, String)> {
+    engine.tunables()
 }
 
 /// Drops the engine's own caches (dd-seq does between its phases). The
-/// engine keeps no cache of its own yet; the returned note says so.
+/// engine offers no call for it yet; the returned note says so.
 pub fn drop_engine_caches(_engine: &Engine) -> Option<&'static str> {
-    Some("the engine has no cache of its own to drop yet; only the members' page cache was dropped")
+    Some("the engine offers no call to drop its own caches yet; only the members' page cache was dropped")
 }

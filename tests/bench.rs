@@ -95,7 +95,10 @@ fn every_workload_state_and_target_is_reported() {
                 assert!(r["ops"].as_u64().unwrap() > 0);
                 assert!(r["latency_us_p50"].as_f64() <= r["latency_us_p999"].as_f64());
                 if *target == "uraid" {
-                    assert!(r["ratio_uraid_raw"].as_f64().is_some_and(|v| v > 0.0), "{r}");
+                    assert!(
+                        r["ratio_uraid_raw"].as_f64().is_some_and(|v| v > 0.0),
+                        "{r}"
+                    );
                 }
             }
         }
@@ -223,4 +226,48 @@ fn client_round_trip(socket: &Path) {
     assert!(beyond.iter().all(|&b| b == 0));
     conn.disconnect().unwrap();
     other.disconnect().unwrap();
+}
+
+#[test]
+fn existing_members_are_used_with_destroy_data() {
+    let dir = common::scratch("bench-members");
+    let paths: Vec<String> = (0..3)
+        .map(|i| {
+            let p = dir.path().join(format!("dev{i}"));
+            std::fs::write(&p, vec![0xa5; 4 << 20]).unwrap();
+            p.to_str().unwrap().to_string()
+        })
+        .collect();
+    let mut args = vec![
+        "bench",
+        "--level",
+        "raid5",
+        "--chunk",
+        "64K",
+        "--seconds",
+        "0.02",
+    ];
+    args.extend([
+        "--warmup",
+        "0",
+        "--workload",
+        "randread",
+        "--targets",
+        "uraid,raw",
+    ]);
+    args.extend(["--verify", "--json", "-", "--destroy-data", "--members"]);
+    args.extend(paths.iter().map(String::as_str));
+    let out = uraid().args(&args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["array"]["devices"], 3);
+    assert_eq!(report["rows"].as_array().unwrap().len(), 2);
+    // The devices were overwritten, as asked, and are still there.
+    for p in &paths {
+        assert_ne!(std::fs::read(p).unwrap(), vec![0xa5; 4 << 20]);
+    }
 }

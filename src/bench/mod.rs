@@ -80,6 +80,8 @@ pub struct BenchOptions {
     pub settings: Vec<(String, String)>,
     /// `--sweep KEY=V1,V2,...`.
     pub sweep: Option<(String, Vec<String>)>,
+    /// nbdkit memory's allocator (malloc, sparse, zstd).
+    pub nbdkit_allocator: String,
     /// The command line, for the report.
     pub command: String,
 }
@@ -116,6 +118,7 @@ pub struct Report {
     pub seconds_per_phase: f64,
     pub warmup_seconds: f64,
     pub verify: bool,
+    pub nbdkit_allocator: String,
     pub rows: Vec<Row>,
     pub goals: Vec<report::Goal>,
     pub notes: Vec<String>,
@@ -388,7 +391,11 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
     if wants(TargetKind::Nbdkit) {
         if Nbdkit::installed() {
             let size = array_bytes.unwrap_or(member_bytes * paths.len() as u64);
-            let nbdkit = Nbdkit::start(&workdir.0.join("nbdkit.nbd"), size)?;
+            let nbdkit = Nbdkit::start(
+                &workdir.0.join("nbdkit.nbd"),
+                size,
+                &options.nbdkit_allocator,
+            )?;
             let access = Access::Nbd {
                 socket: nbdkit.socket.clone(),
                 export: String::new(),
@@ -447,6 +454,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
         seconds_per_phase: options.limits.measure.as_secs_f64(),
         warmup_seconds: options.limits.warmup.as_secs_f64(),
         verify: options.verify,
+        nbdkit_allocator: options.nbdkit_allocator.clone(),
         rows,
         goals,
         notes,

@@ -270,12 +270,12 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 pub fn table(rows: &[Row], goals: &[Goal], notes: &[String]) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "{:<7} {:<10} {:<22} {:<13} {:<9} {:>7} {:>4} {:>10} {:>9} {:>8} {:>8} {:>8} {:>9} {:>6} {:>6} {:>6} {:>6}\n",
+        "{:<7} {:<10} {:<23} {:<13} {:<9} {:>7} {:>4} {:>10} {:>9} {:>8} {:>8} {:>8} {:>9} {:>6} {:>6} {:>6} {:>6}\n",
         "target", "state", "setting", "workload", "phase", "bs", "qd", "IOPS", "MB/s", "p50us", "p90us", "p99us", "p99.9us", "cpu_c", "cpu_t", "/raw", "/nbdk"
     ));
     for r in rows {
         out.push_str(&format!(
-            "{:<7} {:<10} {:<22} {:<13} {:<9} {:>7} {:>4} {:>10.0} {:>9.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>6.2} {:>6} {:>6} {:>6}\n",
+            "{:<7} {:<10} {:<23} {:<13} {:<9} {:>7} {:>4} {:>10.0} {:>9.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>6.2} {:>6} {:>6} {:>6}\n",
             r.target,
             r.state,
             r.setting.as_deref().unwrap_or("-"),

@@ -277,11 +277,15 @@ impl Nbdkit {
             .is_ok_and(|s| s.success())
     }
 
-    pub fn start(socket: &Path, size_bytes: u64) -> Result<Nbdkit, String> {
+    /// Starts `nbdkit memory SIZE allocator=ALLOCATOR`. The malloc
+    /// allocator is the ceiling to compare with: its locking lets requests
+    /// run concurrently, where the default sparse array serialises them.
+    pub fn start(socket: &Path, size_bytes: u64, allocator: &str) -> Result<Nbdkit, String> {
         let child = Command::new("nbdkit")
             .args(["--foreground", "--exit-with-parent", "--unix"])
             .arg(socket)
             .args(["memory", &size_bytes.to_string()])
+            .arg(format!("allocator={allocator}"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()
@@ -291,7 +295,12 @@ impl Nbdkit {
             socket: socket.to_path_buf(),
         };
         let deadline = Instant::now() + NBDKIT_START_TIMEOUT;
-        while std::os::unix::net::UnixStream::connect(socket).is_err() {
+        // A whole handshake, not a bare connect: nbdkit logs a connection
+        // dropped before its handshake as an error.
+        while NbdSync::connect(socket, "")
+            .and_then(NbdSync::disconnect)
+            .is_err()
+        {
             if let Ok(Some(status)) = nbdkit.child.try_wait() {
                 return Err(format!("nbdkit exited at start: {status}"));
             }

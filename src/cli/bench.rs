@@ -67,6 +67,10 @@ struct EndToEndArgs {
     /// Targets (comma-separated): uraid, raw, nbdkit; default all.
     #[arg(long, value_delimiter = ',', default_value = "uraid,raw,nbdkit")]
     targets: Vec<String>,
+    /// Allocator of `nbdkit memory` (malloc, sparse, zstd): malloc lets
+    /// requests run concurrently, so it is the higher ceiling.
+    #[arg(long, default_value = "malloc")]
+    nbdkit_allocator: String,
     /// Measured seconds per phase.
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
@@ -187,6 +191,7 @@ fn options(args: &EndToEndArgs) -> Result<BenchOptions, String> {
             .map(|s| key_value(s, "--set"))
             .collect::<Result<_, _>>()?,
         sweep,
+        nbdkit_allocator: args.nbdkit_allocator.clone(),
         command: std::env::args().collect::<Vec<_>>().join(" "),
     })
 }

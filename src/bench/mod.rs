@@ -178,6 +178,8 @@ struct TargetRun<'a> {
     drop_caches: &'a dyn Fn() -> Result<Option<String>, String>,
     /// The background job, for the rebuilding state.
     background: &'a dyn Fn() -> Option<String>,
+    /// The stripe cache's (full, partial) rows written so far.
+    rows_written: &'a dyn Fn() -> Option<(u64, u64)>,
 }
 
 fn run_phases(
@@ -201,6 +203,7 @@ fn run_phases(
                 m.note(note);
             }
         }
+        let rows_before = (run.rows_written)();
         let process_before = targets::process_cpu_seconds();
         let target_before = (run.cpu)();
         let data = DataMode {
@@ -241,6 +244,9 @@ fn run_phases(
             setting: run.setting,
             cpu_target_s: target_cpu,
             background: (run.background)(),
+            rows_written: rows_before
+                .zip((run.rows_written)())
+                .map(|(b, a)| (a.0 - b.0, a.1 - b.1)),
         };
         m.rows.push(Row::new(context, phase, &outcome));
         if phase.op == Op::Write {
@@ -383,6 +389,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
             cpu: &|| None,
             drop_caches: &drop,
             background: &|| None,
+            rows_written: &|| None,
         };
         for (_, phases) in all_phases(&options.workloads, stripe_bytes) {
             run_phases(&mut m, &access, &run, &phases)?;
@@ -411,6 +418,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
                 cpu: &cpu,
                 drop_caches: &|| Ok(None),
                 background: &|| None,
+                rows_written: &|| None,
             };
             for (_, phases) in all_phases(&options.workloads, stripe_bytes) {
                 run_phases(&mut m, &access, &run, &phases)?;
@@ -515,6 +523,7 @@ fn measure_uraid(
                     cpu: &cpu,
                     drop_caches: &drop,
                     background: &background,
+                    rows_written: &|| Some(tunables::row_counters(&live_ref.engine)),
                 };
                 run_phases(m, &access, &run, workload_phases)?;
             }

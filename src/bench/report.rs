@@ -40,6 +40,11 @@ pub struct Row {
     pub cpu_target_s: Option<f64>,
     /// What the background job was doing at the end (rebuilding state).
     pub background: Option<String>,
+    /// uraid's stripe cache during the phase: rows written whole (no
+    /// reads) and rows written in part (read-modify-write or
+    /// reconstruct-write).
+    pub full_rows: Option<u64>,
+    pub partial_rows: Option<u64>,
     pub ratio_uraid_raw: Option<f64>,
     pub ratio_uraid_nbdkit: Option<f64>,
 }
@@ -51,6 +56,8 @@ pub struct RowContext<'a> {
     pub setting: Option<&'a str>,
     pub cpu_target_s: Option<f64>,
     pub background: Option<String>,
+    /// (full, partial) rows written during the phase.
+    pub rows_written: Option<(u64, u64)>,
 }
 
 impl Row {
@@ -79,6 +86,8 @@ impl Row {
             cpu_client_s: outcome.cpu_client_seconds,
             cpu_target_s: context.cpu_target_s,
             background: context.background,
+            full_rows: context.rows_written.map(|r| r.0),
+            partial_rows: context.rows_written.map(|r| r.1),
             ratio_uraid_raw: None,
             ratio_uraid_nbdkit: None,
         }
@@ -161,7 +170,7 @@ pub fn goals(rows: &[Row], array: &ArrayFacts) -> Vec<Goal> {
             required,
             met: measured >= required,
             detail: format!(
-                "uraid {:.0} IOPS / {:.1} MB/s; {base} {:.0} IOPS / {:.1} MB/s{}",
+                "uraid {:.0} IOPS / {:.1} MB/s; {base} {:.0} IOPS / {:.1} MB/s{}{}",
                 u.iops,
                 u.mb_per_s,
                 b.iops,
@@ -170,6 +179,12 @@ pub fn goals(rows: &[Row], array: &ArrayFacts) -> Vec<Goal> {
                     format!(", bound = {base} x {scale:.3}")
                 } else {
                     String::new()
+                },
+                match (u.full_rows, u.partial_rows) {
+                    (Some(full), Some(partial)) => {
+                        format!("; uraid rows written whole {full}, in part {partial}")
+                    }
+                    _ => String::new(),
                 }
             ),
         });
@@ -351,6 +366,8 @@ mod tests {
             cpu_client_s: 0.0,
             cpu_target_s: None,
             background: None,
+            full_rows: None,
+            partial_rows: None,
             ratio_uraid_raw: None,
             ratio_uraid_nbdkit: None,
         }

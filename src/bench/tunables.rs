@@ -18,7 +18,15 @@ pub fn list(engine: &Engine) -> Vec<(String, String)> {
 }
 
 /// Drops the engine's own caches (dd-seq does between its phases). The
-/// engine offers no call for it yet; the returned note says so.
+/// FLUSH sent before this writes the stripe cache's pending rows out; the
+/// engine keeps no read cache unless read_cache is on, and offers no call
+/// to drop one: the returned note says so.
 pub fn drop_engine_caches(_engine: &Engine) -> Option<&'static str> {
-    Some("the engine offers no call to drop its own caches yet; only the members' page cache was dropped")
+    Some("dd-seq: the FLUSH before each phase wrote the stripe cache out; the engine offers no call to drop a read cache, so only the members' page cache was dropped")
+}
+
+/// The stripe cache's rows written whole and in part so far.
+pub fn row_counters(engine: &Engine) -> (u64, u64) {
+    let report = engine.cache_report();
+    (report.full_rows, report.partial_rows)
 }

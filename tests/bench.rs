@@ -5,8 +5,8 @@ mod common;
 
 use common::{uraid, uraid_refused};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use uraid::bench::nbd_client::NbdSync;
+use uraid::bench::targets::Nbdkit;
 
 const WORKLOADS: [&str; 7] = [
     "fio-randwrite",
@@ -17,15 +17,6 @@ const WORKLOADS: [&str; 7] = [
     "seq-stripe",
     "randread",
 ];
-
-fn nbdkit_installed() -> bool {
-    Command::new("nbdkit")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
 
 #[test]
 fn every_workload_state_and_target_is_reported() {
@@ -74,7 +65,7 @@ fn every_workload_state_and_target_is_reported() {
         ("uraid", "rebuilding"),
         ("raw", "-"),
     ];
-    if nbdkit_installed() {
+    if Nbdkit::installed() {
         targets.push(("nbdkit", "-"));
     } else {
         eprintln!("nbdkit is not installed: its rows are not checked");
@@ -185,27 +176,15 @@ fn refusals_are_one_line_and_touch_nothing() {
 
 #[test]
 fn nbd_client_against_nbdkit_memory() {
-    if !nbdkit_installed() {
+    if !Nbdkit::installed() {
         eprintln!("nbdkit is not installed: skipping the NBD client test against it");
         return;
     }
     let dir = common::scratch("bench-nbdkit");
-    let socket = dir.path().join("nbdkit.sock");
-    let mut child = Command::new("nbdkit")
-        .args(["--foreground", "--exit-with-parent", "--unix"])
-        .arg(&socket)
-        .args(["memory", "4M"])
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(std::time::Instant::now() < deadline, "nbdkit did not start");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let result = std::panic::catch_unwind(|| client_round_trip(&socket));
-    let _ = child.kill();
-    let _ = child.wait();
-    result.unwrap();
+    // The default sparse allocator: the client must not depend on the
+    // malloc one the benchmark uses.
+    let nbdkit = Nbdkit::start(&dir.path().join("nbdkit.sock"), 4 << 20, "sparse").unwrap();
+    client_round_trip(&nbdkit.socket);
 }
 
 fn client_round_trip(socket: &Path) {

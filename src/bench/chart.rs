@@ -50,6 +50,24 @@ pub fn write_svg(path: &Path, rows: &[Row], sweep_key: Option<&str>) -> Result<(
 }
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+fn legend<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
+    position: SeriesLabelPosition,
+) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(position)
+        .draw()
+        .map_err(err)
+}
 
 fn draw_queue_depth(area: &Area, rows: &[Row]) -> Result<(), String> {
     let qd_rows: Vec<&Row> = rows
@@ -91,13 +109,7 @@ fn draw_queue_depth(area: &Area, rows: &[Row]) -> Result<(), String> {
             .label(name.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(err)
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)
 }
 
 fn draw_bars(area: &Area, rows: &[Row]) -> Result<(), String> {
@@ -162,13 +174,7 @@ fn draw_bars(area: &Area, rows: &[Row]) -> Result<(), String> {
             .label(name.as_str())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(err)
+    legend(&mut chart, SeriesLabelPosition::UpperRight)
 }
 
 fn draw_sweep(area: &Area, rows: &[Row], key: &str) -> Result<(), String> {
@@ -215,10 +221,5 @@ fn draw_sweep(area: &Area, rows: &[Row], key: &str) -> Result<(), String> {
             .label(line.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)
+    legend(&mut chart, SeriesLabelPosition::UpperRight)
 }

@@ -172,8 +172,12 @@ struct TargetRun<'a> {
     state: &'a str,
     setting: Option<&'a str>,
     salt: u64,
-    /// The target's own CPU seconds so far (None: raw files).
+    /// CPU seconds so far of the process that serves the target (None:
+    /// raw files, whose I/O runs in the client's threads).
     cpu: &'a dyn Fn() -> Option<f64>,
+    /// Whether that process is this one, whose client threads' CPU is then
+    /// not the target's.
+    in_process: bool,
     /// Drops the target's caches (dd-seq).
     drop_caches: &'a dyn Fn() -> Result<Option<String>, String>,
     /// The background job, for the rebuilding state.
@@ -204,7 +208,6 @@ fn run_phases(
             }
         }
         let rows_before = (run.rows_written)();
-        let process_before = targets::process_cpu_seconds();
         let target_before = (run.cpu)();
         let data = DataMode {
             verify_salt,
@@ -219,16 +222,14 @@ fn run_phases(
                 phase.name
             )
         })?;
-        let target_cpu = match (target_before, (run.cpu)()) {
-            // In process: everything this process spent less the client.
-            (Some(before), Some(after)) if run.name == "uraid" => Some(
-                (targets::process_cpu_seconds() - process_before - outcome.cpu_client_seconds)
-                    .max(0.0)
-                    + (after - before),
-            ),
-            (Some(before), Some(after)) => Some(after - before),
-            _ => None,
+        let client_in_target = if run.in_process {
+            outcome.cpu_client_seconds
+        } else {
+            0.0
         };
+        let target_cpu = target_before
+            .zip((run.cpu)())
+            .map(|(before, after)| (after - before - client_in_target).max(0.0));
         if outcome.ops == 0 {
             m.note(format!(
                 "{} {} {} {}: no request completed in the measured time; raise --seconds",
@@ -387,6 +388,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
             setting: None,
             salt: SALT_RAW,
             cpu: &|| None,
+            in_process: false,
             drop_caches: &drop,
             background: &|| None,
             rows_written: &|| None,
@@ -416,6 +418,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
                 setting: None,
                 salt: SALT_NBDKIT,
                 cpu: &cpu,
+                in_process: false,
                 drop_caches: &|| Ok(None),
                 background: &|| None,
                 rows_written: &|| None,
@@ -512,7 +515,7 @@ fn measure_uraid(
                     targets::drop_file_caches(paths)?;
                     Ok(tunables::drop_engine_caches(&engine).map(str::to_string))
                 };
-                let cpu = || Some(0.0);
+                let cpu = || Some(targets::process_cpu_seconds());
                 let live_ref = &*live;
                 let background = || live_ref.background();
                 let run = TargetRun {
@@ -521,6 +524,7 @@ fn measure_uraid(
                     setting: setting.as_deref(),
                     salt: SALT_URAID,
                     cpu: &cpu,
+                    in_process: true,
                     drop_caches: &drop,
                     background: &background,
                     rows_written: &|| Some(tunables::row_counters(&live_ref.engine)),

@@ -64,39 +64,29 @@ impl Access {
         let size = self.size_bytes();
         let block = RAW_CHUNK_BYTES.min(size) as usize;
         let mut buf = noise(block, seed);
-        let mut write = |offset: u64, len: usize| -> Result<(), String> {
-            if let Some(salt) = verify_salt {
-                fill_pattern(&mut buf[..len], offset, salt);
-            }
-            match self {
-                Access::Files(files) => files.write_at(offset, &buf[..len]),
-                Access::Nbd { .. } => unreachable!("NBD prefill goes through the connection"),
-            }
-            .map_err(|e| format!("prefill at {offset}: {e}"))
-        };
-        match self {
-            Access::Files(_) => {
-                let mut offset = 0;
-                while offset < size {
-                    let len = (size - offset).min(block as u64) as usize;
-                    write(offset, len)?;
-                    offset += len as u64;
-                }
-            }
+        let mut conn = match self {
             Access::Nbd { socket, export, .. } => {
-                let mut conn = NbdSync::connect(socket, export).map_err(|e| e.to_string())?;
-                let mut offset = 0;
-                while offset < size {
-                    let len = (size - offset).min(block as u64) as usize;
-                    if let Some(salt) = verify_salt {
-                        fill_pattern(&mut buf[..len], offset, salt);
-                    }
-                    conn.write_at(offset, &buf[..len])
-                        .map_err(|e| format!("prefill at {offset}: {e}"))?;
-                    offset += len as u64;
-                }
-                conn.disconnect().map_err(|e| e.to_string())?;
+                Some(NbdSync::connect(socket, export).map_err(|e| e.to_string())?)
             }
+            Access::Files(_) => None,
+        };
+        let mut offset = 0;
+        while offset < size {
+            let len = (size - offset).min(block as u64) as usize;
+            let data = &mut buf[..len];
+            if let Some(salt) = verify_salt {
+                fill_pattern(data, offset, salt);
+            }
+            match (self, conn.as_mut()) {
+                (_, Some(conn)) => conn.write_at(offset, data),
+                (Access::Files(files), None) => files.write_at(offset, data),
+                (Access::Nbd { .. }, None) => unreachable!("connected above"),
+            }
+            .map_err(|e| format!("prefill at {offset}: {e}"))?;
+            offset += len as u64;
+        }
+        if let Some(conn) = conn {
+            conn.disconnect().map_err(|e| e.to_string())?;
         }
         self.flush()
     }

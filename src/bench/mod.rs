@@ -179,7 +179,7 @@ struct TargetRun<'a> {
     /// not the target's.
     in_process: bool,
     /// Drops the target's caches (dd-seq).
-    drop_caches: &'a dyn Fn() -> Result<Option<String>, String>,
+    drop_caches: &'a dyn Fn() -> Result<(), String>,
     /// The background job, for the rebuilding state.
     background: &'a dyn Fn() -> Option<String>,
     /// The stripe cache's (full, partial) rows written so far.
@@ -203,9 +203,7 @@ fn run_phases(
         ));
         if phase.drop_caches_before {
             access.flush()?;
-            if let Some(note) = (run.drop_caches)()? {
-                m.note(note);
-            }
+            (run.drop_caches)()?;
         }
         let rows_before = (run.rows_written)();
         let target_before = (run.cpu)();
@@ -381,7 +379,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
         }
         let access = Access::Files(raw);
         access.prefill(options.verify.then_some(SALT_RAW), options.seed)?;
-        let drop = || targets::drop_file_caches(&paths).map(|()| None);
+        let drop = || targets::drop_file_caches(&paths);
         let run = TargetRun {
             name: "raw",
             state: "-",
@@ -419,7 +417,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
                 salt: SALT_NBDKIT,
                 cpu: &cpu,
                 in_process: false,
-                drop_caches: &|| Ok(None),
+                drop_caches: &|| Ok(()),
                 background: &|| None,
                 rows_written: &|| None,
             };
@@ -512,8 +510,8 @@ fn measure_uraid(
                 live.keep_rebuilding()?;
                 let engine = live.engine.clone();
                 let drop = || {
-                    targets::drop_file_caches(paths)?;
-                    Ok(tunables::drop_engine_caches(&engine).map(str::to_string))
+                    tunables::drop_engine_caches(&engine)?;
+                    targets::drop_file_caches(paths)
                 };
                 let cpu = || Some(targets::process_cpu_seconds());
                 let live_ref = &*live;

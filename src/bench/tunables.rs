@@ -17,12 +17,12 @@ pub fn list(engine: &Engine) -> Vec<(String, String)> {
     engine.tunables()
 }
 
-/// Drops the engine's own caches (dd-seq does between its phases). The
-/// FLUSH sent before this writes the stripe cache's pending rows out; the
-/// engine keeps no read cache unless read_cache is on, and offers no call
-/// to drop one: the returned note says so.
-pub fn drop_engine_caches(_engine: &Engine) -> Option<&'static str> {
-    Some("dd-seq: the FLUSH before each phase wrote the stripe cache out; the engine offers no call to drop a read cache, so only the members' page cache was dropped")
+/// Drops the engine's own caches (dd-seq does before each phase): writes
+/// out what the stripe cache holds and forgets cached reads.
+pub fn drop_engine_caches(engine: &Engine) -> Result<(), String> {
+    engine
+        .drop_caches()
+        .map_err(|e| format!("dropping the engine's caches: {e}"))
 }
 
 /// The stripe cache's rows written whole and in part so far.

@@ -531,7 +531,6 @@ fn measure_uraid(
             }
         }
     }
-    live.enter(State::Healthy).ok();
     *tunables_in_force = tunables::list(&live.engine);
     Ok(())
 }

@@ -1,58 +1,9 @@
-//! I/O buffers for the benchmark: aligned for O_DIRECT, and filled with a
-//! pattern that depends only on the byte's address, so that `--verify` can
-//! check any read against what must be there whatever order concurrent
-//! writes landed in.
+//! The benchmark's data: I/O buffers aligned for O_DIRECT (the members'
+//! `AlignedBuf`), filled with a pattern that depends only on the byte's
+//! address, so that `--verify` can check any read against what must be
+//! there whatever order concurrent writes landed in.
 
-use std::alloc::{self, Layout};
-
-/// O_DIRECT needs buffers aligned to the logical block; 4 KiB covers 512-
-/// and 4096-byte devices.
-pub const BUFFER_ALIGN_BYTES: usize = 4096;
-
-/// A heap buffer aligned to [`BUFFER_ALIGN_BYTES`].
-pub struct AlignedBuf {
-    ptr: std::ptr::NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: the buffer is a plain owned allocation, like a Vec<u8>.
-unsafe impl Send for AlignedBuf {}
-unsafe impl Sync for AlignedBuf {}
-
-impl AlignedBuf {
-    /// A zeroed buffer of `len` bytes (at least one).
-    pub fn new(len: usize) -> AlignedBuf {
-        assert!(len > 0, "an I/O buffer holds at least one byte");
-        let layout = Layout::from_size_align(len, BUFFER_ALIGN_BYTES).expect("valid layout");
-        // SAFETY: the layout has a nonzero size; a null return is handled.
-        let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = std::ptr::NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
-        AlignedBuf { ptr, len }
-    }
-}
-
-impl std::ops::Deref for AlignedBuf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: ptr points to len initialised (zeroed) bytes owned by self.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl std::ops::DerefMut for AlignedBuf {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and &mut self makes the access exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        let layout = Layout::from_size_align(self.len, BUFFER_ALIGN_BYTES).expect("valid layout");
-        // SAFETY: allocated in `new` with this very layout.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
-    }
-}
+pub use crate::member::AlignedBuf;
 
 /// The verify pattern: every 8-byte word holds its own byte address mixed
 /// with a per-target salt. Offsets are multiples of 8 (requests are sector
@@ -86,7 +37,7 @@ fn pattern_word(address: u64, salt: u64) -> u64 {
 /// shortcut zeroes, and reused for every request.
 pub fn noise(len: usize, seed: u64) -> AlignedBuf {
     use rand::{RngCore, SeedableRng};
-    let mut buf = AlignedBuf::new(len);
+    let mut buf = AlignedBuf::zeroed(len);
     rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut buf);
     buf
 }
@@ -96,15 +47,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn aligned_and_zeroed() {
-        let buf = AlignedBuf::new(12288);
-        assert_eq!(buf.as_ptr() as usize % BUFFER_ALIGN_BYTES, 0);
-        assert!(buf.iter().all(|&b| b == 0));
-    }
-
-    #[test]
     fn pattern_round_trip_and_detects_shifts() {
-        let mut a = AlignedBuf::new(4096);
+        let mut a = AlignedBuf::zeroed(4096);
         fill_pattern(&mut a, 8192, 7);
         assert_eq!(check_pattern(&a, 8192, 7), None);
         // The same bytes are wrong one sector later, or with another salt.

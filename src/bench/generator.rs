@@ -267,7 +267,7 @@ fn file_lane(
     let len = phase.block_bytes as usize;
     let mut buf = match (phase.op, data.verify_salt) {
         (Op::Write, None) => noise(len, data.seed ^ job as u64),
-        _ => AlignedBuf::new(len),
+        _ => AlignedBuf::zeroed(len),
     };
     loop {
         let submitted = Instant::now();
@@ -357,7 +357,7 @@ impl NbdJob<'_> {
         };
         let mut rng = lane_rng(self.data.seed, self.job, 0);
         let mut buffers: Vec<AlignedBuf> = match (self.phase.op, self.data.verify_salt) {
-            (Op::Write, Some(_)) => (0..depth).map(|_| AlignedBuf::new(len)).collect(),
+            (Op::Write, Some(_)) => (0..depth).map(|_| AlignedBuf::zeroed(len)).collect(),
             (Op::Write, None) => vec![noise(len, self.data.seed ^ self.job as u64)],
             (Op::Read, _) => Vec::new(),
         };
@@ -437,7 +437,7 @@ fn receive(
     window: &Window,
 ) -> Result<Recorder, String> {
     let mut recorder = Recorder::new();
-    let mut scratch = AlignedBuf::new(len);
+    let mut scratch = AlignedBuf::zeroed(len);
     loop {
         let reply = match receiver.recv() {
             Ok(reply) => reply,

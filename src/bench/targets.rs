@@ -10,7 +10,7 @@
 //! - `nbdkit`: `nbdkit memory`, the transport ceiling: the same client and
 //!   socket with nothing behind them but memory.
 
-use super::buffers::{fill_pattern, noise, AlignedBuf, BUFFER_ALIGN_BYTES};
+use super::buffers::{fill_pattern, noise, AlignedBuf};
 use super::nbd_client::NbdSync;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -197,7 +197,7 @@ fn direct_io_works(path: &Path) -> bool {
     else {
         return false;
     };
-    let mut buf = AlignedBuf::new(BUFFER_ALIGN_BYTES);
+    let mut buf = AlignedBuf::zeroed(crate::member::aligned::ALIGN_BYTES);
     file.read_at(&mut buf, 0).is_ok()
 }
 
@@ -353,10 +353,10 @@ mod tests {
         );
         let pieces: Vec<_> = raw.pieces(4 << 20, 4096).collect();
         assert_eq!(pieces, vec![(1, 1 << 20, 0..4096)]);
-        let mut data = AlignedBuf::new(8192);
+        let mut data = AlignedBuf::zeroed(8192);
         fill_pattern(&mut data, (3 << 20) - 4096, 5);
         raw.write_at((3 << 20) - 4096, &data).unwrap();
-        let mut back = AlignedBuf::new(8192);
+        let mut back = AlignedBuf::zeroed(8192);
         raw.read_at((3 << 20) - 4096, &mut back).unwrap();
         assert_eq!(&data[..], &back[..]);
         std::fs::remove_dir_all(&dir).unwrap();

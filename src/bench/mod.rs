@@ -1,4 +1,570 @@
 //! Benchmarks behind `uraid bench`: measurements a user runs on their own
-//! machine, never asserted in tests.
+//! machine, never asserted in tests. `uraid bench parity` is `parity`; the
+//! rest is the end-to-end benchmark (`uraid bench` with no subcommand):
+//! the seeds' workloads against a uraid array served over
+//! NBD, against the raw member files, and against `nbdkit memory`, side by
+//! side in one run, so that the ratios between them hold on a noisy
+//! machine.
+//!
+//! One module per concern: `workload` (the jobs), `generator` (the
+//! closed-loop load), `nbd_client`, `targets` (raw files, nbdkit, CPU
+//! time), `array` (the array under test and its states), `tunables` (the
+//! engine's knobs, behind an adapter), `report` (rows, ratios, issue #5's
+//! targets, table), `chart` (SVG).
 
+pub mod array;
+pub mod buffers;
+pub mod chart;
+pub mod generator;
+pub mod nbd_client;
 pub mod parity;
+pub mod report;
+pub mod targets;
+pub mod tunables;
+pub mod workload;
+
+use array::{ArraySpec, LiveArray, State};
+use generator::{DataMode, Limits};
+use report::{Row, RowContext};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use targets::{Access, Nbdkit, RawStripes};
+use workload::{Op, Phase, Workload};
+
+/// What is measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetKind {
+    Uraid,
+    Raw,
+    Nbdkit,
+}
+
+impl TargetKind {
+    pub fn parse(name: &str) -> Result<TargetKind, String> {
+        match name {
+            "uraid" => Ok(TargetKind::Uraid),
+            "raw" => Ok(TargetKind::Raw),
+            "nbdkit" => Ok(TargetKind::Nbdkit),
+            other => Err(format!(
+                "unknown target '{other}' (known: uraid, raw, nbdkit)"
+            )),
+        }
+    }
+}
+
+/// Where the members are.
+#[derive(Clone, Debug)]
+pub enum MemberSource {
+    /// `count` new sparse files of `bytes` in a fresh folder under `parent`.
+    Files {
+        parent: PathBuf,
+        count: u32,
+        bytes: u64,
+    },
+    /// Existing devices or files, overwritten (`--destroy-data`).
+    Existing(Vec<PathBuf>),
+}
+
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub members: MemberSource,
+    pub spec: ArraySpec,
+    pub states: Vec<State>,
+    pub workloads: Vec<Workload>,
+    pub targets: Vec<TargetKind>,
+    pub limits: Limits,
+    pub verify: bool,
+    pub seed: u64,
+    /// `--set KEY=VALUE`, applied once the engine runs.
+    pub settings: Vec<(String, String)>,
+    /// `--sweep KEY=V1,V2,...`.
+    pub sweep: Option<(String, Vec<String>)>,
+    /// nbdkit memory's allocator (malloc, sparse, zstd).
+    pub nbdkit_allocator: String,
+    /// The command line, for the report.
+    pub command: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub cpu_model: String,
+    pub kernel: String,
+    pub memory_gib: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ArrayReport {
+    pub level: String,
+    pub devices: u32,
+    pub chunk_bytes: Option<u64>,
+    pub member_bytes: u64,
+    pub stripe_data_bytes: u64,
+    /// "tmpfs" or "disk".
+    pub members_on: String,
+    /// Whether the raw target used O_DIRECT.
+    pub raw_direct: Option<bool>,
+    /// The engine's tunables in force (empty until the engine has them).
+    pub tunables: Vec<(String, String)>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub date_utc: String,
+    pub command: String,
+    pub machine: Machine,
+    pub array: ArrayReport,
+    pub seconds_per_phase: f64,
+    pub warmup_seconds: f64,
+    pub verify: bool,
+    pub nbdkit_allocator: String,
+    pub rows: Vec<Row>,
+    pub goals: Vec<report::Goal>,
+    pub notes: Vec<String>,
+}
+
+/// A fresh folder that is removed with everything in it at the end.
+struct WorkDir(PathBuf);
+
+impl WorkDir {
+    fn create(parent: &Path) -> Result<WorkDir, String> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let path = parent.join(format!("uraid-bench-{}-{nanos}", std::process::id()));
+        std::fs::create_dir(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(WorkDir(path))
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Salts of the verify pattern, one per target, so that one target's data
+/// can never pass for another's.
+const SALT_URAID: u64 = 0x7572_6169_6400_0001;
+const SALT_RAW: u64 = 0x7572_6169_6400_0002;
+const SALT_NBDKIT: u64 = 0x7572_6169_6400_0003;
+
+/// Everything one target's measurements share.
+struct Measure<'a> {
+    options: &'a BenchOptions,
+    progress: &'a indicatif::ProgressBar,
+    rows: Vec<Row>,
+    notes: Vec<String>,
+}
+
+impl Measure<'_> {
+    fn note(&mut self, note: String) {
+        if !self.notes.contains(&note) {
+            self.notes.push(note);
+        }
+    }
+}
+
+/// What a target needs besides its access.
+struct TargetRun<'a> {
+    name: &'a str,
+    state: &'a str,
+    setting: Option<&'a str>,
+    salt: u64,
+    /// CPU seconds so far of the process that serves the target (None:
+    /// raw files, whose I/O runs in the client's threads).
+    cpu: &'a dyn Fn() -> Option<f64>,
+    /// Whether that process is this one, whose client threads' CPU is then
+    /// not the target's.
+    in_process: bool,
+    /// Drops the target's caches (dd-seq).
+    drop_caches: &'a dyn Fn() -> Result<(), String>,
+    /// The background job, for the rebuilding state.
+    background: &'a dyn Fn() -> Option<String>,
+    /// The stripe cache's (full, partial) rows written so far.
+    rows_written: &'a dyn Fn() -> Option<(u64, u64)>,
+}
+
+fn run_phases(
+    m: &mut Measure,
+    access: &Access,
+    run: &TargetRun,
+    phases: &[Phase],
+) -> Result<(), String> {
+    let verify_salt = m.options.verify.then_some(run.salt);
+    for phase in phases {
+        m.progress.set_message(format!(
+            "{} {} {} {}",
+            run.name,
+            run.state,
+            phase.workload.name(),
+            phase.name
+        ));
+        if phase.drop_caches_before {
+            access.flush()?;
+            (run.drop_caches)()?;
+        }
+        let rows_before = (run.rows_written)();
+        let target_before = (run.cpu)();
+        let data = DataMode {
+            verify_salt,
+            seed: m.options.seed,
+        };
+        let outcome = generator::run_phase(access, phase, m.options.limits, data).map_err(|e| {
+            format!(
+                "{} {} {} {}: {e}",
+                run.name,
+                run.state,
+                phase.workload.name(),
+                phase.name
+            )
+        })?;
+        let client_in_target = if run.in_process {
+            outcome.cpu_client_seconds
+        } else {
+            0.0
+        };
+        let target_cpu = target_before
+            .zip((run.cpu)())
+            .map(|(before, after)| (after - before - client_in_target).max(0.0));
+        if outcome.ops == 0 {
+            m.note(format!(
+                "{} {} {} {}: no request completed in the measured time; raise --seconds",
+                run.name,
+                run.state,
+                phase.workload.name(),
+                phase.name
+            ));
+        }
+        let context = RowContext {
+            target: run.name,
+            state: run.state,
+            setting: run.setting,
+            cpu_target_s: target_cpu,
+            background: (run.background)(),
+            rows_written: rows_before
+                .zip((run.rows_written)())
+                .map(|(b, a)| (a.0 - b.0, a.1 - b.1)),
+        };
+        m.rows.push(Row::new(context, phase, &outcome));
+        if phase.op == Op::Write {
+            access.flush()?;
+        }
+        m.progress.inc(1);
+    }
+    Ok(())
+}
+
+fn all_phases(workloads: &[Workload], stripe_bytes: u64) -> Vec<(Workload, Vec<Phase>)> {
+    workloads
+        .iter()
+        .map(|&w| (w, w.phases(stripe_bytes)))
+        .collect()
+}
+
+fn member_bytes_of(paths: &[PathBuf], cap: Option<u64>) -> Result<u64, String> {
+    use std::io::Seek;
+    let mut smallest = u64::MAX;
+    for p in paths {
+        let mut f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let len = f
+            .seek(std::io::SeekFrom::End(0))
+            .map_err(|e| format!("{}: {e}", p.display()))?;
+        smallest = smallest.min(len);
+    }
+    Ok(cap.map_or(smallest, |c| c.min(smallest)))
+}
+
+fn on_tmpfs(path: &Path) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: c is a valid NUL-terminated path; statfs fills the zeroed struct.
+    unsafe {
+        let mut s: libc::statfs = std::mem::zeroed();
+        libc::statfs(c.as_ptr(), &mut s) == 0 && s.f_type as i64 == TMPFS_MAGIC
+    }
+}
+
+/// Checks what can be checked before anything is created.
+fn validate(options: &BenchOptions) -> Result<(), String> {
+    if options.workloads.is_empty() || options.states.is_empty() || options.targets.is_empty() {
+        return Err("nothing to measure: give at least one workload, state and target".into());
+    }
+    if let Some((key, values)) = &options.sweep {
+        if values.is_empty() {
+            return Err(format!("--sweep {key}: give at least one value"));
+        }
+    }
+    if options.limits.measure.is_zero() {
+        return Err("--seconds must be above 0".into());
+    }
+    Ok(())
+}
+
+pub fn run(options: &BenchOptions) -> Result<Report, String> {
+    validate(options)?;
+    let (workdir, paths, assume_clean) = match &options.members {
+        MemberSource::Files {
+            parent,
+            count,
+            bytes,
+        } => {
+            let workdir = WorkDir::create(parent)?;
+            let paths = array::create_member_files(&workdir.0, *count, *bytes)?;
+            (workdir, paths, true)
+        }
+        MemberSource::Existing(paths) => (
+            WorkDir::create(&std::env::temp_dir())?,
+            paths.clone(),
+            false,
+        ),
+    };
+    let member_bytes = member_bytes_of(&paths, options.spec.member_bytes)?;
+    let members_on = if on_tmpfs(&paths[0]) { "tmpfs" } else { "disk" };
+    let wants = |t| options.targets.contains(&t);
+    let phase_count = |stripe: u64| -> u64 {
+        all_phases(&options.workloads, stripe)
+            .iter()
+            .map(|(_, p)| p.len() as u64)
+            .sum()
+    };
+    let uraid_rounds =
+        options.states.len() as u64 * options.sweep.as_ref().map_or(1, |(_, v)| v.len() as u64);
+    let total = phase_count(1 << 20)
+        * (u64::from(wants(TargetKind::Uraid)) * uraid_rounds
+            + u64::from(wants(TargetKind::Raw))
+            + u64::from(wants(TargetKind::Nbdkit)));
+    let progress = indicatif::ProgressBar::new(total);
+    progress.set_style(
+        indicatif::ProgressStyle::with_template("bench [{bar:30}] {pos}/{len} {msg} eta {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    let mut m = Measure {
+        options,
+        progress: &progress,
+        rows: Vec::new(),
+        notes: Vec::new(),
+    };
+    // uraid first: it creates the array; raw then reuses the same files
+    // (overwriting the array, which is the benchmark's own).
+    let mut stripe_bytes = 1 << 20;
+    let mut array_bytes = None;
+    let mut tunables_in_force = Vec::new();
+    if wants(TargetKind::Uraid) {
+        let socket = workdir.0.join("uraid.nbd");
+        let mut live = LiveArray::create_and_serve(
+            &paths,
+            &options.spec,
+            assume_clean,
+            !assume_clean,
+            &socket,
+        )?;
+        let result = measure_uraid(&mut m, &mut live, &paths, &mut tunables_in_force);
+        stripe_bytes = live.stripe_data_bytes();
+        array_bytes = Some(live.engine.size_bytes());
+        let stopped = live.stop();
+        result?;
+        stopped?;
+    }
+    let mut raw_direct = None;
+    if wants(TargetKind::Raw) {
+        let raw = Arc::new(RawStripes::open(&paths, member_bytes)?);
+        raw_direct = Some(raw.direct);
+        if !raw.direct {
+            m.note("the raw member files do not take O_DIRECT here: raw I/O is buffered".into());
+        }
+        let access = Access::Files(raw);
+        access.prefill(options.verify.then_some(SALT_RAW), options.seed)?;
+        let drop = || targets::drop_file_caches(&paths);
+        let run = TargetRun {
+            name: "raw",
+            state: "-",
+            setting: None,
+            salt: SALT_RAW,
+            cpu: &|| None,
+            in_process: false,
+            drop_caches: &drop,
+            background: &|| None,
+            rows_written: &|| None,
+        };
+        for (_, phases) in all_phases(&options.workloads, stripe_bytes) {
+            run_phases(&mut m, &access, &run, &phases)?;
+        }
+    }
+    if wants(TargetKind::Nbdkit) {
+        if Nbdkit::installed() {
+            let size = array_bytes.unwrap_or(member_bytes * paths.len() as u64);
+            let nbdkit = Nbdkit::start(
+                &workdir.0.join("nbdkit.nbd"),
+                size,
+                &options.nbdkit_allocator,
+            )?;
+            let access = Access::Nbd {
+                socket: nbdkit.socket.clone(),
+                export: String::new(),
+                size_bytes: size,
+            };
+            access.prefill(options.verify.then_some(SALT_NBDKIT), options.seed)?;
+            let cpu = || nbdkit.cpu_seconds().ok();
+            let run = TargetRun {
+                name: "nbdkit",
+                state: "-",
+                setting: None,
+                salt: SALT_NBDKIT,
+                cpu: &cpu,
+                in_process: false,
+                drop_caches: &|| Ok(()),
+                background: &|| None,
+                rows_written: &|| None,
+            };
+            for (_, phases) in all_phases(&options.workloads, stripe_bytes) {
+                run_phases(&mut m, &access, &run, &phases)?;
+            }
+        } else {
+            m.note("nbdkit is not installed: no transport ceiling (tests/kernel/install-deps installs it)".into());
+        }
+    }
+    progress.finish_and_clear();
+    let mut rows = m.rows;
+    report::fill_ratios(&mut rows);
+    let level = options.spec.level.to_string();
+    let goals = report::goals(
+        &rows,
+        &report::ArrayFacts {
+            level: &level,
+            devices: paths.len() as u32,
+        },
+    );
+    let mut notes = m.notes;
+    for g in goals.iter().filter(|g| !g.met) {
+        notes.push(format!(
+            "target missed: {} ({:.2}, needs {:.2})",
+            g.name, g.measured, g.required
+        ));
+    }
+    Ok(Report {
+        date_utc: date_utc(),
+        command: options.command.clone(),
+        machine: machine(),
+        array: ArrayReport {
+            level,
+            devices: paths.len() as u32,
+            chunk_bytes: options.spec.chunk_bytes,
+            member_bytes,
+            stripe_data_bytes: stripe_bytes,
+            members_on: members_on.to_string(),
+            raw_direct,
+            tunables: tunables_in_force,
+        },
+        seconds_per_phase: options.limits.measure.as_secs_f64(),
+        warmup_seconds: options.limits.warmup.as_secs_f64(),
+        verify: options.verify,
+        nbdkit_allocator: options.nbdkit_allocator.clone(),
+        rows,
+        goals,
+        notes,
+    })
+}
+
+fn measure_uraid(
+    m: &mut Measure,
+    live: &mut LiveArray,
+    paths: &[PathBuf],
+    tunables_in_force: &mut Vec<(String, String)>,
+) -> Result<(), String> {
+    let options = m.options;
+    for (key, value) in &options.settings {
+        tunables::set(&live.engine, key, value).map_err(|e| format!("--set {e}"))?;
+    }
+    let access = Access::Nbd {
+        socket: live.socket.clone(),
+        export: array::EXPORT_NAME.to_string(),
+        size_bytes: live.engine.size_bytes(),
+    };
+    access.prefill(options.verify.then_some(SALT_URAID), options.seed)?;
+    let phases = all_phases(&options.workloads, live.stripe_data_bytes());
+    let sweep: Vec<Option<String>> = match &options.sweep {
+        None => vec![None],
+        Some((_, values)) => values.iter().cloned().map(Some).collect(),
+    };
+    for value in &sweep {
+        let setting = match (value, &options.sweep) {
+            (Some(v), Some((key, _))) => {
+                tunables::set(&live.engine, key, v).map_err(|e| format!("--sweep {e}"))?;
+                Some(format!("{key}={v}"))
+            }
+            _ => None,
+        };
+        for &state in &options.states {
+            if let Err(e) = live.enter(state) {
+                m.note(format!("state {} skipped: {e}", state.name()));
+                m.progress
+                    .inc(phases.iter().map(|(_, p)| p.len() as u64).sum());
+                continue;
+            }
+            for (_, workload_phases) in &phases {
+                live.keep_rebuilding()?;
+                let engine = live.engine.clone();
+                let drop = || {
+                    tunables::drop_engine_caches(&engine)?;
+                    targets::drop_file_caches(paths)
+                };
+                let cpu = || Some(targets::process_cpu_seconds());
+                let live_ref = &*live;
+                let background = || live_ref.background();
+                let run = TargetRun {
+                    name: "uraid",
+                    state: state.name(),
+                    setting: setting.as_deref(),
+                    salt: SALT_URAID,
+                    cpu: &cpu,
+                    in_process: true,
+                    drop_caches: &drop,
+                    background: &background,
+                    rows_written: &|| Some(tunables::row_counters(&live_ref.engine)),
+                };
+                run_phases(m, &access, &run, workload_phases)?;
+            }
+        }
+    }
+    *tunables_in_force = tunables::list(&live.engine);
+    Ok(())
+}
+
+fn date_utc() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn machine() -> Machine {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu_model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+        .unwrap_or_default();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let memory_kib: f64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
+    Machine {
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cpu_model,
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+        memory_gib: (memory_kib / 1048576.0 * 10.0).round() / 10.0,
+    }
+}

@@ -1,16 +1,237 @@
-//! `uraid bench`: measurements, each a subcommand.
+//! `uraid bench`: the end-to-end benchmark (src/bench) when no subcommand
+//! is given, and `uraid bench parity` (the parity implementations side by
+//! side, src/bench/parity.rs).
 
-use crate::bench;
+use super::CliResult;
+use crate::bench::array::{ArraySpec, State};
+use crate::bench::generator::Limits;
+use crate::bench::workload::Workload;
+use crate::bench::{self, BenchOptions, MemberSource, TargetKind};
+use crate::geometry::level_from_name;
+use crate::units::parse_size_bytes;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: Option<BenchCommand>,
+    #[command(flatten)]
+    end_to_end: EndToEndArgs,
+}
 
 #[derive(clap::Subcommand, Debug)]
-pub enum BenchCommand {
+enum BenchCommand {
     /// P+Q generation and two-data recovery speed of each parity
     /// implementation, next to Intel ISA-L's and memcpy's.
     Parity(bench::parity::ParityArgs),
 }
 
-pub fn run(command: &BenchCommand) -> super::CliResult {
-    match command {
-        BenchCommand::Parity(args) => bench::parity::run(args),
+#[derive(clap::Args, Debug)]
+struct EndToEndArgs {
+    /// Folder in which a fresh folder of member files is made and removed
+    /// afterwards: /dev/shm (the default) for members in memory, a folder
+    /// on a disk for members on disk.
+    #[arg(long, default_value = "/dev/shm")]
+    dir: PathBuf,
+    /// RAID level of the array to build.
+    #[arg(long, default_value = "raid6")]
+    level: String,
+    /// Number of members.
+    #[arg(long, default_value_t = 6)]
+    devices: u32,
+    /// Chunk size (K/M suffixes; a bare number is KiB), default mdadm's 512K.
+    #[arg(long)]
+    chunk: Option<String>,
+    /// Size of each member file (K/M/G suffixes; a bare number is KiB).
+    #[arg(long, default_value = "256M")]
+    size: String,
+    /// Layout by mdadm's name.
+    #[arg(long)]
+    layout: Option<String>,
+    /// Use these existing devices or files as members instead: everything
+    /// on them is overwritten, so --destroy-data must be given too.
+    #[arg(long, num_args = 1..)]
+    members: Vec<PathBuf>,
+    /// Confirms that --members may be overwritten.
+    #[arg(long)]
+    destroy_data: bool,
+    /// States of the array: healthy, degraded, rebuilding (comma-separated).
+    #[arg(long, default_value = "healthy", value_delimiter = ',')]
+    state: Vec<String>,
+    /// Workloads (comma-separated): fio-randwrite, iozone-seq, dd-seq,
+    /// randread-qd, seq-1m, seq-stripe, randread; default all.
+    #[arg(long, value_delimiter = ',')]
+    workload: Vec<String>,
+    /// Targets (comma-separated): uraid, raw, nbdkit; default all.
+    #[arg(long, value_delimiter = ',', default_value = "uraid,raw,nbdkit")]
+    targets: Vec<String>,
+    /// Allocator of `nbdkit memory` (malloc, sparse, zstd): malloc lets
+    /// requests run concurrently, so it is the higher ceiling.
+    #[arg(long, default_value = "malloc")]
+    nbdkit_allocator: String,
+    /// Measured seconds per phase.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// Warm-up seconds before each phase's measurement.
+    #[arg(long, default_value_t = 0.5)]
+    warmup: f64,
+    /// Write a known pattern and check every read against it.
+    #[arg(long)]
+    verify: bool,
+    /// Seed of the random offsets and data.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Set an engine tunable before measuring (repeatable): KEY=VALUE.
+    #[arg(long = "set")]
+    set: Vec<String>,
+    /// Run the workloads once per value of a tunable: KEY=V1,V2,...
+    #[arg(long)]
+    sweep: Option<String>,
+    /// Write the report as JSON to FILE, or to standard output with "-".
+    #[arg(long)]
+    json: Option<String>,
+    /// Write an SVG chart to FILE.
+    #[arg(long)]
+    chart: Option<PathBuf>,
+}
+
+pub fn run(args: &BenchArgs) -> CliResult {
+    match &args.command {
+        Some(BenchCommand::Parity(args)) => bench::parity::run(args),
+        None => run_end_to_end(&args.end_to_end),
     }
+}
+
+fn key_value(text: &str, flag: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.is_empty() && !v.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{flag} {text}: expected KEY=VALUE")),
+    }
+}
+
+fn seconds(value: f64, flag: &str) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(value).map_err(|_| format!("{flag} {value}: not a duration"))
+}
+
+fn options(args: &EndToEndArgs) -> Result<BenchOptions, String> {
+    if !args.members.is_empty() && !args.destroy_data {
+        return Err(format!(
+            "--members would overwrite everything on {}: add --destroy-data to confirm",
+            args.members
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let level =
+        level_from_name(&args.level).ok_or_else(|| format!("unknown level '{}'", args.level))?;
+    let member_bytes = parse_size_bytes(&args.size)?;
+    let members = if args.members.is_empty() {
+        if !args.dir.is_dir() {
+            return Err(format!("--dir {}: not a folder", args.dir.display()));
+        }
+        MemberSource::Files {
+            parent: args.dir.clone(),
+            count: args.devices,
+            bytes: member_bytes,
+        }
+    } else {
+        MemberSource::Existing(args.members.clone())
+    };
+    let workloads = if args.workload.is_empty() {
+        Workload::ALL.to_vec()
+    } else {
+        args.workload
+            .iter()
+            .map(|w| Workload::parse(w))
+            .collect::<Result<_, _>>()?
+    };
+    let sweep = args
+        .sweep
+        .as_deref()
+        .map(|s| {
+            key_value(s, "--sweep")
+                .map(|(k, v)| (k, v.split(',').map(str::to_string).collect::<Vec<_>>()))
+        })
+        .transpose()?;
+    Ok(BenchOptions {
+        members,
+        spec: ArraySpec {
+            level,
+            chunk_bytes: args.chunk.as_deref().map(parse_size_bytes).transpose()?,
+            layout: args.layout.clone(),
+            // New files are used whole; existing devices too unless --size
+            // was given explicitly.
+            member_bytes: Some(member_bytes)
+                .filter(|_| !args.members.is_empty() && args.size != "256M"),
+        },
+        states: args
+            .state
+            .iter()
+            .map(|s| State::parse(s))
+            .collect::<Result<_, _>>()?,
+        workloads,
+        targets: args
+            .targets
+            .iter()
+            .map(|t| TargetKind::parse(t))
+            .collect::<Result<_, _>>()?,
+        limits: Limits {
+            warmup: seconds(args.warmup, "--warmup")?,
+            measure: seconds(args.seconds, "--seconds")?,
+        },
+        verify: args.verify,
+        seed: args.seed,
+        settings: args
+            .set
+            .iter()
+            .map(|s| key_value(s, "--set"))
+            .collect::<Result<_, _>>()?,
+        sweep,
+        nbdkit_allocator: args.nbdkit_allocator.clone(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+    })
+}
+
+fn run_end_to_end(args: &EndToEndArgs) -> CliResult {
+    let options = options(args)?;
+    // Refuse an output in a folder that does not exist before spending
+    // minutes measuring (and without creating anything).
+    for path in [
+        args.json
+            .as_deref()
+            .filter(|j| *j != "-")
+            .map(PathBuf::from),
+        args.chart.clone(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+        if parent.is_some_and(|p| !p.is_dir()) {
+            return Err(format!("{}: the folder does not exist", path.display()));
+        }
+    }
+    let report = bench::run(&options)?;
+    let table = bench::report::table(&report.rows, &report.goals, &report.notes);
+    let json = serde_json::to_string_pretty(&report).expect("the report serialises");
+    match args.json.as_deref() {
+        Some("-") => {
+            eprint!("{table}");
+            println!("{json}");
+        }
+        Some(path) => {
+            print!("{table}");
+            std::fs::write(path, json + "\n").map_err(|e| format!("{path}: {e}"))?;
+        }
+        None => print!("{table}"),
+    }
+    if let Some(chart) = &args.chart {
+        let sweep_key = options.sweep.as_ref().map(|(k, _)| k.as_str());
+        bench::chart::write_svg(chart, &report.rows, sweep_key)?;
+    }
+    Ok(())
 }

@@ -72,6 +72,9 @@ enum Command {
         #[arg(long)]
         control: Option<PathBuf>,
     },
+    /// Measure: the seeds' workloads over NBD against the raw members and nbdkit;
+    /// `bench parity` compares the parity implementations with ISA-L.
+    Bench(bench::BenchArgs),
     /// Read the array's contents (offline, degraded if members are missing) into a file.
     CopyOut {
         #[arg(long)]
@@ -79,9 +82,6 @@ enum Command {
         #[arg(required = true)]
         devices: Vec<PathBuf>,
     },
-    /// Measure: `bench parity` compares the parity implementations with ISA-L.
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
 }
 
 /// A command's failure: one line for the user.
@@ -123,11 +123,11 @@ pub fn main() -> i32 {
             devices,
         } => detail::run(control.as_deref(), &devices, json),
         Command::Serve(args) => serve::run(&args),
+        Command::Bench(args) => bench::run(&args),
         Command::Manage(args) => manage::run(&args),
         Command::Status { json, control } => status::run(control.as_deref(), json),
         Command::CopyIn { input, devices } => copy::copy_in(&input, &devices),
         Command::CopyOut { output, devices } => copy::copy_out(&output, &devices),
-        Command::Bench(command) => bench::run(&command),
     };
     match result {
         Ok(()) => 0,

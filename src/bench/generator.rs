@@ -1,0 +1,473 @@
+//! The closed-loop load generator: `jobs` jobs, each keeping
+//! `depth_per_job` requests in flight, at aligned offsets drawn from a fixed
+//! seed, for a warm-up and then a measured interval.
+//!
+//! Over NBD a job is one connection with its requests pipelined (a sender
+//! thread and a receiver thread). On plain files a job is `depth_per_job`
+//! threads doing synchronous positional I/O, as fio's psync engine with
+//! that many jobs: the same concurrency without an async I/O layer.
+
+use super::buffers::{check_pattern, fill_pattern, noise, AlignedBuf};
+use super::nbd_client;
+use super::targets::{thread_cpu_seconds, Access, RawStripes};
+use super::workload::{Op, Pattern, Phase};
+use hdrhistogram::Histogram;
+use rand::{Rng, SeedableRng};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Latencies above this are recorded as this (an hour, in ns).
+const LATENCY_NS_MAX: u64 = 3_600_000_000_000;
+
+/// How long a phase runs.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub warmup: Duration,
+    pub measure: Duration,
+}
+
+/// What a phase measured.
+pub struct Outcome {
+    pub ops: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+    /// Request latencies in ns, submit to completion.
+    pub latency_ns: Histogram<u64>,
+    /// CPU time of the generator's own threads (client side).
+    pub cpu_client_seconds: f64,
+}
+
+/// How data is written and checked.
+#[derive(Clone, Copy, Debug)]
+pub struct DataMode {
+    /// `Some(salt)`: writes carry the address pattern and reads are checked.
+    pub verify_salt: Option<u64>,
+    pub seed: u64,
+}
+
+/// The measured interval of a phase, shared by its threads. Requests are
+/// submitted until `end`, and past it, up to `GRACE`, while none has been
+/// recorded yet: a phase always measures at least one request, however
+/// slow. The requests in flight at `end` are waited for and counted, and
+/// the measured time runs to the last completion, as fio counts.
+struct Window {
+    measure_from: Instant,
+    end: Instant,
+    recorded: AtomicU64,
+    /// Nanoseconds from `measure_from` to the latest recorded completion.
+    last_completion_ns: AtomicU64,
+}
+
+/// How long past its end a phase goes on waiting for its first request.
+const GRACE: Duration = Duration::from_secs(60);
+
+impl Window {
+    fn keep_going(&self, now: Instant) -> bool {
+        now < self.end || (self.recorded.load(Ordering::Relaxed) == 0 && now < self.end + GRACE)
+    }
+
+    fn seconds(&self) -> f64 {
+        let last = Duration::from_nanos(self.last_completion_ns.load(Ordering::Relaxed));
+        last.max(self.end - self.measure_from).as_secs_f64()
+    }
+}
+
+/// Counts the requests submitted inside the measured window.
+struct Recorder {
+    latency_ns: Histogram<u64>,
+    ops: u64,
+    bytes: u64,
+}
+
+impl Recorder {
+    fn new() -> Recorder {
+        Recorder {
+            latency_ns: Histogram::new_with_bounds(1, LATENCY_NS_MAX, 3).expect("valid bounds"),
+            ops: 0,
+            bytes: 0,
+        }
+    }
+
+    fn record(&mut self, window: &Window, submitted: Instant, completed: Instant, bytes: u64) {
+        if submitted < window.measure_from {
+            return;
+        }
+        let ns = completed.duration_since(submitted).as_nanos() as u64;
+        self.latency_ns.saturating_record(ns.max(1));
+        self.ops += 1;
+        self.bytes += bytes;
+        window.recorded.fetch_add(1, Ordering::Relaxed);
+        let since = completed.duration_since(window.measure_from).as_nanos() as u64;
+        window
+            .last_completion_ns
+            .fetch_max(since, Ordering::Relaxed);
+    }
+
+    fn merge(&mut self, other: Recorder) {
+        self.latency_ns.add(&other.latency_ns).expect("same bounds");
+        self.ops += other.ops;
+        self.bytes += other.bytes;
+    }
+}
+
+/// Where the next request of a job goes.
+struct Offsets {
+    pattern: Pattern,
+    block_bytes: u64,
+    /// Random: the whole target. Sequential: the job's own region.
+    region_start: u64,
+    region_blocks: u64,
+    /// Sequential position, shared by the lanes of a job.
+    cursor: AtomicU64,
+}
+
+impl Offsets {
+    fn new(phase: &Phase, size_bytes: u64, job: u32) -> Result<Offsets, String> {
+        let block = phase.block_bytes;
+        let (region_start, region_bytes) = match phase.pattern {
+            Pattern::Random => (0, size_bytes),
+            Pattern::Sequential => {
+                let per_job = size_bytes / phase.jobs as u64 / block * block;
+                (job as u64 * per_job, per_job)
+            }
+        };
+        let region_blocks = region_bytes / block;
+        if region_blocks == 0 {
+            return Err(format!(
+                "{} {}: the target ({size_bytes} bytes) is too small for {} jobs of {block}-byte requests",
+                phase.workload.name(),
+                phase.name,
+                phase.jobs
+            ));
+        }
+        Ok(Offsets {
+            pattern: phase.pattern,
+            block_bytes: block,
+            region_start,
+            region_blocks,
+            cursor: AtomicU64::new(0),
+        })
+    }
+
+    fn next(&self, rng: &mut impl Rng) -> u64 {
+        let block = match self.pattern {
+            Pattern::Random => rng.gen_range(0..self.region_blocks),
+            Pattern::Sequential => self.cursor.fetch_add(1, Ordering::Relaxed) % self.region_blocks,
+        };
+        self.region_start + block * self.block_bytes
+    }
+}
+
+fn lane_rng(seed: u64, job: u32, lane: u32) -> rand::rngs::StdRng {
+    rand::rngs::StdRng::seed_from_u64(seed ^ ((job as u64) << 40) ^ ((lane as u64) << 20))
+}
+
+/// Runs one phase against a target.
+pub fn run_phase(
+    access: &Access,
+    phase: &Phase,
+    limits: Limits,
+    data: DataMode,
+) -> Result<Outcome, String> {
+    let size_bytes = access.size_bytes();
+    let offsets: Vec<Arc<Offsets>> = (0..phase.jobs)
+        .map(|job| Offsets::new(phase, size_bytes, job).map(Arc::new))
+        .collect::<Result<_, _>>()?;
+    let start = Instant::now();
+    let measure_from = start + limits.warmup;
+    let window = Arc::new(Window {
+        measure_from,
+        end: measure_from + limits.measure,
+        recorded: AtomicU64::new(0),
+        last_completion_ns: AtomicU64::new(0),
+    });
+    let client_cpu = Arc::new(Mutex::new(0.0f64));
+    let results: Vec<Result<Recorder, String>> = std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        for (job, offsets) in offsets.iter().enumerate() {
+            let job = job as u32;
+            match access {
+                Access::Nbd { socket, export, .. } => {
+                    let (socket, export, offsets, cpu, window) = (
+                        socket.clone(),
+                        export.clone(),
+                        offsets.clone(),
+                        client_cpu.clone(),
+                        window.clone(),
+                    );
+                    handles.push(scope.spawn(move || {
+                        let spec = NbdJob {
+                            socket: &socket,
+                            export: &export,
+                            phase,
+                            offsets: &offsets,
+                            data,
+                            job,
+                            window: &window,
+                            cpu: &cpu,
+                        };
+                        spec.run()
+                    }));
+                }
+                Access::Files(files) => {
+                    for lane in 0..phase.depth_per_job {
+                        let (files, offsets, cpu, window) = (
+                            files.clone(),
+                            offsets.clone(),
+                            client_cpu.clone(),
+                            window.clone(),
+                        );
+                        handles.push(scope.spawn(move || {
+                            let cpu_start = thread_cpu_seconds();
+                            let result =
+                                file_lane(&files, phase, &offsets, data, job, lane, &window);
+                            *cpu.lock().unwrap() += thread_cpu_seconds() - cpu_start;
+                            result
+                        }));
+                    }
+                }
+            }
+        }
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a load thread panicked".into()))
+            })
+            .collect()
+    });
+    let mut total = Recorder::new();
+    for result in results {
+        total.merge(result?);
+    }
+    let cpu_client_seconds = *client_cpu.lock().unwrap();
+    Ok(Outcome {
+        ops: total.ops,
+        bytes: total.bytes,
+        seconds: window.seconds(),
+        latency_ns: total.latency_ns,
+        cpu_client_seconds,
+    })
+}
+
+/// One synchronous lane over the raw files.
+#[allow(clippy::too_many_arguments)]
+fn file_lane(
+    files: &RawStripes,
+    phase: &Phase,
+    offsets: &Offsets,
+    data: DataMode,
+    job: u32,
+    lane: u32,
+    window: &Window,
+) -> Result<Recorder, String> {
+    let mut rng = lane_rng(data.seed, job, lane);
+    let mut recorder = Recorder::new();
+    let len = phase.block_bytes as usize;
+    let mut buf = match (phase.op, data.verify_salt) {
+        (Op::Write, None) => noise(len, data.seed ^ job as u64),
+        _ => AlignedBuf::zeroed(len),
+    };
+    loop {
+        let submitted = Instant::now();
+        if !window.keep_going(submitted) {
+            return Ok(recorder);
+        }
+        let offset = offsets.next(&mut rng);
+        match phase.op {
+            Op::Write => {
+                if let Some(salt) = data.verify_salt {
+                    fill_pattern(&mut buf, offset, salt);
+                }
+                files.write_at(offset, &buf)
+            }
+            Op::Read => files.read_at(offset, &mut buf),
+        }
+        .map_err(|e| format!("raw files at {offset}: {e}"))?;
+        let completed = Instant::now();
+        if let (Op::Read, Some(salt)) = (phase.op, data.verify_salt) {
+            verify(&buf, offset, salt)?;
+        }
+        recorder.record(window, submitted, completed, len as u64);
+    }
+}
+
+fn verify(buf: &[u8], offset: u64, salt: u64) -> Result<(), String> {
+    match check_pattern(buf, offset, salt) {
+        None => Ok(()),
+        Some(bad) => Err(format!(
+            "verify: the {}-byte read at {offset} holds wrong data at byte {bad}",
+            buf.len()
+        )),
+    }
+}
+
+/// A request in flight on a connection, by cookie.
+#[derive(Clone, Copy)]
+struct Pending {
+    offset: u64,
+    submitted: Instant,
+}
+
+struct NbdJob<'a> {
+    socket: &'a std::path::Path,
+    export: &'a str,
+    phase: &'a Phase,
+    offsets: &'a Offsets,
+    data: DataMode,
+    job: u32,
+    window: &'a Arc<Window>,
+    cpu: &'a Mutex<f64>,
+}
+
+impl NbdJob<'_> {
+    /// The sender side: keeps `depth` requests in flight until the end,
+    /// then waits for them all. The cookie of a request is its slot.
+    fn run(&self) -> Result<Recorder, String> {
+        let cpu_start = thread_cpu_seconds();
+        let depth = self.phase.depth_per_job as usize;
+        let len = self.phase.block_bytes as usize;
+        let (mut sender, receiver, info) = nbd_client::connect(self.socket, self.export)
+            .map_err(|e| format!("{}: {e}", self.socket.display()))?;
+        assert!(info.size_bytes >= self.offsets.region_start + self.offsets.block_bytes);
+        let pending = Arc::new(Mutex::new(vec![
+            Pending {
+                offset: 0,
+                submitted: Instant::now()
+            };
+            depth
+        ]));
+        let (done_tx, done_rx) = mpsc::sync_channel::<Result<usize, String>>(depth);
+        let receiver_thread = {
+            let (pending, op, data, window) = (
+                pending.clone(),
+                self.phase.op,
+                self.data,
+                self.window.clone(),
+            );
+            std::thread::spawn(move || {
+                let cpu_start = thread_cpu_seconds();
+                let result = receive(receiver, &pending, op, len, data, &done_tx, &window);
+                if let Err(e) = &result {
+                    let _ = done_tx.send(Err(e.clone()));
+                }
+                (result, thread_cpu_seconds() - cpu_start)
+            })
+        };
+        let mut rng = lane_rng(self.data.seed, self.job, 0);
+        let mut buffers: Vec<AlignedBuf> = match (self.phase.op, self.data.verify_salt) {
+            (Op::Write, Some(_)) => (0..depth).map(|_| AlignedBuf::zeroed(len)).collect(),
+            (Op::Write, None) => vec![noise(len, self.data.seed ^ self.job as u64)],
+            (Op::Read, _) => Vec::new(),
+        };
+        let mut submit = |slot: usize, sender: &mut nbd_client::NbdSender| -> Result<(), String> {
+            let offset = self.offsets.next(&mut rng);
+            pending.lock().unwrap()[slot] = Pending {
+                offset,
+                submitted: Instant::now(),
+            };
+            let cookie = slot as u64;
+            match self.phase.op {
+                Op::Read => sender.send_read(cookie, offset, len as u32),
+                Op::Write => {
+                    let buf = match self.data.verify_salt {
+                        Some(salt) => {
+                            fill_pattern(&mut buffers[slot], offset, salt);
+                            &buffers[slot]
+                        }
+                        None => &buffers[0],
+                    };
+                    sender.send_write(cookie, offset, buf)
+                }
+            }
+            .map_err(|e| format!("NBD send: {e}"))
+        };
+        let mut in_flight = 0usize;
+        let mut failure = None;
+        for slot in 0..depth {
+            if let Err(e) = submit(slot, &mut sender) {
+                failure = Some(e);
+                break;
+            }
+            in_flight += 1;
+        }
+        while in_flight > 0 {
+            match done_rx.recv() {
+                Ok(Ok(slot)) => {
+                    in_flight -= 1;
+                    if failure.is_none() && self.window.keep_going(Instant::now()) {
+                        match submit(slot, &mut sender) {
+                            Ok(()) => in_flight += 1,
+                            Err(e) => failure = Some(e),
+                        }
+                    }
+                }
+                Ok(Err(e)) => {
+                    failure = Some(e);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let _ = sender.send_disconnect();
+        drop(sender);
+        let (received, receiver_cpu) = receiver_thread
+            .join()
+            .map_err(|_| "an NBD receiver thread panicked".to_string())?;
+        *self.cpu.lock().unwrap() += thread_cpu_seconds() - cpu_start + receiver_cpu;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        received
+    }
+}
+
+/// The receiver side: reads replies until the server closes the
+/// connection after the disconnect, recording each and handing its slot
+/// back to the sender.
+#[allow(clippy::too_many_arguments)]
+fn receive(
+    mut receiver: nbd_client::NbdReceiver,
+    pending: &Mutex<Vec<Pending>>,
+    op: Op,
+    len: usize,
+    data: DataMode,
+    done: &mpsc::SyncSender<Result<usize, String>>,
+    window: &Window,
+) -> Result<Recorder, String> {
+    let mut recorder = Recorder::new();
+    let mut scratch = AlignedBuf::zeroed(len);
+    loop {
+        let reply = match receiver.recv() {
+            Ok(reply) => reply,
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(recorder),
+            Err(e) => return Err(format!("NBD receive: {e}")),
+        };
+        let slot = reply.cookie as usize;
+        let request = *pending
+            .lock()
+            .unwrap()
+            .get(slot)
+            .ok_or_else(|| format!("NBD reply with unknown cookie {}", reply.cookie))?;
+        if reply.error != 0 {
+            return Err(format!(
+                "NBD error {} for the request at {}",
+                reply.error, request.offset
+            ));
+        }
+        if op == Op::Read {
+            receiver
+                .recv_data(&mut scratch)
+                .map_err(|e| format!("NBD read data: {e}"))?;
+        }
+        let completed = Instant::now();
+        if let (Op::Read, Some(salt)) = (op, data.verify_salt) {
+            verify(&scratch, request.offset, salt)?;
+        }
+        recorder.record(window, request.submitted, completed, len as u64);
+        if done.send(Ok(slot)).is_err() {
+            return Ok(recorder);
+        }
+    }
+}

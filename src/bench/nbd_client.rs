@@ -1,0 +1,249 @@
+//! A small NBD client for the benchmark: fixed newstyle handshake with
+//! `NBD_OPT_GO`, then pipelined READ/WRITE/FLUSH told apart by cookie.
+//!
+//! It speaks only what the benchmark needs, over a unix socket, with simple
+//! replies (no structured replies: a read's data then follows its reply
+//! header directly, which is the cheapest framing to parse). The messages
+//! are built and parsed by the server's own encoders and decoders in
+//! `export::nbd::proto`, so the two sides cannot drift apart.
+//!
+//! A connection splits into a sender and a receiver that run on two
+//! threads: the receiver must keep draining replies while the sender is
+//! blocked writing a large payload, or both ends could wait on each other
+//! with full socket buffers.
+
+use crate::export::nbd::proto::{self, InfoRequest, OptionHeader, ReplyHeader, RequestHeader};
+use crate::export::BlockSizes;
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+/// Option replies a handshake reads before giving up: a server sends a few
+/// `NBD_REP_INFO` before the ACK, never hundreds.
+const MAX_OPTION_REPLIES: usize = 64;
+/// Largest option reply payload accepted (the protocol's string limit plus
+/// room for the fixed fields).
+const MAX_OPTION_REPLY_BYTES: u32 = 8192;
+
+/// What `NBD_OPT_GO` negotiated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExportInfo {
+    pub size_bytes: u64,
+    pub transmission_flags: u16,
+    /// The server's block size constraints, when it sent them.
+    pub block_sizes: Option<BlockSizes>,
+}
+
+/// The writing half of a connection.
+pub struct NbdSender {
+    stream: UnixStream,
+}
+
+/// The reading half of a connection.
+pub struct NbdReceiver {
+    stream: UnixStream,
+}
+
+/// One reply: the cookie of its request and the NBD error (0 is success).
+/// For a successful read, the caller then takes the data with
+/// [`NbdReceiver::recv_data`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub cookie: u64,
+    pub error: u32,
+}
+
+fn protocol_error(what: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("NBD: {what}"))
+}
+
+/// Connects to the export `name` at a unix socket and negotiates with
+/// `NBD_OPT_GO`.
+pub fn connect(socket: &Path, name: &str) -> io::Result<(NbdSender, NbdReceiver, ExportInfo)> {
+    let mut stream = UnixStream::connect(socket)?;
+    let mut greeting = [0u8; proto::GREETING_LEN];
+    stream.read_exact(&mut greeting)?;
+    let handshake_flags = proto::decode_greeting(&greeting).map_err(protocol_error)?;
+    if handshake_flags & proto::FLAG_FIXED_NEWSTYLE == 0 {
+        return Err(protocol_error("the server does not speak fixed newstyle"));
+    }
+    let mut client_flags = proto::FLAG_C_FIXED_NEWSTYLE;
+    if handshake_flags & proto::FLAG_NO_ZEROES != 0 {
+        client_flags |= proto::FLAG_C_NO_ZEROES;
+    }
+    stream.write_all(&client_flags.to_be_bytes())?;
+    let data = proto::encode_info_request(&InfoRequest {
+        name: name.to_string(),
+        requests: vec![proto::INFO_BLOCK_SIZE],
+    });
+    let mut option = proto::encode_option_header(OptionHeader {
+        option: proto::OPT_GO,
+        length: data.len() as u32,
+    })
+    .to_vec();
+    option.extend_from_slice(&data);
+    stream.write_all(&option)?;
+    let info = read_go_replies(&mut stream)?;
+    let reader = stream.try_clone()?;
+    Ok((NbdSender { stream }, NbdReceiver { stream: reader }, info))
+}
+
+fn read_go_replies(stream: &mut UnixStream) -> io::Result<ExportInfo> {
+    let mut size_and_flags = None;
+    let mut block_sizes = None;
+    for _ in 0..MAX_OPTION_REPLIES {
+        let mut header = [0u8; proto::OPTION_REPLY_HEADER_LEN];
+        stream.read_exact(&mut header)?;
+        let header = proto::decode_option_reply_header(&header).map_err(protocol_error)?;
+        if header.option != proto::OPT_GO || header.length > MAX_OPTION_REPLY_BYTES {
+            return Err(protocol_error(format!(
+                "unexpected option reply {header:?}"
+            )));
+        }
+        let mut data = vec![0u8; header.length as usize];
+        stream.read_exact(&mut data)?;
+        match header.reply_type {
+            proto::REP_ACK => {
+                let (size_bytes, transmission_flags) = size_and_flags.ok_or_else(|| {
+                    protocol_error("NBD_OPT_GO acknowledged without the export size")
+                })?;
+                return Ok(ExportInfo {
+                    size_bytes,
+                    transmission_flags,
+                    block_sizes,
+                });
+            }
+            proto::REP_INFO => match proto::decode_info(&data).map_err(protocol_error)? {
+                proto::Info::Export {
+                    size,
+                    transmission_flags,
+                } => size_and_flags = Some((size, transmission_flags)),
+                proto::Info::BlockSize(sizes) => block_sizes = Some(sizes),
+                _ => {}
+            },
+            error if error & (1 << 31) != 0 => {
+                let message = String::from_utf8_lossy(&data);
+                return Err(protocol_error(format!(
+                    "the server refused NBD_OPT_GO ({error:#x}): {message}"
+                )));
+            }
+            other => return Err(protocol_error(format!("unexpected reply type {other:#x}"))),
+        }
+    }
+    Err(protocol_error("too many option replies"))
+}
+
+impl NbdSender {
+    fn send(&mut self, command: u16, cookie: u64, offset: u64, length: u32) -> io::Result<()> {
+        let header = proto::encode_request_header(&RequestHeader {
+            flags: 0,
+            command,
+            cookie,
+            offset,
+            length,
+        });
+        self.stream.write_all(&header)
+    }
+
+    pub fn send_read(&mut self, cookie: u64, offset: u64, length: u32) -> io::Result<()> {
+        assert!(length > 0);
+        self.send(proto::CMD_READ, cookie, offset, length)
+    }
+
+    pub fn send_write(&mut self, cookie: u64, offset: u64, data: &[u8]) -> io::Result<()> {
+        let length = u32::try_from(data.len()).expect("a request carries less than 4 GiB");
+        assert!(length > 0);
+        self.send(proto::CMD_WRITE, cookie, offset, length)?;
+        self.stream.write_all(data)
+    }
+
+    pub fn send_flush(&mut self, cookie: u64) -> io::Result<()> {
+        self.send(proto::CMD_FLUSH, cookie, 0, 0)
+    }
+
+    /// Ends the session politely; the server closes the connection.
+    pub fn send_disconnect(&mut self) -> io::Result<()> {
+        self.send(proto::CMD_DISC, 0, 0, 0)
+    }
+}
+
+impl NbdReceiver {
+    /// The next reply header, in whatever order the server completes them.
+    pub fn recv(&mut self) -> io::Result<Reply> {
+        let mut header = [0u8; proto::SIMPLE_REPLY_LEN];
+        self.stream.read_exact(&mut header)?;
+        match proto::decode_reply_header(&header).map_err(protocol_error)? {
+            ReplyHeader::Simple { error, cookie } => Ok(Reply { cookie, error }),
+            ReplyHeader::Chunk(_) => Err(protocol_error(
+                "a structured reply, which this client did not negotiate",
+            )),
+        }
+    }
+
+    /// The data of a successful read, right after its reply header.
+    pub fn recv_data(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        self.stream.read_exact(buf)
+    }
+}
+
+/// A connection used one request at a time: for setup and for tests.
+pub struct NbdSync {
+    sender: NbdSender,
+    receiver: NbdReceiver,
+    pub info: ExportInfo,
+    next_cookie: u64,
+}
+
+impl NbdSync {
+    pub fn connect(socket: &Path, name: &str) -> io::Result<NbdSync> {
+        let (sender, receiver, info) = connect(socket, name)?;
+        Ok(NbdSync {
+            sender,
+            receiver,
+            info,
+            next_cookie: 1,
+        })
+    }
+
+    fn finish(&mut self, cookie: u64) -> io::Result<()> {
+        let reply = self.receiver.recv()?;
+        if reply.cookie != cookie {
+            return Err(protocol_error(format!(
+                "reply for cookie {} to request {cookie}",
+                reply.cookie
+            )));
+        }
+        if reply.error != 0 {
+            return Err(io::Error::other(format!("NBD error {}", reply.error)));
+        }
+        Ok(())
+    }
+
+    fn cookie(&mut self) -> u64 {
+        self.next_cookie += 1;
+        self.next_cookie
+    }
+
+    pub fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let cookie = self.cookie();
+        self.sender.send_read(cookie, offset, buf.len() as u32)?;
+        self.finish(cookie)?;
+        self.receiver.recv_data(buf)
+    }
+
+    pub fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let cookie = self.cookie();
+        self.sender.send_write(cookie, offset, data)?;
+        self.finish(cookie)
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        let cookie = self.cookie();
+        self.sender.send_flush(cookie)?;
+        self.finish(cookie)
+    }
+
+    pub fn disconnect(mut self) -> io::Result<()> {
+        self.sender.send_disconnect()
+    }
+}

@@ -1,0 +1,406 @@
+//! The report: one row per (target, state, setting, workload, phase), the
+//! ratios uraid/raw and uraid/nbdkit, issue #5's targets checked against
+//! them, and the table and JSON forms.
+//!
+//! MB/s are 10^6 bytes per second of data moved by the client (parity and
+//! copies written by the array are not counted), as fio and the seeds count.
+
+use super::generator::Outcome;
+use super::workload::Phase;
+use serde::Serialize;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub target: String,
+    /// healthy/degraded/rebuilding for uraid; "-" for raw and nbdkit.
+    pub state: String,
+    /// The tunable in force for a sweep ("stripe_cache_size=4096").
+    pub setting: Option<String>,
+    pub workload: String,
+    pub phase: String,
+    pub op: super::workload::Op,
+    pub pattern: super::workload::Pattern,
+    pub block_bytes: u64,
+    pub jobs: u32,
+    pub queue_depth: u32,
+    pub seconds: f64,
+    pub ops: u64,
+    pub bytes: u64,
+    pub iops: f64,
+    pub mb_per_s: f64,
+    pub latency_us_p50: f64,
+    pub latency_us_p90: f64,
+    pub latency_us_p99: f64,
+    pub latency_us_p999: f64,
+    /// CPU seconds of the load generator (client threads).
+    pub cpu_client_s: f64,
+    /// CPU seconds of the target: uraid's server and engine (this process
+    /// less the client threads), nbdkit's process; none for raw files,
+    /// whose I/O runs in the client threads.
+    pub cpu_target_s: Option<f64>,
+    /// What the background job was doing at the end (rebuilding state).
+    pub background: Option<String>,
+    /// uraid's stripe cache during the phase: rows written whole (no
+    /// reads) and rows written in part (read-modify-write or
+    /// reconstruct-write).
+    pub full_rows: Option<u64>,
+    pub partial_rows: Option<u64>,
+    pub ratio_uraid_raw: Option<f64>,
+    pub ratio_uraid_nbdkit: Option<f64>,
+}
+
+/// Where a row came from, besides its phase.
+pub struct RowContext<'a> {
+    pub target: &'a str,
+    pub state: &'a str,
+    pub setting: Option<&'a str>,
+    pub cpu_target_s: Option<f64>,
+    pub background: Option<String>,
+    /// (full, partial) rows written during the phase.
+    pub rows_written: Option<(u64, u64)>,
+}
+
+impl Row {
+    pub fn new(context: RowContext, phase: &Phase, outcome: &Outcome) -> Row {
+        let us = |q: f64| outcome.latency_ns.value_at_quantile(q) as f64 / 1000.0;
+        Row {
+            target: context.target.to_string(),
+            state: context.state.to_string(),
+            setting: context.setting.map(str::to_string),
+            workload: phase.workload.name().to_string(),
+            phase: phase.name.clone(),
+            op: phase.op,
+            pattern: phase.pattern,
+            block_bytes: phase.block_bytes,
+            jobs: phase.jobs,
+            queue_depth: phase.queue_depth(),
+            seconds: outcome.seconds,
+            ops: outcome.ops,
+            bytes: outcome.bytes,
+            iops: outcome.ops as f64 / outcome.seconds,
+            mb_per_s: outcome.bytes as f64 / outcome.seconds / 1e6,
+            latency_us_p50: us(0.50),
+            latency_us_p90: us(0.90),
+            latency_us_p99: us(0.99),
+            latency_us_p999: us(0.999),
+            cpu_client_s: outcome.cpu_client_seconds,
+            cpu_target_s: context.cpu_target_s,
+            background: context.background,
+            full_rows: context.rows_written.map(|r| r.0),
+            partial_rows: context.rows_written.map(|r| r.1),
+            ratio_uraid_raw: None,
+            ratio_uraid_nbdkit: None,
+        }
+    }
+
+    fn same_job(&self, other: &Row) -> bool {
+        self.workload == other.workload && self.phase == other.phase
+    }
+}
+
+/// Fills the ratios of every uraid row from the raw and nbdkit rows of the
+/// same workload and phase.
+pub fn fill_ratios(rows: &mut [Row]) {
+    let baseline = |rows: &[Row], target: &str, row: &Row| {
+        rows.iter()
+            .find(|b| b.target == target && b.same_job(row))
+            .map(|b| b.iops)
+    };
+    for i in 0..rows.len() {
+        if rows[i].target != "uraid" {
+            continue;
+        }
+        let raw = baseline(rows, "raw", &rows[i]);
+        let nbdkit = baseline(rows, "nbdkit", &rows[i]);
+        let row = &mut rows[i];
+        row.ratio_uraid_raw = raw.filter(|&b| b > 0.0).map(|b| row.iops / b);
+        row.ratio_uraid_nbdkit = nbdkit.filter(|&b| b > 0.0).map(|b| row.iops / b);
+    }
+}
+
+/// One of issue #5's targets, checked on this run's rows.
+#[derive(Clone, Debug, Serialize)]
+pub struct Goal {
+    pub name: String,
+    /// uraid's result as a fraction of the baseline the target names.
+    pub measured: f64,
+    pub required: f64,
+    pub met: bool,
+    pub detail: String,
+}
+
+/// The array the run measured, as the goals need it.
+pub struct ArrayFacts<'a> {
+    pub level: &'a str,
+    pub devices: u32,
+}
+
+/// Checks every target of issue #5 that this run has the rows for.
+pub fn goals(rows: &[Row], array: &ArrayFacts) -> Vec<Goal> {
+    let find = |target: &str, state: &str, workload: &str, phase: &str| {
+        rows.iter().find(|r| {
+            r.target == target
+                && r.setting.is_none()
+                && r.workload == workload
+                && r.phase == phase
+                && (r.target != "uraid" || r.state == state)
+        })
+    };
+    let mut goals = Vec::new();
+    let mut vs = |name: String,
+                  state: &str,
+                  workload: &str,
+                  phase: &str,
+                  base: &str,
+                  required: f64,
+                  scale: f64| {
+        let (Some(u), Some(b)) = (
+            find("uraid", state, workload, phase),
+            find(base, "-", workload, phase),
+        ) else {
+            return;
+        };
+        if b.iops <= 0.0 {
+            return;
+        }
+        let measured = u.iops / (b.iops * scale);
+        goals.push(Goal {
+            name,
+            measured,
+            required,
+            met: measured >= required,
+            detail: format!(
+                "uraid {:.0} IOPS / {:.1} MB/s; {base} {:.0} IOPS / {:.1} MB/s{}{}",
+                u.iops,
+                u.mb_per_s,
+                b.iops,
+                b.mb_per_s,
+                if scale != 1.0 {
+                    format!(", bound = {base} x {scale:.3}")
+                } else {
+                    String::new()
+                },
+                match (u.full_rows, u.partial_rows) {
+                    (Some(full), Some(partial)) => {
+                        format!("; uraid rows written whole {full}, in part {partial}")
+                    }
+                    _ => String::new(),
+                }
+            ),
+        });
+    };
+    let n = array.devices as f64;
+    let raid6 = array.level == "raid6";
+    if array.level == "raid0" {
+        for phase in ["read", "write"] {
+            vs(
+                format!("raid0 seq 1M {phase} vs nbdkit memory"),
+                "healthy",
+                "seq-1m",
+                phase,
+                "nbdkit",
+                0.90,
+                1.0,
+            );
+        }
+    }
+    if raid6 {
+        vs(
+            format!(
+                "raid6 ({} members) full-stripe seq write vs nbdkit memory",
+                array.devices
+            ),
+            "healthy",
+            "seq-stripe",
+            "write",
+            "nbdkit",
+            0.80,
+            1.0,
+        );
+    }
+    vs(
+        "4K randread QD32 healthy vs nbdkit memory".into(),
+        "healthy",
+        "randread",
+        "randread",
+        "nbdkit",
+        0.90,
+        1.0,
+    );
+    vs(
+        "4K randread QD32 one member missing vs nbdkit memory".into(),
+        "degraded",
+        "randread",
+        "randread",
+        "nbdkit",
+        0.60,
+        1.0,
+    );
+    if raid6 {
+        vs(
+            "raid6 seq write vs (N-2)/N of raw aggregate".into(),
+            "healthy",
+            "seq-stripe",
+            "write",
+            "raw",
+            0.90,
+            (n - 2.0) / n,
+        );
+    }
+    // 4K random read against the raw aggregate, or the transport ceiling when lower.
+    let raw = find("raw", "-", "randread", "randread").map(|r| r.iops);
+    let ceiling = find("nbdkit", "-", "randread", "randread").map(|r| r.iops);
+    let base = match (raw, ceiling) {
+        (Some(r), Some(c)) if c < r => "nbdkit",
+        _ => "raw",
+    };
+    vs(
+        format!("4K randread QD32 vs min(raw, nbdkit) ({base})"),
+        "healthy",
+        "randread",
+        "randread",
+        base,
+        0.90,
+        1.0,
+    );
+    if raid6 {
+        vs(
+            "raid6 4K randwrite vs read-modify-write bound (raw / 6)".into(),
+            "healthy",
+            "fio-randwrite",
+            "randwrite",
+            "raw",
+            1.0,
+            1.0 / 6.0,
+        );
+    }
+    goals
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".into(), |v| format!("{v:.digits$}"))
+}
+
+/// The human-readable table.
+pub fn table(rows: &[Row], goals: &[Goal], notes: &[String]) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "{:<7} {:<10} {:<23} {:<13} {:<9} {:>7} {:>4} {:>10} {:>9} {:>8} {:>8} {:>8} {:>9} {:>6} {:>6} {:>6} {:>6}\n",
+        "target", "state", "setting", "workload", "phase", "bs", "qd", "IOPS", "MB/s", "p50us", "p90us", "p99us", "p99.9us", "cpu_c", "cpu_t", "/raw", "/nbdk"
+    ));
+    for r in rows {
+        out.push_str(&format!(
+            "{:<7} {:<10} {:<23} {:<13} {:<9} {:>7} {:>4} {:>10.0} {:>9.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>6.2} {:>6} {:>6} {:>6}\n",
+            r.target,
+            r.state,
+            r.setting.as_deref().unwrap_or("-"),
+            r.workload,
+            r.phase,
+            human_bytes(r.block_bytes),
+            r.queue_depth,
+            r.iops,
+            r.mb_per_s,
+            r.latency_us_p50,
+            r.latency_us_p90,
+            r.latency_us_p99,
+            r.latency_us_p999,
+            r.cpu_client_s,
+            opt(r.cpu_target_s, 2),
+            opt(r.ratio_uraid_raw, 2),
+            opt(r.ratio_uraid_nbdkit, 2),
+        ));
+    }
+    out.push_str("MB/s = 10^6 bytes/s of client data; latency submit to completion; cpu_c/cpu_t = CPU seconds of the load generator / of the target.\n");
+    if !goals.is_empty() {
+        out.push_str("\nissue #5 targets:\n");
+        for g in goals {
+            out.push_str(&format!(
+                "  {:<4} {:<62} {:>6.2} (needs >= {:.2})  {}\n",
+                if g.met { "MET" } else { "MISS" },
+                g.name,
+                g.measured,
+                g.required,
+                g.detail
+            ));
+        }
+    }
+    for note in notes {
+        out.push_str(&format!("note: {note}\n"));
+    }
+    out
+}
+
+pub fn human_bytes(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}M", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}K", b >> 10),
+        b => b.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(target: &str, state: &str, workload: &str, phase: &str, iops: f64) -> Row {
+        Row {
+            target: target.into(),
+            state: state.into(),
+            setting: None,
+            workload: workload.into(),
+            phase: phase.into(),
+            op: super::super::workload::Op::Read,
+            pattern: super::super::workload::Pattern::Random,
+            block_bytes: 4096,
+            jobs: 4,
+            queue_depth: 32,
+            seconds: 1.0,
+            ops: iops as u64,
+            bytes: iops as u64 * 4096,
+            iops,
+            mb_per_s: iops * 4096.0 / 1e6,
+            latency_us_p50: 1.0,
+            latency_us_p90: 1.0,
+            latency_us_p99: 1.0,
+            latency_us_p999: 1.0,
+            cpu_client_s: 0.0,
+            cpu_target_s: None,
+            background: None,
+            full_rows: None,
+            partial_rows: None,
+            ratio_uraid_raw: None,
+            ratio_uraid_nbdkit: None,
+        }
+    }
+
+    #[test]
+    fn ratios_and_goals() {
+        let mut rows = vec![
+            row("raw", "-", "randread", "randread", 1000.0),
+            row("nbdkit", "-", "randread", "randread", 800.0),
+            row("uraid", "healthy", "randread", "randread", 760.0),
+            row("uraid", "degraded", "randread", "randread", 400.0),
+            row("raw", "-", "fio-randwrite", "randwrite", 600.0),
+            row("uraid", "healthy", "fio-randwrite", "randwrite", 150.0),
+        ];
+        fill_ratios(&mut rows);
+        assert_eq!(rows[2].ratio_uraid_raw, Some(0.76));
+        assert_eq!(rows[2].ratio_uraid_nbdkit, Some(0.95));
+        assert_eq!(rows[0].ratio_uraid_raw, None);
+        let goals = goals(
+            &rows,
+            &ArrayFacts {
+                level: "raid6",
+                devices: 6,
+            },
+        );
+        let by_name = |prefix: &str| goals.iter().find(|g| g.name.starts_with(prefix)).unwrap();
+        assert!(by_name("4K randread QD32 healthy").met);
+        assert!(!by_name("4K randread QD32 one member missing").met); // 0.5 < 0.6
+                                                                      // The transport ceiling is lower than raw, so it is the baseline.
+        assert!(by_name("4K randread QD32 vs min").name.contains("nbdkit"));
+        let rmw = by_name("raid6 4K randwrite");
+        assert!((rmw.measured - 1.5).abs() < 1e-9 && rmw.met);
+        assert_eq!(human_bytes(393216), "384K");
+    }
+}

@@ -1,0 +1,252 @@
+//! `uraid bench`: structure of the report on a tiny array (never speed),
+//! the NBD client against nbdkit, and the refusals.
+
+mod common;
+
+use common::{uraid, uraid_refused};
+use std::path::Path;
+use uraid::bench::nbd_client::NbdSync;
+use uraid::bench::targets::Nbdkit;
+
+const WORKLOADS: [&str; 7] = [
+    "fio-randwrite",
+    "iozone-seq",
+    "dd-seq",
+    "randread-qd",
+    "seq-1m",
+    "seq-stripe",
+    "randread",
+];
+
+#[test]
+fn every_workload_state_and_target_is_reported() {
+    let dir = common::scratch("bench-all");
+    let json = dir.path().join("report.json");
+    let chart = dir.path().join("chart.svg");
+    let out = uraid()
+        .args(["bench", "--dir"])
+        .arg(dir.path())
+        .args([
+            "--level",
+            "raid6",
+            "--devices",
+            "4",
+            "--chunk",
+            "64K",
+            "--size",
+            "8M",
+            "--seconds",
+            "0.03",
+            "--warmup",
+            "0",
+            "--state",
+            "healthy,degraded,rebuilding",
+            "--verify",
+            "--json",
+        ])
+        .arg(&json)
+        .arg("--chart")
+        .arg(&chart)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("issue #5 targets:"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    let mut targets = vec![
+        ("uraid", "healthy"),
+        ("uraid", "degraded"),
+        ("uraid", "rebuilding"),
+        ("raw", "-"),
+    ];
+    if Nbdkit::installed() {
+        targets.push(("nbdkit", "-"));
+    } else {
+        eprintln!("nbdkit is not installed: its rows are not checked");
+    }
+    for (target, state) in &targets {
+        for workload in WORKLOADS {
+            let found: Vec<&serde_json::Value> = rows
+                .iter()
+                .filter(|r| {
+                    r["target"] == *target && r["state"] == *state && r["workload"] == workload
+                })
+                .collect();
+            assert!(!found.is_empty(), "no row for {target} {state} {workload}");
+            for r in found {
+                for key in ["iops", "mb_per_s", "latency_us_p50", "latency_us_p999"] {
+                    assert!(r[key].as_f64().unwrap() > 0.0, "{key} of {r}");
+                }
+                assert!(r["ops"].as_u64().unwrap() > 0);
+                assert!(r["latency_us_p50"].as_f64() <= r["latency_us_p999"].as_f64());
+                if *target == "uraid" {
+                    assert!(
+                        r["ratio_uraid_raw"].as_f64().is_some_and(|v| v > 0.0),
+                        "{r}"
+                    );
+                }
+            }
+        }
+    }
+    // randread-qd goes 1..128, and the rebuilding rows ran during a rebuild.
+    let qd: Vec<u64> = rows
+        .iter()
+        .filter(|r| r["target"] == "raw" && r["workload"] == "randread-qd")
+        .map(|r| r["queue_depth"].as_u64().unwrap())
+        .collect();
+    assert_eq!(qd, [1, 2, 4, 8, 16, 32, 64, 128]);
+    assert_eq!(report["array"]["level"], "raid6");
+    assert_eq!(report["array"]["stripe_data_bytes"], 2 * 64 * 1024);
+    assert!(report["goals"].as_array().is_some());
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"),
+        "{svg:.200}"
+    );
+    assert!(svg.contains("queue depth") && svg.contains("MB/s"));
+    // The member files were in a fresh folder that is gone now.
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left.len(), 2, "only the report and chart stay: {left:?}");
+}
+
+#[test]
+fn json_to_stdout_keeps_it_parseable() {
+    let dir = common::scratch("bench-stdout");
+    let out = uraid()
+        .args(["bench", "--dir"])
+        .arg(dir.path())
+        .args([
+            "--level",
+            "raid5",
+            "--devices",
+            "3",
+            "--size",
+            "4M",
+            "--chunk",
+            "64K",
+            "--seconds",
+            "0.02",
+            "--warmup",
+            "0",
+            "--workload",
+            "randread",
+            "--targets",
+            "uraid,raw",
+            "--json",
+            "-",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("randread"));
+}
+
+#[test]
+fn refusals_are_one_line_and_touch_nothing() {
+    let dir = common::scratch("bench-refuse");
+    let member = dir.path().join("precious");
+    std::fs::write(&member, vec![0x5a; 1 << 20]).unwrap();
+    let m = member.to_str().unwrap();
+    let err = uraid_refused(&["bench", "--members", m, m, m, m]);
+    assert!(err.contains("--destroy-data"), "{err}");
+    assert_eq!(std::fs::read(&member).unwrap(), vec![0x5a; 1 << 20]);
+    let d = dir.path().to_str().unwrap();
+    uraid_refused(&["bench", "--dir", d, "--workload", "nope"]);
+    uraid_refused(&["bench", "--dir", d, "--state", "on-fire"]);
+    uraid_refused(&["bench", "--dir", d, "--set", "stripe_cache_size"]);
+    uraid_refused(&["bench", "--dir", "/nonexistent-folder"]);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn nbd_client_against_nbdkit_memory() {
+    if !Nbdkit::installed() {
+        eprintln!("nbdkit is not installed: skipping the NBD client test against it");
+        return;
+    }
+    let dir = common::scratch("bench-nbdkit");
+    // The default sparse allocator: the client must not depend on the
+    // malloc one the benchmark uses.
+    let nbdkit = Nbdkit::start(&dir.path().join("nbdkit.sock"), 4 << 20, "sparse").unwrap();
+    client_round_trip(&nbdkit.socket);
+}
+
+fn client_round_trip(socket: &Path) {
+    let mut conn = NbdSync::connect(socket, "").unwrap();
+    assert_eq!(conn.info.size_bytes, 4 << 20);
+    let data: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8).collect();
+    conn.write_at(65536, &data).unwrap();
+    conn.flush().unwrap();
+    // A second connection sees what the first wrote.
+    let mut other = NbdSync::connect(socket, "").unwrap();
+    let mut back = vec![0u8; 8192];
+    other.read_at(65536, &mut back).unwrap();
+    assert_eq!(back, data);
+    // Out of range is an NBD error, reported, and the connection goes on.
+    let mut beyond = vec![0u8; 4096];
+    assert!(other.read_at(4 << 20, &mut beyond).is_err());
+    other.read_at(0, &mut beyond).unwrap();
+    assert!(beyond.iter().all(|&b| b == 0));
+    conn.disconnect().unwrap();
+    other.disconnect().unwrap();
+}
+
+#[test]
+fn existing_members_are_used_with_destroy_data() {
+    let dir = common::scratch("bench-members");
+    let paths: Vec<String> = (0..3)
+        .map(|i| {
+            let p = dir.path().join(format!("dev{i}"));
+            std::fs::write(&p, vec![0xa5; 4 << 20]).unwrap();
+            p.to_str().unwrap().to_string()
+        })
+        .collect();
+    let mut args = vec![
+        "bench",
+        "--level",
+        "raid5",
+        "--chunk",
+        "64K",
+        "--seconds",
+        "0.02",
+    ];
+    args.extend([
+        "--warmup",
+        "0",
+        "--workload",
+        "randread",
+        "--targets",
+        "uraid,raw",
+    ]);
+    args.extend(["--verify", "--json", "-", "--destroy-data", "--members"]);
+    args.extend(paths.iter().map(String::as_str));
+    let out = uraid().args(&args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["array"]["devices"], 3);
+    assert_eq!(report["rows"].as_array().unwrap().len(), 2);
+    // The devices were overwritten, as asked, and are still there.
+    for p in &paths {
+        assert_ne!(std::fs::read(p).unwrap(), vec![0xa5; 4 << 20]);
+    }
+}

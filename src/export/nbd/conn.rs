@@ -373,8 +373,8 @@ struct Conn {
 struct Job {
     cookie: u64,
     command: Command,
-    /// Aligned, so that O_DIRECT members take it without a copy.
-    payload: AlignedBuf,
+    /// Bytes of write payload, at the start of the worker's payload buffer.
+    payload_len: usize,
     /// The bytes counted in `Inflight` for this request.
     cost: u64,
 }
@@ -458,7 +458,12 @@ struct Reader<'a> {
 
 /// Reads the next request: `Ok(Some(job))` to serve, `Ok(None)` when it was
 /// invalid and has been answered here, `Err` when the connection ends.
-fn read_request(conn: &Conn, reader: &mut SockReader) -> Result<Option<Job>, End> {
+/// A write's payload goes into `payload`, the worker's own buffer.
+fn read_request(
+    conn: &Conn,
+    reader: &mut SockReader,
+    payload: &mut AlignedBuf,
+) -> Result<Option<Job>, End> {
     let io_timeout = conn.shared.options.io_timeout;
     let mut header = [0u8; proto::REQUEST_HEADER_LEN];
     {
@@ -526,10 +531,12 @@ fn read_request(conn: &Conn, reader: &mut SockReader) -> Result<Option<Job>, End
         };
         // Wait for room before allocating: this is what bounds memory.
         conn.inflight.acquire(cost);
-        let mut payload = AlignedBuf::zeroed(0);
+        let payload_len = payload_len as usize;
         if payload_len > 0 {
-            payload = AlignedBuf::zeroed(payload_len as usize);
-            if let Err(e) = reader.read_exact(&mut payload, deadline) {
+            if payload.len() < payload_len {
+                *payload = AlignedBuf::zeroed(payload_len);
+            }
+            if let Err(e) = reader.read_exact(&mut payload[..payload_len], deadline) {
                 conn.inflight.release(cost);
                 return Err(read_failed(conn, e, "write payload"));
             }
@@ -537,7 +544,7 @@ fn read_request(conn: &Conn, reader: &mut SockReader) -> Result<Option<Job>, End
         Ok(Some(Job {
             cookie: request.cookie,
             command,
-            payload,
+            payload_len,
             cost,
         }))
     }
@@ -592,11 +599,17 @@ fn refusal_message(request: &RequestHeader, err: NbdError, params: &Transmission
     }
 }
 
-/// The largest read buffer a worker keeps between requests.
-const SCRATCH_KEPT: usize = 1 << 20;
+/// The largest buffer a worker keeps between requests: with 64 workers a
+/// connection keeps at most 256 MiB, and usually far less (what its
+/// requests needed).
+const SCRATCH_KEPT: usize = 2 << 20;
 
 fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
+    // The worker's buffers, reused: a new buffer per request costs a page
+    // fault per 4 KiB (big allocations come fresh from mmap), more than
+    // the copy into it.
     let mut scratch = AlignedBuf::zeroed(0);
+    let mut payload = AlignedBuf::zeroed(0);
     loop {
         // The reader is held only to read one request; serving runs unlocked.
         let job = {
@@ -604,7 +617,7 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
             if r.ended {
                 return;
             }
-            match read_request(conn, &mut r.reader) {
+            match read_request(conn, &mut r.reader, &mut payload) {
                 Ok(Some(job)) => job,
                 Ok(None) => continue,
                 Err(end) => {
@@ -621,7 +634,7 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
         let cost = job.cost;
         // A panicking backend must not take the connection's accounting
         // with it: the request is answered with EIO and the worker goes on.
-        if catch_unwind(AssertUnwindSafe(|| conn.execute(job, &mut scratch))).is_err() {
+        if catch_unwind(AssertUnwindSafe(|| conn.execute(job, &payload, &mut scratch))).is_err() {
             conn.log
                 .line("the backend panicked while serving a request");
         }
@@ -630,13 +643,16 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
         if scratch.len() > SCRATCH_KEPT {
             scratch = AlignedBuf::zeroed(0);
         }
+        if payload.len() > SCRATCH_KEPT {
+            payload = AlignedBuf::zeroed(0);
+        }
     }
 }
 
 impl Conn {
     /// Serves one request; `scratch` is the worker's read buffer, reused so
     /// that a read does not allocate and zero a new one each time.
-    fn execute(&self, job: Job, scratch: &mut AlignedBuf) {
+    fn execute(&self, job: Job, payload: &AlignedBuf, scratch: &mut AlignedBuf) {
         let backend = &*self.shared.backend;
         let cookie = job.cookie;
         let result = catch_unwind(AssertUnwindSafe(
@@ -656,8 +672,9 @@ impl Conn {
                         Ok(Some(length))
                     }
                     Command::Write { offset, fua, .. } => {
-                        if !job.payload.is_empty() {
-                            io(backend.write(offset, &job.payload[..], fua), "write")?;
+                        if job.payload_len > 0 {
+                            let data = &payload[..job.payload_len];
+                            io(backend.write(offset, data, fua), "write")?;
                         }
                         Ok(None)
                     }

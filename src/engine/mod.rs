@@ -351,14 +351,19 @@ impl Engine {
             self.set_tunable(k, v)?;
         }
         let uuid = self.array.lock().unwrap().sb.uuid_string();
-        tuning::saved::save_changes(&uuid, settings, accept_data_loss)?;
+        // In force already; a settings folder that cannot be written only
+        // means they will not outlive this run, which the reply says.
+        let saved = tuning::saved::save_changes(&uuid, settings, accept_data_loss);
         let now = self.tunables.values().pairs();
         let shown: Vec<String> = settings
             .iter()
             .filter_map(|(k, _)| now.iter().find(|(n, _)| n == k))
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        Ok(format!("set {}", shown.join(" ")))
+        Ok(match saved {
+            Ok(()) => format!("set {}", shown.join(" ")),
+            Err(e) => format!("set {} for this run only ({e})", shown.join(" ")),
+        })
     }
 
     /// Writes every batch of the stripe cache to the members.

@@ -20,7 +20,7 @@ pub use create::{
 pub use resync::{resync, ResyncReport};
 pub use stripe_io::{StripeError, StripeIo};
 pub use superblocks::{read_superblock, write_superblock, SuperblockError};
-pub use update::{write_array_state, Cleanliness};
+pub use update::{write_array_state, write_array_state_failing, Cleanliness, LostDevice};
 
 use crate::member::MemberRef;
 

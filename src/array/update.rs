@@ -23,11 +23,88 @@ pub enum Cleanliness {
     ResyncFrom(u64),
 }
 
+/// A device whose bitmap or superblock could not be written or flushed: it
+/// is now marked faulty, and the other members' superblocks say so.
+pub struct LostDevice {
+    pub path: String,
+    /// The role it held (None for a spare).
+    pub role: Option<usize>,
+    pub member: crate::member::MemberRef,
+    pub error: SuperblockError,
+}
+
+/// Writes the array state (see `write_array_state_failing`) and reports the
+/// first device that could not be written as an error.
+pub fn write_array_state(array: &mut Assembled, state: Cleanliness) -> Result<(), SuperblockError> {
+    let mut lost = write_array_state_failing(array, state)?;
+    if lost.is_empty() {
+        Ok(())
+    } else {
+        Err(lost.swap_remove(0).error)
+    }
+}
+
 /// Bumps the events counter, stamps the time, sets clean or dirty, rebuilds
 /// the role table from the devices present, writes every member's superblock
 /// and flushes. Devices that were left out (stale or duplicate) are not
 /// written: md no longer counts them as members.
-pub fn write_array_state(array: &mut Assembled, state: Cleanliness) -> Result<(), SuperblockError> {
+///
+/// A device that fails its write does not stop the others: as md's
+/// super_written fails such a device and writes the superblocks again, it
+/// is marked faulty (and leaves its slot) and the state is written again
+/// to the rest, so that they record the failure. The lost devices are
+/// returned; what they mean for the array is the caller's to decide.
+pub fn write_array_state_failing(
+    array: &mut Assembled,
+    state: Cleanliness,
+) -> Result<Vec<LostDevice>, SuperblockError> {
+    let mut lost = Vec::new();
+    // Each failed pass loses one more device, so this ends.
+    for _ in 0..=array.devices.len() {
+        let error = match write_once(array, state) {
+            Ok(()) => return Ok(lost),
+            Err(error @ SuperblockError::Corrupt { .. }) => return Err(error),
+            Err(error) => error,
+        };
+        let SuperblockError::Io { device, .. } = &error else {
+            unreachable!("corrupt errors returned above")
+        };
+        let Some(index) = array.devices.iter().position(|d| {
+            d.state != DeviceState::Faulty && (d.path == *device || d.member.name() == device)
+        }) else {
+            return Err(error);
+        };
+        let found = &mut array.devices[index];
+        let role = match found.state {
+            DeviceState::Active { role } | DeviceState::Recovering { role, .. } => Some(role),
+            _ => None,
+        };
+        found.state = DeviceState::Faulty;
+        if let Some(role) = role {
+            if array.slots[role]
+                .as_ref()
+                .is_some_and(|s| std::sync::Arc::ptr_eq(&s.member, &found.member))
+            {
+                array.slots[role] = None;
+            }
+        }
+        if !array.runnable() {
+            // Recording this loss would leave superblocks that no assembly
+            // accepts (md does not fail the last device of an array that
+            // cannot lose it either): stop writing, and say why.
+            return Err(error);
+        }
+        lost.push(LostDevice {
+            path: array.devices[index].path.clone(),
+            role,
+            member: array.devices[index].member.clone(),
+            error,
+        });
+    }
+    unreachable!("every device was lost and the last pass wrote nothing")
+}
+
+fn write_once(array: &mut Assembled, state: Cleanliness) -> Result<(), SuperblockError> {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock after 1970");

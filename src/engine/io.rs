@@ -241,12 +241,21 @@ impl Engine {
         mut f: impl FnMut(&View) -> io::Result<()>,
     ) -> io::Result<()> {
         let mut last = None;
-        for _ in 0..=self.geometry.raid_disks() {
+        let mut corrected = vec![false; self.geometry.raid_disks()];
+        // Each member is corrected once, then failed: at most two rounds each.
+        for _ in 0..=2 * self.geometry.raid_disks() {
             let view = self.view(stripe);
             match f(&view) {
                 Ok(()) => return Ok(()),
                 Err(e) => match member_of(&e) {
+                    // It fails again after its sectors were rewritten and read
+                    // back: the data must come from redundancy, without it.
+                    Some(role) if corrected[role] => {
+                        self.fail_member(role, &format!("read error after a rewrite: {e}"));
+                        last = Some(e);
+                    }
                     Some(role) => {
+                        corrected[role] = true;
                         self.correct_read_error(stripe, role, &e, locked);
                         last = Some(e);
                     }

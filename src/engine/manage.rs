@@ -6,7 +6,7 @@
 use super::members::MemberEntry;
 use super::resync::{Outcome, SyncAction, SyncWorker};
 use super::Engine;
-use crate::array::{write_array_state, DeviceState, FoundDevice, Slot};
+use crate::array::{DeviceState, FoundDevice, Slot};
 use crate::format::MD_FEATURE_RECOVERY_OFFSET;
 use crate::geometry::Geometry;
 use crate::member::{FileMember, MemberRef, OpenOptions};
@@ -32,14 +32,15 @@ impl Engine {
         Path::new(a) == b || (canon(Path::new(a)).is_some() && canon(Path::new(a)) == canon(b))
     }
 
-    /// Members in sync, by role, as offline slots (for resync and check).
-    pub(super) fn in_sync_slots(&self) -> crate::array::Slots {
-        self.table()
-            .by_role
-            .iter()
-            .map(|e| {
-                e.as_ref()
-                    .filter(|e| e.rebuilt_below.is_none())
+    /// Members in sync for `stripe`, by role, as offline slots (for resync
+    /// and check): a member rebuilt past the stripe counts.
+    pub(super) fn in_sync_slots(&self, stripe: u64) -> crate::array::Slots {
+        let table = self.table();
+        (0..table.by_role.len())
+            .map(|role| {
+                table
+                    .entry(role)
+                    .filter(|_| table.usable(role, stripe))
                     .map(|e| e.slot.clone())
             })
             .collect()
@@ -332,7 +333,7 @@ impl Engine {
         if self.read_only {
             return;
         }
-        if let Err(e) = write_array_state(array, self.active_state()) {
+        if let Err(e) = self.write_state_locked(array, self.active_state()) {
             self.events.push("SuperblockWriteError", "", &e.to_string());
         }
     }
@@ -340,7 +341,12 @@ impl Engine {
     /// md's hot spare: with a role missing and a spare present (and no other
     /// job running), rebuild the role onto the spare.
     pub(super) fn start_recovery_if_possible(self: &Arc<Engine>) {
-        if self.read_only || self.sync.action().is_some() {
+        if self.read_only || self.sync.action().is_some() || self.sync.is_closed() {
+            return;
+        }
+        // A member left half-rebuilt goes first: it is part way there.
+        self.resume_recovery();
+        if self.sync.action().is_some() {
             return;
         }
         let mut array = self.array.lock().unwrap();
@@ -442,6 +448,12 @@ impl Engine {
                 // Another role may still be missing, with another spare waiting.
                 self.start_recovery_if_possible();
             }
+            (SyncAction::Check | SyncAction::Repair, Outcome::Stopped | Outcome::Failed) => {
+                // A spare added or a member failed while the check ran:
+                // recovery goes first now (md's md_check_recovery after
+                // the interrupted sync is reaped).
+                self.start_recovery_if_possible();
+            }
             (
                 SyncAction::Check | SyncAction::Repair | SyncAction::Resync,
                 Outcome::Finished { mismatch_sectors },
@@ -453,12 +465,10 @@ impl Engine {
                     "",
                     &format!("{}: mismatches found: {mismatch_sectors}", action.word()),
                 );
-                if action == SyncAction::Resync {
-                    // A member that was mid-rebuild when the array crashed
-                    // resumes now that the array is consistent again.
-                    self.resume_recovery();
-                    self.start_recovery_if_possible();
-                }
+                // A member that was mid-rebuild when the array crashed
+                // resumes now that the array is consistent again, and a
+                // spare added during a check takes its role.
+                self.start_recovery_if_possible();
             }
             (SyncAction::Replace { role }, Outcome::Finished { .. }) => {
                 let mut array = self.array.lock().unwrap();

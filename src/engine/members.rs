@@ -9,7 +9,9 @@
 
 use super::io::View;
 use super::Engine;
-use crate::array::{write_array_state, DeviceState, Slot};
+use crate::array::{
+    write_array_state_failing, Assembled, Cleanliness, DeviceState, Slot, SuperblockError,
+};
 use crate::geometry::{Place, StripeMap};
 use crate::units::SECTOR_BYTES;
 use std::io;
@@ -156,10 +158,15 @@ impl Engine {
         } else {
             self.events.push("DegradedArray", &path, "");
         }
+        // A check or repair gives way, as md interrupts any sync on a
+        // failure: a spare should take over now, not when the check ends.
+        self.interrupt_scrub(&path);
         // The superblocks of the remaining members record the failure, so
-        // that a restart does not trust the failed member.
-        if !self.read_only {
-            if let Err(e) = write_array_state(&mut array, self.active_state()) {
+        // that a restart does not trust the failed member. Not when the
+        // array can no longer serve: as md keeps the last device it cannot
+        // lose, the members stay as they were, for an assembly to try again.
+        if !self.read_only && self.runnable() {
+            if let Err(e) = self.write_state_locked(&mut array, self.active_state()) {
                 eprintln!("uraid: recording the failure of {path}: {e}");
             }
         }
@@ -167,6 +174,56 @@ impl Engine {
         // A hot spare takes over at once.
         if let Some(engine) = self.me.get().and_then(std::sync::Weak::upgrade) {
             engine.start_recovery_if_possible();
+        }
+    }
+
+    /// A check or repair stops for a member failure (see fail_member).
+    fn interrupt_scrub(&self, path: &str) {
+        if let Some(action) = self.sync.interrupt_scrub() {
+            self.events.push(
+                "SyncStopped",
+                path,
+                &format!("{} interrupted by the member's failure", action.word()),
+            );
+        }
+    }
+
+    /// Writes the array state to every member (the caller holds the array
+    /// lock). A member whose superblock cannot be written is failed, as md
+    /// fails it, and the others are still written; it is an error only when
+    /// the array can no longer serve all its data.
+    pub(super) fn write_state_locked(
+        &self,
+        array: &mut Assembled,
+        state: Cleanliness,
+    ) -> Result<(), SuperblockError> {
+        let lost = write_array_state_failing(array, state)?;
+        let mut first_error = None;
+        for device in lost {
+            let reason = format!("superblock write error: {}", device.error);
+            let Some(role) = device.role else {
+                self.events.push("FailSpare", &device.path, &reason);
+                continue;
+            };
+            let in_table = self.update_table(|t| {
+                let held = t.by_role[role]
+                    .as_ref()
+                    .is_some_and(|e| Arc::ptr_eq(&e.slot.member, &device.member));
+                if held {
+                    t.by_role[role] = None;
+                }
+                held
+            });
+            if in_table {
+                self.events.push("Fail", &device.path, &reason);
+                self.events.push("DegradedArray", &device.path, "");
+                self.interrupt_scrub(&device.path);
+            }
+            first_error.get_or_insert(device.error);
+        }
+        match first_error {
+            Some(error) if !self.runnable() => Err(error),
+            _ => Ok(()),
         }
     }
 
@@ -194,7 +251,11 @@ impl Engine {
         };
         let map = self.geometry.stripe(stripe);
         let _guard = (!locked).then(|| self.locks.lock(stripe));
-        let result = others.rebuild_onto(&map, role, &entry);
+        // md's fix_read_error reads the rewritten sectors back: a sector
+        // the drive could not remap still fails, and then so does the member.
+        let result = others
+            .rebuild_onto(&map, role, &entry)
+            .and_then(|()| read_back(&map, role, &entry));
         match result {
             Ok(()) => {
                 self.corrected_reads.fetch_add(1, Ordering::SeqCst);
@@ -228,15 +289,7 @@ impl View<'_> {
                 .write_at(buf, at)
                 .map_err(|e| member_error(role, e))
         };
-        let targets: Vec<&Place> = map
-            .data
-            .iter()
-            .flat_map(|d| d.copies.iter())
-            .chain(map.p.iter())
-            .chain(map.q.iter())
-            .filter(|p| p.member == role)
-            .collect();
-        if targets.is_empty() {
+        if places_of(map, role).is_empty() {
             return Ok(());
         }
         if map.p.is_none() {
@@ -289,5 +342,38 @@ impl View<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// The places `role` holds in stripe `map` (data copies, P, Q).
+fn places_of(map: &StripeMap, role: usize) -> Vec<&Place> {
+    map.data
+        .iter()
+        .flat_map(|d| d.copies.iter())
+        .chain(map.p.iter())
+        .chain(map.q.iter())
+        .filter(|p| p.member == role)
+        .collect()
+}
+
+/// Reads back what `target` holds for `role` in stripe `map`.
+fn read_back(map: &StripeMap, role: usize, target: &MemberEntry) -> io::Result<()> {
+    let mut buf = vec![0u8; (map.strip_sectors * SECTOR_BYTES) as usize];
+    for place in places_of(map, role) {
+        let at = target.slot.data_offset_bytes + place.member_sector * SECTOR_BYTES;
+        target
+            .slot
+            .member
+            .read_at(&mut buf, at)
+            .map_err(|e| member_error(role, e))?;
+    }
+    Ok(())
+}
+
+/// The slot (member and data offset) of an assembled device.
+pub fn slot_of(device: &crate::array::FoundDevice) -> Slot {
+    Slot {
+        member: device.member.clone(),
+        data_offset_bytes: device.sb.data_offset_sectors * SECTOR_BYTES,
     }
 }

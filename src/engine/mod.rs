@@ -21,7 +21,7 @@ pub use cache::CacheReport;
 pub use events::Event;
 pub use resync::{SyncAction, SyncProgress};
 
-use crate::array::{write_array_state, Assembled, Cleanliness, DeviceState};
+use crate::array::{write_array_state_failing, Assembled, Cleanliness, DeviceState};
 use crate::export::{BlockBackend, BlockSizes, ZeroFlags};
 use crate::geometry::{Geometry, Level};
 use crate::parity::{self, Syndrome};
@@ -120,9 +120,13 @@ impl Engine {
             } else {
                 Cleanliness::Dirty
             };
-            write_array_state(&mut array, state)?;
+            // A member whose superblock cannot be written starts out failed.
+            for lost in write_array_state_failing(&mut array, state)? {
+                eprintln!("uraid: {} failed at start: {}", lost.path, lost.error);
+            }
+            array.require_runnable()?;
         }
-        let table = MemberTable {
+        let mut table = MemberTable {
             by_role: array
                 .slots
                 .iter()
@@ -135,6 +139,26 @@ impl Engine {
                 .collect(),
             replacing: vec![None; array.slots.len()],
         };
+        // A member left half-rebuilt is in sync below its recovery offset,
+        // and must stay so while a crash resync runs before its recovery
+        // resumes: md keeps such a member in the array, writes go to it and
+        // the resync covers it there. Left out, it would miss those writes
+        // and the recovery, resuming at the old offset, would trust it.
+        for device in &array.devices {
+            if let DeviceState::Recovering {
+                role,
+                recovery_offset_sectors,
+            } = device.state
+            {
+                if table.by_role[role].is_none() {
+                    let below = geometry.stripe_at_resync_position(recovery_offset_sectors);
+                    table.by_role[role] = Some(MemberEntry {
+                        slot: members::slot_of(device),
+                        rebuilt_below: Some(Arc::new(AtomicU64::new(below))),
+                    });
+                }
+            }
+        }
         let sync = SyncWorker::new(geometry.stripe_count());
         let full_stripe = geometry.stripe(0).data_sectors();
         let engine = Arc::new(Engine {
@@ -174,7 +198,6 @@ impl Engine {
             let next = Arc::new(AtomicU64::new(from));
             SyncWorker::start(&engine, SyncAction::Resync, from, next).expect("no job runs yet");
         } else if !options.read_only {
-            engine.resume_recovery();
             engine.start_recovery_if_possible();
         }
         Ok(engine)
@@ -243,10 +266,18 @@ impl Engine {
                 .iter()
                 .enumerate()
                 .find_map(|(i, d)| match d.state {
+                    // Not yet in the table, or there since the start (in
+                    // sync below its offset) with no job rebuilding it.
                     DeviceState::Recovering {
                         role,
                         recovery_offset_sectors,
-                    } if table.entry(role).is_none() => Some((i, role, recovery_offset_sectors)),
+                    } if table.entry(role).is_none_or(|e| {
+                        e.rebuilt_below.is_some()
+                            && self.sync.action() != Some(SyncAction::Recovery { role })
+                    }) =>
+                    {
+                        Some((i, role, recovery_offset_sectors))
+                    }
                     _ => None,
                 })
         else {
@@ -259,10 +290,7 @@ impl Engine {
         let device = &array.devices[index];
         let next = Arc::new(AtomicU64::new(from));
         let entry = members::MemberEntry {
-            slot: crate::array::Slot {
-                member: device.member.clone(),
-                data_offset_bytes: device.sb.data_offset_sectors * SECTOR_BYTES,
-            },
+            slot: members::slot_of(device),
             rebuilt_below: Some(next.clone()),
         };
         let path = device.path.clone();
@@ -513,7 +541,9 @@ impl Engine {
         self.cache.stop.store(true, Ordering::SeqCst);
         self.cache.wake_workers();
         let written = self.write_out_cache();
-        let resume = self.sync.stop();
+        // No job may start from here on: a member failing the last flush
+        // must not set off a rebuild that would outlive the stop.
+        let resume = self.sync.close();
         if let Some(bitmap) = self.live_bitmap() {
             bitmap.stop();
         }
@@ -548,7 +578,7 @@ impl Engine {
             }
             _ => Cleanliness::Clean,
         };
-        write_array_state(&mut self.array.lock().unwrap(), state)?;
+        self.write_state_locked(&mut self.array.lock().unwrap(), state)?;
         Ok(())
     }
 }

@@ -81,6 +81,8 @@ pub struct SyncWorker {
     bitmap_guided: AtomicBool,
     /// A job that stopped or failed before the end, and where it stood.
     interrupted: Mutex<Option<(SyncAction, u64)>>,
+    /// Set by an orderly shutdown: no job starts any more.
+    closed: AtomicBool,
     pub speed_limit_min_kib_per_s: AtomicU64,
     pub speed_limit_max_kib_per_s: AtomicU64,
 }
@@ -98,6 +100,7 @@ impl SyncWorker {
             thread: Mutex::new(None),
             bitmap_guided: AtomicBool::new(false),
             interrupted: Mutex::new(None),
+            closed: AtomicBool::new(false),
             speed_limit_min_kib_per_s: AtomicU64::new(SPEED_LIMIT_MIN_KIB_PER_S),
             speed_limit_max_kib_per_s: AtomicU64::new(SPEED_LIMIT_MAX_KIB_PER_S),
         })
@@ -125,6 +128,9 @@ impl SyncWorker {
         let mut current = worker.action.lock().unwrap();
         if let Some(running) = *current {
             return Err(format!("a {} is already running", running.word()));
+        }
+        if worker.closed.load(Ordering::SeqCst) {
+            return Err("the array is shutting down".into());
         }
         // A previous job has ended (it cleared the action) but its thread may
         // still be finishing its hooks, which can wait for this very lock:
@@ -159,6 +165,32 @@ impl SyncWorker {
             }
         }
         self.interrupted.lock().unwrap().take()
+    }
+
+    /// Stops the running job for good: no job starts after this (an
+    /// orderly shutdown). Returns what `stop` returns.
+    pub fn close(&self) -> Option<(SyncAction, u64)> {
+        {
+            // Under the action lock, so that a start racing this either
+            // sees the flag or started a job that `stop` then stops.
+            let _current = self.action.lock().unwrap();
+            self.closed.store(true, Ordering::SeqCst);
+        }
+        self.stop()
+    }
+
+    /// Asks a running check or repair to stop, without waiting for it (the
+    /// caller may hold a stripe lock the job needs). md interrupts a sync
+    /// when a member fails, so that recovery can start.
+    pub fn interrupt_scrub(&self) -> Option<SyncAction> {
+        let current = self.action.lock().unwrap();
+        let scrub = current.filter(|a| matches!(a, SyncAction::Check | SyncAction::Repair))?;
+        self.stop.store(true, Ordering::SeqCst);
+        Some(scrub)
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
     }
 
     /// Called by the job's thread as it ends.
@@ -305,7 +337,7 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                     }
                 }
                 SyncAction::Resync | SyncAction::Check | SyncAction::Repair => {
-                    let slots = engine.in_sync_slots();
+                    let slots = engine.in_sync_slots(stripe);
                     resync(
                         &engine.geometry,
                         &slots,

@@ -133,6 +133,10 @@ fn write_once(array: &mut Assembled, state: Cleanliness) -> Result<(), Superbloc
     array.sb.dev_roles = roles.clone();
     // The bitmap first, as md writes it: see sync_bitmaps.
     super::bitmap::sync_bitmaps(array, state)?;
+    // md writes superblocks with a preflush: data written before the state
+    // change (a rebuilt member's contents, acknowledged writes) is durable
+    // before a superblock can say the member is in sync or the array clean.
+    flush_members(array)?;
     for device in &mut array.devices {
         if matches!(
             device.state,
@@ -163,15 +167,21 @@ fn write_once(array: &mut Assembled, state: Cleanliness) -> Result<(), Superbloc
         sb.dev_roles = roles.clone();
         write_superblock(&*device.member, sb)?;
     }
-    for device in array
-        .devices
-        .iter()
-        .filter(|d| d.state != DeviceState::Faulty)
-    {
+    flush_members(array)
+}
+
+/// Flushes every device that is part of the array.
+fn flush_members(array: &Assembled) -> Result<(), SuperblockError> {
+    for device in array.devices.iter().filter(|d| {
+        !matches!(
+            d.state,
+            DeviceState::Stale { .. } | DeviceState::Duplicate { .. } | DeviceState::Faulty
+        )
+    }) {
         device
             .member
             .flush()
-            .map_err(|source| super::superblocks::SuperblockError::Io {
+            .map_err(|source| SuperblockError::Io {
                 device: device.path.clone(),
                 source,
             })?;

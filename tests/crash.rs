@@ -474,7 +474,11 @@ impl Run {
         let metadata = ["1.2", "1.0"][rng.gen_range(0..2)];
         let disks = rng.gen_range(level.disks.clone());
         let disks_text = disks.to_string();
-        let options = [
+        // Odd seeds run with a write-intent bitmap, with chunks small enough
+        // that the resync after a kill covers only part of the array.
+        let bitmap = if seed % 2 == 1 { "internal" } else { "none" };
+        let bitmap_chunk = ["64K", "256K", "1M"][rng.gen_range(0..3)];
+        let mut options = vec![
             "--level",
             level.name,
             "--raid-devices",
@@ -483,14 +487,19 @@ impl Run {
             chunk,
             "--metadata",
             metadata,
+            "--bitmap",
+            bitmap,
         ];
+        if bitmap != "none" {
+            options.extend(["--bitmap-chunk", bitmap_chunk]);
+        }
         let members = create_array(dir.path(), "m", &options, disks, member_bytes);
         let paths: Vec<&str> = paths(&members);
         let size = array_bytes(&paths);
         let sock = dir.path().join("nbd.sock");
         let control = dir.path().join("ctl.sock");
         eprintln!(
-            "{} seed {seed}: {disks} members of {} MiB, chunk {chunk}, metadata {metadata}, array {size} bytes",
+            "{} seed {seed}: {disks} members of {} MiB, chunk {chunk}, metadata {metadata}, bitmap {bitmap}, array {size} bytes",
             level.name,
             member_bytes / MIB
         );

@@ -137,14 +137,25 @@ fn write_once(array: &mut Assembled, state: Cleanliness) -> Result<(), Superbloc
     // change (a rebuilt member's contents, acknowledged writes) is durable
     // before a superblock can say the member is in sync or the array clean.
     flush_members(array)?;
-    for device in &mut array.devices {
-        if matches!(
-            device.state,
-            DeviceState::Stale { .. } | DeviceState::Duplicate { .. } | DeviceState::Faulty
-        ) {
-            // Not members any more (a failed one may not even answer).
-            continue;
-        }
+    // Members in sync first, then those being rebuilt, then spares, each
+    // made durable before the next is written (md writes each with FUA): a
+    // member that fails stops the pass before any spare records a state its
+    // in-sync members do not hold, so a spare is never the freshest voice.
+    let mut order: Vec<usize> = (0..array.devices.len())
+        .filter(|&i| {
+            !matches!(
+                array.devices[i].state,
+                DeviceState::Stale { .. } | DeviceState::Duplicate { .. } | DeviceState::Faulty
+            )
+        })
+        .collect();
+    order.sort_by_key(|&i| match array.devices[i].state {
+        DeviceState::Active { .. } => 0,
+        DeviceState::Recovering { .. } => 1,
+        _ => 2,
+    });
+    for i in order {
+        let device = &mut array.devices[i];
         let sb = &mut device.sb;
         // A member being rebuilt says how far it is, on its own superblock only.
         match device.state {
@@ -166,8 +177,15 @@ fn write_once(array: &mut Assembled, state: Cleanliness) -> Result<(), Superbloc
         sb.resync_offset_sectors = array.sb.resync_offset_sectors;
         sb.dev_roles = roles.clone();
         write_superblock(&*device.member, sb)?;
+        device
+            .member
+            .flush()
+            .map_err(|source| SuperblockError::Io {
+                device: device.path.clone(),
+                source,
+            })?;
     }
-    flush_members(array)
+    Ok(())
 }
 
 /// Flushes every device that is part of the array.

@@ -671,6 +671,7 @@ impl Sim {
             EngineOptions {
                 read_only: false,
                 force,
+                ..EngineOptions::default()
             },
         )
         .unwrap_or_else(|e| fail!(self, "start (dirty {dirty}, degraded {degraded}): {e}"));
@@ -916,8 +917,19 @@ impl Sim {
                 continue;
             }
             let path = self.devs[i].file.clone().unwrap();
-            let file = FileMember::open(&path, OpenOptions { write: true })
-                .unwrap_or_else(|e| fail!(self, "reopening {}: {e}", path.display()));
+            // The engine's last reference may still be dropping its members
+            // on another thread (an Arc counts zero before its contents are
+            // gone), so the file may stay locked for a moment.
+            let deadline = Instant::now() + SETTLE_LIMIT;
+            let file = loop {
+                match FileMember::open(&path, OpenOptions { write: true }) {
+                    Ok(file) => break file,
+                    Err(e) if e.to_string().contains("in use") && Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(e) => fail!(self, "reopening {}: {e}", path.display()),
+                }
+            };
             let wrapper = Arc::new(FaultyMember::with_seed(
                 Arc::new(file),
                 self.seed * 64 + i as u64,

@@ -94,13 +94,23 @@ fn resync_stripe(
     };
     s.data.resize(strip_bytes * map.data.len(), 0);
     s.found.resize(strip_bytes, 0);
+    let mut lost = None;
     // Mirrors: the first present copy is the reference for the others.
-    for (strip, buf) in map.data.iter().zip(s.data.chunks_mut(strip_bytes)) {
+    for (i, (strip, buf)) in map
+        .data
+        .iter()
+        .zip(s.data.chunks_mut(strip_bytes))
+        .enumerate()
+    {
         let mut copies = strip.copies.iter().filter(|c| present(c));
         let Some(first) = copies.next() else {
-            // A lost data strip leaves nothing to compare against: a degraded
-            // array resyncs nothing there (md does not resync degraded arrays).
-            return Ok(0);
+            if lost.is_some() || map.q.is_none() {
+                // Nothing left to compare against: a degraded array
+                // resyncs nothing there (md does not resync it either).
+                return Ok(0);
+            }
+            lost = Some(i);
+            continue;
         };
         read(slots, first, buf)?;
         for copy in copies {
@@ -113,8 +123,29 @@ fn resync_stripe(
     let Some(p_place) = map.p else {
         return Ok(count(&pages));
     };
-    let strips: Vec<&[u8]> = s.data.chunks(strip_bytes).collect();
     let syndrome = parity::default_impl();
+    let mut check_p = true;
+    if let Some(lost) = lost {
+        // raid6 with one data strip lost: as md's handle_parity_checks6
+        // does, the strip is rebuilt from P and Q is checked against it
+        // (P, having made the strip, cannot disagree with it).
+        let (Some(q_place), true) = (map.q, present(&p_place)) else {
+            return Ok(0);
+        };
+        if !present(&q_place) {
+            return Ok(0);
+        }
+        read(slots, &p_place, &mut s.found)?;
+        let mut rebuilt = s.found.clone();
+        for (i, strip) in s.data.chunks(strip_bytes).enumerate() {
+            if i != lost {
+                rebuilt.iter_mut().zip(strip).for_each(|(r, d)| *r ^= d);
+            }
+        }
+        s.data[lost * strip_bytes..(lost + 1) * strip_bytes].copy_from_slice(&rebuilt);
+        check_p = false;
+    }
+    let strips: Vec<&[u8]> = s.data.chunks(strip_bytes).collect();
     s.expected.resize(strip_bytes * 2, 0);
     let (p, q) = s.expected.split_at_mut(strip_bytes);
     match map.q {
@@ -124,7 +155,7 @@ fn resync_stripe(
             syndrome.gen_pq(&strips, &exps, p, q);
         }
     }
-    for (place, expected) in [(Some(p_place), &*p), (map.q, &*q)] {
+    for (place, expected) in [(Some(p_place).filter(|_| check_p), &*p), (map.q, &*q)] {
         let Some(place) = place.filter(present) else {
             continue;
         };

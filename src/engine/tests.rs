@@ -928,3 +928,50 @@ fn a_half_rebuilt_member_takes_writes_during_the_resync_after_a_crash() {
     io.read_bytes(0, &mut back).unwrap();
     assert!(back == image, "the rebuilt member misses writes");
 }
+
+#[test]
+fn raid6_check_with_a_data_member_missing_still_checks_q() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let paths = make_array(dir.path(), Level::Raid6, Some("left-symmetric"), 5, 8);
+    let missing = 4;
+    let engine = Engine::start(
+        assemble(&paths[..missing], true).unwrap(),
+        EngineOptions::default(),
+    )
+    .unwrap();
+    hammer(&engine, 2, 40, 16);
+    engine.flush_members().unwrap();
+    // A stripe where the missing member holds data: its Q is corrupted.
+    let map = (0..engine.geometry.stripe_count())
+        .map(|s| engine.geometry.stripe(s))
+        .find(|m| m.data.iter().any(|d| d.copies[0].member == missing))
+        .unwrap();
+    let q = map.q.unwrap();
+    let data_offset = engine
+        .table()
+        .entry(q.member)
+        .unwrap()
+        .slot
+        .data_offset_bytes;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&paths[q.member])
+        .unwrap();
+    file.write_all_at(&[0xa5; 4096], data_offset + q.member_sector * 512)
+        .unwrap();
+    file.sync_all().unwrap();
+    engine.start_scrub(false).unwrap();
+    wait_idle(&engine);
+    assert_eq!(
+        engine.mismatch_sectors(),
+        8,
+        "Q is checked against the strip rebuilt from P"
+    );
+    engine.start_scrub(true).unwrap();
+    wait_idle(&engine);
+    engine.start_scrub(false).unwrap();
+    wait_idle(&engine);
+    assert_eq!(engine.mismatch_sectors(), 0, "repair rewrote Q");
+    engine.shutdown().unwrap();
+}

@@ -12,7 +12,7 @@ use crate::geometry::Geometry;
 use crate::member::{FileMember, MemberRef, OpenOptions};
 use crate::units::SECTOR_BYTES;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 /// Where a per-device recovery position stands, in md's recovery_offset
@@ -456,15 +456,12 @@ impl Engine {
             }
             (
                 SyncAction::Check | SyncAction::Repair | SyncAction::Resync,
-                Outcome::Finished { mismatch_sectors },
+                Outcome::Finished { .. },
             ) => {
-                self.last_mismatch_sectors
-                    .store(mismatch_sectors, Ordering::SeqCst);
-                self.events.push(
-                    "RebuildFinished",
-                    "",
-                    &format!("{}: mismatches found: {mismatch_sectors}", action.word()),
-                );
+                // mismatch_cnt and the RebuildFinished event were set by the
+                // job before it left status (see resync::run): set here, a
+                // late thread could overwrite the count of the next check.
+                //
                 // A member that was mid-rebuild when the array crashed
                 // resumes now that the array is consistent again, and a
                 // spare added during a check takes its role.

@@ -394,11 +394,23 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
         }
     };
     if let Some(engine) = weak.upgrade() {
-        // mismatch_cnt is in place before the job disappears from status.
+        // mismatch_cnt and the end of a scrub or resync are in place before
+        // the job disappears from status: once it has, the next job may
+        // start and finish before this thread runs on.
         if let Outcome::Finished { mismatch_sectors } = outcome {
-            engine
-                .last_mismatch_sectors
-                .store(mismatch_sectors, Ordering::SeqCst);
+            if matches!(
+                action,
+                SyncAction::Check | SyncAction::Repair | SyncAction::Resync
+            ) {
+                engine
+                    .last_mismatch_sectors
+                    .store(mismatch_sectors, Ordering::SeqCst);
+                engine.events.push(
+                    "RebuildFinished",
+                    "",
+                    &format!("{}: mismatches found: {mismatch_sectors}", action.word()),
+                );
+            }
         }
         engine.sync.ended(action, outcome);
         engine.sync_ended(action, outcome);

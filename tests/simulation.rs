@@ -666,6 +666,11 @@ impl Sim {
             assembled = self.assemble();
             force = true;
         }
+        let devices: Vec<String> = assembled
+            .devices
+            .iter()
+            .map(|d| format!("{} events {} {:?}", d.path, d.sb.events, d.state))
+            .collect();
         let engine = Engine::start(
             assembled,
             EngineOptions {
@@ -674,7 +679,12 @@ impl Sim {
                 ..EngineOptions::default()
             },
         )
-        .unwrap_or_else(|e| fail!(self, "start (dirty {dirty}, degraded {degraded}): {e}"));
+        .unwrap_or_else(|e| {
+            fail!(
+                self,
+                "start (dirty {dirty}, degraded {degraded}): {e}; devices {devices:?}"
+            )
+        });
         let speed = self.cfg.speed_kib.unwrap_or(100_000_000);
         engine.set_speed_limits(Some(speed), Some(speed));
         self.engine = Some(engine);

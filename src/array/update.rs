@@ -61,6 +61,13 @@ pub fn write_array_state_failing(
     let mut lost = Vec::new();
     // Each failed pass loses one more device, so this ends.
     for _ in 0..=array.devices.len() {
+        if !array.runnable() {
+            // An array that can no longer serve keeps the superblocks it
+            // has, as md never fails the last device it cannot lose: written
+            // now, they would reach only spares or members being rebuilt,
+            // which would then outvote every member that holds the data.
+            return Ok(lost);
+        }
         let error = match write_once(array, state) {
             Ok(()) => return Ok(lost),
             Err(error @ SuperblockError::Corrupt { .. }) => return Err(error),
@@ -87,12 +94,6 @@ pub fn write_array_state_failing(
             {
                 array.slots[role] = None;
             }
-        }
-        if !array.runnable() {
-            // Recording this loss would leave superblocks that no assembly
-            // accepts (md does not fail the last device of an array that
-            // cannot lose it either): stop writing, and say why.
-            return Err(error);
         }
         lost.push(LostDevice {
             path: array.devices[index].path.clone(),

@@ -95,6 +95,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use uraid::array::{assemble_members, create_on_members, Assembled, CreateOptions, DeviceState};
+use uraid::engine::tuning::{TuningValues, WritePolicy};
 use uraid::engine::{Engine, EngineError, EngineOptions, Snapshot, SyncAction};
 use uraid::export::BlockBackend;
 use uraid::format::Metadata;
@@ -666,6 +667,10 @@ impl Sim {
             assembled = self.assemble();
             force = true;
         }
+        // Soak runs may put the stripe cache in write-back (acknowledged from
+        // memory, on the members at the next FLUSH or FUA): the model's rules
+        // hold for it too.
+        let write_back = std::env::var("URAID_SIM_WRITE_POLICY").is_ok_and(|v| v == "write-back");
         let devices: Vec<String> = assembled
             .devices
             .iter()
@@ -676,7 +681,11 @@ impl Sim {
             EngineOptions {
                 read_only: false,
                 force,
-                ..EngineOptions::default()
+                tuning: write_back.then(|| TuningValues {
+                    write_policy: WritePolicy::WriteBack,
+                    ..TuningValues::defaults(self.geometry.stripe(0).data_sectors())
+                }),
+                accept_data_loss: write_back,
             },
         )
         .unwrap_or_else(|e| {
@@ -817,6 +826,11 @@ impl Sim {
     /// find the array consistent.
     fn check_consistent(&mut self, why: &str) {
         self.stats.checks += 1;
+        // A write-back stripe cache destages in the background: written out
+        // first, it leaves the members still while they are compared.
+        if let Err(e) = self.engine().flush() {
+            fail!(self, "flush before a check: {e}");
+        }
         let found = self.scrub(false);
         let snapshot = self.engine().snapshot();
         let in_sync = snapshot.missing_roles.is_empty();

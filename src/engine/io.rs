@@ -812,8 +812,15 @@ impl View<'_> {
         } else {
             Vec::new()
         };
-        let mut strips = vec![vec![0u8; window.len()]; map.data.len()];
-        {
+        // Every strip's window is in the request (a full-stripe write): parity
+        // comes straight from the request's bytes, nothing is read or copied.
+        let whole = (0..map.data.len()).all(|i| piece.covers_window(i));
+        let mut strips = if whole {
+            Vec::new()
+        } else {
+            vec![vec![0u8; window.len()]; map.data.len()]
+        };
+        if !whole {
             let mut reads = Vec::new();
             for (i, buf) in strips.iter_mut().enumerate() {
                 // Rebuilding a lost strip needs the old data of every other
@@ -825,13 +832,17 @@ impl View<'_> {
             }
             self.read_places(&mut reads)?;
         }
-        self.reconstruct(map, window.clone(), &mut strips, &need_rebuild)?;
-        for &i in touched {
-            let r = &piece.ranges[i];
-            strips[i][r.start - window.start..r.end - window.start]
-                .copy_from_slice(piece.new_bytes(i));
-        }
-        let views: Vec<&[u8]> = strips.iter().map(Vec::as_slice).collect();
+        let views: Vec<&[u8]> = if whole {
+            (0..map.data.len()).map(|i| piece.new_bytes(i)).collect()
+        } else {
+            self.reconstruct(map, window.clone(), &mut strips, &need_rebuild)?;
+            for &i in touched {
+                let r = &piece.ranges[i];
+                strips[i][r.start - window.start..r.end - window.start]
+                    .copy_from_slice(piece.new_bytes(i));
+            }
+            strips.iter().map(Vec::as_slice).collect()
+        };
         let mut p = AlignedBuf::zeroed(window.len());
         let mut q = AlignedBuf::zeroed(window.len());
         match map.q {

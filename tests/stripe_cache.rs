@@ -96,6 +96,27 @@ fn write_through_gathers_sequential_writes_into_whole_rows() {
         cache["batches"], 0,
         "nothing may wait once fio is done: {cache}"
     );
+    // One writer, 16K at a time: each strip of a row finds the parity of
+    // its window hot from the strip before, and reads only its own data.
+    fio(
+        dir.path(),
+        served.uri(),
+        &[
+            "--rw=write",
+            "--bs=16k",
+            "--iodepth=1",
+            "--offset=24M",
+            "--size=4M",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+        ],
+    );
+    let cache = cache_counters(&served);
+    assert!(
+        cache["parity_hits"].as_u64().unwrap() > 0,
+        "sequential 16K writes at queue depth 1 never found their parity hot: {cache}"
+    );
     // Random writes are not delayed into batches of their own.
     fio(
         dir.path(),

@@ -118,6 +118,12 @@ pub struct CacheReport {
     /// Bytes held for reads.
     #[serde(default)]
     pub read_cached_bytes: u64,
+    /// Read-modify-writes that found their old parity hot, and those that
+    /// read it.
+    #[serde(default)]
+    pub parity_hits: u64,
+    #[serde(default)]
+    pub parity_misses: u64,
 }
 
 /// What happened to a write offered to the cache.
@@ -235,6 +241,8 @@ impl StripeCache {
             read_hits: 0,
             read_misses: 0,
             read_cached_bytes: 0,
+            parity_hits: 0,
+            parity_misses: 0,
             batches: self.batches.load(Ordering::SeqCst),
         }
     }

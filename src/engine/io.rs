@@ -10,6 +10,7 @@
 
 use super::cache::{Batch, Offer, StripeCache};
 use super::members::{member_error, member_of, MemberTable};
+use super::paritycache::Which;
 use super::Engine;
 use crate::geometry::{Place, StripeMap};
 use crate::member::{batch, AlignedBuf, IoOp, MemberRef};
@@ -688,7 +689,11 @@ impl View<'_> {
             .collect();
         let touched: Vec<usize> = (0..map.data.len()).filter(|&i| piece.touched(i)).collect();
         if parity_present.is_empty() {
-            // No parity left to maintain: the data is all there is.
+            // No parity left to maintain: the data is all there is, and
+            // what was kept of the parity is stale from now on.
+            self.engine
+                .parity_cache
+                .drop_window(map.stripe, &piece.window);
             for &i in &touched {
                 if lost.contains(&i) {
                     return Err(lost_error(map, "data and parity lost"));
@@ -703,7 +708,15 @@ impl View<'_> {
         }
         // Reads each method needs over the window.
         let rmw_possible = touched.iter().all(|i| !lost.contains(i));
-        let rmw_reads = touched.len() + parity_present.len();
+        let hot = &self.engine.parity_cache;
+        let hot_parity = [(map.p, Which::P), (map.q, Which::Q)]
+            .iter()
+            .filter(|(place, which)| {
+                place.is_some_and(|p| self.present(&p))
+                    && hot.has(map.stripe, &piece.window, *which)
+            })
+            .count();
+        let rmw_reads = touched.len() + parity_present.len() - hot_parity;
         let rebuild = lost.iter().any(|&i| !piece.covers_window(i));
         let rcw_reads = if rebuild {
             map.data.len() - lost.len() + parity_present.len()
@@ -737,6 +750,14 @@ impl View<'_> {
                 .map(|p| (p, AlignedBuf::zeroed(window.len())))
         };
         let (mut p, mut q) = (wanted(map.p), wanted(map.q));
+        // Parity still hot from the last write of this window is not read.
+        let hot = &self.engine.parity_cache;
+        let p_hot = p
+            .as_mut()
+            .is_some_and(|(_, buf)| hot.get(map.stripe, &window, Which::P, buf));
+        let q_hot = q
+            .as_mut()
+            .is_some_and(|(_, buf)| hot.get(map.stripe, &window, Which::Q, buf));
         // Old data of every touched strip and old parity, in one batch.
         let mut old: Vec<AlignedBuf> = touched
             .iter()
@@ -746,16 +767,10 @@ impl View<'_> {
             let mut reads: Vec<(&Place, usize, &mut [u8])> = touched
                 .iter()
                 .zip(old.iter_mut())
-                .map(|(&i, buf)| {
-                    (
-                        &map.data[i].copies[0],
-                        piece.ranges[i].start,
-                        &mut buf[..],
-                    )
-                })
+                .map(|(&i, buf)| (&map.data[i].copies[0], piece.ranges[i].start, &mut buf[..]))
                 .collect();
             reads.extend(
-                [p.as_mut(), q.as_mut()]
+                [p.as_mut().filter(|_| !p_hot), q.as_mut().filter(|_| !q_hot)]
                     .into_iter()
                     .flatten()
                     .map(|(place, buf)| (&*place, window.start, &mut buf[..])),
@@ -790,7 +805,39 @@ impl View<'_> {
                 .flatten()
                 .map(|(place, buf)| (place, window.start, &buf[..])),
         );
-        self.write_places(&writes)
+        let written = self.write_places(&writes);
+        self.keep_parity(
+            map,
+            &window,
+            written.is_ok(),
+            p.as_ref().map(|(_, b)| &b[..]),
+            q.as_ref().map(|(_, b)| &b[..]),
+        );
+        written
+    }
+
+    /// After a write of `window`: the parity it wrote stays hot; parity
+    /// whose member is absent, or a failed write, leaves nothing behind.
+    fn keep_parity(
+        &self,
+        map: &StripeMap,
+        window: &Range<usize>,
+        ok: bool,
+        p: Option<&[u8]>,
+        q: Option<&[u8]>,
+    ) {
+        let hot = &self.engine.parity_cache;
+        if !ok {
+            hot.drop_window(map.stripe, window);
+            return;
+        }
+        let capacity = self.engine.tunables.stripe_cache_size() as usize;
+        if map.p.is_some() {
+            hot.put(map.stripe, window, Which::P, p, capacity);
+        }
+        if map.q.is_some() {
+            hot.put(map.stripe, window, Which::Q, q, capacity);
+        }
     }
 
     /// Parity recomputed from all data in the window: reads the strips the
@@ -863,14 +910,25 @@ impl View<'_> {
                 )
             })
             .collect();
-        let (p_place, q_place) = (map.p.filter(|p| self.present(p)), map.q.filter(|q| self.present(q)));
+        let (p_place, q_place) = (
+            map.p.filter(|p| self.present(p)),
+            map.q.filter(|q| self.present(q)),
+        );
         if let Some(place) = p_place.as_ref() {
             writes.push((place, window.start, &p));
         }
         if let Some(place) = q_place.as_ref() {
             writes.push((place, window.start, &q));
         }
-        self.write_places(&writes)
+        let written = self.write_places(&writes);
+        self.keep_parity(
+            map,
+            &window,
+            written.is_ok(),
+            p_place.map(|_| &p[..]),
+            q_place.map(|_| &q[..]),
+        );
+        written
     }
 }
 

@@ -12,6 +12,7 @@ mod io;
 mod locks;
 mod manage;
 mod members;
+mod paritycache;
 mod readcache;
 mod resync;
 mod schedule;
@@ -94,6 +95,8 @@ pub struct Engine {
     cache_workers: Mutex<usize>,
     /// Read-ahead and cached reads.
     reads: readcache::ReadCache,
+    /// Parity pages a write just computed, for the next read-modify-write.
+    parity_cache: paritycache::ParityCache,
 }
 
 impl Engine {
@@ -186,6 +189,7 @@ impl Engine {
             cache: Arc::new(cache::StripeCache::new()),
             cache_workers: Mutex::new(0),
             reads: readcache::ReadCache::new(),
+            parity_cache: paritycache::ParityCache::new(),
         });
         if !options.read_only {
             engine.start_bitmap_daemon();
@@ -431,6 +435,8 @@ impl Engine {
         report.read_hits = self.reads.hits.load(Ordering::Relaxed);
         report.read_misses = self.reads.misses.load(Ordering::Relaxed);
         report.read_cached_bytes = self.reads.held_bytes() as u64;
+        report.parity_hits = self.parity_cache.hits.load(Ordering::Relaxed);
+        report.parity_misses = self.parity_cache.misses.load(Ordering::Relaxed);
         report
     }
 
@@ -439,6 +445,7 @@ impl Engine {
     pub fn drop_caches(&self) -> std::io::Result<()> {
         self.write_out_cache()?;
         self.reads.clear();
+        self.parity_cache.clear();
         Ok(())
     }
 

@@ -634,7 +634,11 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
         let cost = job.cost;
         // A panicking backend must not take the connection's accounting
         // with it: the request is answered with EIO and the worker goes on.
-        if catch_unwind(AssertUnwindSafe(|| conn.execute(job, &payload, &mut scratch))).is_err() {
+        if catch_unwind(AssertUnwindSafe(|| {
+            conn.execute(job, &payload, &mut scratch)
+        }))
+        .is_err()
+        {
             conn.log
                 .line("the backend panicked while serving a request");
         }

@@ -1,0 +1,235 @@
+//! Hot parity: the P and Q pages a write just computed, kept so that the
+//! next read-modify-write of the same part of the stripe does not read
+//! them back from the members (md keeps a stripe_head's parity pages up
+//! to date in its cache for the same reason).
+//!
+//! A sequential writer smaller than a row walks the strips of a row one
+//! after another over the same window: the first strip's write leaves the
+//! window's parity here, and every later strip reads only its own old
+//! data. The pool is sized by stripe_cache_size: one entry holds one 4 KiB
+//! page of P and of Q of one stripe.
+//!
+//! Coherence rests on one rule: every write of a stripe piece, under the
+//! stripe lock, replaces the pages of its window with what it wrote (or
+//! drops them where a parity member is absent), and the background job
+//! drops a stripe's pages before it touches the stripe. Pages are whole
+//! 4 KiB pages; a window that is not page aligned is neither read from
+//! nor stored here.
+
+use super::tuning::STRIPE_CACHE_PAGE;
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+const PAGE: usize = STRIPE_CACHE_PAGE;
+/// Shards, hashed by (stripe, page): the pages of one window spread out.
+const SHARDS: usize = 64;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Which {
+    P,
+    Q,
+}
+
+#[derive(Default)]
+struct Pages {
+    p: Option<Box<[u8]>>,
+    q: Option<Box<[u8]>>,
+}
+
+impl Pages {
+    fn slot(&mut self, which: Which) -> &mut Option<Box<[u8]>> {
+        match which {
+            Which::P => &mut self.p,
+            Which::Q => &mut self.q,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    pages: HashMap<(u64, u64), Pages>,
+    /// Insertion order, for eviction (may hold keys already gone).
+    order: VecDeque<(u64, u64)>,
+}
+
+pub(super) struct ParityCache {
+    shards: Box<[Mutex<Shard>]>,
+    pub(super) hits: AtomicU64,
+    pub(super) misses: AtomicU64,
+}
+
+/// The pages of `window` (bytes within a strip), if it is page aligned.
+fn pages_of(window: &Range<usize>) -> Option<Range<u64>> {
+    (window.start.is_multiple_of(PAGE) && window.end.is_multiple_of(PAGE) && !window.is_empty())
+        .then(|| (window.start / PAGE) as u64..(window.end / PAGE) as u64)
+}
+
+impl ParityCache {
+    pub(super) fn new() -> ParityCache {
+        ParityCache {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    fn shard(&self, stripe: u64, page: u64) -> &Mutex<Shard> {
+        let hash = (stripe.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ^ page.wrapping_mul(0xc2b2_ae3d_27d4_eb4f))
+            >> 40;
+        &self.shards[hash as usize % SHARDS]
+    }
+
+    /// Whether every page of `which` parity of `window` is here.
+    pub(super) fn has(&self, stripe: u64, window: &Range<usize>, which: Which) -> bool {
+        pages_of(window).is_some_and(|mut pages| {
+            pages.all(|page| {
+                let mut shard = self.shard(stripe, page).lock().unwrap();
+                shard
+                    .pages
+                    .get_mut(&(stripe, page))
+                    .is_some_and(|p| p.slot(which).is_some())
+            })
+        })
+    }
+
+    /// Fills `out` with `which` parity of `window` if every page is here.
+    pub(super) fn get(
+        &self,
+        stripe: u64,
+        window: &Range<usize>,
+        which: Which,
+        out: &mut [u8],
+    ) -> bool {
+        debug_assert_eq!(out.len(), window.len());
+        let Some(pages) = pages_of(window) else {
+            return false;
+        };
+        for (k, page) in pages.enumerate() {
+            let mut shard = self.shard(stripe, page).lock().unwrap();
+            let found = shard
+                .pages
+                .get_mut(&(stripe, page))
+                .and_then(|p| p.slot(which).as_ref());
+            match found {
+                Some(bytes) => out[k * PAGE..(k + 1) * PAGE].copy_from_slice(bytes),
+                None => {
+                    self.misses.fetch_add(1, Ordering::Relaxed);
+                    return false;
+                }
+            }
+        }
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// After a write of `window`: keeps what it wrote of `which` parity, or
+    /// (None: that parity's member is absent) drops it.
+    pub(super) fn put(
+        &self,
+        stripe: u64,
+        window: &Range<usize>,
+        which: Which,
+        bytes: Option<&[u8]>,
+        capacity: usize,
+    ) {
+        let Some(pages) = pages_of(window) else {
+            // Not page aligned: what is kept of the pages it touches is
+            // stale now.
+            self.drop_window(stripe, window);
+            return;
+        };
+        let per_shard = capacity.div_ceil(SHARDS).max(1);
+        for (k, page) in pages.enumerate() {
+            let mut shard = self.shard(stripe, page).lock().unwrap();
+            let new = bytes.map(|b| Box::<[u8]>::from(&b[k * PAGE..(k + 1) * PAGE]));
+            let existed = shard.pages.contains_key(&(stripe, page));
+            *shard.pages.entry((stripe, page)).or_default().slot(which) = new;
+            if !existed {
+                shard.order.push_back((stripe, page));
+            }
+            while shard.pages.len() > per_shard {
+                let Some(old) = shard.order.pop_front() else {
+                    break;
+                };
+                shard.pages.remove(&old);
+            }
+            if shard.order.len() > 4 * per_shard + 16 {
+                let Shard { pages, order } = &mut *shard;
+                order.retain(|key| pages.contains_key(key));
+            }
+        }
+    }
+
+    /// Forgets the pages `window` touches.
+    pub(super) fn drop_window(&self, stripe: u64, window: &Range<usize>) {
+        let first = (window.start / PAGE) as u64;
+        let end = window.end.div_ceil(PAGE) as u64;
+        for page in first..end {
+            self.shard(stripe, page)
+                .lock()
+                .unwrap()
+                .pages
+                .remove(&(stripe, page));
+        }
+    }
+
+    /// Forgets every page of `stripe` (the background job is about to
+    /// rewrite or rebuild it).
+    pub(super) fn drop_stripe(&self, stripe: u64, strip_bytes: usize) {
+        self.drop_window(stripe, &(0..strip_bytes));
+    }
+
+    /// Forgets everything (a live change of the cache size).
+    pub(super) fn clear(&self) {
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock().unwrap();
+            shard.pages.clear();
+            shard.order.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_are_kept_replaced_dropped_and_evicted() {
+        let c = ParityCache::new();
+        let w = 4096..12288;
+        let p = vec![7u8; 8192];
+        c.put(3, &w, Which::P, Some(&p), 1024);
+        let mut out = vec![0u8; 8192];
+        assert!(c.get(3, &w, Which::P, &mut out));
+        assert_eq!(out, p);
+        assert!(!c.get(3, &w, Which::Q, &mut out), "Q was never stored");
+        assert!(
+            !c.get(3, &(0..8192), Which::P, &mut out),
+            "page 0 is not here"
+        );
+        assert!(
+            !c.get(3, &(4096..6144), Which::P, &mut out[..2048]),
+            "not page aligned"
+        );
+        // An absent parity member: its pages go.
+        c.put(3, &(4096..8192), Which::P, None, 1024);
+        assert!(!c.get(3, &w, Which::P, &mut out));
+        // An unaligned write drops the pages it touches.
+        c.put(4, &w, Which::Q, Some(&p), 1024);
+        c.put(4, &(5000..5512), Which::Q, Some(&[0; 512]), 1024);
+        assert!(!c.get(4, &w, Which::Q, &mut out));
+        // The background job drops a whole stripe.
+        c.put(5, &w, Which::P, Some(&p), 1024);
+        c.drop_stripe(5, 65536);
+        assert!(!c.get(5, &w, Which::P, &mut out));
+        // A small pool evicts the oldest.
+        for s in 0..10_000 {
+            c.put(s, &(0..4096), Which::P, Some(&[1; 4096]), 64);
+        }
+        let held: usize = c.shards.iter().map(|s| s.lock().unwrap().pages.len()).sum();
+        assert!(held <= 64 + SHARDS, "{held} pages held");
+    }
+}

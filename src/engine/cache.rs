@@ -37,16 +37,23 @@ use std::time::{Duration, Instant};
 
 /// Shards of the batch table: a power of two, well above the thread count.
 const SHARDS: usize = 64;
-/// How long a write-through writer may wait for its row to fill, at most.
+/// How long a write-through batch waits for its row to fill after the last
+/// write joined it: a stream's next writes come once its earlier ones are
+/// answered, which takes as long as writing a row.
 pub(super) const GATHER_DEADLINE: Duration = Duration::from_millis(10);
+/// How long a write-through batch may wait in all.
+const GATHER_CAP: Duration = Duration::from_millis(100);
 /// How long write-back leaves a partial row in memory before writing it.
 const WRITE_BACK_DELAY: Duration = Duration::from_millis(50);
 /// How often waiting writers and the workers look again.
 const POLL: Duration = Duration::from_micros(200);
 /// How long no new write must have arrived before waiting writers decide
-/// that nothing more is coming: the gap between one burst of a client's
-/// queue and the next is shorter.
-const ARRIVAL_GRACE: Duration = Duration::from_micros(1000);
+/// that nothing more is coming, when the client has fewer writes in flight
+/// than it had lately (its next ones may be on their way).
+const ARRIVAL_GRACE: Duration = Duration::from_millis(5);
+/// How long the most writes seen in flight at once is remembered: the
+/// client's queue depth, as far as the engine can tell.
+const PEAK_WINDOW_US: u64 = 200_000;
 /// Recent write ends remembered to tell sequential writes.
 const RECENT: usize = 32;
 
@@ -62,6 +69,7 @@ struct BatchState {
     /// Disjoint, sorted byte ranges of `buf` holding new data.
     covered: Vec<Range<usize>>,
     created: Instant,
+    last_join: Instant,
     /// Taken for writing out: no more joins.
     closed: bool,
     /// Set when written out; then the batch leaves the table.
@@ -158,6 +166,9 @@ pub(super) struct StripeCache {
     recent_next: AtomicUsize,
     /// When the last write arrived, in µs since `epoch`.
     last_arrival_us: AtomicU64,
+    /// The most writes in flight at once lately, and since when.
+    peak_in_flight: AtomicUsize,
+    peak_since_us: AtomicU64,
     epoch: Instant,
     /// Wakes the workers when write-back batches appear.
     wake: (Mutex<()>, Condvar),
@@ -189,6 +200,8 @@ impl StripeCache {
             recent_ends: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
             recent_next: AtomicUsize::new(0),
             last_arrival_us: AtomicU64::new(0),
+            peak_in_flight: AtomicUsize::new(0),
+            peak_since_us: AtomicU64::new(0),
             epoch: Instant::now(),
             wake: (Mutex::new(()), Condvar::new()),
             stop: AtomicBool::new(false),
@@ -206,9 +219,16 @@ impl StripeCache {
     /// stream) and others are in flight (a lone writer at queue depth 1
     /// would only wait for itself).
     pub(super) fn write_arrives(&self, offset: u64, len: usize) -> (InFlight<'_>, bool) {
-        let others = self.writes_in_flight.fetch_add(1, Ordering::SeqCst) > 0;
-        self.last_arrival_us
-            .store(self.epoch.elapsed().as_micros() as u64, Ordering::SeqCst);
+        let before = self.writes_in_flight.fetch_add(1, Ordering::SeqCst);
+        let others = before > 0;
+        let now_us = self.epoch.elapsed().as_micros() as u64;
+        self.last_arrival_us.store(now_us, Ordering::SeqCst);
+        if now_us.saturating_sub(self.peak_since_us.load(Ordering::SeqCst)) > PEAK_WINDOW_US {
+            self.peak_since_us.store(now_us, Ordering::SeqCst);
+            self.peak_in_flight.store(before + 1, Ordering::SeqCst);
+        } else {
+            self.peak_in_flight.fetch_max(before + 1, Ordering::SeqCst);
+        }
         // Requests of one stream reach the engine slightly out of order
         // (several threads take them), so "continues" means "starts within
         // a few of its own lengths of where a recent write ended".
@@ -282,6 +302,7 @@ impl StripeCache {
                         continue;
                     }
                     state.add(at, bytes);
+                    state.last_join = Instant::now();
                     if fua {
                         state.urgent = true;
                     }
@@ -303,6 +324,7 @@ impl StripeCache {
                         buf: Arc::new(vec![0u8; row_bytes]),
                         covered: Vec::new(),
                         created: Instant::now(),
+                        last_join: Instant::now(),
                         closed: false,
                         result: None,
                         waiters: 0,
@@ -352,7 +374,8 @@ impl StripeCache {
             let now_pays = !state.closed
                 && (state.full()
                     || state.urgent
-                    || state.created.elapsed() >= GATHER_DEADLINE
+                    || state.last_join.elapsed() >= GATHER_DEADLINE
+                    || state.created.elapsed() >= GATHER_CAP
                     || self.nothing_more_coming());
             if now_pays {
                 drop(state);
@@ -372,13 +395,19 @@ impl StripeCache {
         result.map_err(io::Error::other)
     }
 
-    /// Every write in flight waits in a batch, and none has arrived for a
-    /// while: waiting longer gathers nothing (md unplugs here).
+    /// Every write in flight waits in a batch, and either the client has
+    /// as many in flight as it ever has lately (it is waiting for us) or
+    /// none has arrived for a while: waiting longer gathers nothing (md
+    /// unplugs here).
     fn nothing_more_coming(&self) -> bool {
+        let in_flight = self.writes_in_flight.load(Ordering::SeqCst);
+        if self.writes_waiting.load(Ordering::SeqCst) < in_flight {
+            return false;
+        }
         let quiet_us = (self.epoch.elapsed().as_micros() as u64)
             .saturating_sub(self.last_arrival_us.load(Ordering::SeqCst));
-        self.writes_waiting.load(Ordering::SeqCst) >= self.writes_in_flight.load(Ordering::SeqCst)
-            && quiet_us >= ARRIVAL_GRACE.as_micros() as u64
+        in_flight >= self.peak_in_flight.load(Ordering::SeqCst)
+            || quiet_us >= ARRIVAL_GRACE.as_micros() as u64
     }
 
     /// Closes a batch (if nobody has) and writes it to the members; it stays
@@ -538,6 +567,7 @@ mod tests {
             buf: Arc::new(vec![0; 100]),
             covered: Vec::new(),
             created: Instant::now(),
+            last_join: Instant::now(),
             closed: false,
             result: None,
             waiters: 0,

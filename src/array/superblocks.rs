@@ -96,14 +96,96 @@ pub fn write_superblock(member: &dyn Member, sb: &MemberSuper) -> Result<(), Sup
     member
         .write_at(&buf, sb.super_offset_sectors * SECTOR_BYTES)
         .map_err(io_err)?;
-    let read_back = read_superblock(member)?.expect("a superblock was just written");
+    // A device that does not give back what it was just given is failing:
+    // an error for the caller to fail it, never a panic of the server.
+    let lost = |what: &str| SuperblockError::Io {
+        device: device.clone(),
+        source: io::Error::other(format!("the superblock just written {what}")),
+    };
+    let read_back = read_superblock(member)?.ok_or_else(|| lost("does not read back"))?;
     let again = match sb.metadata {
         Metadata::V0_90 => sb090::encode(&read_back).map_err(corrupt)?,
         _ => sb1::encode_padded(&read_back).map_err(corrupt)?.to_vec(),
     };
-    assert!(
-        again == buf,
-        "{device}: superblock read back differs from what was written"
-    );
+    if again != buf {
+        return Err(lost("reads back different"));
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::array::{create_on_members, CreateOptions};
+    use crate::geometry::Level;
+    use crate::member::{MemberRef, MemoryMember};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    /// A device that acknowledges writes and, once told to, keeps none.
+    struct Forgetful {
+        inner: MemoryMember,
+        forget: AtomicBool,
+    }
+
+    impl Member for Forgetful {
+        fn name(&self) -> &str {
+            self.inner.name()
+        }
+        fn size_bytes(&self) -> u64 {
+            self.inner.size_bytes()
+        }
+        fn logical_block_bytes(&self) -> u32 {
+            self.inner.logical_block_bytes()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+            if self.forget.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            self.inner.write_at(buf, offset)
+        }
+        fn flush(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+            self.inner.discard(offset, len)
+        }
+    }
+
+    #[test]
+    fn a_device_that_loses_a_superblock_write_is_an_error_not_a_panic() {
+        let members: Vec<Arc<Forgetful>> = (0..3)
+            .map(|i| {
+                Arc::new(Forgetful {
+                    inner: MemoryMember::new(&format!("m{i}"), 8 << 20, 512),
+                    forget: AtomicBool::new(false),
+                })
+            })
+            .collect();
+        let options = CreateOptions {
+            level: Level::Raid5,
+            raid_disks: 3,
+            chunk_bytes: Some(64 << 10),
+            layout: None,
+            metadata: crate::format::Metadata::V1_2,
+            assume_clean: true,
+            name: "forget".into(),
+            size_sectors: None,
+            force: false,
+            homehost: None,
+        };
+        let named = members
+            .iter()
+            .map(|m| Some((m.name().to_string(), m.clone() as MemberRef)))
+            .collect();
+        let array = create_on_members(named, &options, |_, _| {}).unwrap();
+        let mut sb = array.devices[1].sb.clone();
+        sb.events += 1;
+        members[1].forget.store(true, Ordering::SeqCst);
+        let err = write_superblock(members[1].as_ref(), &sb).unwrap_err();
+        assert!(err.to_string().contains("reads back different"), "{err}");
+    }
 }

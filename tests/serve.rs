@@ -13,8 +13,8 @@
 mod common;
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 
@@ -48,18 +48,6 @@ fn without<'a>(members: &[&'a str], lost: &[usize]) -> Vec<&'a str> {
         .filter(|(i, _)| !lost.contains(i))
         .map(|(_, m)| *m)
         .collect()
-}
-
-/// Polls `check` every 50 ms until it holds, for at most `limit`.
-fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !check() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -899,155 +887,6 @@ h.shutdown()
 // ---------------------------------------------------------------------------
 // ext4 through nbdfuse and a loop device.
 
-/// What the ext4 test set up, torn down in reverse order on drop (also when
-/// the test fails, so that no mount, loop device or FUSE mount is left).
-struct Stack {
-    fuse_dir: Option<PathBuf>,
-    nbdfuse: Option<Child>,
-    loop_dev: Option<String>,
-    mount: Option<PathBuf>,
-}
-
-fn sh_ok(cmd: &mut Command) -> String {
-    String::from_utf8_lossy(&run_limited_ok(cmd, Duration::from_secs(120)).stdout)
-        .trim()
-        .to_string()
-}
-
-impl Stack {
-    /// nbdfuse DIR/fuse URI (file DIR/fuse/nbd), ready once its pid file
-    /// is written; then a loop device over that file.
-    fn attach(dir: &Path, uri: &str, size: u64) -> Stack {
-        let nbdfuse = client_tool("nbdfuse", "nbdfuse");
-        assert!(
-            Path::new("/dev/fuse").exists(),
-            "/dev/fuse is missing: this test needs FUSE (run as root on a machine with fuse)"
-        );
-        let fuse_dir = dir.join("fuse");
-        std::fs::create_dir_all(&fuse_dir).unwrap();
-        let pidfile = dir.join("nbdfuse.pid");
-        let _ = std::fs::remove_file(&pidfile);
-        let child = Command::new(nbdfuse)
-            .arg("-P")
-            .arg(&pidfile)
-            .arg(&fuse_dir)
-            .arg(uri)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start nbdfuse");
-        let mut stack = Stack {
-            fuse_dir: Some(fuse_dir.clone()),
-            nbdfuse: Some(child),
-            loop_dev: None,
-            mount: None,
-        };
-        let child = stack.nbdfuse.as_mut().unwrap();
-        wait_for("nbdfuse's pid file", Duration::from_secs(30), || {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("nbdfuse exited ({status}) before it was ready: is FUSE usable here (root, /dev/fuse)?");
-            }
-            std::fs::read_to_string(&pidfile)
-                .map(|s| !s.trim().is_empty())
-                .unwrap_or(false)
-        });
-        let file = fuse_dir.join("nbd");
-        assert_eq!(
-            std::fs::metadata(&file).unwrap().len(),
-            size,
-            "nbdfuse's file size"
-        );
-        let losetup = client_tool("losetup", "mount");
-        let out = run_limited(
-            Command::new(losetup).args(["-f", "--show"]).arg(&file),
-            Duration::from_secs(30),
-        );
-        assert!(
-            out.status.success(),
-            "losetup -f --show {} failed (this test needs root and loop devices): {}",
-            file.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stack.loop_dev = Some(String::from_utf8_lossy(&out.stdout).trim().to_string());
-        stack
-    }
-
-    fn dev(&self) -> &str {
-        self.loop_dev.as_deref().unwrap()
-    }
-
-    fn mount(&mut self, at: &Path) {
-        std::fs::create_dir_all(at).unwrap();
-        sh_ok(
-            Command::new("mount")
-                .args(["-t", "ext4"])
-                .arg(self.dev())
-                .arg(at),
-        );
-        self.mount = Some(at.to_path_buf());
-    }
-
-    fn umount(&mut self) {
-        if let Some(at) = self.mount.take() {
-            sh_ok(Command::new("umount").arg(&at));
-        }
-    }
-
-    /// Unmounts, detaches the loop device, unmounts nbdfuse (which then
-    /// exits; its connections close before the server is stopped).
-    fn detach(&mut self) {
-        self.umount();
-        if let Some(dev) = self.loop_dev.take() {
-            sh_ok(Command::new("losetup").arg("-d").arg(&dev));
-        }
-        if let Some(fuse_dir) = self.fuse_dir.take() {
-            sh_ok(
-                Command::new(client_tool("fusermount3", "fuse3"))
-                    .arg("-u")
-                    .arg(&fuse_dir),
-            );
-        }
-        if let Some(mut child) = self.nbdfuse.take() {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                if let Some(status) = child.try_wait().unwrap() {
-                    assert!(status.success(), "nbdfuse exited with {status}");
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "nbdfuse did not exit after fusermount3 -u"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
-}
-
-impl Drop for Stack {
-    fn drop(&mut self) {
-        if let Some(at) = self.mount.take() {
-            let _ = Command::new("umount").arg("-l").arg(&at).status();
-        }
-        if let Some(dev) = self.loop_dev.take() {
-            let _ = Command::new("losetup").arg("-d").arg(&dev).status();
-        }
-        if let Some(fuse_dir) = self.fuse_dir.take() {
-            let _ = Command::new("fusermount3")
-                .arg("-u")
-                .arg("-z")
-                .arg(&fuse_dir)
-                .status();
-        }
-        if let Some(mut child) = self.nbdfuse.take() {
-            // SAFETY: kill(2) of our own child, not yet reaped.
-            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-            let _ = child.wait();
-        }
-    }
-}
-
 /// A tree of 200 files of random sizes (some empty, some over a stripe)
 /// in 10 folders: relative path -> contents.
 fn file_tree() -> Vec<(String, Vec<u8>)> {
@@ -1108,7 +947,7 @@ fn ext4_through_nbdfuse_and_loop() {
         std::fs::write(&path, data).unwrap();
     }
     sh_ok(&mut Command::new("sync"));
-    stack.detach();
+    stack.detach(true);
     served.stop();
     assert_eq!(examine_states(&members), vec!["clean"; 6]);
 
@@ -1137,7 +976,7 @@ fn ext4_through_nbdfuse_and_loop() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    stack.detach();
+    stack.detach(true);
     served.stop();
     assert_eq!(examine_states(&members), vec!["clean"; 6]);
     assert_redundancy_consistent(&members[..], 1, None, dir.path());

@@ -1066,3 +1066,185 @@ pub fn recovery_offset_line(examine_text: &str) -> Option<u64> {
             .and_then(|v| v.trim().parse().ok())
     })
 }
+
+// ---------------------------------------------------------------------------
+// ext4 through nbdfuse and a loop device (tests/serve.rs, tests/failures.rs).
+
+pub fn sh_ok(cmd: &mut Command) -> String {
+    String::from_utf8_lossy(&run_limited_ok(cmd, Duration::from_secs(120)).stdout)
+        .trim()
+        .to_string()
+}
+
+/// An ext4 test's stack: nbdfuse + loop + mount, torn down in reverse
+/// order on drop (also when the test fails, so that no mount, loop device
+/// or FUSE mount is left behind).
+pub struct Stack {
+    fuse_dir: Option<PathBuf>,
+    nbdfuse: Option<Child>,
+    loop_dev: Option<String>,
+    mount: Option<PathBuf>,
+}
+
+impl Stack {
+    /// nbdfuse DIR/fuse URI (file DIR/fuse/nbd), ready once its pid file
+    /// is written; then a loop device over that file.
+    pub fn attach(dir: &Path, uri: &str, size: u64) -> Stack {
+        let nbdfuse = client_tool("nbdfuse", "nbdfuse");
+        assert!(
+            Path::new("/dev/fuse").exists(),
+            "/dev/fuse is missing: this test needs FUSE"
+        );
+        let fuse_dir = dir.join("fuse");
+        std::fs::create_dir_all(&fuse_dir).unwrap();
+        let pidfile = dir.join("nbdfuse.pid");
+        let _ = std::fs::remove_file(&pidfile);
+        let child = Command::new(nbdfuse)
+            .arg("-P")
+            .arg(&pidfile)
+            .arg(&fuse_dir)
+            .arg(uri)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nbdfuse");
+        let mut stack = Stack {
+            fuse_dir: Some(fuse_dir.clone()),
+            nbdfuse: Some(child),
+            loop_dev: None,
+            mount: None,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = stack.nbdfuse.as_mut().unwrap().try_wait() {
+                panic!("nbdfuse exited ({status}) before it was ready: is FUSE usable here?");
+            }
+            if std::fs::read_to_string(&pidfile).is_ok_and(|s| !s.trim().is_empty()) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nbdfuse did not write its pid file"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let file = fuse_dir.join("nbd");
+        assert_eq!(
+            std::fs::metadata(&file).unwrap().len(),
+            size,
+            "nbdfuse's file size"
+        );
+        let out = run_limited(
+            Command::new(client_tool("losetup", "mount"))
+                .args(["-f", "--show"])
+                .arg(&file),
+            Duration::from_secs(30),
+        );
+        assert!(
+            out.status.success(),
+            "losetup -f --show {} failed (this test needs root and loop devices): {}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stack.loop_dev = Some(String::from_utf8_lossy(&out.stdout).trim().to_string());
+        stack
+    }
+
+    pub fn dev(&self) -> &str {
+        self.loop_dev.as_deref().unwrap()
+    }
+
+    pub fn mount(&mut self, at: &Path) {
+        std::fs::create_dir_all(at).unwrap();
+        sh_ok(
+            Command::new("mount")
+                .args(["-t", "ext4"])
+                .arg(self.dev())
+                .arg(at),
+        );
+        self.mount = Some(at.to_path_buf());
+    }
+
+    pub fn umount(&mut self) {
+        if let Some(at) = self.mount.take() {
+            sh_ok(Command::new("umount").arg(&at));
+        }
+    }
+
+    /// Unmounts, detaches the loop device, unmounts nbdfuse and waits for it
+    /// to exit. With `server_alive` false (the server was killed) failures
+    /// of the teardown itself are expected and tolerated: only leaving
+    /// nothing behind matters.
+    pub fn detach(&mut self, server_alive: bool) {
+        if server_alive {
+            self.umount();
+        } else if let Some(at) = self.mount.take() {
+            let ok = Command::new("umount")
+                .arg(&at)
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                let _ = Command::new("umount").arg("-l").arg(&at).status();
+            }
+        }
+        if let Some(dev) = self.loop_dev.take() {
+            if server_alive {
+                sh_ok(Command::new("losetup").arg("-d").arg(&dev));
+            } else {
+                let _ = Command::new("losetup").arg("-d").arg(&dev).status();
+            }
+        }
+        if let Some(fuse_dir) = self.fuse_dir.take() {
+            let mut cmd = Command::new(client_tool("fusermount3", "fuse3"));
+            cmd.arg("-u");
+            if server_alive {
+                sh_ok(cmd.arg(&fuse_dir));
+            } else {
+                let _ = cmd.arg("-z").arg(&fuse_dir).status();
+            }
+        }
+        if let Some(mut child) = self.nbdfuse.take() {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if let Some(status) = child.try_wait().unwrap() {
+                    assert!(
+                        status.success() || !server_alive,
+                        "nbdfuse exited with {status}"
+                    );
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    // SAFETY: kill(2) of our own child, not yet reaped.
+                    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+                    let _ = child.wait();
+                    panic!("nbdfuse did not exit after fusermount3 -u");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if let Some(at) = self.mount.take() {
+            let _ = Command::new("umount").arg("-l").arg(&at).status();
+        }
+        if let Some(dev) = self.loop_dev.take() {
+            let _ = Command::new("losetup").arg("-d").arg(&dev).status();
+        }
+        if let Some(fuse_dir) = self.fuse_dir.take() {
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg("-z")
+                .arg(&fuse_dir)
+                .status();
+        }
+        if let Some(mut child) = self.nbdfuse.take() {
+            // SAFETY: kill(2) of our own child, not yet reaped.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let _ = child.wait();
+        }
+    }
+}

@@ -74,8 +74,6 @@ struct BatchState {
     closed: bool,
     /// Set when written out; then the batch leaves the table.
     result: Option<Result<(), String>>,
-    /// Writers waiting for the result (write-through and FUA).
-    waiters: usize,
     /// Someone wants it written now (FUA, FLUSH).
     urgent: bool,
 }
@@ -132,6 +130,16 @@ pub struct CacheReport {
     pub parity_hits: u64,
     #[serde(default)]
     pub parity_misses: u64,
+}
+
+impl Batch {
+    /// Waits, holding `state` of this batch, until it is written out.
+    fn written<'a>(&self, mut state: MutexGuard<'a, BatchState>) -> MutexGuard<'a, BatchState> {
+        while state.result.is_none() {
+            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        state
+    }
 }
 
 /// What happened to a write offered to the cache.
@@ -296,9 +304,7 @@ impl StripeCache {
                         // Being written out: wait for it, then look again,
                         // so that this write lands after it.
                         drop(shard);
-                        while state.result.is_none() {
-                            state = batch.changed.wait(state).unwrap_or_else(|e| e.into_inner());
-                        }
+                        drop(batch.written(state));
                         continue;
                     }
                     state.add(at, bytes);
@@ -327,7 +333,6 @@ impl StripeCache {
                         last_join: Instant::now(),
                         closed: false,
                         result: None,
-                        waiters: 0,
                         urgent: fua,
                     };
                     state.add(at, bytes);
@@ -366,7 +371,6 @@ impl StripeCache {
     ) -> io::Result<()> {
         self.writes_waiting.fetch_add(1, Ordering::SeqCst);
         let mut state = lock(&batch.state);
-        state.waiters += 1;
         let result = loop {
             if let Some(result) = &state.result {
                 break result.clone();
@@ -389,7 +393,6 @@ impl StripeCache {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         };
-        state.waiters -= 1;
         drop(state);
         self.writes_waiting.fetch_sub(1, Ordering::SeqCst);
         result.map_err(io::Error::other)
@@ -486,10 +489,7 @@ impl StripeCache {
         let mut first_error = None;
         for batch in self.all_batches() {
             self.write_out(&batch, entries, destage);
-            let mut state = lock(&batch.state);
-            while state.result.is_none() {
-                state = batch.changed.wait(state).unwrap_or_else(|e| e.into_inner());
-            }
+            let state = batch.written(lock(&batch.state));
             if let Some(Err(e)) = &state.result {
                 first_error.get_or_insert_with(|| io::Error::other(e.clone()));
             }
@@ -570,7 +570,6 @@ mod tests {
             last_join: Instant::now(),
             closed: false,
             result: None,
-            waiters: 0,
             urgent: false,
         };
         s.add(10, &[1; 10]);

@@ -150,8 +150,7 @@ impl Engine {
     pub(super) fn read_cached(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let len = buf.len();
         let t = &self.tunables;
-        let map = self.geometry.stripe(0);
-        let strip = map.strip_sectors * SECTOR_BYTES;
+        let strip = self.row.strip_bytes as u64;
         let read_ahead = t.read_ahead_sectors() as u64 * SECTOR_BYTES;
         if !t.read_cache() && read_ahead == 0 {
             return self.read_bytes(offset, buf);
@@ -164,8 +163,9 @@ impl Engine {
         if self.reads.lookup(offset, buf) {
             return Ok(());
         }
-        let capacity =
-            t.stripe_cache_size() as usize * super::tuning::STRIPE_CACHE_PAGE * map.data.len();
+        let capacity = t.stripe_cache_size() as usize
+            * super::tuning::STRIPE_CACHE_PAGE
+            * self.row.data_strips;
         let generation = self.reads.generation();
         // Read-ahead serves a client that reads a stream one request at a
         // time (dd, a single-threaded reader); one that keeps reads in
@@ -192,17 +192,15 @@ impl Engine {
         Ok(())
     }
 
-    /// The largest I/O sent to a member (max_sectors_kb), a multiple of
-    /// every member's block.
+    /// The largest I/O sent to a member (max_sectors_kb). It is a whole
+    /// number of 4 KiB (tuning checks it), so of every member's block.
     pub(super) fn max_member_io(&self) -> usize {
-        let block = self.member_block_bytes() as usize;
-        (self.tunables.max_io_bytes() / block).max(1) * block
+        self.tunables.max_io_bytes()
     }
 
-    /// What one stripe-cache entry set for a row costs, and the capacity.
+    /// What a stripe-cache batch for one row costs, in entries.
     pub(super) fn cache_entries_per_row(&self) -> usize {
-        let strip = (self.geometry.stripe(0).strip_sectors * SECTOR_BYTES) as usize;
-        StripeCache::entries_for(strip)
+        StripeCache::entries_for(self.row.strip_bytes)
     }
 
     /// Writes a batch of the stripe cache to the members.
@@ -365,33 +363,28 @@ impl View<'_> {
         }
         let results = batch::run(&mut ops);
         drop(ops);
-        let failed: Vec<usize> = owner
+        let mut failed: Vec<usize> = owner
             .iter()
             .zip(&results)
             .filter(|(_, r)| r.is_err())
             .map(|(k, _)| *k)
             .collect();
-        for k in failed.into_iter().fold(Vec::new(), |mut v, k| {
-            if !v.contains(&k) {
-                v.push(k);
-            }
-            v
-        }) {
+        failed.dedup(); // the ops of one read are adjacent
+        for k in failed {
             let (place, at, buf) = &mut reads[k];
             self.read_place(place, *at, buf)?;
         }
         Ok(())
     }
 
-    /// Writes several places at once, with write_place's rules: a member
-    /// that fails is failed and the rest goes on, a replacement under
-    /// construction gets its copy, and only an array that can no longer
-    /// serve makes it an error.
+    /// Writes several places at once (one batch where the members allow
+    /// it). A member that fails a write is failed at once (md does the same
+    /// without a bad-block log) and the rest goes on without it: parity,
+    /// computed before any write, still covers its share. Only when that
+    /// leaves the array unable to serve is it an error. A replacement under
+    /// construction gets the write too where its copy is done, so that it
+    /// does not fall behind; a failing replacement is dropped.
     pub(super) fn write_places(&self, writes: &[(&Place, usize, &[u8])]) -> io::Result<()> {
-        if writes.len() == 1 {
-            let (place, at, buf) = writes[0];
-            return self.write_place(place, at, buf);
-        }
         let max = self.engine.max_member_io();
         // (role, replacement?) of each op.
         let mut targets: Vec<(usize, bool, MemberRef, u64, &[u8])> = Vec::new();
@@ -477,45 +470,15 @@ impl View<'_> {
         Ok(())
     }
 
-    /// Writes to a member. A member that fails a write is failed at once
-    /// (md does the same without a bad-block log) and the write goes on
-    /// without it: parity, computed before any write, still covers its
-    /// share. Only when that leaves the array unable to serve is it an error.
+    /// Writes to one member: [`write_places`](Self::write_places) with one
+    /// write.
     pub(super) fn write_place(
         &self,
         place: &Place,
         offset_in_strip: usize,
         buf: &[u8],
     ) -> io::Result<()> {
-        let (member, at) = self.offset_of(place, offset_in_strip);
-        // A replacement under construction gets the write too where its copy
-        // is done; it must not fall behind. A failing replacement is dropped.
-        if let Some((replacement, r_at)) = self.replacement_target(place, at) {
-            if replacement.write_at(buf, r_at).is_err() {
-                self.engine
-                    .abandon_replacement(place.member, "write error on the replacement");
-            }
-        }
-        let max = self.engine.max_member_io();
-        let written = buf
-            .chunks(max)
-            .enumerate()
-            .try_for_each(|(i, part)| member.write_at(part, at + (i * max) as u64));
-        match written {
-            Ok(()) => Ok(()),
-            Err(source) => {
-                self.engine
-                    .fail_member(place.member, &format!("write error: {source}"));
-                if self.engine.runnable() {
-                    Ok(())
-                } else {
-                    Err(io::Error::other(format!(
-                        "array failed: member {} lost on write ({source})",
-                        place.member
-                    )))
-                }
-            }
-        }
+        self.write_places(&[(place, offset_in_strip, buf)])
     }
 
     /// Reads one piece, reconstructing strips whose members are gone.

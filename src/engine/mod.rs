@@ -95,6 +95,9 @@ pub struct Engine {
     cache_workers: Mutex<usize>,
     /// Read-ahead and cached reads.
     reads: readcache::ReadCache,
+    /// The shape of a row, the same for every stripe of the geometry: kept
+    /// so that the request path need not build a stripe map to learn it.
+    row: RowShape,
     /// Parity pages a write just computed, for the next read-modify-write.
     parity_cache: paritycache::ParityCache,
 }
@@ -163,7 +166,12 @@ impl Engine {
             }
         }
         let sync = SyncWorker::new(geometry.stripe_count());
-        let full_stripe = geometry.stripe(0).data_sectors();
+        let first = geometry.stripe(0);
+        let full_stripe = first.data_sectors();
+        let row = RowShape {
+            strip_bytes: (first.strip_sectors * SECTOR_BYTES) as usize,
+            data_strips: first.data.len(),
+        };
         let engine = Arc::new(Engine {
             geometry,
             members: RwLock::new(Arc::new(table)),
@@ -189,6 +197,7 @@ impl Engine {
             cache: Arc::new(cache::StripeCache::new()),
             cache_workers: Mutex::new(0),
             reads: readcache::ReadCache::new(),
+            row,
             parity_cache: paritycache::ParityCache::new(),
         });
         if !options.read_only {
@@ -588,6 +597,13 @@ impl Engine {
         self.write_state_locked(&mut self.array.lock().unwrap(), state)?;
         Ok(())
     }
+}
+
+/// What every row of the geometry has in common.
+#[derive(Clone, Copy, Debug)]
+struct RowShape {
+    strip_bytes: usize,
+    data_strips: usize,
 }
 
 /// One device as the engine sees it.

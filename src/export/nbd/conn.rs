@@ -466,88 +466,86 @@ fn read_request(
 ) -> Result<Option<Job>, End> {
     let io_timeout = conn.shared.options.io_timeout;
     let mut header = [0u8; proto::REQUEST_HEADER_LEN];
-    {
-        if conn.shared.stopping() {
-            return Err(End::Graceful);
-        }
-        // Idle time between requests is unlimited (an idle kernel client is
-        // normal); once a request has started, the rest must follow within
-        // the I/O timeout.
-        if let Err(e) = reader.read_exact(&mut header[..1], None) {
-            return Err(read_failed(conn, e, "request"));
-        }
-        let deadline = io_timeout.map(|t| Instant::now() + t);
-        if let Err(e) = reader.read_exact(&mut header[1..], deadline) {
-            // Count the first byte too, so the message matches the wire.
-            let e = match e {
-                ReadError::Eof => ReadError::Truncated {
-                    have: 1,
-                    need: header.len(),
-                },
-                ReadError::Truncated { have, need } => ReadError::Truncated {
-                    have: have + 1,
-                    need: need + 1,
-                },
-                e => e,
-            };
-            return Err(read_failed(conn, e, "request header"));
-        }
-        let request = match proto::decode_request_header(&header) {
-            Ok(r) => r,
-            Err(e) => {
-                conn.log
-                    .line(format_args!("protocol violation: {e}; disconnecting"));
-                return Err(End::Abort);
-            }
-        };
-        let payload_len = match proto::request_payload_len(&request, &conn.params) {
-            Ok(n) => n,
-            Err(e) => {
-                conn.log
-                    .line(format_args!("protocol violation: {e}; disconnecting"));
-                return Err(End::Abort);
-            }
-        };
-        let command = match proto::check_request(&request, &conn.params) {
-            Ok(c) => c,
-            Err(err) => {
-                // The payload of a refused write is still on the wire and
-                // must be consumed to stay in step with the client.
-                if payload_len > 0 {
-                    if let Err(e) = reader.discard(payload_len as u64, deadline) {
-                        return Err(read_failed(conn, e, "write payload"));
-                    }
-                }
-                conn.reply_error(&request, err, &refusal_message(&request, err, &conn.params));
-                return Ok(None);
-            }
-        };
-        if let Command::Disconnect = command {
-            return Err(End::Graceful);
-        }
-        let cost = match command {
-            Command::Read { length, .. } | Command::Write { length, .. } => length as u64,
-            _ => 0,
-        };
-        // Wait for room before allocating: this is what bounds memory.
-        conn.inflight.acquire(cost);
-        let payload_len = payload_len as usize;
-        if payload_len > 0 {
-            if payload.len() < payload_len {
-                *payload = AlignedBuf::zeroed(payload_len);
-            }
-            if let Err(e) = reader.read_exact(&mut payload[..payload_len], deadline) {
-                conn.inflight.release(cost);
-                return Err(read_failed(conn, e, "write payload"));
-            }
-        }
-        Ok(Some(Job {
-            cookie: request.cookie,
-            command,
-            payload_len,
-            cost,
-        }))
+    if conn.shared.stopping() {
+        return Err(End::Graceful);
     }
+    // Idle time between requests is unlimited (an idle kernel client is
+    // normal); once a request has started, the rest must follow within
+    // the I/O timeout.
+    if let Err(e) = reader.read_exact(&mut header[..1], None) {
+        return Err(read_failed(conn, e, "request"));
+    }
+    let deadline = io_timeout.map(|t| Instant::now() + t);
+    if let Err(e) = reader.read_exact(&mut header[1..], deadline) {
+        // Count the first byte too, so the message matches the wire.
+        let e = match e {
+            ReadError::Eof => ReadError::Truncated {
+                have: 1,
+                need: header.len(),
+            },
+            ReadError::Truncated { have, need } => ReadError::Truncated {
+                have: have + 1,
+                need: need + 1,
+            },
+            e => e,
+        };
+        return Err(read_failed(conn, e, "request header"));
+    }
+    let request = match proto::decode_request_header(&header) {
+        Ok(r) => r,
+        Err(e) => {
+            conn.log
+                .line(format_args!("protocol violation: {e}; disconnecting"));
+            return Err(End::Abort);
+        }
+    };
+    let payload_len = match proto::request_payload_len(&request, &conn.params) {
+        Ok(n) => n,
+        Err(e) => {
+            conn.log
+                .line(format_args!("protocol violation: {e}; disconnecting"));
+            return Err(End::Abort);
+        }
+    };
+    let command = match proto::check_request(&request, &conn.params) {
+        Ok(c) => c,
+        Err(err) => {
+            // The payload of a refused write is still on the wire and
+            // must be consumed to stay in step with the client.
+            if payload_len > 0 {
+                if let Err(e) = reader.discard(payload_len as u64, deadline) {
+                    return Err(read_failed(conn, e, "write payload"));
+                }
+            }
+            conn.reply_error(&request, err, &refusal_message(&request, err, &conn.params));
+            return Ok(None);
+        }
+    };
+    if let Command::Disconnect = command {
+        return Err(End::Graceful);
+    }
+    let cost = match command {
+        Command::Read { length, .. } | Command::Write { length, .. } => length as u64,
+        _ => 0,
+    };
+    // Wait for room before allocating: this is what bounds memory.
+    conn.inflight.acquire(cost);
+    let payload_len = payload_len as usize;
+    if payload_len > 0 {
+        if payload.len() < payload_len {
+            *payload = AlignedBuf::zeroed(payload_len);
+        }
+        if let Err(e) = reader.read_exact(&mut payload[..payload_len], deadline) {
+            conn.inflight.release(cost);
+            return Err(read_failed(conn, e, "write payload"));
+        }
+    }
+    Ok(Some(Job {
+        cookie: request.cookie,
+        command,
+        payload_len,
+        cost,
+    }))
 }
 
 /// Decides how the connection ends after a failed read of `what` (a part

@@ -130,6 +130,17 @@ pub struct CacheReport {
     pub parity_hits: u64,
     #[serde(default)]
     pub parity_misses: u64,
+    /// Stripe workers serving (group_thread_cnt), the rounds they ran, the
+    /// rows written in them, and the rows of those that needed the one-row
+    /// path (a member missing, a read error, several parts).
+    #[serde(default)]
+    pub stripe_workers: usize,
+    #[serde(default)]
+    pub stripe_rounds: u64,
+    #[serde(default)]
+    pub stripe_rows: u64,
+    #[serde(default)]
+    pub stripe_rows_alone: u64,
 }
 
 impl Batch {
@@ -266,12 +277,9 @@ impl StripeCache {
             partial_rows: get(&self.stats.partial_rows),
             gathered_writes: get(&self.stats.gathered_writes),
             direct_writes: get(&self.stats.direct_writes),
-            read_hits: 0,
-            read_misses: 0,
-            read_cached_bytes: 0,
-            parity_hits: 0,
-            parity_misses: 0,
             batches: self.batches.load(Ordering::SeqCst),
+            // The engine fills in the counters of the other caches.
+            ..CacheReport::default()
         }
     }
 

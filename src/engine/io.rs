@@ -26,8 +26,8 @@ fn lost(what: String) -> io::Error {
 }
 
 /// The part of one stripe that a request covers.
-struct Piece<'a> {
-    map: StripeMap,
+pub(super) struct Piece<'a> {
+    pub(super) map: StripeMap,
     /// For each data strip, the byte range (strip-relative) the request covers; empty if none.
     ranges: Vec<Range<usize>>,
     /// Union of the ranges: where parity changes.
@@ -95,7 +95,12 @@ impl Engine {
 
     /// The piece of stripe `map` covering `len` bytes from `in_stripe`;
     /// `data` holds the bytes of a write (empty for a read).
-    fn piece<'a>(map: StripeMap, in_stripe: usize, len: usize, data: &'a [u8]) -> Piece<'a> {
+    pub(super) fn piece<'a>(
+        map: StripeMap,
+        in_stripe: usize,
+        len: usize,
+        data: &'a [u8],
+    ) -> Piece<'a> {
         debug_assert!(data.is_empty() || data.len() == len);
         let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
         let end = in_stripe + len;
@@ -216,10 +221,28 @@ impl Engine {
     }
 
     /// Writes parts of one row (offset in the row's data, bytes) under the
-    /// row's lock, keeping parity right.
+    /// row's lock, keeping parity right. On a parity level the row's
+    /// stripe worker does it (see [`super::stripes`]); mirrors and plain
+    /// stripes have no parity work to hand over.
     fn write_in_row(&self, map: &StripeMap, parts: &[(usize, &[u8])]) -> io::Result<()> {
+        if map.p.is_some() {
+            let slot = self.locks.slot(map.stripe);
+            if let Some(result) = self.stripes.submit(map.stripe, slot, parts) {
+                return result;
+            }
+        }
         let _guard = self.locks.lock(map.stripe);
         let _in_flight = self.bitmap_start_write(map.stripe)?;
+        self.write_parts_locked(map, parts)
+    }
+
+    /// Writes parts of one row, one piece at a time with retries; the
+    /// caller holds the row's lock and has marked it in the bitmap.
+    pub(super) fn write_parts_locked(
+        &self,
+        map: &StripeMap,
+        parts: &[(usize, &[u8])],
+    ) -> io::Result<()> {
         for &(at, bytes) in parts {
             self.with_retries(map.stripe, true, |view| {
                 let piece = Engine::piece(map.clone(), at, bytes.len(), bytes);
@@ -328,7 +351,7 @@ impl View<'_> {
         self.table.usable(place.member, self.stripe)
     }
 
-    fn offset_of(&self, place: &Place, offset_in_strip: usize) -> (MemberRef, u64) {
+    pub(super) fn offset_of(&self, place: &Place, offset_in_strip: usize) -> (MemberRef, u64) {
         let entry = self
             .table
             .entry(place.member)
@@ -385,40 +408,58 @@ impl View<'_> {
     /// construction gets the write too where its copy is done, so that it
     /// does not fall behind; a failing replacement is dropped.
     pub(super) fn write_places(&self, writes: &[(&Place, usize, &[u8])]) -> io::Result<()> {
-        let max = self.engine.max_member_io();
-        // (role, replacement?) of each op.
-        let mut targets: Vec<(usize, bool, MemberRef, u64, &[u8])> = Vec::new();
+        let mut targets = Vec::new();
+        self.write_targets(writes, &mut targets);
+        let errors = run_writes(self.engine.max_member_io(), &targets);
+        self.settle_writes(&targets, errors)
+    }
+
+    /// The member writes that `writes` make: each place, and its
+    /// replacement where it has one.
+    pub(super) fn write_targets<'b>(
+        &self,
+        writes: &[(&Place, usize, &'b [u8])],
+        out: &mut Vec<WriteTarget<'b>>,
+    ) {
         for &(place, at, buf) in writes {
             let (member, offset) = self.offset_of(place, at);
             if let Some((replacement, r_offset)) = self.replacement_target(place, offset) {
-                targets.push((place.member, true, replacement, r_offset, buf));
+                out.push(WriteTarget {
+                    role: place.member,
+                    replacement: true,
+                    member: replacement,
+                    offset: r_offset,
+                    buf,
+                });
             }
-            targets.push((place.member, false, member, offset, buf));
+            out.push(WriteTarget {
+                role: place.member,
+                replacement: false,
+                member,
+                offset,
+                buf,
+            });
         }
-        let mut ops = Vec::new();
-        let mut owner = Vec::new();
-        for (k, (_, _, member, at, buf)) in targets.iter().enumerate() {
-            for (i, part) in buf.chunks(max).enumerate() {
-                ops.push(IoOp::write(member.as_ref(), at + (i * max) as u64, part));
-                owner.push(k);
-            }
-        }
-        let results = batch::run(&mut ops);
-        drop(ops);
-        let mut first_error: Vec<Option<io::Error>> = (0..targets.len()).map(|_| None).collect();
-        for (k, result) in owner.into_iter().zip(results) {
-            if let Err(e) = result {
-                first_error[k].get_or_insert(e);
-            }
-        }
-        for ((role, replacement, ..), error) in targets.iter().zip(first_error) {
+    }
+
+    /// Acts on the outcome of member writes (the first error of each
+    /// target): a failed member is failed, a failed replacement dropped.
+    /// An error only when the array can no longer serve.
+    pub(super) fn settle_writes(
+        &self,
+        targets: &[WriteTarget],
+        errors: Vec<Option<io::Error>>,
+    ) -> io::Result<()> {
+        assert_eq!(targets.len(), errors.len());
+        for (target, error) in targets.iter().zip(errors) {
             let Some(source) = error else { continue };
-            if *replacement {
+            let role = target.role;
+            if target.replacement {
                 self.engine
-                    .abandon_replacement(*role, "write error on the replacement");
+                    .abandon_replacement(role, "write error on the replacement");
             } else {
                 self.engine
-                    .fail_member(*role, &format!("write error: {source}"));
+                    .fail_member(role, &format!("write error: {source}"));
                 if !self.engine.runnable() {
                     return Err(io::Error::other(format!(
                         "array failed: member {role} lost on write ({source})"
@@ -642,47 +683,62 @@ impl View<'_> {
             }
             return self.write_places(&writes);
         }
-        let parity_present: Vec<Place> = [map.p, map.q]
+        let parity_present = [map.p, map.q]
             .into_iter()
             .flatten()
             .filter(|p| self.present(p))
-            .collect();
-        let lost: Vec<usize> = (0..map.data.len())
-            .filter(|&i| !map.data[i].copies.iter().any(|c| self.present(c)))
-            .collect();
-        let touched: Vec<usize> = (0..map.data.len()).filter(|&i| piece.touched(i)).collect();
-        if parity_present.is_empty() {
+            .count();
+        if parity_present == 0 {
             // No parity left to maintain: the data is all there is, and
             // what was kept of the parity is stale from now on.
             self.engine
                 .parity_cache
                 .drop_window(map.stripe, &piece.window);
-            for &i in &touched {
-                if lost.contains(&i) {
+            for i in (0..map.data.len()).filter(|&i| piece.touched(i)) {
+                let Some(copy) = map.data[i].copies.iter().find(|c| self.present(c)) else {
                     return Err(lost_error(map, "data and parity lost"));
-                }
-                self.write_place(
-                    &map.data[i].copies[0],
-                    piece.ranges[i].start,
-                    piece.new_bytes(i),
-                )?;
+                };
+                self.write_place(copy, piece.ranges[i].start, piece.new_bytes(i))?;
             }
             return Ok(());
         }
+        let mut plan = self.plan_parity_write(piece);
+        self.read_places(&mut plan.reads())?;
+        self.compute_parity(&mut plan)?;
+        let written = self.write_places(&plan.writes());
+        self.keep_parity(&plan, written.is_ok());
+        written
+    }
+
+    /// Decides how a write of `piece` keeps parity right, and sets up its
+    /// buffers: read-modify-write or reconstruct-write, whichever reads
+    /// less (md's rmw_level), parity still hot from the last write filled
+    /// in. Nothing is read or written yet, so that the stripe workers can
+    /// send the reads and writes of many plans as one batch each.
+    /// At least one parity member must be present.
+    pub(super) fn plan_parity_write<'p, 'a>(&self, piece: &'p Piece<'a>) -> ParityWrite<'p, 'a> {
+        let map = &piece.map;
+        assert!(map.p.is_some(), "a parity write on a level without parity");
+        let p_place = map.p.filter(|p| self.present(p));
+        let q_place = map.q.filter(|q| self.present(q));
+        let parity_present = usize::from(p_place.is_some()) + usize::from(q_place.is_some());
+        assert!(parity_present > 0, "a parity write with no parity member");
+        let lost: Vec<usize> = (0..map.data.len())
+            .filter(|&i| !map.data[i].copies.iter().any(|c| self.present(c)))
+            .collect();
+        let touched: Vec<usize> = (0..map.data.len()).filter(|&i| piece.touched(i)).collect();
+        let window = piece.window.clone();
+        let hot = &self.engine.parity_cache;
+        let hot_parity = [(p_place, Which::P), (q_place, Which::Q)]
+            .iter()
+            .filter(|(place, which)| place.is_some() && hot.has(map.stripe, &window, *which))
+            .count();
         // Reads each method needs over the window.
         let rmw_possible = touched.iter().all(|i| !lost.contains(i));
-        let hot = &self.engine.parity_cache;
-        let hot_parity = [(map.p, Which::P), (map.q, Which::Q)]
-            .iter()
-            .filter(|(place, which)| {
-                place.is_some_and(|p| self.present(&p))
-                    && hot.has(map.stripe, &piece.window, *which)
-            })
-            .count();
-        let rmw_reads = touched.len() + parity_present.len() - hot_parity;
+        let rmw_reads = touched.len() + parity_present - hot_parity;
         let rebuild = lost.iter().any(|&i| !piece.covers_window(i));
         let rcw_reads = if rebuild {
-            map.data.len() - lost.len() + parity_present.len()
+            map.data.len() - lost.len() + parity_present
         } else {
             (0..map.data.len())
                 .filter(|&i| !piece.covers_window(i) && !lost.contains(&i))
@@ -690,111 +746,116 @@ impl View<'_> {
         };
         // md's rmw_level: 0 never reads-modifies-writes, 1 does when it
         // needs fewer reads, 2 also when the counts tie.
-        let rmw = match self.engine.tunables.rmw_level() {
-            0 => false,
-            1 => rmw_reads < rcw_reads,
-            _ => rmw_reads <= rcw_reads,
+        let rmw = rmw_possible
+            && match self.engine.tunables.rmw_level() {
+                0 => false,
+                1 => rmw_reads < rcw_reads,
+                _ => rmw_reads <= rcw_reads,
+            };
+        let sized = |place: Option<Place>| {
+            AlignedBuf::zeroed(if place.is_some() { window.len() } else { 0 })
         };
-        if rmw_possible && rmw {
-            self.read_modify_write(piece, &touched)
+        let mut plan = ParityWrite {
+            piece,
+            lost,
+            rmw,
+            old: Vec::new(),
+            strips: Vec::new(),
+            need_rebuild: Vec::new(),
+            // Every strip's window is in the request (a full-stripe write):
+            // parity comes straight from the request's bytes.
+            whole: (0..map.data.len()).all(|i| piece.covers_window(i)),
+            p_place,
+            q_place,
+            p: sized(map.p),
+            q: sized(map.q),
+            p_hot: false,
+            q_hot: false,
+            touched,
+        };
+        if rmw {
+            // Parity still hot from the last write of this window is not read.
+            plan.p_hot = p_place.is_some() && hot.get(map.stripe, &window, Which::P, &mut plan.p);
+            plan.q_hot = q_place.is_some() && hot.get(map.stripe, &window, Which::Q, &mut plan.q);
+            plan.old = plan
+                .touched
+                .iter()
+                .map(|&i| AlignedBuf::zeroed(piece.ranges[i].len()))
+                .collect();
         } else {
-            self.reconstruct_write(piece, &touched, &lost)
+            // If any lost strip holds old bytes the request does not
+            // replace, all lost strips are rebuilt: the others' old bytes
+            // are just as unknown, and the algebra needs every strip but
+            // the rebuilt ones.
+            if rebuild {
+                plan.need_rebuild = plan.lost.clone();
+            }
+            if !plan.whole {
+                plan.strips = vec![vec![0u8; window.len()]; map.data.len()];
+            }
         }
+        plan
     }
 
-    /// New parity = old parity + (old data - new data) for each touched strip,
-    /// over the window: reads the touched strips and the parity only.
-    fn read_modify_write(&self, piece: &Piece, touched: &[usize]) -> io::Result<()> {
+    /// Computes the new parity of a plan whose reads are done: from the
+    /// old data and parity (read-modify-write), or from every strip,
+    /// rebuilding lost ones first (reconstruct-write; those reads are the
+    /// only ones done here, and only on a degraded row).
+    pub(super) fn compute_parity(&self, plan: &mut ParityWrite) -> io::Result<()> {
+        let piece = plan.piece;
         let map = &piece.map;
         let window = piece.window.clone();
-        let wanted = |place: Option<Place>| {
-            place
-                .filter(|p| self.present(p))
-                .map(|p| (p, AlignedBuf::zeroed(window.len())))
+        let syndrome = self.engine.syndrome;
+        if plan.rmw {
+            // New parity = old parity + (old data - new data) for each
+            // touched strip, over the window.
+            for (&i, delta) in plan.touched.iter().zip(plan.old.iter_mut()) {
+                let r = piece.ranges[i].clone();
+                syndrome.xor_into(delta, piece.new_bytes(i));
+                let at = r.start - window.start..r.end - window.start;
+                if plan.p_place.is_some() {
+                    syndrome.xor_into(&mut plan.p[at.clone()], delta);
+                }
+                if plan.q_place.is_some() {
+                    let coef = parity::gf::pow2(map.data[i].q_exponent);
+                    syndrome.mul_acc(&mut plan.q[at], delta, coef);
+                }
+            }
+            return Ok(());
+        }
+        let views: Vec<&[u8]> = if plan.whole {
+            (0..map.data.len()).map(|i| piece.new_bytes(i)).collect()
+        } else {
+            self.reconstruct(map, window.clone(), &mut plan.strips, &plan.need_rebuild)?;
+            for &i in &plan.touched {
+                let r = &piece.ranges[i];
+                plan.strips[i][r.start - window.start..r.end - window.start]
+                    .copy_from_slice(piece.new_bytes(i));
+            }
+            plan.strips.iter().map(Vec::as_slice).collect()
         };
-        let (mut p, mut q) = (wanted(map.p), wanted(map.q));
-        // Parity still hot from the last write of this window is not read.
-        let hot = &self.engine.parity_cache;
-        let p_hot = p
-            .as_mut()
-            .is_some_and(|(_, buf)| hot.get(map.stripe, &window, Which::P, buf));
-        let q_hot = q
-            .as_mut()
-            .is_some_and(|(_, buf)| hot.get(map.stripe, &window, Which::Q, buf));
-        // Old data of every touched strip and old parity, in one batch.
-        let mut old: Vec<AlignedBuf> = touched
-            .iter()
-            .map(|&i| AlignedBuf::zeroed(piece.ranges[i].len()))
-            .collect();
-        {
-            let mut reads: Vec<(&Place, usize, &mut [u8])> = touched
-                .iter()
-                .zip(old.iter_mut())
-                .map(|(&i, buf)| (&map.data[i].copies[0], piece.ranges[i].start, &mut buf[..]))
-                .collect();
-            reads.extend(
-                [p.as_mut().filter(|_| !p_hot), q.as_mut().filter(|_| !q_hot)]
-                    .into_iter()
-                    .flatten()
-                    .map(|(place, buf)| (&*place, window.start, &mut buf[..])),
-            );
-            self.read_places(&mut reads)?;
-        }
-        for (&i, delta) in touched.iter().zip(old.iter_mut()) {
-            let r = piece.ranges[i].clone();
-            self.engine.syndrome.xor_into(delta, piece.new_bytes(i));
-            let at = r.start - window.start..r.end - window.start;
-            if let Some((_, p)) = p.as_mut() {
-                self.engine.syndrome.xor_into(&mut p[at.clone()], delta);
-            }
-            if let Some((_, q)) = q.as_mut() {
-                let coef = parity::gf::pow2(map.data[i].q_exponent);
-                self.engine.syndrome.mul_acc(&mut q[at], delta, coef);
+        match map.q {
+            None => syndrome.gen_p(&views, &mut plan.p),
+            Some(_) => {
+                let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
+                syndrome.gen_pq(&views, &exps, &mut plan.p, &mut plan.q);
             }
         }
-        let mut writes: Vec<(&Place, usize, &[u8])> = touched
-            .iter()
-            .map(|&i| {
-                (
-                    &map.data[i].copies[0],
-                    piece.ranges[i].start,
-                    piece.new_bytes(i),
-                )
-            })
-            .collect();
-        writes.extend(
-            [p.as_ref(), q.as_ref()]
-                .into_iter()
-                .flatten()
-                .map(|(place, buf)| (place, window.start, &buf[..])),
-        );
-        let written = self.write_places(&writes);
-        self.keep_parity(
-            map,
-            &window,
-            written.is_ok(),
-            p.as_ref().map(|(_, b)| &b[..]),
-            q.as_ref().map(|(_, b)| &b[..]),
-        );
-        written
+        Ok(())
     }
 
-    /// After a write of `window`: the parity it wrote stays hot; parity
-    /// whose member is absent, or a failed write, leaves nothing behind.
-    fn keep_parity(
-        &self,
-        map: &StripeMap,
-        window: &Range<usize>,
-        ok: bool,
-        p: Option<&[u8]>,
-        q: Option<&[u8]>,
-    ) {
+    /// After a plan's writes: the parity it wrote stays hot; parity whose
+    /// member is absent, or a failed write, leaves nothing behind.
+    pub(super) fn keep_parity(&self, plan: &ParityWrite, ok: bool) {
+        let (map, window) = (&plan.piece.map, &plan.piece.window);
         let hot = &self.engine.parity_cache;
         if !ok {
             hot.drop_window(map.stripe, window);
             return;
         }
         let capacity = self.engine.tunables.stripe_cache_size() as usize;
+        let p = plan.p_place.map(|_| &plan.p[..]);
+        let q = plan.q_place.map(|_| &plan.q[..]);
         if map.p.is_some() {
             hot.put(map.stripe, window, Which::P, p, capacity);
         }
@@ -802,97 +863,152 @@ impl View<'_> {
             hot.put(map.stripe, window, Which::Q, q, capacity);
         }
     }
+}
 
-    /// Parity recomputed from all data in the window: reads the strips the
-    /// request does not fully cover (reconstructing lost ones), then writes
-    /// the touched strips that are present and the parity.
-    fn reconstruct_write(
-        &self,
-        piece: &Piece,
-        touched: &[usize],
-        lost: &[usize],
-    ) -> io::Result<()> {
+/// One parity write, planned: what it reads, what it computes, what it
+/// writes. See [`View::plan_parity_write`].
+pub(super) struct ParityWrite<'p, 'a> {
+    pub(super) piece: &'p Piece<'a>,
+    touched: Vec<usize>,
+    lost: Vec<usize>,
+    /// Read-modify-write (else reconstruct-write).
+    rmw: bool,
+    /// Read-modify-write: the old bytes of each touched strip's range.
+    old: Vec<AlignedBuf>,
+    /// Reconstruct-write: every strip's window (none when `whole`).
+    strips: Vec<Vec<u8>>,
+    /// Reconstruct-write: lost strips to rebuild first.
+    need_rebuild: Vec<usize>,
+    whole: bool,
+    /// The parity members present, and the parity over the window: old
+    /// then new for read-modify-write, new for reconstruct-write.
+    p_place: Option<Place>,
+    q_place: Option<Place>,
+    p: AlignedBuf,
+    q: AlignedBuf,
+    /// Old parity that came from the parity cache, not to be read.
+    p_hot: bool,
+    q_hot: bool,
+}
+
+impl ParityWrite<'_, '_> {
+    /// What the plan must read before its parity can be computed.
+    pub(super) fn reads(&mut self) -> Vec<(&Place, usize, &mut [u8])> {
+        let piece = self.piece;
         let map = &piece.map;
         let window = piece.window.clone();
-        // If any lost strip holds old bytes the request does not replace, all
-        // lost strips are rebuilt: the others' old bytes are just as unknown,
-        // and the algebra needs every strip but the rebuilt ones.
-        let need_rebuild: Vec<usize> = if lost.iter().any(|&i| !piece.covers_window(i)) {
-            lost.to_vec()
-        } else {
-            Vec::new()
-        };
-        // Every strip's window is in the request (a full-stripe write): parity
-        // comes straight from the request's bytes, nothing is read or copied.
-        let whole = (0..map.data.len()).all(|i| piece.covers_window(i));
-        let mut strips = if whole {
-            Vec::new()
-        } else {
-            vec![vec![0u8; window.len()]; map.data.len()]
-        };
-        if !whole {
-            let mut reads = Vec::new();
-            for (i, buf) in strips.iter_mut().enumerate() {
-                // Rebuilding a lost strip needs the old data of every other
-                // strip; otherwise the strips the request covers need not be read.
-                let needed = !need_rebuild.is_empty() || !piece.covers_window(i);
-                if needed && !lost.contains(&i) {
-                    reads.push((&map.data[i].copies[0], window.start, &mut buf[..]));
-                }
+        let mut reads: Vec<(&Place, usize, &mut [u8])> = Vec::new();
+        if self.rmw {
+            // Old data of every touched strip and old parity.
+            for (&i, buf) in self.touched.iter().zip(self.old.iter_mut()) {
+                reads.push((&map.data[i].copies[0], piece.ranges[i].start, &mut buf[..]));
             }
-            self.read_places(&mut reads)?;
+            if let (Some(place), false) = (&self.p_place, self.p_hot) {
+                reads.push((place, window.start, &mut self.p[..]));
+            }
+            if let (Some(place), false) = (&self.q_place, self.q_hot) {
+                reads.push((place, window.start, &mut self.q[..]));
+            }
+            return reads;
         }
-        let views: Vec<&[u8]> = if whole {
-            (0..map.data.len()).map(|i| piece.new_bytes(i)).collect()
-        } else {
-            self.reconstruct(map, window.clone(), &mut strips, &need_rebuild)?;
-            for &i in touched {
-                let r = &piece.ranges[i];
-                strips[i][r.start - window.start..r.end - window.start]
-                    .copy_from_slice(piece.new_bytes(i));
-            }
-            strips.iter().map(Vec::as_slice).collect()
-        };
-        let mut p = AlignedBuf::zeroed(window.len());
-        let mut q = AlignedBuf::zeroed(window.len());
-        match map.q {
-            None => self.engine.syndrome.gen_p(&views, &mut p),
-            Some(_) => {
-                let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
-                self.engine.syndrome.gen_pq(&views, &exps, &mut p, &mut q);
+        // Rebuilding a lost strip needs the old data of every other strip;
+        // otherwise the strips the request covers need not be read.
+        for (i, buf) in self.strips.iter_mut().enumerate() {
+            let needed = !self.need_rebuild.is_empty() || !piece.covers_window(i);
+            if needed && !self.lost.contains(&i) {
+                reads.push((&map.data[i].copies[0], window.start, &mut buf[..]));
             }
         }
-        let mut writes: Vec<(&Place, usize, &[u8])> = touched
+        reads
+    }
+
+    /// What the plan writes once its parity is computed: the touched
+    /// strips that are present, and the parity.
+    pub(super) fn writes(&self) -> Vec<(&Place, usize, &[u8])> {
+        let piece = self.piece;
+        let mut writes: Vec<(&Place, usize, &[u8])> = self
+            .touched
             .iter()
-            .filter(|i| !lost.contains(i))
+            .filter(|i| !self.lost.contains(i))
             .map(|&i| {
                 (
-                    &map.data[i].copies[0],
+                    &piece.map.data[i].copies[0],
                     piece.ranges[i].start,
                     piece.new_bytes(i),
                 )
             })
             .collect();
-        let (p_place, q_place) = (
-            map.p.filter(|p| self.present(p)),
-            map.q.filter(|q| self.present(q)),
-        );
-        if let Some(place) = p_place.as_ref() {
-            writes.push((place, window.start, &p));
+        let start = piece.window.start;
+        if let Some(place) = &self.p_place {
+            writes.push((place, start, &self.p[..]));
         }
-        if let Some(place) = q_place.as_ref() {
-            writes.push((place, window.start, &q));
+        if let Some(place) = &self.q_place {
+            writes.push((place, start, &self.q[..]));
         }
-        let written = self.write_places(&writes);
-        self.keep_parity(
-            map,
-            &window,
-            written.is_ok(),
-            p_place.map(|_| &p[..]),
-            q_place.map(|_| &q[..]),
-        );
-        written
+        writes
     }
+}
+
+/// One member write of a request: a place's member, or its replacement.
+pub(super) struct WriteTarget<'b> {
+    role: usize,
+    replacement: bool,
+    member: MemberRef,
+    offset: u64,
+    buf: &'b [u8],
+}
+
+/// Runs member writes as one batch, each split at `max` bytes
+/// (max_sectors_kb); returns the first error of each.
+pub(super) fn run_writes(max: usize, targets: &[WriteTarget]) -> Vec<Option<io::Error>> {
+    let mut ops = Vec::new();
+    let mut owner = Vec::new();
+    for (k, t) in targets.iter().enumerate() {
+        for (i, part) in t.buf.chunks(max).enumerate() {
+            ops.push(IoOp::write(
+                t.member.as_ref(),
+                t.offset + (i * max) as u64,
+                part,
+            ));
+            owner.push(k);
+        }
+    }
+    first_errors(targets.len(), owner, batch::run(&mut ops))
+}
+
+/// Runs member reads (member, byte offset, buffer) as one batch, each split
+/// at `max` bytes; returns the first error of each.
+pub(super) fn run_reads(
+    max: usize,
+    reads: &mut [(MemberRef, u64, &mut [u8])],
+) -> Vec<Option<io::Error>> {
+    let count = reads.len();
+    let mut ops = Vec::new();
+    let mut owner = Vec::new();
+    for (k, &mut (ref member, at, ref mut buf)) in reads.iter_mut().enumerate() {
+        for (i, part) in buf.chunks_mut(max).enumerate() {
+            ops.push(IoOp::read(member.as_ref(), at + (i * max) as u64, part));
+            owner.push(k);
+        }
+    }
+    let results = batch::run(&mut ops);
+    first_errors(count, owner, results)
+}
+
+/// The first error of each of `count` requests, from the results of their
+/// ops (`owner[i]` is op i's request).
+fn first_errors(
+    count: usize,
+    owner: Vec<usize>,
+    results: Vec<io::Result<()>>,
+) -> Vec<Option<io::Error>> {
+    let mut first: Vec<Option<io::Error>> = (0..count).map(|_| None).collect();
+    for (k, result) in owner.into_iter().zip(results) {
+        if let Err(e) = result {
+            first[k].get_or_insert(e);
+        }
+    }
+    first
 }
 
 fn lost_error(map: &StripeMap, what: &str) -> io::Error {

@@ -5,8 +5,9 @@
 //!
 //! The table is a fixed pool of mutexes indexed by a hash of the stripe
 //! number: memory stays bounded whatever the array size, and two stripes
-//! that share a slot merely wait for each other. A thread holds at most one
-//! stripe lock at a time, so there is no lock order to get wrong.
+//! that share a slot merely wait for each other. A stripe worker takes the
+//! locks of a whole round of rows at once, in slot order; every other
+//! thread holds at most one stripe lock at a time, so no cycle can form.
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -23,9 +24,18 @@ impl StripeLocks {
     }
 
     pub fn lock(&self, stripe: u64) -> MutexGuard<'_, ()> {
+        self.lock_slot(self.slot(stripe))
+    }
+
+    /// The slot that guards `stripe`.
+    pub fn slot(&self, stripe: u64) -> usize {
         // Fibonacci hashing spreads neighbouring stripes over the table.
         let hash = stripe.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
-        let index = hash as usize & (self.slots.len() - 1);
+        hash as usize & (self.slots.len() - 1)
+    }
+
+    /// Locks one slot. A thread taking several takes them in ascending order.
+    pub fn lock_slot(&self, index: usize) -> MutexGuard<'_, ()> {
         // A poisoned lock means a thread panicked mid-stripe; the data path
         // stays usable (the panic itself is reported elsewhere).
         self.slots[index]

@@ -16,6 +16,7 @@ mod paritycache;
 mod readcache;
 mod resync;
 mod schedule;
+mod stripes;
 pub mod tuning;
 
 pub use cache::CacheReport;
@@ -93,6 +94,8 @@ pub struct Engine {
     cache: Arc<cache::StripeCache>,
     /// Stripe-cache worker threads started so far.
     cache_workers: Mutex<usize>,
+    /// The threads that do the parity work of writes (group_thread_cnt).
+    stripes: Arc<stripes::StripeWorkers>,
     /// Read-ahead and cached reads.
     reads: readcache::ReadCache,
     /// The shape of a row, the same for every stripe of the geometry: kept
@@ -196,6 +199,7 @@ impl Engine {
             ),
             cache: Arc::new(cache::StripeCache::new()),
             cache_workers: Mutex::new(0),
+            stripes: Arc::new(stripes::StripeWorkers::new()),
             reads: readcache::ReadCache::new(),
             row,
             parity_cache: paritycache::ParityCache::new(),
@@ -205,7 +209,7 @@ impl Engine {
         }
         let _ = engine.me.set(Arc::downgrade(&engine));
         if !options.read_only {
-            engine.ensure_cache_workers();
+            engine.ensure_workers();
         }
         if let (Some(from), false) = (resync_from, options.read_only) {
             let next = Arc::new(AtomicU64::new(from));
@@ -362,7 +366,7 @@ impl Engine {
         }
         let (before, after) = self.tunables.set(key, value)?;
         if before.group_thread_cnt != after.group_thread_cnt && !self.read_only {
-            self.ensure_cache_workers();
+            self.ensure_workers();
         }
         if before.write_policy != after.write_policy {
             self.cache.wake_workers();
@@ -415,12 +419,14 @@ impl Engine {
             })
     }
 
-    /// Starts stripe-cache workers up to group_thread_cnt (they never stop
-    /// before the engine: a lowered count leaves the extra ones idle).
-    fn ensure_cache_workers(&self) {
+    /// Starts stripe workers and stripe-cache workers up to
+    /// group_thread_cnt (they never stop before the engine: a lowered count
+    /// leaves the extra ones idle).
+    fn ensure_workers(&self) {
         let Some(me) = self.me.get().cloned() else {
             return;
         };
+        self.stripes.ensure(&me, self.tunables.worker_threads());
         let mut started = self.cache_workers.lock().unwrap();
         while *started < self.tunables.worker_threads() {
             let index = *started;
@@ -446,6 +452,10 @@ impl Engine {
         report.read_cached_bytes = self.reads.held_bytes() as u64;
         report.parity_hits = self.parity_cache.hits.load(Ordering::Relaxed);
         report.parity_misses = self.parity_cache.misses.load(Ordering::Relaxed);
+        report.stripe_workers = self.stripes.active();
+        report.stripe_rounds = self.stripes.rounds.load(Ordering::Relaxed);
+        report.stripe_rows = self.stripes.rows.load(Ordering::Relaxed);
+        report.stripe_rows_alone = self.stripes.rows_alone.load(Ordering::Relaxed);
         report
     }
 

@@ -975,3 +975,47 @@ fn raid6_check_with_a_data_member_missing_still_checks_q() {
     assert_eq!(engine.mismatch_sectors(), 0, "repair rewrote Q");
     engine.shutdown().unwrap();
 }
+
+#[test]
+fn stripe_workers_batch_rows_of_many_writers_and_survive_a_live_thread_count_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = make_array(dir.path(), Level::Raid6, Some("left-symmetric"), 6, 4);
+    let options = EngineOptions {
+        tuning: Some(tuning::TuningValues {
+            group_thread_cnt: 1,
+            ..tuning::TuningValues::defaults(4 * 8 * 2)
+        }),
+        ..EngineOptions::default()
+    };
+    let engine = Engine::start(assemble(&paths, true).unwrap(), options).unwrap();
+    // One worker, sixteen writers: rows must share rounds.
+    let mut image = hammer(&engine, 16, 60, 21);
+    let one = engine.cache_report();
+    assert_eq!(one.stripe_workers, 1);
+    assert!(one.stripe_rows >= 16 * 60, "every write went to the worker");
+    assert!(
+        one.stripe_rounds < one.stripe_rows,
+        "rounds {} for rows {}: nothing was batched",
+        one.stripe_rounds,
+        one.stripe_rows
+    );
+    // The count changes while writers run: queues change hands.
+    let changer = {
+        let engine = engine.clone();
+        std::thread::spawn(move || {
+            for n in ["3", "2", "0", "1", "4"] {
+                std::thread::sleep(Duration::from_millis(15));
+                engine.set_tunable("group_thread_cnt", n).unwrap();
+            }
+        })
+    };
+    hammer_onto(&engine, 8, 80, 22, &mut image);
+    changer.join().unwrap();
+    assert_eq!(engine.cache_report().stripe_workers, 4);
+    let mut back = vec![0u8; image.len()];
+    engine.read(0, &mut back).unwrap();
+    assert!(back == image, "read differs after the thread count changed");
+    engine.shutdown().unwrap();
+    drop(engine);
+    check_consistent(&paths);
+}

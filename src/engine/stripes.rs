@@ -1,0 +1,403 @@
+//! Stripe workers: the threads that do the parity work of writes on
+//! raid4/5/6, as md's raid5d and its group_thread_cnt workers do.
+//!
+//! A write's request thread (an NBD worker, or the stripe cache writing a
+//! batch out) hands each row it writes to the row's worker and waits. Rows
+//! are sharded by their stripe-lock slot over `QUEUES` queues, and queue q
+//! belongs to worker q mod n (n = group_thread_cnt, one per core by
+//! default), so a row always goes to one worker and two workers never want
+//! the same lock. A worker takes what its queues hold as one *round*: it
+//! locks the rows (in slot order), plans each row's write, sends every read
+//! of the round as one batch, computes parity, and sends every write as one
+//! batch. So one thread keeps many stripes in flight, as md's stripe state
+//! machine does, and 32 random writes cost two member round trips, not 64.
+//!
+//! A row that needs more than that — a member missing or rebuilding, a
+//! replacement being built, a read error, several parts — is written the
+//! one-row way (retries, read-error correction) by the worker under the
+//! same locks. Writes to one row keep their order: a round takes at most
+//! one job per lock slot, the oldest.
+//!
+//! Mirrors, raid0 and linear have no parity work: their writes stay on the
+//! request thread. Reads never come here (md's chunk-aligned reads bypass
+//! raid5d too).
+
+use super::io::{run_reads, run_writes, ParityWrite, Piece, View};
+use super::tuning::GROUP_THREAD_CNT_MAX;
+use super::Engine;
+use crate::geometry::StripeMap;
+use std::collections::VecDeque;
+use std::io;
+use std::ops::Range;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+/// Job queues: one per worker there can be at most.
+const QUEUES: usize = GROUP_THREAD_CNT_MAX as usize;
+/// The most rows a round takes: enough to keep every member busy, few
+/// enough that a round's locks are not held for long.
+const ROUND_MAX: usize = 64;
+/// How long an idle worker sleeps before it looks again unasked: while
+/// group_thread_cnt changes, a wake-up may go to a worker that no longer
+/// owns the queue.
+const IDLE: Duration = Duration::from_millis(20);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One row to write, handed from a request thread to a stripe worker.
+pub(super) struct Job {
+    stripe: u64,
+    slot: usize,
+    /// (offset in the row's data, address, length) of each part: the
+    /// submitter's bytes, borrowed. See `parts`.
+    parts: Vec<(usize, *const u8, usize)>,
+    result: Mutex<Option<io::Result<()>>>,
+    finished: Condvar,
+}
+
+// SAFETY: the raw parts point into memory that the submitting thread keeps
+// alive and unchanged until the job is finished (`submit` does not return
+// before), and a worker reads them only before it finishes the job.
+unsafe impl Send for Job {}
+unsafe impl Sync for Job {}
+
+impl Job {
+    /// The bytes to write. Valid only until the job is finished.
+    fn parts(&self) -> Vec<(usize, &[u8])> {
+        assert!(lock(&self.result).is_none(), "a finished job's parts");
+        self.parts
+            .iter()
+            // SAFETY: see the Send/Sync note: the submitter is waiting.
+            .map(|&(at, ptr, len)| (at, unsafe { std::slice::from_raw_parts(ptr, len) }))
+            .collect()
+    }
+
+    fn finish(&self, result: io::Result<()>) {
+        *lock(&self.result) = Some(result);
+        self.finished.notify_all();
+    }
+
+    fn wait(&self) -> io::Result<()> {
+        let mut result = lock(&self.result);
+        loop {
+            if let Some(done) = result.take() {
+                // Left as an Ok so that `parts` still refuses a late reader.
+                *result = Some(Ok(()));
+                return done;
+            }
+            result = self
+                .finished
+                .wait(result)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+struct Queue {
+    jobs: Mutex<VecDeque<Arc<Job>>>,
+    /// Held by the worker serving the queue, so that a change of
+    /// group_thread_cnt never has two workers run one queue's jobs at once.
+    claimed: AtomicBool,
+}
+
+#[derive(Default)]
+struct Wake {
+    /// Bumped by every submission to the worker, so that one made while
+    /// the worker was busy is not slept through.
+    signals: Mutex<u64>,
+    changed: Condvar,
+}
+
+pub(super) struct StripeWorkers {
+    queues: Vec<Queue>,
+    wakes: Vec<Wake>,
+    /// Threads started; they last as long as the engine (a lowered
+    /// group_thread_cnt leaves the extra ones idle).
+    started: AtomicUsize,
+    /// group_thread_cnt as resolved (0 is one per core).
+    wanted: AtomicUsize,
+    spawning: Mutex<()>,
+    /// Rounds run and rows written through them, for status.
+    pub(super) rounds: AtomicU64,
+    pub(super) rows: AtomicU64,
+    /// Rows that took the one-row path (degraded, read error, several parts).
+    pub(super) rows_alone: AtomicU64,
+}
+
+impl StripeWorkers {
+    pub(super) fn new() -> StripeWorkers {
+        StripeWorkers {
+            queues: (0..QUEUES)
+                .map(|_| Queue {
+                    jobs: Mutex::new(VecDeque::new()),
+                    claimed: AtomicBool::new(false),
+                })
+                .collect(),
+            wakes: (0..QUEUES).map(|_| Wake::default()).collect(),
+            started: AtomicUsize::new(0),
+            wanted: AtomicUsize::new(0),
+            spawning: Mutex::new(()),
+            rounds: AtomicU64::new(0),
+            rows: AtomicU64::new(0),
+            rows_alone: AtomicU64::new(0),
+        }
+    }
+
+    /// Workers now serving queues.
+    pub(super) fn active(&self) -> usize {
+        let started = self.started.load(Ordering::SeqCst);
+        self.wanted.load(Ordering::SeqCst).min(started)
+    }
+
+    /// Sets the worker count to `wanted` (group_thread_cnt resolved),
+    /// starting threads that are missing.
+    pub(super) fn ensure(self: &Arc<Self>, engine: &Weak<Engine>, wanted: usize) {
+        let wanted = wanted.clamp(1, QUEUES);
+        let _spawning = lock(&self.spawning);
+        while self.started.load(Ordering::SeqCst) < wanted {
+            let index = self.started.load(Ordering::SeqCst);
+            let (engine, workers) = (engine.clone(), self.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("uraid-stripe-{index}"))
+                .spawn(move || workers.run(&engine, index));
+            if spawned.is_err() {
+                break;
+            }
+            self.started.fetch_add(1, Ordering::SeqCst);
+        }
+        self.wanted.store(wanted, Ordering::SeqCst);
+        // Queues may have changed hands: everyone looks again.
+        for index in 0..QUEUES {
+            self.wake(index);
+        }
+    }
+
+    fn wake(&self, worker: usize) {
+        let wake = &self.wakes[worker];
+        *lock(&wake.signals) += 1;
+        wake.changed.notify_one();
+    }
+
+    /// Hands the write of `parts` of row `stripe` (guarded by lock `slot`)
+    /// to the row's worker and waits for it. None when no worker runs (a
+    /// read-only array, or before the engine has started them).
+    pub(super) fn submit(
+        &self,
+        stripe: u64,
+        slot: usize,
+        parts: &[(usize, &[u8])],
+    ) -> Option<io::Result<()>> {
+        let active = self.active();
+        if active == 0 {
+            return None;
+        }
+        let job = Arc::new(Job {
+            stripe,
+            slot,
+            parts: parts
+                .iter()
+                .map(|(at, bytes)| (*at, bytes.as_ptr(), bytes.len()))
+                .collect(),
+            result: Mutex::new(None),
+            finished: Condvar::new(),
+        });
+        let queue = slot % QUEUES;
+        lock(&self.queues[queue].jobs).push_back(job.clone());
+        self.wake(queue % active);
+        // Not before the job is finished: the worker reads `parts` until then.
+        Some(job.wait())
+    }
+
+    fn run(&self, engine: &Weak<Engine>, index: usize) {
+        loop {
+            let seen = *lock(&self.wakes[index].signals);
+            let worked = {
+                let Some(engine) = engine.upgrade() else {
+                    return;
+                };
+                let active = self.active();
+                index < active && self.round(&engine, index, active)
+            };
+            if !worked {
+                let wake = &self.wakes[index];
+                let signals = lock(&wake.signals);
+                if *signals == seen {
+                    drop(wake.changed.wait_timeout(signals, IDLE));
+                }
+            }
+        }
+    }
+
+    /// Takes what this worker's queues hold (at most one job per lock slot,
+    /// the oldest) and writes it as one round. Returns whether it did any.
+    fn round(&self, engine: &Engine, index: usize, active: usize) -> bool {
+        let mut claimed = Vec::new();
+        let mut jobs: Vec<Arc<Job>> = Vec::new();
+        for q in (index..QUEUES).step_by(active) {
+            let queue = &self.queues[q];
+            if lock(&queue.jobs).is_empty() || queue.claimed.swap(true, Ordering::SeqCst) {
+                continue;
+            }
+            claimed.push(q);
+            let mut list = lock(&queue.jobs);
+            let mut kept = VecDeque::new();
+            let mut skipped: Vec<usize> = Vec::new();
+            while let Some(job) = list.pop_front() {
+                let free = !jobs.iter().any(|j| j.slot == job.slot) && !skipped.contains(&job.slot);
+                if free && jobs.len() < ROUND_MAX {
+                    jobs.push(job);
+                } else {
+                    // Later jobs of this slot wait behind this one.
+                    skipped.push(job.slot);
+                    kept.push_back(job);
+                }
+            }
+            *list = kept;
+        }
+        if !jobs.is_empty() {
+            let results = catch_unwind(AssertUnwindSafe(|| engine.write_round(&jobs)));
+            let Ok(results) = results else {
+                // A bug: its writers must not hang, and must not be told
+                // their rows are written. The array stays dirty and resyncs.
+                eprintln!("uraid: a stripe worker failed; stopping the server");
+                std::process::abort();
+            };
+            self.rounds.fetch_add(1, Ordering::Relaxed);
+            self.rows.fetch_add(jobs.len() as u64, Ordering::Relaxed);
+            for (job, result) in jobs.iter().zip(results) {
+                job.finish(result);
+            }
+        }
+        for q in claimed {
+            self.queues[q].claimed.store(false, Ordering::SeqCst);
+        }
+        !jobs.is_empty()
+    }
+}
+
+impl View<'_> {
+    /// Whether a write of `piece` can go in a round's batches: a parity
+    /// row with every member in sync and no replacement being built.
+    fn plain(&self, piece: &Piece) -> bool {
+        let map = &piece.map;
+        let data = map.data.iter().map(|d| &d.copies[0]);
+        let mut places = data.chain(map.p.iter()).chain(map.q.iter());
+        map.p.is_some()
+            && places.all(|p| self.present(p) && self.table.replacing[p.member].is_none())
+    }
+}
+
+impl Engine {
+    /// One round of a stripe worker: the rows of `jobs` (one per lock slot)
+    /// are locked in slot order, every plain row's reads go out as one
+    /// batch, parity is computed, and every write goes out as one batch.
+    /// The other rows take the one-row path under the same locks.
+    fn write_round(&self, jobs: &[Arc<Job>]) -> Vec<io::Result<()>> {
+        let mut slots: Vec<usize> = jobs.iter().map(|j| j.slot).collect();
+        slots.sort_unstable();
+        assert!(
+            slots.windows(2).all(|w| w[0] < w[1]),
+            "a round takes one job per lock slot"
+        );
+        let _guards: Vec<_> = slots.iter().map(|&s| self.locks.lock_slot(s)).collect();
+        let mut results: Vec<Option<io::Result<()>>> = jobs.iter().map(|_| None).collect();
+        let mut _in_flight = Vec::new();
+        for (k, job) in jobs.iter().enumerate() {
+            match self.bitmap_start_write(job.stripe) {
+                Ok(guard) => _in_flight.push(guard),
+                Err(e) => results[k] = Some(Err(e)),
+            }
+        }
+        let parts: Vec<Vec<(usize, &[u8])>> = jobs.iter().map(|j| j.parts()).collect();
+        let maps: Vec<StripeMap> = jobs
+            .iter()
+            .map(|j| self.geometry.stripe(j.stripe))
+            .collect();
+        let table = self.table();
+        let views: Vec<View> = jobs
+            .iter()
+            .map(|j| View {
+                engine: self,
+                table: table.clone(),
+                stripe: j.stripe,
+            })
+            .collect();
+        let pieces: Vec<Option<Piece>> = (0..jobs.len())
+            .map(|k| match (&results[k], &parts[k][..]) {
+                (None, &[(at, bytes)]) => {
+                    Some(Engine::piece(maps[k].clone(), at, bytes.len(), bytes))
+                        .filter(|piece| views[k].plain(piece))
+                }
+                _ => None,
+            })
+            .collect();
+        let mut plans: Vec<Option<ParityWrite>> = pieces
+            .iter()
+            .zip(&views)
+            .map(|(piece, view)| piece.as_ref().map(|p| view.plan_parity_write(p)))
+            .collect();
+        let max = self.max_member_io();
+        // Every read of the round in one batch; a row with a failed read
+        // goes the one-row way, which corrects it from redundancy.
+        {
+            let mut reads = Vec::new();
+            let mut owner = Vec::new();
+            for (k, plan) in plans.iter_mut().enumerate() {
+                let Some(plan) = plan else { continue };
+                for (place, at, buf) in plan.reads() {
+                    let (member, offset) = views[k].offset_of(place, at);
+                    reads.push((member, offset, buf));
+                    owner.push(k);
+                }
+            }
+            let errors = run_reads(max, &mut reads);
+            drop(reads);
+            for (k, error) in owner.into_iter().zip(errors) {
+                if error.is_some() {
+                    plans[k] = None;
+                }
+            }
+        }
+        for (k, slot) in plans.iter_mut().enumerate() {
+            if let Some(plan) = slot {
+                if views[k].compute_parity(plan).is_err() {
+                    *slot = None;
+                }
+            }
+        }
+        // Every write of the round in one batch.
+        let mut targets = Vec::new();
+        let mut spans: Vec<Range<usize>> = vec![0..0; jobs.len()];
+        for (k, plan) in plans.iter().enumerate() {
+            if let Some(plan) = plan {
+                let start = targets.len();
+                views[k].write_targets(&plan.writes(), &mut targets);
+                spans[k] = start..targets.len();
+            }
+        }
+        let mut errors = run_writes(max, &targets).into_iter();
+        for (k, plan) in plans.iter().enumerate() {
+            if let Some(plan) = plan {
+                let mine: Vec<_> = errors.by_ref().take(spans[k].len()).collect();
+                let result = views[k].settle_writes(&targets[spans[k].clone()], mine);
+                views[k].keep_parity(plan, result.is_ok());
+                results[k] = Some(result);
+            }
+        }
+        drop(plans);
+        for (k, result) in results.iter_mut().enumerate() {
+            if result.is_none() {
+                self.stripes.rows_alone.fetch_add(1, Ordering::Relaxed);
+                *result = Some(self.write_parts_locked(&maps[k], &parts[k]));
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every job answered"))
+            .collect()
+    }
+}

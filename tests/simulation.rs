@@ -604,6 +604,16 @@ impl Sim {
         }
     }
 
+    /// With write-back the cache writes in the background: a one-shot fault
+    /// (a torn write) can have fired there with its member not yet failed,
+    /// and look like no fault at all to `compromised`. A flush settles
+    /// that, before a new fault or failure is chosen.
+    fn settle_background_writes(&mut self) {
+        if std::env::var("URAID_SIM_WRITE_POLICY").is_ok_and(|v| v == "write-back") {
+            self.do_flush();
+        }
+    }
+
     /// Roles that are missing, being rebuilt, or held by a member with faults.
     fn compromised(&self) -> BTreeSet<usize> {
         let snapshot = self.engine().snapshot();
@@ -681,8 +691,15 @@ impl Sim {
             EngineOptions {
                 read_only: false,
                 force,
-                tuning: write_back.then(|| TuningValues {
-                    write_policy: WritePolicy::WriteBack,
+                // Odd seeds hand parity work to stripe workers, even ones
+                // keep it on the writing thread: both paths meet every fault.
+                tuning: Some(TuningValues {
+                    write_policy: if write_back {
+                        WritePolicy::WriteBack
+                    } else {
+                        WritePolicy::WriteThrough
+                    },
+                    group_thread_cnt: (self.seed % 2) as u32 * (1 + self.seed % 3) as u32,
                     ..TuningValues::defaults(self.geometry.stripe(0).data_sectors())
                 }),
                 accept_data_loss: write_back,
@@ -1294,6 +1311,7 @@ impl Sim {
 
     /// Injects a fault into an in-sync member, if the level can lose one more.
     fn do_fault(&mut self) {
+        self.settle_background_writes();
         let compromised = self.compromised();
         if compromised.len() >= self.cfg.losable {
             return;
@@ -1389,6 +1407,7 @@ impl Sim {
     }
 
     fn do_manage_fail(&mut self) {
+        self.settle_background_writes();
         let compromised = self.compromised();
         if compromised.len() >= self.cfg.losable {
             return;

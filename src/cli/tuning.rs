@@ -26,7 +26,8 @@ pub struct TuningArgs {
     /// 0: never read-modify-write; 1: when it saves reads (default); 2: also on ties.
     #[arg(long, value_name = "0|1|2")]
     pub rmw_level: Option<String>,
-    /// Stripe-cache worker threads (0 = one per core), as md's group_thread_cnt.
+    /// Stripe worker threads doing the parity work of writes, as md's
+    /// group_thread_cnt (0 = each write's own thread does it).
     #[arg(long, value_name = "N")]
     pub group_thread_cnt: Option<String>,
     /// Any knob as KEY=VALUE (repeatable); `--set help` lists them.

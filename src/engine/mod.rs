@@ -419,14 +419,15 @@ impl Engine {
             })
     }
 
-    /// Starts stripe workers and stripe-cache workers up to
-    /// group_thread_cnt (they never stop before the engine: a lowered count
-    /// leaves the extra ones idle).
+    /// Starts stripe workers up to group_thread_cnt and stripe-cache
+    /// workers up to group_thread_cnt or one per core for 0 (they never
+    /// stop before the engine: a lowered count leaves the extra ones idle).
     fn ensure_workers(&self) {
         let Some(me) = self.me.get().cloned() else {
             return;
         };
-        self.stripes.ensure(&me, self.tunables.worker_threads());
+        let group = self.tunables.values().group_thread_cnt as usize;
+        self.stripes.ensure(&me, group);
         let mut started = self.cache_workers.lock().unwrap();
         while *started < self.tunables.worker_threads() {
             let index = *started;

@@ -1,12 +1,11 @@
 //! Stripe workers: the threads that do the parity work of writes on
 //! raid4/5/6, as md's raid5d and its group_thread_cnt workers do.
 //!
-//! A write's request thread (an NBD worker, or the stripe cache writing a
-//! batch out) hands each row it writes to the row's worker and waits. Rows
-//! are sharded by their stripe-lock slot over `QUEUES` queues, and queue q
-//! belongs to worker q mod n (n = group_thread_cnt, one per core by
-//! default), so a row always goes to one worker and two workers never want
-//! the same lock. A worker takes what its queues hold as one *round*: it
+//! With group_thread_cnt = n > 0, a write's request thread (an NBD worker,
+//! or the stripe cache writing a batch out) hands each row it writes to the
+//! row's worker and waits. Rows are sharded by their stripe-lock slot over
+//! `QUEUES` queues, and queue q belongs to worker q mod n, so a row always
+//! goes to one worker and two workers never want the same lock. A worker takes what its queues hold as one *round*: it
 //! locks the rows (in slot order), plans each row's write, sends every read
 //! of the round as one batch, computes parity, and sends every write as one
 //! batch. So one thread keeps many stripes in flight, as md's stripe state
@@ -17,6 +16,17 @@
 //! one-row way (retries, read-error correction) by the worker under the
 //! same locks. Writes to one row keep their order: a round takes at most
 //! one job per lock slot, the oldest.
+//!
+//! With group_thread_cnt = 0, the default, there are no stripe workers:
+//! each request's own thread does its rows' parity work under the rows'
+//! locks, so the stripe work of concurrent requests runs on every core at
+//! once and no thread is a bottleneck (md's 0 means the opposite: all of it
+//! on raid5d alone). On this project's machines that is the faster of the
+//! two by 2-3x for random writes (docs/BENCHMARKS.md, "Stripe workers"):
+//! io_uring runs one thread's punted writes to a file in order, a virtual
+//! disk wants many submitters, and each hand-off costs two context switches
+//! on a machine with fewer cores than requests in flight. Workers pay off
+//! where deep batches from few threads do (block devices, many cores).
 //!
 //! Mirrors, raid0 and linear have no parity work: their writes stay on the
 //! request thread. Reads never come here (md's chunk-aligned reads bypass
@@ -147,16 +157,22 @@ impl StripeWorkers {
         }
     }
 
-    /// Workers now serving queues.
+    /// Workers taking new jobs: 0 when writes do their own stripe work.
     pub(super) fn active(&self) -> usize {
         let started = self.started.load(Ordering::SeqCst);
         self.wanted.load(Ordering::SeqCst).min(started)
     }
 
-    /// Sets the worker count to `wanted` (group_thread_cnt resolved),
-    /// starting threads that are missing.
+    /// Workers serving queues: jobs queued before group_thread_cnt went to
+    /// 0 are still served, by worker 0.
+    fn serving(&self) -> usize {
+        self.active().max(1)
+    }
+
+    /// Sets the worker count to `wanted` (group_thread_cnt), starting
+    /// threads that are missing.
     pub(super) fn ensure(self: &Arc<Self>, engine: &Weak<Engine>, wanted: usize) {
-        let wanted = wanted.clamp(1, QUEUES);
+        let wanted = wanted.min(QUEUES);
         let _spawning = lock(&self.spawning);
         while self.started.load(Ordering::SeqCst) < wanted {
             let index = self.started.load(Ordering::SeqCst);
@@ -219,8 +235,8 @@ impl StripeWorkers {
                 let Some(engine) = engine.upgrade() else {
                     return;
                 };
-                let active = self.active();
-                index < active && self.round(&engine, index, active)
+                let serving = self.serving();
+                index < serving && self.round(&engine, index, serving)
             };
             if !worked {
                 let wake = &self.wakes[index];

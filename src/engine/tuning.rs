@@ -79,7 +79,7 @@ pub const KNOBS: &[(&str, &str)] = &[
     ),
     (
         "group_thread_cnt",
-        "stripe-cache worker threads (0 = one per core), as md's group_thread_cnt",
+        "stripe worker threads doing the parity work of writes, as md's group_thread_cnt (0 = each write's own thread does it; the stripe cache then writes out with one thread per core)",
     ),
 ];
 
@@ -324,7 +324,8 @@ impl Tunables {
     pub fn rmw_level(&self) -> u8 {
         self.rmw_level.load(Ordering::Relaxed)
     }
-    /// group_thread_cnt with 0 resolved to the number of cores.
+    /// Threads writing the stripe cache out: group_thread_cnt, or one per
+    /// core for 0.
     pub fn worker_threads(&self) -> usize {
         match self.group_thread_cnt.load(Ordering::Relaxed) {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),

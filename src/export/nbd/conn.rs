@@ -330,30 +330,60 @@ fn send_export_info(
 
 /// Counts requests and buffer bytes in flight on one connection.
 struct Inflight {
-    state: Mutex<(usize, u64)>,
+    state: Mutex<InflightState>,
     cond: Condvar,
     max_requests: usize,
     max_bytes: u64,
 }
 
+struct InflightState {
+    requests: usize,
+    bytes: u64,
+    /// Whether the reader waits for room. Only then does a release wake it:
+    /// a condvar notify is a system call even with nobody waiting, and at
+    /// 4 KiB that was one more system call per request.
+    waiting: bool,
+}
+
 impl Inflight {
+    fn new(max_requests: usize, max_bytes: u64) -> Inflight {
+        Inflight {
+            state: Mutex::new(InflightState {
+                requests: 0,
+                bytes: 0,
+                waiting: false,
+            }),
+            cond: Condvar::new(),
+            max_requests,
+            max_bytes,
+        }
+    }
+
     /// Waits for room for a request holding `bytes` of buffers. A request
     /// bigger than the byte budget is admitted when nothing else is in
-    /// flight, so that it cannot wait forever.
+    /// flight, so that it cannot wait forever. Only the worker holding the
+    /// reader calls it, so there is at most one waiter.
     fn acquire(&self, bytes: u64) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        while state.0 >= self.max_requests || (state.0 > 0 && state.1 + bytes > self.max_bytes) {
+        while state.requests >= self.max_requests
+            || (state.requests > 0 && state.bytes + bytes > self.max_bytes)
+        {
+            state.waiting = true;
             state = self.cond.wait(state).unwrap_or_else(|e| e.into_inner());
         }
-        state.0 += 1;
-        state.1 += bytes;
+        state.waiting = false;
+        state.requests += 1;
+        state.bytes += bytes;
     }
 
     fn release(&self, bytes: u64) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.0 -= 1;
-        state.1 -= bytes;
-        self.cond.notify_all();
+        assert!(state.requests > 0 && state.bytes >= bytes);
+        state.requests -= 1;
+        state.bytes -= bytes;
+        if state.waiting {
+            self.cond.notify_all();
+        }
     }
 }
 
@@ -407,12 +437,7 @@ fn transmission(
         sock: sock.clone(),
         params,
         writer: Mutex::new(false),
-        inflight: Inflight {
-            state: Mutex::new((0, 0)),
-            cond: Condvar::new(),
-            max_requests: options.max_inflight,
-            max_bytes: options.max_inflight_bytes,
-        },
+        inflight: Inflight::new(options.max_inflight, options.max_inflight_bytes),
         log: Log {
             id: log.id,
             peer: log.peer.clone(),

@@ -185,3 +185,44 @@ fn levels_cover_what_the_issue_lists() {
         assert!(tables.iter().any(|t| t.params.level == level), "{level}");
     }
 }
+
+/// The read fast path's `locate` must name exactly the strip that the
+/// stripe map holds the sector in, for every level and layout the kernel
+/// tables cover (mirrors excepted: they have no single place).
+#[test]
+fn locate_agrees_with_the_stripe_map_for_every_sector() {
+    let mut checked = 0u64;
+    for table in parse_tables() {
+        let geometry = Geometry::new(&table.params).unwrap();
+        let mirrored = matches!(geometry.level(), Level::Raid1 | Level::Raid10);
+        for stripe in 0..geometry.stripe_count() {
+            let map = geometry.stripe(stripe);
+            for (i, strip) in map.data.iter().enumerate() {
+                let first = map.array_sector + i as u64 * map.strip_sectors;
+                for in_strip in 0..map.strip_sectors {
+                    let located = geometry.locate(first + in_strip);
+                    if mirrored {
+                        assert_eq!(located, None, "{}", table.header);
+                        continue;
+                    }
+                    let expected = Located {
+                        stripe,
+                        data_index: i,
+                        place: strip.copies[0],
+                        strip_sectors: map.strip_sectors,
+                        in_strip_sectors: in_strip,
+                    };
+                    assert_eq!(
+                        located,
+                        Some(expected),
+                        "{}: sector {}",
+                        table.header,
+                        first + in_strip
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 10_000, "only {checked} sectors checked");
+}

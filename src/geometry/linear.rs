@@ -1,7 +1,7 @@
 //! linear: the members concatenated in role order (md's linear.c), each
 //! contributing its data size rounded down to the rounding ("chunk") if one is set.
 
-use super::{DataStrip, GeometryError, GeometryParams, Place, StripeMap};
+use super::{DataStrip, GeometryError, GeometryParams, Located, Place, StripeMap};
 
 /// Linear has no stripes; uraid cuts each member into units of this size so a
 /// stripe stays a bounded piece of work. The last unit of a member may be shorter.
@@ -67,6 +67,23 @@ impl Linear {
             .partition_point(|&start| start <= array_sector)
             - 1;
         self.stripe_start[member] + (array_sector - self.member_start[member]) / LINEAR_UNIT_SECTORS
+    }
+
+    /// The data strip holding `array_sector`, without building the stripe.
+    pub fn locate(&self, array_sector: u64) -> Located {
+        let stripe = self.stripe_of(array_sector);
+        let member = self.stripe_start.partition_point(|&start| start <= stripe) - 1;
+        let member_sector = (stripe - self.stripe_start[member]) * LINEAR_UNIT_SECTORS;
+        Located {
+            stripe,
+            data_index: 0,
+            place: Place {
+                member,
+                member_sector,
+            },
+            strip_sectors: LINEAR_UNIT_SECTORS.min(self.member_sectors[member] - member_sector),
+            in_strip_sectors: array_sector - (self.member_start[member] + member_sector),
+        }
     }
 
     pub fn stripe(&self, stripe: u64) -> StripeMap {

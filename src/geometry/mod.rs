@@ -137,6 +137,22 @@ impl StripeMap {
     }
 }
 
+/// Where one array sector is stored, for the levels that keep one copy of
+/// data: what [`Geometry::stripe`] would say about it, found without
+/// building the stripe's map (which allocates), for the read fast path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Located {
+    pub stripe: u64,
+    /// Index of the sector's data strip in the stripe (array order).
+    pub data_index: usize,
+    /// The strip's place: as in the stripe map, the member sector where
+    /// the strip starts.
+    pub place: Place,
+    pub strip_sectors: u64,
+    /// Where the sector lies in its strip.
+    pub in_strip_sectors: u64,
+}
+
 /// The errors a geometry can be refused with at construction.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GeometryError {
@@ -274,6 +290,25 @@ impl Geometry {
             .iter()
             .all(|d| d.copies.iter().all(|c| c.member < self.raid_disks())));
         map
+    }
+
+    /// The data strip holding `array_sector` (which must be below
+    /// array_sectors()), for levels with a single copy of data; `None` for
+    /// mirrors, whose reads choose among copies.
+    pub fn locate(&self, array_sector: u64) -> Option<Located> {
+        assert!(
+            array_sector < self.array_sectors(),
+            "sector {array_sector} beyond the array"
+        );
+        let located = match self {
+            Geometry::Linear(g) => g.locate(array_sector),
+            Geometry::Raid0(g) => g.locate(array_sector),
+            Geometry::Raid456(g) => g.locate(array_sector),
+            Geometry::Raid1(_) | Geometry::Raid10(_) => return None,
+        };
+        debug_assert!(located.in_strip_sectors < located.strip_sectors);
+        debug_assert!(located.place.member < self.raid_disks());
+        Some(located)
     }
 
     /// How many members may be lost in the worst case without losing data.

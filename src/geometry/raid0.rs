@@ -3,7 +3,7 @@
 //! several zones; which member a chunk of a later zone goes to depends on the
 //! layout (md's "original" or "alternate" multi-zone layout).
 
-use super::{DataStrip, GeometryError, GeometryParams, Level, Place, StripeMap};
+use super::{DataStrip, GeometryError, GeometryParams, Level, Located, Place, StripeMap};
 
 /// md's RAID0 layouts (raid0.h).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,27 +108,17 @@ impl Raid0 {
     }
 
     pub fn stripe(&self, stripe: u64) -> StripeMap {
-        let zone = &self.zones[self.zones.partition_point(|z| z.stripe_start <= stripe) - 1];
-        let row = stripe - zone.stripe_start;
+        let (zone, row) = self.zone_row(stripe);
         let nb = zone.members.len() as u64;
         let member_sector = zone.dev_start_sectors + row * self.chunk_sectors;
         let array_sector = zone.array_start_sectors + row * nb * self.chunk_sectors;
-        let data = (0..nb)
-            .map(|i| {
-                // map_sector picks the member from the chunk number: of the array
-                // (original layout) or of the zone (alternate layout).
-                let chunk_number = match self.layout {
-                    Raid0Layout::Original => array_sector / self.chunk_sectors + i,
-                    Raid0Layout::Alternate => row * nb + i,
-                };
-                let member = zone.members[(chunk_number % nb) as usize];
-                DataStrip {
-                    copies: vec![Place {
-                        member,
-                        member_sector,
-                    }],
-                    q_exponent: 0,
-                }
+        let data = (0..nb as usize)
+            .map(|i| DataStrip {
+                copies: vec![Place {
+                    member: self.member_of(zone, row, i),
+                    member_sector,
+                }],
+                q_exponent: 0,
             })
             .collect();
         StripeMap {
@@ -139,6 +129,46 @@ impl Raid0 {
             p: None,
             q: None,
         }
+    }
+
+    /// The data strip holding `array_sector`, without building the stripe.
+    pub fn locate(&self, array_sector: u64) -> Located {
+        let stripe = self.stripe_of(array_sector);
+        let (zone, row) = self.zone_row(stripe);
+        let nb = zone.members.len() as u64;
+        let in_row = array_sector - (zone.array_start_sectors + row * nb * self.chunk_sectors);
+        let i = (in_row / self.chunk_sectors) as usize;
+        Located {
+            stripe,
+            data_index: i,
+            place: Place {
+                member: self.member_of(zone, row, i),
+                member_sector: zone.dev_start_sectors + row * self.chunk_sectors,
+            },
+            strip_sectors: self.chunk_sectors,
+            in_strip_sectors: in_row % self.chunk_sectors,
+        }
+    }
+
+    /// The zone of `stripe` and the stripe's row in it.
+    fn zone_row(&self, stripe: u64) -> (&Zone, u64) {
+        let zone = &self.zones[self.zones.partition_point(|z| z.stripe_start <= stripe) - 1];
+        (zone, stripe - zone.stripe_start)
+    }
+
+    /// The member of strip `i` of row `row` of `zone`: map_sector picks it
+    /// from the chunk number, of the array (original layout) or of the zone
+    /// (alternate layout).
+    fn member_of(&self, zone: &Zone, row: u64, i: usize) -> usize {
+        let nb = zone.members.len() as u64;
+        let chunk_number = match self.layout {
+            Raid0Layout::Original => {
+                (zone.array_start_sectors + row * nb * self.chunk_sectors) / self.chunk_sectors
+                    + i as u64
+            }
+            Raid0Layout::Alternate => row * nb + i as u64,
+        };
+        zone.members[(chunk_number % nb) as usize]
     }
 }
 

@@ -2,7 +2,7 @@
 //! per stripe, following raid5.c's raid5_compute_sector and, for the order of
 //! the Q syndrome's coefficients, raid6_d0 / raid6_idx_to_slot.
 
-use super::{DataStrip, GeometryError, GeometryParams, Level, Place, StripeMap};
+use super::{DataStrip, GeometryError, GeometryParams, Level, Located, Place, StripeMap};
 
 /// md's algorithm numbers (raid5.h).
 pub const LEFT_ASYMMETRIC: u32 = 0;
@@ -46,9 +46,38 @@ pub struct Raid456 {
 struct StripeShape {
     pd: usize,
     qd: Option<usize>,
-    /// Physical disk of each logical data index.
-    data_disks: Vec<usize>,
+    /// How a logical data index turns into a physical disk.
+    data: DataRule,
     ddf: bool,
+}
+
+/// The rule of a layout that turns logical data index k into a physical
+/// disk, given the stripe's P disk. A value rather than a closure, so
+/// that finding one strip's disk allocates nothing.
+#[derive(Clone, Copy, Debug)]
+enum DataRule {
+    /// k + by.
+    Shift { by: usize },
+    /// k below P stays; from P on, k + by (P, or P and Q, are skipped).
+    Skip { by: usize },
+    /// The disks after P (and Q) in rotation: (pd + after + k) % modulus.
+    Rotate { after: usize, modulus: usize },
+}
+
+impl DataRule {
+    fn disk(self, k: usize, pd: usize) -> usize {
+        match self {
+            DataRule::Shift { by } => k + by,
+            DataRule::Skip { by } => {
+                if k >= pd {
+                    k + by
+                } else {
+                    k
+                }
+            }
+            DataRule::Rotate { after, modulus } => (pd + after + k) % modulus,
+        }
+    }
 }
 
 impl Raid456 {
@@ -105,13 +134,11 @@ impl Raid456 {
         let shape = self.shape(stripe);
         let member_sector = stripe * self.chunk_sectors;
         let exponents = self.q_exponents(&shape);
-        let data = shape
-            .data_disks
-            .iter()
+        let data = (0..self.data_disks())
             .zip(exponents)
-            .map(|(&disk, q_exponent)| DataStrip {
+            .map(|(k, q_exponent)| DataStrip {
                 copies: vec![Place {
-                    member: disk,
+                    member: shape.data.disk(k, shape.pd),
                     member_sector,
                 }],
                 q_exponent,
@@ -133,6 +160,24 @@ impl Raid456 {
         }
     }
 
+    /// The data strip holding `array_sector`, without building the stripe.
+    pub fn locate(&self, array_sector: u64) -> Located {
+        let stripe = self.stripe_of(array_sector);
+        let in_stripe = array_sector - stripe * self.chunk_sectors * self.data_disks() as u64;
+        let k = (in_stripe / self.chunk_sectors) as usize;
+        let shape = self.shape(stripe);
+        Located {
+            stripe,
+            data_index: k,
+            place: Place {
+                member: shape.data.disk(k, shape.pd),
+                member_sector: stripe * self.chunk_sectors,
+            },
+            strip_sectors: self.chunk_sectors,
+            in_strip_sectors: in_stripe % self.chunk_sectors,
+        }
+    }
+
     /// raid5_compute_sector, for every logical data index of one stripe.
     fn shape(&self, stripe: u64) -> StripeShape {
         let n = self.raid_disks;
@@ -141,12 +186,12 @@ impl Raid456 {
         let mut ddf = false;
         let (pd, qd): (usize, Option<usize>);
         // How each layout turns a logical data index k into a physical disk.
-        let place: Box<dyn Fn(usize, usize) -> usize>;
+        let place: DataRule;
         match (self.level, self.algorithm) {
             (Level::Raid4, _) => {
                 pd = data_disks;
                 qd = None;
-                place = Box::new(|k, _| k);
+                place = DataRule::Shift { by: 0 };
             }
             (Level::Raid5, alg) => {
                 qd = None;
@@ -157,7 +202,7 @@ impl Raid456 {
                         } else {
                             rot(n)
                         };
-                        place = Box::new(|k, pd| if k >= pd { k + 1 } else { k });
+                        place = DataRule::Skip { by: 1 };
                     }
                     LEFT_SYMMETRIC | RIGHT_SYMMETRIC => {
                         pd = if alg == LEFT_SYMMETRIC {
@@ -165,15 +210,18 @@ impl Raid456 {
                         } else {
                             rot(n)
                         };
-                        place = Box::new(move |k, pd| (pd + 1 + k) % n);
+                        place = DataRule::Rotate {
+                            after: 1,
+                            modulus: n,
+                        };
                     }
                     PARITY_0 => {
                         pd = 0;
-                        place = Box::new(|k, _| k + 1);
+                        place = DataRule::Shift { by: 1 };
                     }
                     _ => {
                         pd = data_disks;
-                        place = Box::new(|k, _| k);
+                        place = DataRule::Shift { by: 0 };
                     }
                 }
             }
@@ -189,10 +237,10 @@ impl Raid456 {
                     pd = p;
                     if p == n - 1 {
                         qd = Some(0);
-                        place = Box::new(|k, _| k + 1);
+                        place = DataRule::Shift { by: 1 };
                     } else {
                         qd = Some(p + 1);
-                        place = Box::new(|k, pd| if k >= pd { k + 2 } else { k });
+                        place = DataRule::Skip { by: 2 };
                     }
                 }
                 LEFT_SYMMETRIC | RIGHT_SYMMETRIC => {
@@ -202,24 +250,30 @@ impl Raid456 {
                         rot(n)
                     };
                     qd = Some((pd + 1) % n);
-                    place = Box::new(move |k, pd| (pd + 2 + k) % n);
+                    place = DataRule::Rotate {
+                        after: 2,
+                        modulus: n,
+                    };
                 }
                 PARITY_0 => {
                     pd = 0;
                     qd = Some(1);
-                    place = Box::new(|k, _| k + 2);
+                    place = DataRule::Shift { by: 2 };
                 }
                 PARITY_N => {
                     pd = data_disks;
                     qd = Some(data_disks + 1);
-                    place = Box::new(|k, _| k);
+                    place = DataRule::Shift { by: 0 };
                 }
                 ROTATING_N_CONTINUE => {
                     // Left-symmetric with Q just before P.
                     ddf = true;
                     pd = n - 1 - rot(n);
                     qd = Some((pd + n - 1) % n);
-                    place = Box::new(move |k, pd| (pd + 1 + k) % n);
+                    place = DataRule::Rotate {
+                            after: 1,
+                            modulus: n,
+                        };
                 }
                 // The *_6 layouts: a raid5 layout over the first n-1 disks, Q on the last.
                 LEFT_ASYMMETRIC_6 | RIGHT_ASYMMETRIC_6 => {
@@ -229,7 +283,7 @@ impl Raid456 {
                         rot(n - 1)
                     };
                     qd = Some(n - 1);
-                    place = Box::new(|k, pd| if k >= pd { k + 1 } else { k });
+                    place = DataRule::Skip { by: 1 };
                 }
                 LEFT_SYMMETRIC_6 | RIGHT_SYMMETRIC_6 => {
                     pd = if alg == LEFT_SYMMETRIC_6 {
@@ -238,24 +292,26 @@ impl Raid456 {
                         rot(n - 1)
                     };
                     qd = Some(n - 1);
-                    place = Box::new(move |k, pd| (pd + 1 + k) % (n - 1));
+                    place = DataRule::Rotate {
+                        after: 1,
+                        modulus: n - 1,
+                    };
                 }
                 _ => {
                     debug_assert_eq!(alg, PARITY_0_6);
                     pd = 0;
                     qd = Some(n - 1);
-                    place = Box::new(|k, _| k + 1);
+                    place = DataRule::Shift { by: 1 };
                 }
             },
         }
-        let data_disks: Vec<usize> = (0..data_disks).map(|k| place(k, pd)).collect();
-        debug_assert!(data_disks
-            .iter()
-            .all(|&d| d < n && d != pd && Some(d) != qd));
+        debug_assert!((0..data_disks)
+            .map(|k| place.disk(k, pd))
+            .all(|d| d < n && d != pd && Some(d) != qd));
         StripeShape {
             pd,
             qd,
-            data_disks,
+            data: place,
             ddf,
         }
     }
@@ -265,7 +321,7 @@ impl Raid456 {
     /// DDF layouts instead count every disk from disk 0, so P and Q take slots too.
     fn q_exponents(&self, shape: &StripeShape) -> Vec<u8> {
         let Some(qd) = shape.qd else {
-            return vec![0; shape.data_disks.len()];
+            return vec![0; self.data_disks()];
         };
         let n = self.raid_disks;
         let mut slot_of_disk = vec![0u8; n];
@@ -284,6 +340,8 @@ impl Raid456 {
                 }
             }
         }
-        shape.data_disks.iter().map(|&d| slot_of_disk[d]).collect()
+        (0..self.data_disks())
+            .map(|k| slot_of_disk[shape.data.disk(k, shape.pd)])
+            .collect()
     }
 }

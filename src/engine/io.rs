@@ -12,6 +12,7 @@ use super::cache::{Batch, Offer, StripeCache};
 use super::members::{member_error, member_of, MemberTable};
 use super::paritycache::Which;
 use super::Engine;
+use crate::export::FileExtent;
 use crate::geometry::{Place, StripeMap};
 use crate::member::{batch, AlignedBuf, IoOp, MemberRef};
 use crate::parity;
@@ -238,6 +239,61 @@ impl Engine {
         buf.copy_from_slice(&ahead[..len]);
         self.reads.insert(offset, ahead, generation, capacity);
         Ok(())
+    }
+
+    /// Where the bytes of a read lie on the members, for a server that can
+    /// splice them from the members' page caches to its socket (see
+    /// `BlockBackend::read_extents`): only for a plain read, served by
+    /// usable buffered members, with nothing newer in the stripe cache and
+    /// nothing for the read cache or read-ahead to do. Else `None`, and
+    /// the read goes through [`read_cached`](Self::read_cached).
+    pub(super) fn splice_extents(&self, offset: u64, len: usize) -> Option<Vec<FileExtent>> {
+        let t = &self.tunables;
+        let end = offset.checked_add(len as u64)?;
+        if len == 0 || end > self.size_bytes() || t.read_cache() || self.cache.has_batches() {
+            return None;
+        }
+        let table = self.table();
+        let mut extents: Vec<FileExtent> = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let located = self.geometry.locate(at / SECTOR_BYTES)?;
+            let strip_bytes = located.strip_sectors * SECTOR_BYTES;
+            let in_strip = located.in_strip_sectors * SECTOR_BYTES + at % SECTOR_BYTES;
+            let n = (strip_bytes - in_strip).min(end - at);
+            let place = located.place;
+            if !table.usable(place.member, located.stripe) {
+                return None;
+            }
+            let slot = &table.entry(place.member)?.slot;
+            let fd = slot.member.splice_fd()?;
+            let member_at = slot.data_offset_bytes + place.member_sector * SECTOR_BYTES + in_strip;
+            match extents.last_mut() {
+                // Strips that follow each other on one member (a linear
+                // array, a raid0 zone of one member) are one run.
+                Some(last) if last.fd == fd && last.offset + last.len as u64 == member_at => {
+                    last.len += n as usize;
+                }
+                _ => extents.push(FileExtent {
+                    fd,
+                    offset: member_at,
+                    len: n as usize,
+                    owner: Box::new(slot.member.clone()),
+                }),
+            }
+            at += n;
+        }
+        // Read-ahead serves a lone sequential reader from what it fetched;
+        // asked last, so that a read declined for another reason is not
+        // noted twice (read_cached notes it).
+        if t.read_ahead_sectors() > 0 {
+            let (_in_flight, sequential, alone) = self.reads.read_arrives(offset, len);
+            if sequential && alone {
+                return None;
+            }
+        }
+        debug_assert_eq!(extents.iter().map(|e| e.len).sum::<usize>(), len);
+        Some(extents)
     }
 
     /// The largest I/O sent to a member (max_sectors_kb). It is a whole

@@ -755,6 +755,12 @@ impl BlockBackend for Engine {
         self.flush_members()
     }
 
+    fn read_extents(&self, offset: u64, len: usize) -> Option<Vec<crate::export::FileExtent>> {
+        let extents = self.splice_extents(offset, len)?;
+        self.foreground_ios.fetch_add(1, Ordering::Relaxed);
+        Some(extents)
+    }
+
     fn trim(&self, _offset: u64, _len: u64) -> std::io::Result<()> {
         // Trim is a hint. Passing it to members would leave copies and
         // parity disagreeing on devices that do not read back zeroes, so

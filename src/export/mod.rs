@@ -143,6 +143,25 @@ pub trait BlockBackend: Send + Sync {
     fn cache(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Ok(())
     }
+
+    /// Where the bytes of a read of `len` bytes at `offset` lie, in order,
+    /// when they can be sent straight from files' page caches (splice)
+    /// instead of being copied through `read`; `None` to use `read`.
+    /// The server falls back to `read` if splicing fails before the reply
+    /// starts. The default never splices.
+    fn read_extents(&self, _offset: u64, _len: usize) -> Option<Vec<FileExtent>> {
+        None
+    }
+}
+
+/// A run of bytes in a file, for [`BlockBackend::read_extents`].
+pub struct FileExtent {
+    /// Open for as long as `owner` lives.
+    pub fd: std::os::fd::RawFd,
+    pub offset: u64,
+    pub len: usize,
+    /// Keeps `fd` open while the extent is in use.
+    pub owner: Box<dyn std::any::Any + Send>,
 }
 
 /// Implements [`BlockBackend::write_zeroes`] by writing buffers of zeroes, for

@@ -15,7 +15,7 @@ use super::{check_io, io_error, Member, RawIo};
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
+use std::os::unix::io::{AsRawFd, RawFd};
 use std::path::Path;
 use std::sync::Once;
 
@@ -392,6 +392,10 @@ impl Member for FileMember {
             fd: self.file.as_raw_fd(),
             memory_align_bytes: self.memory_align_bytes,
         })
+    }
+
+    fn splice_fd(&self) -> Option<RawFd> {
+        (!self.direct).then(|| self.file.as_raw_fd())
     }
 }
 

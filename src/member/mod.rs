@@ -55,6 +55,15 @@ pub trait Member: Send + Sync {
         None
     }
 
+    /// The descriptor whose page cache holds this member's bytes, from
+    /// which a read may be spliced to a socket without copying them
+    /// (buffered files only: O_DIRECT bytes are not in the page cache).
+    /// The same rule as `raw_io`: only a member whose reads are nothing but
+    /// positional reads of that descriptor may return one.
+    fn splice_fd(&self) -> Option<RawFd> {
+        None
+    }
+
     /// Sectors of 512 bytes, the unit md counts in.
     fn size_sectors(&self) -> u64 {
         self.size_bytes() / crate::units::SECTOR_BYTES

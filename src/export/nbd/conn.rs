@@ -16,7 +16,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
-use super::io::{ReadError, Sock, SockReader};
+use super::io::{ReadError, Sock, SockReader, SplicePipe};
 use super::proto::{
     self, Command, InfoRequest, NbdError, ProtoError, RequestHeader, TransmissionParams,
 };
@@ -627,12 +627,19 @@ fn refusal_message(request: &RequestHeader, err: NbdError, params: &Transmission
 /// requests needed).
 const SCRATCH_KEPT: usize = 2 << 20;
 
+/// Reads at least this long are spliced from the backend's files when it
+/// allows (see `BlockBackend::read_extents`): the copies saved outweigh
+/// the extra system calls (a splice per extent in, one out) from here on.
+const SPLICE_MIN_BYTES: usize = 64 << 10;
+
 fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
     // The worker's buffers, reused: a new buffer per request costs a page
     // fault per 4 KiB (big allocations come fresh from mmap), more than
     // the copy into it.
     let mut scratch = AlignedBuf::zeroed(0);
     let mut payload = AlignedBuf::zeroed(0);
+    // Where a spliced read reply is staged; made at the first one.
+    let mut pipe: Option<SplicePipe> = None;
     loop {
         // The reader is held only to read one request; serving runs unlocked.
         let job = {
@@ -658,7 +665,7 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
         // A panicking backend must not take the connection's accounting
         // with it: the request is answered with EIO and the worker goes on.
         if catch_unwind(AssertUnwindSafe(|| {
-            conn.execute(job, &payload, &mut scratch)
+            conn.execute(job, &payload, &mut scratch, &mut pipe)
         }))
         .is_err()
         {
@@ -678,10 +685,22 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
 
 impl Conn {
     /// Serves one request; `scratch` is the worker's read buffer, reused so
-    /// that a read does not allocate and zero a new one each time.
-    fn execute(&self, job: Job, payload: &AlignedBuf, scratch: &mut AlignedBuf) {
+    /// that a read does not allocate and zero a new one each time, and
+    /// `pipe` where it stages spliced reads.
+    fn execute(
+        &self,
+        job: Job,
+        payload: &AlignedBuf,
+        scratch: &mut AlignedBuf,
+        pipe: &mut Option<SplicePipe>,
+    ) {
         let backend = &*self.shared.backend;
         let cookie = job.cookie;
+        if let Command::Read { offset, length } = job.command {
+            if self.splice_read(cookie, offset, length as usize, pipe) {
+                return;
+            }
+        }
         let result = catch_unwind(AssertUnwindSafe(
             || -> Result<Option<usize>, (NbdError, String)> {
                 let io = |r: std::io::Result<()>, what: &str| {
@@ -762,32 +781,92 @@ impl Conn {
         }
     }
 
+    /// Answers a read by splicing its bytes from the backend's files (page
+    /// references from their page cache to the socket, no copy in this
+    /// process) when the backend says where they lie; says whether it did.
+    /// Every byte is staged in the pipe before the reply starts, so a
+    /// failure to get them (a short file, an error) falls back to `read`
+    /// with nothing sent.
+    fn splice_read(
+        &self,
+        cookie: u64,
+        offset: u64,
+        length: usize,
+        pipe: &mut Option<SplicePipe>,
+    ) -> bool {
+        if length < SPLICE_MIN_BYTES {
+            return false;
+        }
+        let backend = &*self.shared.backend;
+        let Ok(Some(extents)) =
+            catch_unwind(AssertUnwindSafe(|| backend.read_extents(offset, length)))
+        else {
+            return false;
+        };
+        if pipe.as_ref().is_none_or(|p| p.capacity() < length) {
+            // A pipe of this size may be refused (pipe-max-size, or the
+            // user's pipe pages): then this worker reads as before.
+            *pipe = SplicePipe::new(length)
+                .ok()
+                .filter(|p| p.capacity() >= length);
+        }
+        let Some(staged) = pipe.as_ref() else {
+            return false;
+        };
+        for extent in &extents {
+            if staged
+                .fill_from(extent.fd, extent.offset, extent.len)
+                .is_err()
+            {
+                // What was staged cannot be taken back: a new pipe next time.
+                *pipe = None;
+                return false;
+            }
+        }
+        drop(extents);
+        let Ok(head) = self.read_reply_head(cookie, offset, length) else {
+            *pipe = None;
+            return false;
+        };
+        let sent =
+            self.send_with(|sock, timeout| sock.send_spliced(&head, staged, length, timeout));
+        if !sent {
+            // The connection is gone; whatever is left in the pipe goes with it.
+            *pipe = None;
+        }
+        true
+    }
+
     fn reply_read(&self, cookie: u64, command: &Command, data: &[u8]) {
         let offset = match command {
             Command::Read { offset, .. } => *offset,
             _ => 0,
         };
-        if !self.params.structured_replies {
-            self.send(&[&proto::encode_simple_reply(0, cookie), data]);
-        } else if data.is_empty() {
+        if self.params.structured_replies && data.is_empty() {
             // A content chunk must hold at least one byte, so an empty read
             // is answered with just the final NONE chunk.
             self.send(&[&proto::encode_none_chunk(cookie)]);
-        } else {
-            // The data is complete in memory before anything is sent, so no
-            // error can follow: the data chunk itself can be the final one.
-            match proto::encode_offset_data_prefix(
-                cookie,
-                proto::REPLY_FLAG_DONE,
-                offset,
-                data.len() as u32,
-            ) {
-                Ok(prefix) => self.send(&[&prefix, data]),
-                Err(e) => {
-                    self.reply_error_raw(cookie, NbdError::Io, &format!("cannot encode reply: {e}"))
-                }
+            return;
+        }
+        match self.read_reply_head(cookie, offset, data.len()) {
+            Ok(head) => self.send(&[&head, data]),
+            Err(e) => {
+                self.reply_error_raw(cookie, NbdError::Io, &format!("cannot encode reply: {e}"))
             }
         }
+    }
+
+    /// What goes before the `len` (> 0 when structured) bytes of a read's
+    /// reply: a simple reply, or a data chunk that is the final one (the
+    /// data is complete before anything is sent, so no error can follow).
+    fn read_reply_head(&self, cookie: u64, offset: u64, len: usize) -> Result<Vec<u8>, ProtoError> {
+        if !self.params.structured_replies {
+            return Ok(proto::encode_simple_reply(0, cookie).to_vec());
+        }
+        // A read is at most the negotiated maximum payload (32 MiB).
+        assert!(len <= u32::MAX as usize);
+        proto::encode_offset_data_prefix(cookie, proto::REPLY_FLAG_DONE, offset, len as u32)
+            .map(|prefix| prefix.to_vec())
     }
 
     fn reply_error(&self, request: &RequestHeader, err: NbdError, message: &str) {
@@ -814,17 +893,28 @@ impl Conn {
     /// connection is shut down (which also ends the reader) and later replies
     /// are dropped.
     fn send(&self, parts: &[&[u8]]) {
+        self.send_with(|sock, timeout| sock.send_all(parts, timeout));
+    }
+
+    /// Writes one whole reply with `write` under the writer lock; says
+    /// whether it went out (see [`send`](Self::send)).
+    fn send_with(
+        &self,
+        write: impl FnOnce(&Sock, Option<std::time::Duration>) -> std::io::Result<()>,
+    ) -> bool {
         let mut broken = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         if *broken {
-            return;
+            return false;
         }
-        if let Err(e) = self.sock.send_all(parts, self.shared.options.io_timeout) {
+        if let Err(e) = write(&self.sock, self.shared.options.io_timeout) {
             *broken = true;
             if !client_gone(&e) {
                 self.log
                     .line(format_args!("cannot send a reply: {e}; disconnecting"));
             }
             self.sock.shutdown();
+            return false;
         }
+        true
     }
 }

@@ -146,6 +146,140 @@ impl Sock {
     }
 }
 
+/// A pipe that stages the bytes of a spliced read reply (see
+/// [`Sock::send_spliced`]): page references, not copies. Both ends are
+/// non-blocking, so that staging more than it holds fails rather than
+/// waits.
+pub(crate) struct SplicePipe {
+    read: OwnedFd,
+    write: OwnedFd,
+    capacity: usize,
+}
+
+impl SplicePipe {
+    /// A pipe that holds at least `bytes`, or why not (the system's
+    /// pipe-max-size may be smaller).
+    pub(crate) fn new(bytes: usize) -> io::Result<SplicePipe> {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills two descriptors that we then own.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        use std::os::fd::FromRawFd;
+        // SAFETY: both descriptors are fresh and ours.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let want = i32::try_from(bytes).map_err(|_| io::Error::other("pipe too large"))?;
+        // SAFETY: fcntl on a descriptor we own.
+        let got = unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETPIPE_SZ, want) };
+        if got < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(SplicePipe {
+            read,
+            write,
+            capacity: got as usize,
+        })
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Moves `len` bytes at `offset` of the file `fd` into the pipe. The
+    /// pipe must have room (a staged reply is at most its capacity);
+    /// anything short is an error, after which the pipe holds a partial
+    /// reply and must be dropped.
+    pub(crate) fn fill_from(&self, fd: RawFd, offset: u64, len: usize) -> io::Result<()> {
+        let mut off = i64::try_from(offset).map_err(|_| io::Error::other("offset too large"))?;
+        let mut left = len;
+        while left > 0 {
+            // SAFETY: plain descriptors; `off` is a valid i64 we own.
+            let n = unsafe {
+                libc::splice(
+                    fd,
+                    &mut off,
+                    self.write.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    left,
+                    libc::SPLICE_F_NONBLOCK,
+                )
+            };
+            if n < 0 {
+                let err = io::Error::last_os_error();
+                if err.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(err);
+            }
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "end of file while splicing",
+                ));
+            }
+            left -= n as usize;
+        }
+        Ok(())
+    }
+}
+
+impl Sock {
+    /// Sends `head`, then `len` bytes staged in `pipe`, waiting up to
+    /// `timeout` each time the socket buffer is full. The bytes go from
+    /// the pipe to the socket as page references (no copy).
+    pub(crate) fn send_spliced(
+        &self,
+        head: &[u8],
+        pipe: &SplicePipe,
+        len: usize,
+        timeout: Option<Duration>,
+    ) -> io::Result<()> {
+        self.send_all(&[head], timeout)?;
+        let mut left = len;
+        while left > 0 {
+            // SAFETY: plain descriptors, no offsets (a pipe and a socket).
+            let n = unsafe {
+                libc::splice(
+                    pipe.read.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    self.raw(),
+                    std::ptr::null_mut(),
+                    left,
+                    libc::SPLICE_F_NONBLOCK | libc::SPLICE_F_MOVE,
+                )
+            };
+            if n < 0 {
+                let err = io::Error::last_os_error();
+                match err.kind() {
+                    io::ErrorKind::Interrupted => continue,
+                    io::ErrorKind::WouldBlock => {
+                        let deadline = timeout.map(|t| Instant::now() + t);
+                        match poll_one(self.raw(), libc::POLLOUT, None, deadline)? {
+                            PollResult::Ready => continue,
+                            PollResult::TimedOut => {
+                                return Err(io::Error::new(
+                                    io::ErrorKind::TimedOut,
+                                    "the client has not read its replies for too long",
+                                ))
+                            }
+                            PollResult::Woken => unreachable!("no wake descriptor given"),
+                        }
+                    }
+                    _ => return Err(err),
+                }
+            }
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "the pipe ran dry while splicing a reply",
+                ));
+            }
+            left -= n as usize;
+        }
+        Ok(())
+    }
+}
+
 pub(crate) enum PollResult {
     Ready,
     Woken,

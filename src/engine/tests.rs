@@ -1181,6 +1181,8 @@ fn large_reads_over_nbd_are_spliced_and_return_the_written_bytes() {
                     (3 * (64 << 10) - 512, 200 << 10),
                 ];
                 spans.push((size - (1 << 20), 1 << 20));
+                // Beyond pipe-max-size (1 MiB): spliced as root, else copied.
+                spans.push((4096, 3 << 20));
                 for _ in 0..40 {
                     let len = rng.gen_range(128..=2048) * 512;
                     spans.push((rng.gen_range(0..=(size - len) / 512) * 512, len));

@@ -627,6 +627,13 @@ fn refusal_message(request: &RequestHeader, err: NbdError, params: &Transmission
 /// requests needed).
 const SCRATCH_KEPT: usize = 2 << 20;
 
+/// A worker's pipe for spliced reads.
+struct Staging {
+    pipe: Option<SplicePipe>,
+    /// The smallest read length a pipe was refused for.
+    refused_from: usize,
+}
+
 /// Reads at least this long are spliced from the backend's files when it
 /// allows (see `BlockBackend::read_extents`): the copies saved outweigh
 /// the extra system calls (a splice per extent in, one out) from here on.
@@ -639,7 +646,10 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
     let mut scratch = AlignedBuf::zeroed(0);
     let mut payload = AlignedBuf::zeroed(0);
     // Where a spliced read reply is staged; made at the first one.
-    let mut pipe: Option<SplicePipe> = None;
+    let mut pipe = Staging {
+        pipe: None,
+        refused_from: usize::MAX,
+    };
     loop {
         // The reader is held only to read one request; serving runs unlocked.
         let job = {
@@ -692,7 +702,7 @@ impl Conn {
         job: Job,
         payload: &AlignedBuf,
         scratch: &mut AlignedBuf,
-        pipe: &mut Option<SplicePipe>,
+        pipe: &mut Staging,
     ) {
         let backend = &*self.shared.backend;
         let cookie = job.cookie;
@@ -787,16 +797,11 @@ impl Conn {
     /// Every byte is staged in the pipe before the reply starts, so a
     /// failure to get them (a short file, an error) falls back to `read`
     /// with nothing sent.
-    fn splice_read(
-        &self,
-        cookie: u64,
-        offset: u64,
-        length: usize,
-        pipe: &mut Option<SplicePipe>,
-    ) -> bool {
-        if length < SPLICE_MIN_BYTES {
+    fn splice_read(&self, cookie: u64, offset: u64, length: usize, staging: &mut Staging) -> bool {
+        if length < SPLICE_MIN_BYTES || length >= staging.refused_from {
             return false;
         }
+        let pipe = &mut staging.pipe;
         let backend = &*self.shared.backend;
         let Ok(Some(extents)) =
             catch_unwind(AssertUnwindSafe(|| backend.read_extents(offset, length)))
@@ -805,10 +810,15 @@ impl Conn {
         };
         if pipe.as_ref().is_none_or(|p| p.capacity() < length) {
             // A pipe of this size may be refused (pipe-max-size, or the
-            // user's pipe pages): then this worker reads as before.
+            // user's pipe pages): then this worker copies reads this long
+            // from now on, without asking again.
             *pipe = SplicePipe::new(length)
                 .ok()
                 .filter(|p| p.capacity() >= length);
+            if pipe.is_none() {
+                staging.refused_from = length;
+                return false;
+            }
         }
         let Some(staged) = pipe.as_ref() else {
             return false;

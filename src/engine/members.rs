@@ -36,6 +36,18 @@ pub struct MemberTable {
 }
 
 impl MemberTable {
+    /// The largest logical block of any member, replacements included:
+    /// what every request must be aligned to (512 with none).
+    pub fn block_bytes(&self) -> u32 {
+        self.by_role
+            .iter()
+            .chain(&self.replacing)
+            .flatten()
+            .map(|e| e.slot.member.logical_block_bytes())
+            .max()
+            .unwrap_or(512)
+    }
+
     pub fn entry(&self, role: usize) -> Option<&MemberEntry> {
         self.by_role.get(role).and_then(Option::as_ref)
     }
@@ -107,6 +119,10 @@ impl Engine {
         let mut members = self.members.write().unwrap();
         let mut table: MemberTable = (**members).clone();
         let result = change(&mut table);
+        // Only ever grows: a request aligned to the old block but not the
+        // new one may still be in flight, and a smaller one later is fine.
+        self.block_bytes
+            .fetch_max(table.block_bytes(), Ordering::SeqCst);
         *members = Arc::new(table);
         result
     }

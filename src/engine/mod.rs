@@ -103,6 +103,8 @@ pub struct Engine {
     row: RowShape,
     /// Parity pages a write just computed, for the next read-modify-write.
     parity_cache: paritycache::ParityCache,
+    /// The members' largest logical block (see `check_aligned`).
+    block_bytes: std::sync::atomic::AtomicU32,
 }
 
 impl Engine {
@@ -175,6 +177,7 @@ impl Engine {
             strip_bytes: (first.strip_sectors * SECTOR_BYTES) as usize,
             data_strips: first.data.len(),
         };
+        let block_bytes = table.block_bytes();
         let engine = Arc::new(Engine {
             geometry,
             members: RwLock::new(Arc::new(table)),
@@ -202,6 +205,7 @@ impl Engine {
             stripes: Arc::new(stripes::StripeWorkers::new()),
             reads: readcache::ReadCache::new(),
             row,
+            block_bytes: std::sync::atomic::AtomicU32::new(block_bytes),
             parity_cache: paritycache::ParityCache::new(),
         });
         if !options.read_only {
@@ -230,13 +234,24 @@ impl Engine {
 
     /// The largest logical block of any member: requests must be aligned to it.
     fn member_block_bytes(&self) -> u32 {
-        self.table()
-            .by_role
-            .iter()
-            .flatten()
-            .map(|e| e.slot.member.logical_block_bytes())
-            .max()
-            .unwrap_or(512)
+        self.block_bytes.load(Ordering::SeqCst)
+    }
+
+    /// Refuses a request that is not aligned to the members' blocks. Such a
+    /// request would fail at the members (O_DIRECT refuses it) and look
+    /// like a member's error: the member would be failed for the caller's
+    /// mistake. The NBD export enforces the same alignment for clients.
+    fn check_aligned(&self, offset: u64, len: usize) -> std::io::Result<()> {
+        let block = self.member_block_bytes() as u64;
+        if offset % block != 0 || len as u64 % block != 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "a request of {len} bytes at {offset} is not aligned to the members' {block}-byte blocks"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Flushes every present member: all completed writes become durable.
@@ -733,6 +748,7 @@ impl BlockBackend for Engine {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.check_aligned(offset, buf.len())?;
         self.foreground_ios.fetch_add(1, Ordering::Relaxed);
         self.read_cached(offset, buf)
     }
@@ -742,6 +758,7 @@ impl BlockBackend for Engine {
             !self.read_only,
             "the export refuses writes on a read-only array"
         );
+        self.check_aligned(offset, data.len())?;
         self.foreground_ios.fetch_add(1, Ordering::Relaxed);
         self.write_bytes(offset, data, fua)?;
         if fua {
@@ -756,6 +773,7 @@ impl BlockBackend for Engine {
     }
 
     fn read_extents(&self, offset: u64, len: usize) -> Option<Vec<crate::export::FileExtent>> {
+        self.check_aligned(offset, len).ok()?;
         let extents = self.splice_extents(offset, len)?;
         self.foreground_ios.fetch_add(1, Ordering::Relaxed);
         Some(extents)

@@ -1263,3 +1263,22 @@ fn large_reads_over_nbd_are_spliced_and_return_the_written_bytes() {
         engine.shutdown().unwrap();
     }
 }
+
+#[test]
+fn a_misaligned_request_is_refused_and_fails_no_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = make_array(dir.path(), Level::Raid5, None, 3, 8);
+    let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+    let mut buf = vec![0u8; 4096];
+    for (offset, len) in [(100u64, 4096usize), (0, 1000), (512, 513)] {
+        let read = engine.read(offset, &mut buf[..len]).unwrap_err();
+        assert_eq!(read.kind(), std::io::ErrorKind::InvalidInput, "{read}");
+        let write = engine.write(offset, &buf[..len], false).unwrap_err();
+        assert_eq!(write.kind(), std::io::ErrorKind::InvalidInput, "{write}");
+    }
+    let snapshot = engine.snapshot();
+    assert!(snapshot.missing_roles.is_empty(), "a member was failed");
+    assert!(!has_event(&snapshot, "Fail"), "a member was failed");
+    engine.read(512, &mut buf[..512]).unwrap();
+    engine.shutdown().unwrap();
+}

@@ -271,9 +271,9 @@ impl Raid456 {
                     pd = n - 1 - rot(n);
                     qd = Some((pd + n - 1) % n);
                     place = DataRule::Rotate {
-                            after: 1,
-                            modulus: n,
-                        };
+                        after: 1,
+                        modulus: n,
+                    };
                 }
                 // The *_6 layouts: a raid5 layout over the first n-1 disks, Q on the last.
                 LEFT_ASYMMETRIC_6 | RIGHT_ASYMMETRIC_6 => {

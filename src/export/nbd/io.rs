@@ -99,6 +99,27 @@ impl Sock {
     ///
     /// MSG_NOSIGNAL turns a write to a closed connection into EPIPE instead of
     /// a SIGPIPE that would kill the whole process.
+    /// After a send on the nonblocking socket failed with `err`: Ok to try
+    /// again (interrupted, or there is room now), or the error to give up
+    /// with (the client has not read its replies within `timeout`).
+    fn retry_send(&self, err: io::Error, timeout: Option<Duration>) -> io::Result<()> {
+        match err.kind() {
+            io::ErrorKind::Interrupted => Ok(()),
+            io::ErrorKind::WouldBlock => {
+                let deadline = timeout.map(|t| Instant::now() + t);
+                match poll_one(self.raw(), libc::POLLOUT, None, deadline)? {
+                    PollResult::Ready => Ok(()),
+                    PollResult::TimedOut => Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client has not read its replies for too long",
+                    )),
+                    PollResult::Woken => unreachable!("no wake descriptor given"),
+                }
+            }
+            _ => Err(err),
+        }
+    }
+
     pub(crate) fn send_all(&self, bufs: &[&[u8]], timeout: Option<Duration>) -> io::Result<()> {
         let mut slices: Vec<IoSlice<'_>> = bufs
             .iter()
@@ -115,24 +136,8 @@ impl Sock {
             // SAFETY: msg points at valid iovecs for the duration of the call.
             let n = unsafe { libc::sendmsg(self.raw(), &msg, libc::MSG_NOSIGNAL) };
             if n < 0 {
-                let err = io::Error::last_os_error();
-                match err.kind() {
-                    io::ErrorKind::Interrupted => continue,
-                    io::ErrorKind::WouldBlock => {
-                        let deadline = timeout.map(|t| Instant::now() + t);
-                        match poll_one(self.raw(), libc::POLLOUT, None, deadline)? {
-                            PollResult::Ready => continue,
-                            PollResult::TimedOut => {
-                                return Err(io::Error::new(
-                                    io::ErrorKind::TimedOut,
-                                    "the client has not read its replies for too long",
-                                ))
-                            }
-                            PollResult::Woken => unreachable!("no wake descriptor given"),
-                        }
-                    }
-                    _ => return Err(err),
-                }
+                self.retry_send(io::Error::last_os_error(), timeout)?;
+                continue;
             }
             if n == 0 {
                 return Err(io::Error::new(
@@ -249,24 +254,8 @@ impl Sock {
                 )
             };
             if n < 0 {
-                let err = io::Error::last_os_error();
-                match err.kind() {
-                    io::ErrorKind::Interrupted => continue,
-                    io::ErrorKind::WouldBlock => {
-                        let deadline = timeout.map(|t| Instant::now() + t);
-                        match poll_one(self.raw(), libc::POLLOUT, None, deadline)? {
-                            PollResult::Ready => continue,
-                            PollResult::TimedOut => {
-                                return Err(io::Error::new(
-                                    io::ErrorKind::TimedOut,
-                                    "the client has not read its replies for too long",
-                                ))
-                            }
-                            PollResult::Woken => unreachable!("no wake descriptor given"),
-                        }
-                    }
-                    _ => return Err(err),
-                }
+                self.retry_send(io::Error::last_os_error(), timeout)?;
+                continue;
             }
             if n == 0 {
                 return Err(io::Error::new(

@@ -5,10 +5,10 @@
 //! or the stripe cache writing a batch out) hands each row it writes to the
 //! row's worker and waits. Rows are sharded by their stripe-lock slot over
 //! `QUEUES` queues, and queue q belongs to worker q mod n, so a row always
-//! goes to one worker and two workers never want the same lock. A worker takes what its queues hold as one *round*: it
-//! locks the rows (in slot order), plans each row's write, sends every read
-//! of the round as one batch, computes parity, and sends every write as one
-//! batch. So one thread keeps many stripes in flight, as md's stripe state
+//! goes to one worker and two workers never want the same lock. A worker
+//! takes what its queues hold as one *round*: it locks the rows (in slot
+//! order), plans each row's write, sends every read of the round as one
+//! batch, computes parity, and sends every write as one batch. So one thread keeps many stripes in flight, as md's stripe state
 //! machine does, and 32 random writes cost two member round trips, not 64.
 //!
 //! A row that needs more than that — a member missing or rebuilding, a
@@ -23,9 +23,10 @@
 //! once and no thread is a bottleneck (md's 0 means the opposite: all of it
 //! on raid5d alone). On this project's machines that is the faster of the
 //! two by 2-3x for random writes (docs/BENCHMARKS.md, "Stripe workers"):
-//! io_uring runs one thread's punted writes to a file in order, a virtual
-//! disk wants many submitters, and each hand-off costs two context switches
-//! on a machine with fewer cores than requests in flight. Workers pay off
+//! a round waits for its slowest I/O, one thread's io_uring gets about half
+//! of what several submitting threads get from a virtual disk, and each
+//! hand-off costs two context switches on a machine with fewer cores than
+//! requests in flight. Workers pay off
 //! where deep batches from few threads do (block devices, many cores).
 //!
 //! Mirrors, raid0 and linear have no parity work: their writes stay on the

@@ -1309,28 +1309,37 @@ impl Sim {
         self.stats.flushes += 1;
     }
 
-    /// Injects a fault into an in-sync member, if the level can lose one more.
-    fn do_fault(&mut self) {
+    /// A (role, device) that the level can still afford to lose, drawn
+    /// from the in-sync roles with no fault (with a fault injector when
+    /// `wrapped`); None when the level can lose no more.
+    fn pick_losable_role(&mut self, wrapped: bool) -> Option<(usize, usize)> {
         self.settle_background_writes();
         let compromised = self.compromised();
         if compromised.len() >= self.cfg.losable {
-            return;
+            return None;
         }
         let snapshot = self.engine().snapshot();
         let candidates: Vec<(usize, usize)> = self
             .active_roles(&snapshot)
             .iter()
             .enumerate()
+            .filter_map(|(role, d)| Some((role, (*d)?)))
             .filter(|(role, d)| {
-                !compromised.contains(role) && d.is_some_and(|d| self.devs[d].wrapper.is_some())
+                !compromised.contains(role) && (!wrapped || self.devs[*d].wrapper.is_some())
             })
-            .map(|(role, d)| (role, d.unwrap()))
             .collect();
         if candidates.is_empty() {
-            return;
+            return None;
         }
-        let (role, dev) = candidates[self.rng.gen_range(0..candidates.len())];
-        let data_offset = snapshot.sb.data_offset_sectors * SECTOR as u64;
+        Some(candidates[self.rng.gen_range(0..candidates.len())])
+    }
+
+    /// Injects a fault into an in-sync member, if the level can lose one more.
+    fn do_fault(&mut self) {
+        let Some((role, dev)) = self.pick_losable_role(true) else {
+            return;
+        };
+        let data_offset = self.engine().snapshot().sb.data_offset_sectors * SECTOR as u64;
         let ops = |rng: &mut StdRng| match rng.gen_range(0..5) {
             0..=2 => Ops::Read,
             3 => Ops::Write,
@@ -1407,23 +1416,9 @@ impl Sim {
     }
 
     fn do_manage_fail(&mut self) {
-        self.settle_background_writes();
-        let compromised = self.compromised();
-        if compromised.len() >= self.cfg.losable {
+        let Some((role, dev)) = self.pick_losable_role(false) else {
             return;
-        }
-        let snapshot = self.engine().snapshot();
-        let candidates: Vec<(usize, usize)> = self
-            .active_roles(&snapshot)
-            .iter()
-            .enumerate()
-            .filter(|(role, d)| !compromised.contains(role) && d.is_some())
-            .map(|(role, d)| (role, d.unwrap()))
-            .collect();
-        if candidates.is_empty() {
-            return;
-        }
-        let (role, dev) = candidates[self.rng.gen_range(0..candidates.len())];
+        };
         let name = self.devs[dev].name.clone();
         self.op(format!("manage_fail {name} (role {role})"));
         self.taint_role(role);

@@ -470,28 +470,20 @@ impl View<'_> {
             let (place, at, buf) = &mut reads[0];
             return self.read_place(place, *at, buf);
         }
-        let max = self.engine.max_member_io();
-        let targets: Vec<(MemberRef, u64)> = reads
-            .iter()
-            .map(|(place, at, _)| self.offset_of(place, *at))
-            .collect();
-        let mut ops = Vec::new();
-        let mut owner = Vec::new();
-        for (k, ((_, _, buf), (member, at))) in reads.iter_mut().zip(&targets).enumerate() {
-            for (i, part) in buf.chunks_mut(max).enumerate() {
-                ops.push(IoOp::read(member.as_ref(), at + (i * max) as u64, part));
-                owner.push(k);
-            }
-        }
-        let results = batch::run(&mut ops);
-        drop(ops);
-        let mut failed: Vec<usize> = owner
-            .iter()
-            .zip(&results)
-            .filter(|(_, r)| r.is_err())
-            .map(|(k, _)| *k)
-            .collect();
-        failed.dedup(); // the ops of one read are adjacent
+        let failed: Vec<usize> = {
+            let mut member_reads: Vec<(MemberRef, u64, &mut [u8])> = reads
+                .iter_mut()
+                .map(|(place, at, buf)| {
+                    let (member, offset) = self.offset_of(place, *at);
+                    (member, offset, &mut **buf)
+                })
+                .collect();
+            run_reads(self.engine.max_member_io(), &mut member_reads)
+                .iter()
+                .enumerate()
+                .filter_map(|(k, error)| error.is_some().then_some(k))
+                .collect()
+        };
         for k in failed {
             let (place, at, buf) = &mut reads[k];
             self.read_place(place, *at, buf)?;

@@ -516,22 +516,16 @@ fn read_request(
         };
         return Err(read_failed(conn, e, "request header"));
     }
-    let request = match proto::decode_request_header(&header) {
-        Ok(r) => r,
-        Err(e) => {
-            conn.log
-                .line(format_args!("protocol violation: {e}; disconnecting"));
-            return Err(End::Abort);
-        }
+    // A header that cannot be understood leaves no way to find the next
+    // request on the stream: the connection ends.
+    let violation = |e: &dyn std::fmt::Display| {
+        conn.log
+            .line(format_args!("protocol violation: {e}; disconnecting"));
+        End::Abort
     };
-    let payload_len = match proto::request_payload_len(&request, &conn.params) {
-        Ok(n) => n,
-        Err(e) => {
-            conn.log
-                .line(format_args!("protocol violation: {e}; disconnecting"));
-            return Err(End::Abort);
-        }
-    };
+    let request = proto::decode_request_header(&header).map_err(|e| violation(&e))?;
+    let payload_len =
+        proto::request_payload_len(&request, &conn.params).map_err(|e| violation(&e))?;
     let command = match proto::check_request(&request, &conn.params) {
         Ok(c) => c,
         Err(err) => {

@@ -12,7 +12,7 @@ use super::cache::{Batch, Offer, StripeCache};
 use super::members::{member_error, member_of, MemberTable};
 use super::paritycache::Which;
 use super::Engine;
-use crate::export::FileExtent;
+use crate::export::{ExtentUse, FileExtent};
 use crate::geometry::{Place, StripeMap};
 use crate::member::{batch, AlignedBuf, IoOp, MemberRef};
 use crate::parity;
@@ -241,18 +241,34 @@ impl Engine {
         Ok(())
     }
 
-    /// Where the bytes of a read lie on the members, for a server that can
-    /// splice them from the members' page caches to its socket (see
-    /// `BlockBackend::read_extents`): only for a plain read, served by
-    /// usable buffered members, with nothing newer in the stripe cache and
-    /// nothing for the read cache or read-ahead to do. Else `None`, and
-    /// the read goes through [`read_cached`](Self::read_cached).
-    pub(super) fn splice_extents(&self, offset: u64, len: usize) -> Option<Vec<FileExtent>> {
+    /// Where the bytes of a read lie on the members, for a server that
+    /// fetches them itself (see `BlockBackend::read_extents`): splices them
+    /// from buffered members' page caches to its socket, or reads them
+    /// asynchronously (the fast path, when `fast_path` is on). Only for a
+    /// plain read, served by usable members, with nothing newer in the
+    /// stripe cache and nothing for the read cache or read-ahead to do.
+    /// Else `None`, and the read goes through
+    /// [`read_cached`](Self::read_cached).
+    pub(super) fn file_extents(
+        &self,
+        offset: u64,
+        len: usize,
+        how: ExtentUse,
+    ) -> Option<Vec<FileExtent>> {
         let t = &self.tunables;
         let end = offset.checked_add(len as u64)?;
         if len == 0 || end > self.size_bytes() || t.read_cache() || self.cache.has_batches() {
             return None;
         }
+        if how == ExtentUse::Read && !t.fast_path() {
+            return None;
+        }
+        // An asynchronous read is one member I/O per extent, so it is
+        // split at max_sectors_kb as every member I/O is.
+        let longest = match how {
+            ExtentUse::Splice => usize::MAX,
+            ExtentUse::Read => self.max_member_io(),
+        };
         let table = self.table();
         let mut extents: Vec<FileExtent> = Vec::new();
         let mut at = offset;
@@ -266,20 +282,40 @@ impl Engine {
                 return None;
             }
             let slot = &table.entry(place.member)?.slot;
-            let fd = slot.member.splice_fd()?;
+            let fd = match how {
+                ExtentUse::Splice => slot.member.splice_fd()?,
+                ExtentUse::Read => {
+                    let raw = slot.member.raw_io()?;
+                    assert!(raw.memory_align_bytes <= crate::member::aligned::ALIGN_BYTES);
+                    raw.fd
+                }
+            };
             let member_at = slot.data_offset_bytes + place.member_sector * SECTOR_BYTES + in_strip;
             match extents.last_mut() {
                 // Strips that follow each other on one member (a linear
                 // array, a raid0 zone of one member) are one run.
-                Some(last) if last.fd == fd && last.offset + last.len as u64 == member_at => {
+                Some(last)
+                    if last.fd == fd
+                        && last.offset + last.len as u64 == member_at
+                        && last.len + n as usize <= longest =>
+                {
                     last.len += n as usize;
                 }
-                _ => extents.push(FileExtent {
-                    fd,
-                    offset: member_at,
-                    len: n as usize,
-                    owner: Box::new(slot.member.clone()),
-                }),
+                _ => {
+                    // A strip is at most max_sectors_kb unless it is
+                    // longer; then it goes in pieces.
+                    let mut piece_at = 0;
+                    while piece_at < n {
+                        let piece = (n - piece_at).min(longest as u64);
+                        extents.push(FileExtent {
+                            fd,
+                            offset: member_at + piece_at,
+                            len: piece as usize,
+                            owner: Box::new(slot.member.clone()),
+                        });
+                        piece_at += piece;
+                    }
+                }
             }
             at += n;
         }

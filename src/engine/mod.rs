@@ -772,9 +772,14 @@ impl BlockBackend for Engine {
         self.flush_members()
     }
 
-    fn read_extents(&self, offset: u64, len: usize) -> Option<Vec<crate::export::FileExtent>> {
+    fn read_extents(
+        &self,
+        offset: u64,
+        len: usize,
+        how: crate::export::ExtentUse,
+    ) -> Option<Vec<crate::export::FileExtent>> {
         self.check_aligned(offset, len).ok()?;
-        let extents = self.splice_extents(offset, len)?;
+        let extents = self.file_extents(offset, len, how)?;
         self.foreground_ios.fetch_add(1, Ordering::Relaxed);
         Some(extents)
     }

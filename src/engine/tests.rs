@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::array::{assemble, create, resync, write_array_state, CreateOptions, MemberSpec};
+use crate::export::ExtentUse;
 use crate::format::Metadata;
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
@@ -1131,6 +1132,22 @@ fn small_reads_return_the_written_bytes_in_every_state() {
     }
 }
 
+/// Serves `engine` over NBD as export "t" on a unix socket in `dir`.
+fn serve_in(
+    dir: &std::path::Path,
+    engine: &Arc<Engine>,
+) -> (crate::export::nbd::ServerHandle, PathBuf) {
+    use crate::export::nbd::{serve, Listener, ServeOptions};
+    let socket = dir.join("socket");
+    let listener: Listener = format!("unix:{}", socket.display()).parse().unwrap();
+    let options = ServeOptions {
+        export_name: "t".into(),
+        ..ServeOptions::default()
+    };
+    let server = serve(&listener, engine.clone() as Arc<dyn BlockBackend>, options).unwrap();
+    (server, socket)
+}
+
 /// Reads of 64 KiB and more from buffered members are spliced from the
 /// members' page cache to the socket (`BlockBackend::read_extents`): over
 /// NBD they must return the written bytes across strips and stripes and
@@ -1139,7 +1156,6 @@ fn small_reads_return_the_written_bytes_in_every_state() {
 #[test]
 fn large_reads_over_nbd_are_spliced_and_return_the_written_bytes() {
     use crate::bench::nbd_client::NbdSync;
-    use crate::export::nbd::{serve, Listener, ServeOptions};
     for (level, layout, disks) in [
         (Level::Raid0, None, 3),
         (Level::Raid5, Some("left-symmetric"), 4),
@@ -1155,13 +1171,7 @@ fn large_reads_over_nbd_are_spliced_and_return_the_written_bytes() {
         // Read-ahead would take some reads (a lone sequential reader) off
         // the splice path, which this test wants to know it is on.
         engine.set_tunable("read_ahead", "0").unwrap();
-        let socket = dir.path().join("socket");
-        let listener: Listener = format!("unix:{}", socket.display()).parse().unwrap();
-        let options = ServeOptions {
-            export_name: "t".into(),
-            ..ServeOptions::default()
-        };
-        let server = serve(&listener, engine.clone() as Arc<dyn BlockBackend>, options).unwrap();
+        let (server, socket) = serve_in(dir.path(), &engine);
         let mut client = NbdSync::connect(&socket, "t").unwrap();
         let size = engine.size_bytes() as usize;
         let mut rng = rand::rngs::StdRng::seed_from_u64(4);
@@ -1170,7 +1180,7 @@ fn large_reads_over_nbd_are_spliced_and_return_the_written_bytes() {
             client.write_at((i << 20) as u64, part).unwrap();
         }
         assert!(
-            engine.read_extents(0, 1 << 20).is_some(),
+            engine.read_extents(0, 1 << 20, ExtentUse::Splice).is_some(),
             "{level}: a healthy read is spliced"
         );
         let reads =
@@ -1209,7 +1219,9 @@ fn large_reads_over_nbd_are_spliced_and_return_the_written_bytes() {
                 let data: Vec<u8> = (0..4096).map(|_| rng.gen()).collect();
                 engine.write(at as u64, &data, false).unwrap();
                 image[at..at + 4096].copy_from_slice(&data);
-                let spliced = engine.read_extents(at as u64 - 4096, 128 << 10).is_some();
+                let spliced = engine
+                    .read_extents(at as u64 - 4096, 128 << 10, ExtentUse::Splice)
+                    .is_some();
                 if engine.cache.has_batches() {
                     busy += 1;
                     assert!(!spliced, "{level}: spliced over bytes in the stripe cache");
@@ -1244,21 +1256,179 @@ fn large_reads_over_nbd_are_spliced_and_return_the_written_bytes() {
                 })
             });
             assert!(engine
-                .read_extents(strip_of_1(half - 1), 64 << 10)
+                .read_extents(strip_of_1(half - 1), 64 << 10, ExtentUse::Splice)
                 .is_some());
             assert!(
-                engine.read_extents(strip_of_1(half), 64 << 10).is_none(),
+                engine
+                    .read_extents(strip_of_1(half), 64 << 10, ExtentUse::Splice)
+                    .is_none(),
                 "{level}: spliced from a member not rebuilt there"
             );
             engine.update_table(|t| t.by_role[1] = Some(entry));
             engine.manage_fail(&paths[1]).unwrap();
             assert!(
-                engine.read_extents(0, size).is_none(),
+                engine.read_extents(0, size, ExtentUse::Splice).is_none(),
                 "a missing member is not spliced"
             );
             reads(&mut client, &image, &mut rng, "degraded");
         }
         client.disconnect().unwrap();
+        server.shutdown();
+        engine.shutdown().unwrap();
+    }
+}
+
+/// Small reads take the NBD server's fast path (`export/nbd/fastpath.rs`):
+/// the backend maps them to member files (`ExtentUse::Read`) and the
+/// server reads them on its own io_uring, many in flight from one thread.
+/// Pipelined reads of every size up to the limit, across strips, must
+/// return the written bytes and be counted as fast; `fast_path off` must
+/// keep them off it; and when a member is cut short under the array (its
+/// reads come back short), each read that hit it must be read again
+/// through the engine: rebuilt from parity on raid6, an I/O error on
+/// raid0, never short or wrong bytes.
+#[test]
+fn small_reads_take_the_fast_path_and_fall_back_when_a_member_fails_them() {
+    use crate::bench::nbd_client;
+    for (level, layout, disks) in [
+        (Level::Raid0, None, 3),
+        (Level::Raid6, Some("left-symmetric"), 5),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = make_array(dir.path(), level, layout, disks, 64);
+        let engine =
+            Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+        let (server, socket) = serve_in(dir.path(), &engine);
+        let size = engine.size_bytes() as usize;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let image: Vec<u8> = (0..size).map(|_| rng.gen()).collect();
+        {
+            let mut client = nbd_client::NbdSync::connect(&socket, "t").unwrap();
+            for (i, part) in image.chunks(1 << 20).enumerate() {
+                client.write_at((i << 20) as u64, part).unwrap();
+            }
+            client.disconnect().unwrap();
+        }
+        // 200 reads in flight at once, then NBD_CMD_DISC: every one is
+        // answered before the server closes. Returns the cookies answered
+        // with an error; every other reply has the image's bytes.
+        let pipelined = |rng: &mut rand::rngs::StdRng| -> Vec<u64> {
+            let (mut sender, mut receiver, _) = nbd_client::connect(&socket, "t").unwrap();
+            let mut spans = Vec::new();
+            for cookie in 0..200u64 {
+                let len = rng.gen_range(1..=16) * 4096;
+                let at = rng.gen_range(0..=(size - len) / 4096) * 4096;
+                spans.push((at, len));
+                sender.send_read(cookie, at as u64, len as u32).unwrap();
+            }
+            sender.send_disconnect().unwrap();
+            let mut failed = Vec::new();
+            let mut seen = vec![false; spans.len()];
+            for _ in 0..spans.len() {
+                let reply = receiver.recv().unwrap();
+                let cookie = reply.cookie as usize;
+                assert!(
+                    !std::mem::replace(&mut seen[cookie], true),
+                    "answered twice"
+                );
+                if reply.error != 0 {
+                    failed.push(reply.cookie);
+                    continue;
+                }
+                let (at, len) = spans[cookie];
+                let mut back = vec![0u8; len];
+                receiver.recv_data(&mut back).unwrap();
+                assert!(back == image[at..at + len], "{level}: {len} bytes at {at}");
+            }
+            failed
+        };
+        let before = server.fast_reads();
+        assert!(
+            pipelined(&mut rng).is_empty(),
+            "{level}: a healthy read failed"
+        );
+        let fast = server.fast_reads() - before;
+        // Read-ahead may take a read that happens to follow another.
+        assert!(
+            fast >= 190,
+            "{level}: only {fast} of 200 reads took the fast path"
+        );
+        assert!(engine.read_extents(0, 4096, ExtentUse::Read).is_some());
+
+        engine.set_tunable("fast_path", "off").unwrap();
+        assert!(engine.read_extents(0, 4096, ExtentUse::Read).is_none());
+        let before = server.fast_reads();
+        assert!(pipelined(&mut rng).is_empty());
+        assert_eq!(
+            server.fast_reads(),
+            before,
+            "{level}: fast path taken while off"
+        );
+        engine.set_tunable("fast_path", "on").unwrap();
+
+        // Member 1 loses its data area (a file cut short under the array):
+        // its reads come back with nothing. The array is read in order, a
+        // strip at a time, so that each read of member 1 lies beyond what
+        // was written back before it: raid6 rewrites a strip it rebuilt
+        // (md's read-error correction), which extends the file, and a
+        // hole left below would read as zeroes, silently, as it would
+        // from any disk.
+        engine.set_tunable("read_ahead", "0").unwrap();
+        let data_offset = engine.table().entry(1).unwrap().slot.data_offset_bytes;
+        std::fs::File::options()
+            .write(true)
+            .open(&paths[1])
+            .unwrap()
+            .set_len(data_offset)
+            .unwrap();
+        let mut client = nbd_client::NbdSync::connect(&socket, "t").unwrap();
+        let strip = 64 << 10;
+        let before = server.fast_reads();
+        let mut failed = 0;
+        for at in (0..size).step_by(strip) {
+            let mut back = vec![0u8; strip];
+            match client.read_at(at as u64, &mut back) {
+                Ok(()) => assert!(back == image[at..at + strip], "{level}: strip at {at}"),
+                Err(_) => failed += 1,
+            }
+        }
+        client.disconnect().unwrap();
+        let strips = (size / strip) as u64;
+        let fast = server.fast_reads() - before;
+        let on_member_1 = (0..size)
+            .step_by(strip)
+            .filter(|&at| {
+                engine
+                    .geometry
+                    .locate(at as u64 / 512)
+                    .unwrap()
+                    .place
+                    .member
+                    == 1
+            })
+            .count();
+        assert!(on_member_1 > 0);
+        if level.has_parity() {
+            assert_eq!(
+                failed, 0,
+                "{level}: reads failed with parity to rebuild them"
+            );
+            // Member 1 stays (each bad strip was rewritten), so every read
+            // went fast and those of member 1 fell back.
+            assert_eq!(fast, strips, "{level}: reads taken fast");
+        } else {
+            assert_eq!(
+                failed, on_member_1,
+                "{level}: reads of the member cut short"
+            );
+            // raid0 gives up the member at its first error: one read of it
+            // went fast and fell back, the others went to the engine.
+            let healthy = strips - on_member_1 as u64;
+            assert!(
+                fast > healthy && fast <= strips,
+                "{level}: {fast} reads taken fast"
+            );
+        }
         server.shutdown();
         engine.shutdown().unwrap();
     }

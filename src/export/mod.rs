@@ -145,13 +145,26 @@ pub trait BlockBackend: Send + Sync {
     }
 
     /// Where the bytes of a read of `len` bytes at `offset` lie, in order,
-    /// when they can be sent straight from files' page caches (splice)
-    /// instead of being copied through `read`; `None` to use `read`.
-    /// The server falls back to `read` if splicing fails before the reply
-    /// starts. The default never splices.
-    fn read_extents(&self, _offset: u64, _len: usize) -> Option<Vec<FileExtent>> {
+    /// when the server may fetch them from files itself (`how`) instead of
+    /// calling `read`; `None` to use `read`. The server falls back to
+    /// `read` if fetching them fails before the reply starts, so a backend
+    /// that offers extents must give the same bytes from `read`. The
+    /// default never offers any.
+    fn read_extents(&self, _offset: u64, _len: usize, _how: ExtentUse) -> Option<Vec<FileExtent>> {
         None
     }
+}
+
+/// What a server will do with the extents of [`BlockBackend::read_extents`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExtentUse {
+    /// Splice them from the files' page caches to the socket, without a
+    /// copy: buffered files only (O_DIRECT bytes are not in the page cache).
+    Splice,
+    /// Read them asynchronously (io_uring) into memory aligned to
+    /// `member::ALIGN_BYTES`: any descriptor whose reads are plain
+    /// positional reads, each extent at most one member I/O long.
+    Read,
 }
 
 /// A run of bytes in a file, for [`BlockBackend::read_extents`].

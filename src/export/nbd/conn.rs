@@ -16,12 +16,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
+use super::fastpath::{self, Done, FastReads};
 use super::io::{ReadError, Sock, SockReader, SplicePipe};
 use super::proto::{
     self, Command, InfoRequest, NbdError, ProtoError, RequestHeader, TransmissionParams,
 };
 use super::server::Shared;
-use crate::export::ZeroFlags;
+use crate::export::{ExtentUse, ZeroFlags};
 
 /// Option data beyond this is not buffered: the option is refused with
 /// `NBD_REP_ERR_TOO_BIG` (its data discarded) or, beyond
@@ -362,12 +363,17 @@ impl Inflight {
     /// Waits for room for a request holding `bytes` of buffers. A request
     /// bigger than the byte budget is admitted when nothing else is in
     /// flight, so that it cannot wait forever. Only the worker holding the
-    /// reader calls it, so there is at most one waiter.
-    fn acquire(&self, bytes: u64) {
+    /// reader calls it, so there is at most one waiter. While there is no
+    /// room it calls `help` (which answers fast-path reads, that only this
+    /// worker can answer) for as long as that says it did something.
+    fn acquire(&self, bytes: u64, help: &mut dyn FnMut() -> bool) {
+        let full = |state: &InflightState| {
+            state.requests >= self.max_requests
+                || (state.requests > 0 && state.bytes + bytes > self.max_bytes)
+        };
+        while full(&self.state.lock().unwrap_or_else(|e| e.into_inner())) && help() {}
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        while state.requests >= self.max_requests
-            || (state.requests > 0 && state.bytes + bytes > self.max_bytes)
-        {
+        while full(&state) {
             state.waiting = true;
             state = self.cond.wait(state).unwrap_or_else(|e| e.into_inner());
         }
@@ -450,6 +456,8 @@ fn transmission(
     let reader = Mutex::new(Reader {
         reader,
         ended: false,
+        fast: None,
+        fast_refused: false,
     });
     std::thread::scope(|scope| {
         let mut workers = Vec::new();
@@ -479,6 +487,20 @@ struct Reader<'a> {
     reader: SockReader<'a>,
     /// The connection has ended: workers finish what they hold and exit.
     ended: bool,
+    /// The fast path's ring and the reads in flight on it, made at the
+    /// first read that can take it.
+    fast: Option<FastReads>,
+    /// No ring could be made: reads take the workers' path.
+    fast_refused: bool,
+}
+
+/// What `read_request` asks of the fast path before it may wait.
+enum BeforeWait {
+    /// Hand queued reads to the kernel (before waiting for the client).
+    Submit,
+    /// There is no room for the request: answer finished reads, waiting
+    /// for one; says whether there was any in flight.
+    Help,
 }
 
 /// Reads the next request: `Ok(Some(job))` to serve, `Ok(None)` when it was
@@ -488,6 +510,7 @@ fn read_request(
     conn: &Conn,
     reader: &mut SockReader,
     payload: &mut AlignedBuf,
+    before_wait: &mut dyn FnMut(BeforeWait) -> bool,
 ) -> Result<Option<Job>, End> {
     let io_timeout = conn.shared.options.io_timeout;
     let mut header = [0u8; proto::REQUEST_HEADER_LEN];
@@ -548,9 +571,13 @@ fn read_request(
         _ => 0,
     };
     // Wait for room before allocating: this is what bounds memory.
-    conn.inflight.acquire(cost);
+    conn.inflight
+        .acquire(cost, &mut || before_wait(BeforeWait::Help));
     let payload_len = payload_len as usize;
     if payload_len > 0 {
+        if reader.buffered() < payload_len {
+            before_wait(BeforeWait::Submit);
+        }
         if payload.len() < payload_len {
             *payload = AlignedBuf::zeroed(payload_len);
         }
@@ -645,23 +672,78 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
         refused_from: usize::MAX,
     };
     loop {
-        // The reader is held only to read one request; serving runs unlocked.
+        // The reader is held only to read requests; serving runs unlocked.
+        // Reads that take the fast path are started and left in flight, and
+        // the worker goes on reading: it leaves with the first request it
+        // serves itself.
         let job = {
-            let mut r = reader.lock().unwrap_or_else(|e| e.into_inner());
-            if r.ended {
-                return;
-            }
-            match read_request(conn, &mut r.reader, &mut payload) {
-                Ok(Some(job)) => job,
-                Ok(None) => continue,
-                Err(end) => {
-                    r.ended = true;
-                    if let End::Abort = end {
-                        // Replies to requests still in flight cannot be
-                        // trusted to arrive; closing now tells the client.
-                        conn.sock.shutdown();
-                    }
+            let mut guard = reader.lock().unwrap_or_else(|e| e.into_inner());
+            let Reader {
+                reader: sock_reader,
+                ended,
+                fast,
+                fast_refused,
+            } = &mut *guard;
+            loop {
+                if *ended {
                     return;
+                }
+                if let Some(f) = fast.as_mut() {
+                    conn.answer_fast(f, false);
+                    // Queued reads go to the kernel before the worker may
+                    // wait for the client, and while it waits it also
+                    // watches for reads that finish.
+                    if sock_reader.buffered() < proto::REQUEST_HEADER_LEN {
+                        f.submit();
+                        if f.busy() {
+                            match sock_reader.wait_readable(f.fd()) {
+                                Ok(true) => {}
+                                Ok(false) => continue,
+                                // poll itself failed: the socket's read
+                                // will report the trouble.
+                                Err(_) => {}
+                            }
+                        }
+                    }
+                }
+                let mut before_wait = |what: BeforeWait| match (fast.as_mut(), what) {
+                    (Some(f), BeforeWait::Submit) => {
+                        f.submit();
+                        true
+                    }
+                    (Some(f), BeforeWait::Help) if f.busy() => {
+                        conn.answer_fast(f, true);
+                        true
+                    }
+                    _ => false,
+                };
+                match read_request(conn, sock_reader, &mut payload, &mut before_wait) {
+                    Ok(Some(job)) => match conn.start_fast(fast, fast_refused, job) {
+                        None => continue,
+                        Some(job) => {
+                            if let Some(f) = fast.as_mut() {
+                                f.submit();
+                            }
+                            break job;
+                        }
+                    },
+                    Ok(None) => continue,
+                    Err(end) => {
+                        *ended = true;
+                        if let End::Abort = end {
+                            // Replies to requests still in flight cannot be
+                            // trusted to arrive; closing now tells the client.
+                            conn.sock.shutdown();
+                        }
+                        // Reads in flight are answered (or, after an abort,
+                        // just finished) before the connection's end.
+                        if let Some(f) = fast.as_mut() {
+                            while f.busy() {
+                                conn.answer_fast(f, true);
+                            }
+                        }
+                        return;
+                    }
                 }
             }
         };
@@ -785,6 +867,118 @@ impl Conn {
         }
     }
 
+    /// Starts a read on the fast path when it can take it: a read of at
+    /// most `fastpath::READ_MAX` that the backend maps to at most
+    /// `fastpath::EXTENTS_MAX` file extents. Else gives the job back.
+    fn start_fast(
+        &self,
+        fast: &mut Option<FastReads>,
+        refused: &mut bool,
+        job: Job,
+    ) -> Option<Job> {
+        let Command::Read { offset, length } = job.command else {
+            return Some(job);
+        };
+        let len = length as usize;
+        if len == 0 || len > fastpath::READ_MAX || *refused {
+            return Some(job);
+        }
+        let backend = &*self.shared.backend;
+        let Ok(Some(extents)) = catch_unwind(AssertUnwindSafe(|| {
+            backend.read_extents(offset, len, ExtentUse::Read)
+        })) else {
+            return Some(job);
+        };
+        if extents.is_empty() || extents.len() > fastpath::EXTENTS_MAX {
+            return Some(job);
+        }
+        if fast.is_none() {
+            match FastReads::new() {
+                Ok(f) => *fast = Some(f),
+                Err(e) => {
+                    self.log.line(format_args!(
+                        "no io_uring for the fast path ({e}); reads take the workers' path"
+                    ));
+                    *refused = true;
+                    return Some(job);
+                }
+            }
+        }
+        let f = fast.as_mut().expect("made above");
+        while !f.has_room(extents.len()) {
+            self.answer_fast(f, true);
+        }
+        f.start(job.cookie, offset, len, job.cost, extents);
+        self.shared
+            .fast_reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        None
+    }
+
+    /// Answers the fast path's reads that have finished, waiting for one
+    /// with `wait`: their replies go out in one send. A read that failed is
+    /// read again through the backend (whose read handles a failing
+    /// member), here, before the others are answered.
+    fn answer_fast(&self, fast: &mut FastReads, wait: bool) {
+        let mut done = fast.reap(wait);
+        if done.is_empty() {
+            return;
+        }
+        let backend = &*self.shared.backend;
+        let mut heads = Vec::with_capacity(done.len());
+        let mut errors = Vec::new();
+        for d in &mut done {
+            let Done {
+                offset, len, buf, ..
+            } = d;
+            if d.failed {
+                let again =
+                    catch_unwind(AssertUnwindSafe(|| backend.read(*offset, &mut buf[..*len])))
+                        .unwrap_or_else(|_| {
+                            Err(std::io::Error::other(
+                                "internal error in the storage backend",
+                            ))
+                        });
+                if let Err(e) = again {
+                    errors.push((d.cookie, e));
+                    heads.push(None);
+                    continue;
+                }
+            }
+            match self.read_reply_head(d.cookie, d.offset, d.len) {
+                Ok(head) => heads.push(Some(head)),
+                Err(e) => {
+                    errors.push((
+                        d.cookie,
+                        std::io::Error::other(format!("cannot encode reply: {e}")),
+                    ));
+                    heads.push(None);
+                }
+            }
+        }
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * done.len());
+        for (d, head) in done.iter().zip(&heads) {
+            if let Some(head) = head {
+                parts.push(head);
+                parts.push(&d.buf[..d.len]);
+            }
+        }
+        if !parts.is_empty() {
+            self.send(&parts);
+        }
+        for (cookie, e) in errors {
+            self.reply_error_raw(
+                cookie,
+                NbdError::from_io_error(&e),
+                &format!("read failed: {e}"),
+            );
+        }
+        for d in done {
+            self.inflight.release(d.cost);
+            fast.recycle(d.buf);
+        }
+    }
+
     /// Answers a read by splicing its bytes from the backend's files (page
     /// references from their page cache to the socket, no copy in this
     /// process) when the backend says where they lie; says whether it did.
@@ -797,9 +991,9 @@ impl Conn {
         }
         let pipe = &mut staging.pipe;
         let backend = &*self.shared.backend;
-        let Ok(Some(extents)) =
-            catch_unwind(AssertUnwindSafe(|| backend.read_extents(offset, length)))
-        else {
+        let Ok(Some(extents)) = catch_unwind(AssertUnwindSafe(|| {
+            backend.read_extents(offset, length, ExtentUse::Splice)
+        })) else {
             return false;
         };
         if pipe.as_ref().is_none_or(|p| p.capacity() < length) {

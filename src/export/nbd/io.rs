@@ -428,6 +428,37 @@ impl<'a> SockReader<'a> {
         Ok(())
     }
 
+    /// Bytes received and not yet read.
+    pub(crate) fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Waits until the socket has something to read (data, its end, or an
+    /// error), the server stops, or `other` is readable; says whether it
+    /// was one of the first two, after which a read will not wait. With
+    /// bytes already buffered it returns at once.
+    pub(crate) fn wait_readable(&self, other: RawFd) -> io::Result<bool> {
+        if self.buffered() > 0 {
+            return Ok(true);
+        }
+        let mut fds = [self.sock.raw(), self.wake, other].map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        loop {
+            // SAFETY: fds is a valid array of three pollfd.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, -1) };
+            if n >= 0 {
+                return Ok(fds[0].revents != 0 || fds[1].revents != 0);
+            }
+            let err = io::Error::last_os_error();
+            if err.kind() != io::ErrorKind::Interrupted {
+                return Err(err);
+            }
+        }
+    }
+
     /// Reads and throws away `len` bytes (the data of an option the server
     /// refuses), without allocating for it.
     pub(crate) fn discard(

@@ -37,6 +37,7 @@
 //! [`BlockBackend`]: crate::export::BlockBackend
 
 mod conn;
+mod fastpath;
 mod io;
 mod listen;
 pub mod proto;

@@ -119,6 +119,8 @@ pub(crate) struct Shared {
     wake_r: OwnedFd,
     wake_w: OwnedFd,
     live_connections: AtomicUsize,
+    /// Reads answered by the fast path (see `fastpath`), since start.
+    pub(crate) fast_reads: AtomicU64,
 }
 
 impl Shared {
@@ -187,6 +189,14 @@ impl ServerHandle {
     /// Connections currently open (in handshake or transmission).
     pub fn connections(&self) -> usize {
         self.shared.live_connections.load(Ordering::Acquire)
+    }
+
+    /// Reads served by the fast path since the server started: started on
+    /// a connection's io_uring by the worker that read them, answered
+    /// without a worker of their own (those that had to be read again
+    /// through the backend are counted too).
+    pub fn fast_reads(&self) -> u64 {
+        self.shared.fast_reads.load(Ordering::Relaxed)
     }
 
     /// Blocks until the server has been stopped (by a [`Stopper`]) and has
@@ -303,6 +313,7 @@ pub fn serve(
         wake_r,
         wake_w,
         live_connections: AtomicUsize::new(0),
+        fast_reads: AtomicU64::new(0),
     });
     let accept_shared = shared.clone();
     let accept_thread = std::thread::Builder::new()

@@ -13,7 +13,7 @@ use super::members::{member_error, member_of, MemberTable};
 use super::paritycache::Which;
 use super::Engine;
 use crate::export::{ExtentUse, FileExtent};
-use crate::geometry::{Place, StripeMap};
+use crate::geometry::{Located, Place, StripeMap};
 use crate::member::{batch, AlignedBuf, IoOp, MemberRef};
 use crate::parity;
 use crate::units::SECTOR_BYTES;
@@ -273,7 +273,7 @@ impl Engine {
         let mut extents: Vec<FileExtent> = Vec::new();
         let mut at = offset;
         while at < end {
-            let located = self.geometry.locate(at / SECTOR_BYTES)?;
+            let located = self.locate_for_read(&table, at / SECTOR_BYTES)?;
             let strip_bytes = located.strip_sectors * SECTOR_BYTES;
             let in_strip = located.in_strip_sectors * SECTOR_BYTES + at % SECTOR_BYTES;
             let n = (strip_bytes - in_strip).min(end - at);
@@ -311,7 +311,11 @@ impl Engine {
                             fd,
                             offset: member_at + piece_at,
                             len: piece as usize,
-                            owner: Box::new(slot.member.clone()),
+                            owner: Box::new(PendingRead::new(
+                                &self.pending_reads,
+                                place.member,
+                                slot.member.clone(),
+                            )),
                         });
                         piece_at += piece;
                     }
@@ -330,6 +334,30 @@ impl Engine {
         }
         debug_assert_eq!(extents.iter().map(|e| e.len).sum::<usize>(), len);
         Some(extents)
+    }
+
+    /// The strip that holds `array_sector` and the member to read it from:
+    /// for a mirror, the usable copy with the fewest reads in flight
+    /// (`pick_copy`). `None` when no copy is usable.
+    fn locate_for_read(&self, table: &MemberTable, array_sector: u64) -> Option<Located> {
+        if let Some(located) = self.geometry.locate(array_sector) {
+            return Some(located);
+        }
+        // Mirrors: raid1's extent or raid10's chunk is one data strip
+        // with its copies, so the stripe map is small.
+        let stripe = self.geometry.stripe_of(array_sector);
+        let map = self.geometry.stripe(stripe);
+        let within = array_sector - map.array_sector;
+        let data_index = (within / map.strip_sectors) as usize;
+        let copies = &map.data.get(data_index)?.copies;
+        let place = self.pick_copy(copies, |c| table.usable(c.member, stripe))?;
+        Some(Located {
+            stripe,
+            data_index,
+            place: *place,
+            strip_sectors: map.strip_sectors,
+            in_strip_sectors: within % map.strip_sectors,
+        })
     }
 
     /// The largest I/O sent to a member (max_sectors_kb). It is a whole
@@ -674,7 +702,17 @@ impl View<'_> {
                 None => missing.push(i),
             }
         }
-        self.read_places(&mut reads)?;
+        // Counted in flight while they run, so that reads choosing among a
+        // mirror's copies meanwhile go elsewhere.
+        let pending = &self.engine.pending_reads;
+        for (copy, _, _) in &reads {
+            pending[copy.member].fetch_add(1, Ordering::Relaxed);
+        }
+        let result = self.read_places(&mut reads);
+        for (copy, _, _) in &reads {
+            pending[copy.member].fetch_sub(1, Ordering::Relaxed);
+        }
+        result?;
         drop(reads);
         if missing.is_empty() {
             return Ok(());
@@ -1140,4 +1178,31 @@ fn first_errors(
 
 fn lost_error(map: &StripeMap, what: &str) -> io::Error {
     lost(format!("stripe {}: {what}", map.stripe))
+}
+
+/// A read handed to a server (an extent of `read_extents`), counted in
+/// flight on its member until the server is done with it, so that mirror
+/// reads chosen meanwhile go to other copies. It keeps the member, and so
+/// its descriptor, open.
+struct PendingRead {
+    pending: Arc<[std::sync::atomic::AtomicU32]>,
+    role: usize,
+    _member: MemberRef,
+}
+
+impl PendingRead {
+    fn new(pending: &Arc<[std::sync::atomic::AtomicU32]>, role: usize, member: MemberRef) -> Self {
+        pending[role].fetch_add(1, Ordering::Relaxed);
+        PendingRead {
+            pending: pending.clone(),
+            role,
+            _member: member,
+        }
+    }
+}
+
+impl Drop for PendingRead {
+    fn drop(&mut self) {
+        self.pending[self.role].fetch_sub(1, Ordering::Relaxed);
+    }
 }

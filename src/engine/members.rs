@@ -133,14 +133,20 @@ impl Engine {
         self.geometry.survives(&missing)
     }
 
-    /// The copy to read from. The first usable one, for now; read balancing
-    /// over mirrors belongs to the performance work.
+    /// The copy to read from, among those `usable`.
     pub(super) fn pick_copy<'p>(
         &self,
         copies: &'p [Place],
         usable: impl Fn(&Place) -> bool,
     ) -> Option<&'p Place> {
-        copies.iter().find(|c| usable(c))
+        // The copy whose member has the fewest reads in flight, the first
+        // of equals (md's read_balance for disks that do not seek): random
+        // reads spread over every mirror, while a lone reader stays on the
+        // first copy, where its stream is sequential.
+        copies
+            .iter()
+            .filter(|c| usable(c))
+            .min_by_key(|c| self.pending_reads[c.member].load(Ordering::Relaxed))
     }
 
     /// Marks the member in `role` faulty: it leaves the table, its

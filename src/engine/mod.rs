@@ -76,6 +76,9 @@ pub struct Engine {
     corrected_reads: AtomicU64,
     /// Foreground requests served: the background job yields while it moves.
     foreground_ios: AtomicU64,
+    /// Reads in flight on each role, for choosing among a mirror's copies
+    /// (`MemberTable::pick_copy`).
+    pending_reads: Arc<[std::sync::atomic::AtomicU32]>,
     /// md's mismatch_cnt: what the last check, repair or resync found.
     last_mismatch_sectors: AtomicU64,
     /// The engine itself, for work started from a request (a hot spare
@@ -178,6 +181,7 @@ impl Engine {
             data_strips: first.data.len(),
         };
         let block_bytes = table.block_bytes();
+        let geometry_roles = geometry.raid_disks();
         let engine = Arc::new(Engine {
             geometry,
             members: RwLock::new(Arc::new(table)),
@@ -189,6 +193,9 @@ impl Engine {
             events: EventLog::default(),
             corrected_reads: AtomicU64::new(0),
             foreground_ios: AtomicU64::new(0),
+            pending_reads: (0..geometry_roles)
+                .map(|_| std::sync::atomic::AtomicU32::new(0))
+                .collect(),
             last_mismatch_sectors: AtomicU64::new(0),
             me: OnceLock::new(),
             injectors: Mutex::new(Vec::new()),

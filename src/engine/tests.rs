@@ -710,7 +710,7 @@ fn faulty_array(
     let options = CreateOptions {
         level,
         raid_disks: disks as u32,
-        chunk_bytes: Some(8 << 10),
+        chunk_bytes: (level != Level::Raid1).then_some(8 << 10),
         layout: None,
         metadata: Metadata::V1_2,
         assume_clean: false,
@@ -749,6 +749,85 @@ fn crash(engine: Arc<Engine>) {
             "the engine outlives its drop"
         );
         std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Reads of a mirror go to the copy whose member has the fewest reads in
+/// flight: concurrent random reads spread over every copy, a lone reader
+/// stays on one member, and a missing copy is never chosen.
+#[test]
+fn mirror_reads_spread_over_the_copies_and_a_lone_reader_stays_on_one() {
+    for (level, disks) in [(Level::Raid1, 2), (Level::Raid10, 4)] {
+        let (array, wrappers) = faulty_array(level, disks, 0);
+        let engine = Engine::start(array, EngineOptions::default()).unwrap();
+        // No read-ahead or read cache: every read goes to a member.
+        engine.set_tunable("read_ahead", "0").unwrap();
+        let image = hammer(&engine, 2, 40, 3);
+        let reads = || -> Vec<u64> { wrappers.iter().map(|w| w.counters().reads).collect() };
+        let size = engine.size_bytes();
+        // Reads that take a while, so that concurrent ones overlap.
+        for w in &wrappers {
+            w.apply_str("latency:2ms").unwrap();
+        }
+        let check = |at: u64, buf: &[u8]| {
+            assert!(
+                buf == &image[at as usize..at as usize + buf.len()],
+                "{level}: bytes at {at}"
+            );
+        };
+
+        let before = reads();
+        let mut buf = vec![0u8; 4096];
+        for k in 0..20u64 {
+            let at = k * 4096;
+            engine.read(at, &mut buf).unwrap();
+            check(at, &buf);
+        }
+        let lone: Vec<u64> = reads().iter().zip(&before).map(|(a, b)| a - b).collect();
+        assert_eq!(lone.iter().sum::<u64>(), 20, "{level}: {lone:?}");
+        // raid1's two copies of everything, or raid10 near-2's pairs of
+        // members that hold the same chunks: one of each pair serves it.
+        for pair in lone.chunks(2) {
+            assert!(pair.contains(&0), "{level}: a lone reader moved: {lone:?}");
+        }
+
+        let before = reads();
+        std::thread::scope(|scope| {
+            for t in 0..8u64 {
+                let (engine, check) = (&engine, &check);
+                scope.spawn(move || {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(t);
+                    let mut buf = vec![0u8; 4096];
+                    for _ in 0..25 {
+                        let at = rng.gen_range(0..size / 4096) * 4096;
+                        engine.read(at, &mut buf).unwrap();
+                        check(at, &buf);
+                    }
+                });
+            }
+        });
+        let spread: Vec<u64> = reads().iter().zip(&before).map(|(a, b)| a - b).collect();
+        assert_eq!(spread.iter().sum::<u64>(), 200, "{level}: {spread:?}");
+        // Each pair shares the reads of what it holds.
+        for pair in spread.chunks(2) {
+            let (low, total) = (pair[0].min(pair[1]), pair[0] + pair[1]);
+            assert!(
+                low * 4 >= total,
+                "{level}: reads not spread over copies: {spread:?}"
+            );
+        }
+
+        // With member 0 gone, its partner serves everything.
+        wrappers[0].pull();
+        engine.fail_member(0, "pulled by the test");
+        let before = reads();
+        for k in 0..20u64 {
+            let at = k * 8192;
+            engine.read(at, &mut buf).unwrap();
+            check(at, &buf);
+        }
+        assert_eq!(reads()[0], before[0], "{level}: a missing copy was read");
+        engine.shutdown().unwrap();
     }
 }
 
@@ -1285,14 +1364,16 @@ fn large_reads_over_nbd_are_spliced_and_return_the_written_bytes() {
 /// return the written bytes and be counted as fast; `fast_path off` must
 /// keep them off it; and when a member is cut short under the array (its
 /// reads come back short), each read that hit it must be read again
-/// through the engine: rebuilt from parity on raid6, an I/O error on
-/// raid0, never short or wrong bytes.
+/// through the engine: rebuilt from redundancy on raid6 and raid10, an
+/// I/O error on raid0, never short or wrong bytes. A mirror's reads
+/// choose among its copies, and count as in flight until answered.
 #[test]
 fn small_reads_take_the_fast_path_and_fall_back_when_a_member_fails_them() {
     use crate::bench::nbd_client;
     for (level, layout, disks) in [
         (Level::Raid0, None, 3),
         (Level::Raid6, Some("left-symmetric"), 5),
+        (Level::Raid10, Some("n2"), 4),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let paths = make_array(dir.path(), level, layout, disks, 64);
@@ -1354,6 +1435,16 @@ fn small_reads_take_the_fast_path_and_fall_back_when_a_member_fails_them() {
             "{level}: only {fast} of 200 reads took the fast path"
         );
         assert!(engine.read_extents(0, 4096, ExtentUse::Read).is_some());
+        // Every read handed out was counted back in when it was answered.
+        let pending: Vec<u32> = engine
+            .pending_reads
+            .iter()
+            .map(|p| p.load(Ordering::Relaxed))
+            .collect();
+        assert!(
+            pending.iter().all(|&p| p == 0),
+            "{level}: reads left pending {pending:?}"
+        );
 
         engine.set_tunable("fast_path", "off").unwrap();
         assert!(engine.read_extents(0, 4096, ExtentUse::Read).is_none());
@@ -1366,23 +1457,36 @@ fn small_reads_take_the_fast_path_and_fall_back_when_a_member_fails_them() {
         );
         engine.set_tunable("fast_path", "on").unwrap();
 
-        // Member 1 loses its data area (a file cut short under the array):
-        // its reads come back with nothing. The array is read in order, a
-        // strip at a time, so that each read of member 1 lies beyond what
-        // was written back before it: raid6 rewrites a strip it rebuilt
-        // (md's read-error correction), which extends the file, and a
-        // hole left below would read as zeroes, silently, as it would
-        // from any disk.
+        // The victim loses its data area (a file cut short under the
+        // array): its reads come back with nothing. The array is read in
+        // order, a strip at a time, so that each read of the victim lies
+        // beyond what was written back before it: raid6 and raid10
+        // rewrite a strip they rebuilt (md's read-error correction), which
+        // extends the file, and a hole left below would read as zeroes,
+        // silently, as it would from any disk. A lone reader of a mirror
+        // reads the first copy, so there the victim is member 0.
+        let victim = if level == Level::Raid10 { 0 } else { 1 };
+        let first_copy = |at: usize| {
+            let sector = at as u64 / 512;
+            let map = engine.geometry.stripe(engine.geometry.stripe_of(sector));
+            let i = ((sector - map.array_sector) / map.strip_sectors) as usize;
+            map.data[i].copies[0].member
+        };
+        let strip = 64 << 10;
+        let on_victim = (0..size)
+            .step_by(strip)
+            .filter(|&at| first_copy(at) == victim)
+            .count();
+        assert!(on_victim > 0);
         engine.set_tunable("read_ahead", "0").unwrap();
-        let data_offset = engine.table().entry(1).unwrap().slot.data_offset_bytes;
+        let data_offset = engine.table().entry(victim).unwrap().slot.data_offset_bytes;
         std::fs::File::options()
             .write(true)
-            .open(&paths[1])
+            .open(&paths[victim])
             .unwrap()
             .set_len(data_offset)
             .unwrap();
         let mut client = nbd_client::NbdSync::connect(&socket, "t").unwrap();
-        let strip = 64 << 10;
         let before = server.fast_reads();
         let mut failed = 0;
         for at in (0..size).step_by(strip) {
@@ -1395,39 +1499,23 @@ fn small_reads_take_the_fast_path_and_fall_back_when_a_member_fails_them() {
         client.disconnect().unwrap();
         let strips = (size / strip) as u64;
         let fast = server.fast_reads() - before;
-        let on_member_1 = (0..size)
-            .step_by(strip)
-            .filter(|&at| {
-                engine
-                    .geometry
-                    .locate(at as u64 / 512)
-                    .unwrap()
-                    .place
-                    .member
-                    == 1
-            })
-            .count();
-        assert!(on_member_1 > 0);
-        if level.has_parity() {
-            assert_eq!(
-                failed, 0,
-                "{level}: reads failed with parity to rebuild them"
-            );
-            // Member 1 stays (each bad strip was rewritten), so every read
-            // went fast and those of member 1 fell back.
-            assert_eq!(fast, strips, "{level}: reads taken fast");
-        } else {
-            assert_eq!(
-                failed, on_member_1,
-                "{level}: reads of the member cut short"
-            );
+        if level == Level::Raid0 {
+            assert_eq!(failed, on_victim, "{level}: reads of the member cut short");
             // raid0 gives up the member at its first error: one read of it
             // went fast and fell back, the others went to the engine.
-            let healthy = strips - on_member_1 as u64;
+            let healthy = strips - on_victim as u64;
             assert!(
                 fast > healthy && fast <= strips,
                 "{level}: {fast} reads taken fast"
             );
+        } else {
+            assert_eq!(
+                failed, 0,
+                "{level}: reads failed with redundancy to serve them"
+            );
+            // Every read went fast (a mirror's other copy is as good), and
+            // those of the victim fell back.
+            assert_eq!(fast, strips, "{level}: reads taken fast");
         }
         server.shutdown();
         engine.shutdown().unwrap();

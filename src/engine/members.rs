@@ -36,6 +36,17 @@ pub struct MemberTable {
 }
 
 impl MemberTable {
+    /// Whether every member's bytes are in memory (`Member::in_memory`).
+    pub fn in_memory(&self) -> bool {
+        let mut entries = self
+            .by_role
+            .iter()
+            .chain(&self.replacing)
+            .flatten()
+            .peekable();
+        entries.peek().is_some() && entries.all(|e| e.slot.member.in_memory())
+    }
+
     /// The largest logical block of any member, replacements included:
     /// what every request must be aligned to (512 with none).
     pub fn block_bytes(&self) -> u32 {
@@ -123,6 +134,7 @@ impl Engine {
         // new one may still be in flight, and a smaller one later is fine.
         self.block_bytes
             .fetch_max(table.block_bytes(), Ordering::SeqCst);
+        self.in_memory.store(table.in_memory(), Ordering::SeqCst);
         *members = Arc::new(table);
         result
     }

@@ -108,6 +108,8 @@ pub struct Engine {
     parity_cache: paritycache::ParityCache,
     /// The members' largest logical block (see `check_aligned`).
     block_bytes: std::sync::atomic::AtomicU32,
+    /// Every member's bytes are in memory (`MemberTable::in_memory`).
+    in_memory: std::sync::atomic::AtomicBool,
 }
 
 impl Engine {
@@ -181,6 +183,7 @@ impl Engine {
             data_strips: first.data.len(),
         };
         let block_bytes = table.block_bytes();
+        let in_memory = table.in_memory();
         let geometry_roles = geometry.raid_disks();
         let engine = Arc::new(Engine {
             geometry,
@@ -213,6 +216,7 @@ impl Engine {
             reads: readcache::ReadCache::new(),
             row,
             block_bytes: std::sync::atomic::AtomicU32::new(block_bytes),
+            in_memory: std::sync::atomic::AtomicBool::new(in_memory),
             parity_cache: paritycache::ParityCache::new(),
         });
         if !options.read_only {
@@ -747,6 +751,10 @@ impl BlockBackend for Engine {
 
     fn read_only(&self) -> bool {
         self.read_only
+    }
+
+    fn reads_from_memory(&self) -> bool {
+        self.in_memory.load(Ordering::Relaxed)
     }
 
     fn multi_conn_safe(&self) -> bool {

@@ -1232,8 +1232,11 @@ fn serve_in(
 /// NBD they must return the written bytes across strips and stripes and
 /// at odd sector offsets, and fall back to the copying path, still right,
 /// with bytes pending in the stripe cache and with a member missing.
+/// Smaller reads of members in memory are served inline by the worker
+/// that read them (`BlockBackend::reads_from_memory`), healthy and
+/// degraded.
 #[test]
-fn large_reads_over_nbd_are_spliced_and_return_the_written_bytes() {
+fn reads_of_members_in_memory_are_spliced_or_served_inline_over_nbd() {
     use crate::bench::nbd_client::NbdSync;
     for (level, layout, disks) in [
         (Level::Raid0, None, 3),
@@ -1286,6 +1289,16 @@ fn large_reads_over_nbd_are_spliced_and_return_the_written_bytes() {
                 }
             };
         reads(&mut client, &image, &mut rng, "healthy");
+        // Small reads of members in memory are served inline, by the
+        // worker that read them.
+        assert!(engine.reads_from_memory(), "{level}: members in /dev/shm");
+        let before = server.inline_reads();
+        assert!(pipelined_reads(&socket, &image, &mut rng).is_empty());
+        let inline = server.inline_reads() - before;
+        assert!(
+            inline >= 190,
+            "{level}: only {inline} of 200 small reads inline"
+        );
         if level.has_parity() {
             // A write-back write stays in the stripe cache for a while: a
             // read over it must see it, so it is not spliced from the
@@ -1350,11 +1363,59 @@ fn large_reads_over_nbd_are_spliced_and_return_the_written_bytes() {
                 "a missing member is not spliced"
             );
             reads(&mut client, &image, &mut rng, "degraded");
+            // Rebuilt from parity, still inline.
+            let before = server.inline_reads();
+            assert!(pipelined_reads(&socket, &image, &mut rng).is_empty());
+            assert!(
+                server.inline_reads() - before >= 190,
+                "{level}: degraded inline"
+            );
         }
         client.disconnect().unwrap();
         server.shutdown();
         engine.shutdown().unwrap();
     }
+}
+
+/// Sends 200 reads of 4..64 KiB at random 4 KiB-aligned offsets over one
+/// connection at once, then NBD_CMD_DISC: every one must be answered
+/// before the server closes, each once. Returns the cookies answered with
+/// an error; every other reply must hold `image`'s bytes.
+fn pipelined_reads(
+    socket: &std::path::Path,
+    image: &[u8],
+    rng: &mut rand::rngs::StdRng,
+) -> Vec<u64> {
+    use crate::bench::nbd_client;
+    let size = image.len();
+    let (mut sender, mut receiver, _) = nbd_client::connect(socket, "t").unwrap();
+    let mut spans = Vec::new();
+    for cookie in 0..200u64 {
+        let len = rng.gen_range(1..=16) * 4096;
+        let at = rng.gen_range(0..=(size - len) / 4096) * 4096;
+        spans.push((at, len));
+        sender.send_read(cookie, at as u64, len as u32).unwrap();
+    }
+    sender.send_disconnect().unwrap();
+    let mut failed = Vec::new();
+    let mut seen = vec![false; spans.len()];
+    for _ in 0..spans.len() {
+        let reply = receiver.recv().unwrap();
+        let cookie = reply.cookie as usize;
+        assert!(
+            !std::mem::replace(&mut seen[cookie], true),
+            "answered twice"
+        );
+        if reply.error != 0 {
+            failed.push(reply.cookie);
+            continue;
+        }
+        let (at, len) = spans[cookie];
+        let mut back = vec![0u8; len];
+        receiver.recv_data(&mut back).unwrap();
+        assert!(back == image[at..at + len], "{len} bytes at {at}");
+    }
+    failed
 }
 
 /// Small reads take the NBD server's fast path (`export/nbd/fastpath.rs`):
@@ -1375,7 +1436,8 @@ fn small_reads_take_the_fast_path_and_fall_back_when_a_member_fails_them() {
         (Level::Raid6, Some("left-symmetric"), 5),
         (Level::Raid10, Some("n2"), 4),
     ] {
-        let dir = tempfile::tempdir().unwrap();
+        // On a disk (members in memory are served inline instead).
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
         let paths = make_array(dir.path(), level, layout, disks, 64);
         let engine =
             Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
@@ -1390,42 +1452,9 @@ fn small_reads_take_the_fast_path_and_fall_back_when_a_member_fails_them() {
             }
             client.disconnect().unwrap();
         }
-        // 200 reads in flight at once, then NBD_CMD_DISC: every one is
-        // answered before the server closes. Returns the cookies answered
-        // with an error; every other reply has the image's bytes.
-        let pipelined = |rng: &mut rand::rngs::StdRng| -> Vec<u64> {
-            let (mut sender, mut receiver, _) = nbd_client::connect(&socket, "t").unwrap();
-            let mut spans = Vec::new();
-            for cookie in 0..200u64 {
-                let len = rng.gen_range(1..=16) * 4096;
-                let at = rng.gen_range(0..=(size - len) / 4096) * 4096;
-                spans.push((at, len));
-                sender.send_read(cookie, at as u64, len as u32).unwrap();
-            }
-            sender.send_disconnect().unwrap();
-            let mut failed = Vec::new();
-            let mut seen = vec![false; spans.len()];
-            for _ in 0..spans.len() {
-                let reply = receiver.recv().unwrap();
-                let cookie = reply.cookie as usize;
-                assert!(
-                    !std::mem::replace(&mut seen[cookie], true),
-                    "answered twice"
-                );
-                if reply.error != 0 {
-                    failed.push(reply.cookie);
-                    continue;
-                }
-                let (at, len) = spans[cookie];
-                let mut back = vec![0u8; len];
-                receiver.recv_data(&mut back).unwrap();
-                assert!(back == image[at..at + len], "{level}: {len} bytes at {at}");
-            }
-            failed
-        };
         let before = server.fast_reads();
         assert!(
-            pipelined(&mut rng).is_empty(),
+            pipelined_reads(&socket, &image, &mut rng).is_empty(),
             "{level}: a healthy read failed"
         );
         let fast = server.fast_reads() - before;
@@ -1449,7 +1478,7 @@ fn small_reads_take_the_fast_path_and_fall_back_when_a_member_fails_them() {
         engine.set_tunable("fast_path", "off").unwrap();
         assert!(engine.read_extents(0, 4096, ExtentUse::Read).is_none());
         let before = server.fast_reads();
-        assert!(pipelined(&mut rng).is_empty());
+        assert!(pipelined_reads(&socket, &image, &mut rng).is_empty());
         assert_eq!(
             server.fast_reads(),
             before,

@@ -134,6 +134,14 @@ pub trait BlockBackend: Send + Sync {
         false
     }
 
+    /// Whether reads never wait for a device (every byte is in memory): a
+    /// server may then serve small reads on the thread that reads
+    /// requests, which saves handing each to another thread. The default
+    /// says no.
+    fn reads_from_memory(&self) -> bool {
+        false
+    }
+
     /// Whether the device is a rotating disk (a scheduling hint for clients).
     fn rotational(&self) -> bool {
         false

@@ -49,6 +49,8 @@ pub struct FileMember {
     direct: bool,
     /// The alignment O_DIRECT needs of memory; 1 when buffered.
     memory_align_bytes: usize,
+    /// The file lives on tmpfs or ramfs (see `Member::in_memory`).
+    in_memory: bool,
 }
 
 // From linux/fs.h: _IOR(0x12, 114, size_t), _IO(0x12, 104), _IO(0x12, 119).
@@ -154,6 +156,7 @@ impl FileMember {
                 }
             }
         }
+        let in_memory = !is_block_device && on_memory_fs(&file);
         Ok(FileMember {
             name,
             file,
@@ -162,6 +165,7 @@ impl FileMember {
             is_block_device,
             direct,
             memory_align_bytes,
+            in_memory,
         })
     }
 
@@ -397,6 +401,21 @@ impl Member for FileMember {
     fn splice_fd(&self) -> Option<RawFd> {
         (!self.direct).then(|| self.file.as_raw_fd())
     }
+
+    fn in_memory(&self) -> bool {
+        self.in_memory
+    }
+}
+
+/// Whether a file lives on a file system whose pages exist only in memory
+/// (tmpfs, ramfs). From linux/magic.h.
+fn on_memory_fs(file: &File) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    // SAFETY: statfs is plain data, filled by fstatfs on a valid descriptor.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), &mut stat) };
+    rc == 0 && matches!(stat.f_type as i64, TMPFS_MAGIC | RAMFS_MAGIC)
 }
 
 /// A file member that gives its descriptor to `batch`'s io_uring even when

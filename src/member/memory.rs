@@ -36,6 +36,10 @@ impl Member for MemoryMember {
         &self.name
     }
 
+    fn in_memory(&self) -> bool {
+        true
+    }
+
     fn size_bytes(&self) -> u64 {
         self.data.lock().unwrap().len() as u64
     }

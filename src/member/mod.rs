@@ -64,6 +64,15 @@ pub trait Member: Send + Sync {
         None
     }
 
+    /// Whether the member's bytes are in memory, so that no read of it
+    /// waits for a device (a file on tmpfs, a memory member). A server may
+    /// then serve a small read on the thread that reads its requests.
+    /// Wrappers that add behaviour (faults, throttling) must say no: an
+    /// injected latency is a wait.
+    fn in_memory(&self) -> bool {
+        false
+    }
+
     /// Sectors of 512 bytes, the unit md counts in.
     fn size_sectors(&self) -> u64 {
         self.size_bytes() / crate::units::SECTOR_BYTES

@@ -655,6 +655,11 @@ struct Staging {
     refused_from: usize,
 }
 
+/// The longest read served inline (see `Conn::serves_inline`): longer ones
+/// are spliced or copied by a worker of their own, so that one big copy
+/// does not hold up the requests behind it.
+const INLINE_READ_MAX: usize = fastpath::READ_MAX;
+
 /// Reads at least this long are spliced from the backend's files when it
 /// allows (see `BlockBackend::read_extents`): the copies saved outweigh
 /// the extra system calls (a splice per extent in, one out) from here on.
@@ -720,6 +725,13 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
                 match read_request(conn, sock_reader, &mut payload, &mut before_wait) {
                     Ok(Some(job)) => match conn.start_fast(fast, fast_refused, job) {
                         None => continue,
+                        Some(job) if conn.serves_inline(&job) => {
+                            conn.shared
+                                .inline_reads
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            conn.serve(job, &payload, &mut scratch, &mut pipe);
+                            continue;
+                        }
                         Some(job) => {
                             if let Some(f) = fast.as_mut() {
                                 f.submit();
@@ -747,18 +759,7 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
                 }
             }
         };
-        let cost = job.cost;
-        // A panicking backend must not take the connection's accounting
-        // with it: the request is answered with EIO and the worker goes on.
-        if catch_unwind(AssertUnwindSafe(|| {
-            conn.execute(job, &payload, &mut scratch, &mut pipe)
-        }))
-        .is_err()
-        {
-            conn.log
-                .line("the backend panicked while serving a request");
-        }
-        conn.inflight.release(cost);
+        conn.serve(job, &payload, &mut scratch, &mut pipe);
         // A big read's buffer is not kept: 64 workers would pin 64 of them.
         if scratch.len() > SCRATCH_KEPT {
             scratch = AlignedBuf::zeroed(0);
@@ -770,6 +771,32 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
 }
 
 impl Conn {
+    /// Serves a request and gives back its share of the in-flight budget.
+    fn serve(&self, job: Job, payload: &AlignedBuf, scratch: &mut AlignedBuf, pipe: &mut Staging) {
+        let cost = job.cost;
+        // A panicking backend must not take the connection's accounting
+        // with it: the request is answered with EIO and the worker goes on.
+        if catch_unwind(AssertUnwindSafe(|| {
+            self.execute(job, payload, scratch, pipe)
+        }))
+        .is_err()
+        {
+            self.log
+                .line("the backend panicked while serving a request");
+        }
+        self.inflight.release(cost);
+    }
+
+    /// Whether the worker holding the reader serves this request itself
+    /// and reads on, instead of letting go of the reader: a small read
+    /// when reads never wait for a device (members in memory). Handing it
+    /// to the next worker (a wake-up and a switch) costs more than the
+    /// copy: nbdkit memory's ratio went from 0.78–0.90 to 0.97–1.02.
+    fn serves_inline(&self, job: &Job) -> bool {
+        matches!(job.command, Command::Read { length, .. } if length as usize <= INLINE_READ_MAX)
+            && self.shared.backend.reads_from_memory()
+    }
+
     /// Serves one request; `scratch` is the worker's read buffer, reused so
     /// that a read does not allocate and zero a new one each time, and
     /// `pipe` where it stages spliced reads.

@@ -121,6 +121,9 @@ pub(crate) struct Shared {
     live_connections: AtomicUsize,
     /// Reads answered by the fast path (see `fastpath`), since start.
     pub(crate) fast_reads: AtomicU64,
+    /// Reads served inline by the worker that read them (members in
+    /// memory, see `conn::Conn::serves_inline`), since start.
+    pub(crate) inline_reads: AtomicU64,
 }
 
 impl Shared {
@@ -197,6 +200,12 @@ impl ServerHandle {
     /// through the backend are counted too).
     pub fn fast_reads(&self) -> u64 {
         self.shared.fast_reads.load(Ordering::Relaxed)
+    }
+
+    /// Small reads served by the worker that read them, without a hand-off,
+    /// because the backend's reads never wait for a device.
+    pub fn inline_reads(&self) -> u64 {
+        self.shared.inline_reads.load(Ordering::Relaxed)
     }
 
     /// Blocks until the server has been stopped (by a [`Stopper`]) and has
@@ -314,6 +323,7 @@ pub fn serve(
         wake_w,
         live_connections: AtomicUsize::new(0),
         fast_reads: AtomicU64::new(0),
+        inline_reads: AtomicU64::new(0),
     });
     let accept_shared = shared.clone();
     let accept_thread = std::thread::Builder::new()

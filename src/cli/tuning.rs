@@ -20,7 +20,7 @@ pub struct TuningArgs {
     /// Keep data read or written in the stripe cache for later reads: on or off.
     #[arg(long, value_name = "on|off")]
     pub read_cache: Option<String>,
-    /// Send small reads inside one strip straight to their member: on or off.
+    /// Send small random reads straight to their member (over NBD, on the connection's io_uring): on or off.
     #[arg(long, value_name = "on|off")]
     pub fast_path: Option<String>,
     /// 0: never read-modify-write; 1: when it saves reads (default); 2: also on ties.

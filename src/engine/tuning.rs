@@ -71,7 +71,7 @@ pub const KNOBS: &[(&str, &str)] = &[
     ),
     (
         "fast_path",
-        "on: small reads inside one strip go straight to their member, bypassing the cache",
+        "on: small random reads go straight to their member, bypassing the cache, and over NBD run on the connection's io_uring without a thread each",
     ),
     (
         "rmw_level",

@@ -154,7 +154,11 @@ impl Engine {
         // The copy whose member has the fewest reads in flight, the first
         // of equals (md's read_balance for disks that do not seek): random
         // reads spread over every mirror, while a lone reader stays on the
-        // first copy, where its stream is sequential.
+        // first copy, where its stream is sequential. Until a resync has
+        // made the copies agree, always the first.
+        if !self.mirrors_in_sync.load(Ordering::Relaxed) {
+            return copies.iter().find(|c| usable(c));
+        }
         copies
             .iter()
             .filter(|c| usable(c))

@@ -79,6 +79,11 @@ pub struct Engine {
     /// Reads in flight on each role, for choosing among a mirror's copies
     /// (`MemberTable::pick_copy`).
     pending_reads: Arc<[std::sync::atomic::AtomicU32]>,
+    /// A mirror's copies hold the same bytes: false from an unclean start
+    /// until a resync has finished (md's read_balance reads the first copy
+    /// above the resync point, so that a block cannot change between two
+    /// reads that chose different copies).
+    mirrors_in_sync: std::sync::atomic::AtomicBool,
     /// md's mismatch_cnt: what the last check, repair or resync found.
     last_mismatch_sectors: AtomicU64,
     /// The engine itself, for work started from a request (a hot spare
@@ -196,6 +201,7 @@ impl Engine {
             events: EventLog::default(),
             corrected_reads: AtomicU64::new(0),
             foreground_ios: AtomicU64::new(0),
+            mirrors_in_sync: std::sync::atomic::AtomicBool::new(resync_from.is_none()),
             pending_reads: (0..geometry_roles)
                 .map(|_| std::sync::atomic::AtomicU32::new(0))
                 .collect(),

@@ -402,6 +402,9 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
         // the job disappears from status: once it has, the next job may
         // start and finish before this thread runs on.
         if let Outcome::Finished { mismatch_sectors } = outcome {
+            if action == SyncAction::Resync {
+                engine.mirrors_in_sync.store(true, Ordering::SeqCst);
+            }
             if matches!(
                 action,
                 SyncAction::Check | SyncAction::Repair | SyncAction::Resync

@@ -218,11 +218,23 @@ pub fn nbdcopy_in(image: &Path, uri: &str) {
 
 /// Copies the whole export out with nbdcopy and returns its bytes.
 pub fn nbdcopy_out(uri: &str, dir: &Path) -> Vec<u8> {
+    nbdcopy_out_with(uri, dir, &[])
+}
+
+/// The whole export read by one reader with one request in flight. A
+/// mirror's reads go to the copy with the fewest reads in flight, the first
+/// of equals (md's read_balance): a lone reader always reads the first
+/// copy, so a test can say which copy its reads reach.
+pub fn nbdcopy_out_lone(uri: &str, dir: &Path) -> Vec<u8> {
+    nbdcopy_out_with(uri, dir, &["--connections=1", "--requests=1"])
+}
+
+fn nbdcopy_out_with(uri: &str, dir: &Path, options: &[&str]) -> Vec<u8> {
     let nbdcopy = client_tool("nbdcopy", "libnbd-bin");
     let out = dir.join("nbdcopy-out.img");
     std::fs::write(&out, b"").unwrap();
     run_limited_ok(
-        Command::new(nbdcopy).arg(uri).arg(&out),
+        Command::new(nbdcopy).args(options).arg(uri).arg(&out),
         Duration::from_secs(120),
     );
     let data = std::fs::read(&out).unwrap();

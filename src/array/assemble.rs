@@ -72,6 +72,8 @@ pub enum DeviceState {
         recovery_offset_sectors: u64,
     },
     Spare,
+    /// The array's write journal (md's raid5-cache device, role 0xfffd).
+    Journal,
     Faulty,
     /// Its events counter fell behind the array's: its data is out of date.
     Stale {
@@ -99,6 +101,12 @@ pub struct Assembled {
     pub slots: Slots,
     /// Every device that was given, in the order given.
     pub devices: Vec<FoundDevice>,
+}
+
+/// md's MD_FEATURE_JOURNAL, from the freshest superblock: the array has a
+/// write journal, whether or not it was given.
+pub fn has_journal_feature(sb: &MemberSuper) -> bool {
+    sb.feature_map & crate::format::MD_FEATURE_JOURNAL != 0
 }
 
 impl Assembled {
@@ -140,6 +148,17 @@ impl Assembled {
     /// The array's size in sectors.
     pub fn array_sectors(&self) -> u64 {
         self.geometry.array_sectors()
+    }
+
+    /// The write-journal device, when the array has one and it was given.
+    pub fn journal(&self) -> Option<&FoundDevice> {
+        self.devices.iter().find(|d| d.state == DeviceState::Journal)
+    }
+
+    /// The array has a write journal that was not given (or is stale):
+    /// md starts it read-only, as its log may hold writes the members lack.
+    pub fn journal_missing(&self) -> bool {
+        has_journal_feature(&self.sb) && self.journal().is_none()
     }
 }
 
@@ -275,14 +294,18 @@ pub fn assemble_members(members: Vec<(String, MemberRef)>) -> Result<Assembled, 
 fn device_state(freshest: &MemberSuper, sb: &MemberSuper, slots: &Slots) -> DeviceState {
     let role = freshest.role_of(sb.dev_number);
     match role {
-        Role::Spare | Role::Journal => return DeviceState::Spare,
+        Role::Spare => return DeviceState::Spare,
         Role::Faulty => return DeviceState::Faulty,
-        Role::Active(_) => {}
+        Role::Active(_) | Role::Journal => {}
     }
     // md accepts a member at most one event behind: it missed only the last
-    // clean/dirty transition, never data.
+    // clean/dirty transition, never data. A journal is held to the same
+    // rule (super_1_validate).
     if sb.events + 1 < freshest.events {
         return DeviceState::Stale { events: sb.events };
+    }
+    if role == Role::Journal {
+        return DeviceState::Journal;
     }
     let Role::Active(role) = role else {
         unreachable!()

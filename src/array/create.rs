@@ -225,17 +225,29 @@ pub fn create_with_bitmap(
     bitmap: BitmapRequest,
     progress: impl FnMut(u64, u64),
 ) -> Result<Assembled, CreateError> {
+    create_full(devices, None, opts, bitmap, progress)
+}
+
+/// [`create`] with a write-intent bitmap or a write journal on `journal`.
+pub fn create_full(
+    devices: &[MemberSpec],
+    journal: Option<&std::path::Path>,
+    opts: &CreateOptions,
+    bitmap: BitmapRequest,
+    progress: impl FnMut(u64, u64),
+) -> Result<Assembled, CreateError> {
     check_device_count(devices.len(), opts)?;
-    let opened = open_devices(devices)?;
-    create_on_members_with_bitmap(
-        opened
-            .into_iter()
-            .map(|o| o.map(|o| (o.path, o.member)))
-            .collect(),
-        opts,
-        bitmap,
-        progress,
-    )
+    let mut all = devices.to_vec();
+    all.extend(journal.map(|j| MemberSpec::Device(j.to_path_buf())));
+    let mut opened: Vec<Option<(String, MemberRef)>> = open_devices(&all)?
+        .into_iter()
+        .map(|o| o.map(|o| (o.path, o.member)))
+        .collect();
+    let journal = match journal {
+        Some(_) => opened.pop().flatten(),
+        None => None,
+    };
+    create_on_members_full(opened, journal, opts, bitmap, progress)
 }
 
 /// The consistency policy for a bitmap request: the bitmap's chunk and
@@ -295,6 +307,25 @@ fn write_initial_bitmap(
     Ok(())
 }
 
+/// The start of a new journal, as mdadm's write_empty_r5l_meta_block
+/// writes it: an empty meta block at the journal's data offset, position 0,
+/// a random sequence number (journal_tail, in the superblock, is 0).
+fn write_empty_journal(o: &Opened, sb: &MemberSuper) -> Result<(), CreateError> {
+    use format::journal as fmt;
+    let block = fmt::MetaBlock {
+        seq: u64::from(rand::random::<u32>()),
+        position: 0,
+        payloads: Vec::new(),
+    };
+    let bytes = fmt::encode(&block, fmt::uuid_seed(&sb.set_uuid)).expect("an empty block fits");
+    o.member
+        .write_at(
+            &crate::member::AlignedBuf::copy_from(&bytes),
+            sb.data_offset_sectors * crate::units::SECTOR_BYTES,
+        )
+        .map_err(|e| CreateError::Device(format!("{}: writing the journal: {e}", o.path)))
+}
+
 fn check_device_count(count: usize, opts: &CreateOptions) -> Result<(), CreateError> {
     if opts.raid_disks < opts.level.min_raid_disks() {
         return Err(invalid(format!(
@@ -326,9 +357,42 @@ pub fn create_on_members_with_bitmap(
     members: Vec<Option<(String, MemberRef)>>,
     opts: &CreateOptions,
     bitmap: BitmapRequest,
+    progress: impl FnMut(u64, u64),
+) -> Result<Assembled, CreateError> {
+    create_on_members_full(members, None, opts, bitmap, progress)
+}
+
+/// [`create_on_members`] with a write-intent bitmap or a write journal
+/// (mdadm's --write-journal: md's raid5-cache device, for raid4/5/6).
+pub fn create_on_members_full(
+    mut members: Vec<Option<(String, MemberRef)>>,
+    journal: Option<(String, MemberRef)>,
+    opts: &CreateOptions,
+    bitmap: BitmapRequest,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<Assembled, CreateError> {
     check_device_count(members.len(), opts)?;
+    if journal.is_some() {
+        if !matches!(opts.level, Level::Raid4 | Level::Raid5 | Level::Raid6) {
+            return Err(invalid(format!(
+                "a write journal is for raid4/5/6, not {}",
+                opts.level
+            )));
+        }
+        if bitmap != BitmapRequest::None {
+            return Err(invalid(
+                "an array cannot have both a write journal and a bitmap (md refuses to run it)",
+            ));
+        }
+        if !matches!(opts.metadata, Metadata::V1_1 | Metadata::V1_2) {
+            return Err(invalid(
+                "uraid creates write journals with 1.1 or 1.2 metadata; use --metadata 1.2",
+            ));
+        }
+    }
+    // The journal comes last in mdadm's device list: after the spares.
+    let journal_index = journal.as_ref().map(|_| members.len());
+    members.extend(journal.map(Some));
     let devices: Vec<MemberSpec> = members
         .iter()
         .map(|m| match m {
@@ -347,6 +411,7 @@ pub fn create_on_members_with_bitmap(
     }
     let level = opts.level;
     let raid_disks = opts.raid_disks as usize;
+    let spare_end = journal_index.unwrap_or(devices.len());
     if devices[raid_disks..].contains(&MemberSpec::Missing) {
         return Err(invalid(
             "'missing' can only stand for a raid device, not a spare",
@@ -384,7 +449,9 @@ pub fn create_on_members_with_bitmap(
         _ => format::default_data_offset_sectors(first_size, chunk_sectors, false),
     };
     let mut free = Vec::new();
-    for (o, size) in opened.iter().zip(&sizes) {
+    // md's journal is exempt from the member size check (mdadm: "skip write
+    // journal for size check"); its own minimum is checked below.
+    for (o, size) in opened.iter().zip(&sizes).take(spare_end) {
         let (Some(o), Some(size)) = (o, size) else {
             continue;
         };
@@ -447,10 +514,31 @@ pub fn create_on_members_with_bitmap(
         )));
     }
 
+    if let Some(j) = journal_index {
+        let o = opened[j].as_ref().expect("the journal is a device");
+        let ring = sizes[j]
+            .expect("opened")
+            .saturating_sub(data_offset)
+            / format::journal::BLOCK_SECTORS
+            * format::journal::BLOCK_SECTORS;
+        let needed = format::journal::min_ring_sectors(chunk_sectors as u64, raid_disks);
+        if ring < needed {
+            return Err(CreateError::Device(format!(
+                "{}: too small for the journal ({} KiB after the data offset; {} KiB chunks on {raid_disks} devices need {} KiB)",
+                o.path,
+                ring / 2,
+                chunk_sectors / 2,
+                needed / 2
+            )));
+        }
+    }
     let kinds: Vec<CreateDevice> = devices
         .iter()
-        .map(|d| {
-            if *d == MemberSpec::Missing {
+        .enumerate()
+        .map(|(i, d)| {
+            if Some(i) == journal_index {
+                CreateDevice::Journal
+            } else if *d == MemberSpec::Missing {
                 CreateDevice::Missing
             } else {
                 CreateDevice::Disk
@@ -507,6 +595,9 @@ pub fn create_on_members_with_bitmap(
     // Every superblock was built: only now is anything written.
     for (o, sb) in &supers {
         write_superblock(&*o.member, sb)?;
+        if sb.role_of(sb.dev_number) == format::Role::Journal {
+            write_empty_journal(o, sb)?;
+        }
         if let ConsistencyPolicy::Bitmap(bm) = &policy {
             write_initial_bitmap(o, sb, bm, needs_resync)?;
         }

@@ -5,7 +5,7 @@
 use super::assemble::{Assembled, DeviceState};
 use super::superblocks::{write_superblock, SuperblockError};
 use crate::format::{
-    MAX_SECTOR, MD_DISK_ROLE_FAULTY, MD_DISK_ROLE_SPARE, MD_FEATURE_RECOVERY_OFFSET,
+    MAX_SECTOR, MD_DISK_ROLE_FAULTY, MD_DISK_ROLE_JOURNAL, MD_DISK_ROLE_SPARE, MD_FEATURE_RECOVERY_OFFSET,
 };
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -15,6 +15,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub enum Cleanliness {
     Dirty,
     Clean,
+    /// Active, with a write journal that closes the write hole: md keeps
+    /// resync_offset at MaxSector while it serves (MD_JOURNAL_CLEAN), since
+    /// after a crash replaying the journal, not a resync, makes rows whole.
+    DirtyJournaled,
     /// Active, with a live write-intent bitmap kept by the engine: the bits
     /// on disk already mark every region being written, so they are kept.
     DirtyTracked,
@@ -118,6 +122,7 @@ fn write_once(array: &mut Assembled, state: Cleanliness) -> Result<(), Superbloc
         roles[slot] = match device.state {
             DeviceState::Active { role } | DeviceState::Recovering { role, .. } => role as u16,
             DeviceState::Faulty => MD_DISK_ROLE_FAULTY,
+            DeviceState::Journal => MD_DISK_ROLE_JOURNAL,
             DeviceState::Spare | DeviceState::Stale { .. } | DeviceState::Duplicate { .. } => {
                 MD_DISK_ROLE_SPARE
             }
@@ -127,7 +132,7 @@ fn write_once(array: &mut Assembled, state: Cleanliness) -> Result<(), Superbloc
     array.sb.utime_secs = now.as_secs();
     array.sb.utime_micros = now.subsec_micros();
     array.sb.resync_offset_sectors = match state {
-        Cleanliness::Clean => MAX_SECTOR,
+        Cleanliness::Clean | Cleanliness::DirtyJournaled => MAX_SECTOR,
         Cleanliness::Dirty | Cleanliness::DirtyTracked => 0,
         Cleanliness::ResyncFrom(position) => position,
     };
@@ -167,6 +172,9 @@ fn write_once(array: &mut Assembled, state: Cleanliness) -> Result<(), Superbloc
                 sb.feature_map |= MD_FEATURE_RECOVERY_OFFSET;
                 sb.recovery_offset_sectors = recovery_offset_sectors;
             }
+            // A journal's recovery_offset is its journal_tail, which the
+            // engine keeps in this superblock (super_1_sync stores it there).
+            DeviceState::Journal => sb.feature_map &= !MD_FEATURE_RECOVERY_OFFSET,
             _ => {
                 sb.feature_map &= !MD_FEATURE_RECOVERY_OFFSET;
                 sb.recovery_offset_sectors = 0;

@@ -62,6 +62,11 @@ pub fn copy_in(input: &Path, devices: &[PathBuf]) -> CliResult {
     if !array.is_clean() {
         return Err("the array was not shut down cleanly and needs a resync first (assemble it with `uraid serve` or the kernel)".into());
     }
+    // Rows in its journal would be replayed over what is copied in, and
+    // these writes would not be in it: only the engine keeps a journal.
+    if crate::array::has_journal_feature(&array.sb) {
+        return Err("the array has a write journal: copy in through `uraid serve`, which replays and keeps it".into());
+    }
     // Marked dirty first: if the copy is interrupted, md (and uraid) will know
     // that parity may not match the data and resync.
     write_array_state(&mut array, Cleanliness::Dirty).map_err(|e| e.to_string())?;
@@ -98,6 +103,9 @@ pub fn copy_out(output: &Path, devices: &[PathBuf]) -> CliResult {
     array.require_runnable().map_err(|e| e.to_string())?;
     if !array.is_clean() && !array.missing_roles().is_empty() {
         eprintln!("uraid: warning: the array is degraded and was not shut down cleanly; recently written stripes may not reconstruct correctly");
+    }
+    if crate::array::has_journal_feature(&array.sb) {
+        eprintln!("uraid: note: copy-out does not replay the write journal; after a crash, serve the array once (it replays the journal) before copying out");
     }
     let mut sink = File::create(output).map_err(|e| format!("{}: {e}", output.display()))?;
     let io = StripeIo::new(&array.geometry, &array.slots);

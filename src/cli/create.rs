@@ -2,7 +2,7 @@
 
 use super::text::hostname;
 use super::CliResult;
-use crate::array::{create_with_bitmap, BitmapRequest, CreateOptions, MemberSpec};
+use crate::array::{create_full, BitmapRequest, CreateOptions, MemberSpec};
 use crate::format::Metadata;
 use crate::geometry::level_from_name;
 use crate::units::parse_size_bytes;
@@ -48,6 +48,11 @@ pub struct CreateArgs {
     /// Overwrite devices that hold a filesystem, a partition table or another array.
     #[arg(long, short = 'f')]
     force: bool,
+    /// A write journal on this device (md's raid5-cache, raid4/5/6): every
+    /// row's new data and parity reach it before the members, so a crash
+    /// never leaves a row torn (the write hole).
+    #[arg(long, value_name = "DEV")]
+    write_journal: Option<PathBuf>,
     /// The array's knobs, saved with its other settings (see `--set help`).
     #[command(flatten)]
     tuning: super::tuning::TuningArgs,
@@ -123,10 +128,16 @@ pub fn run(args: &CreateArgs) -> CliResult {
             .expect("valid template")
             .progress_chars("=> "),
     );
-    let array = create_with_bitmap(&devices, &options, bitmap, |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    })
+    let array = create_full(
+        &devices,
+        args.write_journal.as_deref(),
+        &options,
+        bitmap,
+        |done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        },
+    )
     .map_err(|e| e.to_string())?;
     bar.finish_and_clear();
     crate::engine::tuning::saved::save_changes(

@@ -48,6 +48,7 @@ pub fn run(control_socket: Option<&Path>, json: bool) -> CliResult {
                     "next_check_in_secs": r.next_check_in_secs,
                     "bitmap_dirty_chunks": r.bitmap_dirty_chunks,
                     "stripe_cache": r.stripe_cache,
+                    "journal": r.journal,
                 })
             })
             .collect();

@@ -99,6 +99,9 @@ pub struct StatusReply {
     /// The stripe cache's occupancy and counters.
     #[serde(default)]
     pub stripe_cache: Option<crate::engine::CacheReport>,
+    /// The write journal's ring and counters, when the array has one.
+    #[serde(default)]
+    pub journal: Option<crate::engine::JournalStats>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -125,6 +128,7 @@ pub fn status_of(snapshot: &Snapshot, nbd_uri: &str, homehost: &str) -> StatusRe
         next_check_in_secs: None,
         bitmap_dirty_chunks: None,
         stripe_cache: None,
+        journal: None,
     }
 }
 
@@ -226,6 +230,7 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
             status.next_check_in_secs = engine.check_schedule().map(|(_, s)| s);
             status.bitmap_dirty_chunks = engine.bitmap_dirty();
             status.stripe_cache = Some(engine.cache_report());
+            status.journal = engine.journal_stats();
             (
                 status.speed_limit_min_kib_per_s,
                 status.speed_limit_max_kib_per_s,

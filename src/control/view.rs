@@ -130,6 +130,8 @@ impl DetailView {
             let (raid_device, state) = match &d.state {
                 DeviceState::Active { .. } => continue,
                 DeviceState::Spare => (None, "spare".to_string()),
+                // mdadm --detail: "-  journal  /dev/sdX".
+                DeviceState::Journal => (None, "journal".to_string()),
                 DeviceState::Recovering { role, .. } => {
                     (Some(*role), "spare rebuilding".to_string())
                 }
@@ -185,6 +187,8 @@ impl DetailView {
                 "none".into()
             } else if bitmap {
                 "bitmap".into()
+            } else if crate::array::has_journal_feature(sb) {
+                "journal".into()
             } else {
                 "resync".into()
             },
@@ -362,6 +366,8 @@ pub fn mdstat_block(array: &Snapshot) -> String {
             // md flags a spare; a member being rebuilt has its slot already.
             DeviceState::Recovering { .. } => "",
             DeviceState::Spare => "(S)",
+            // /proc/mdstat marks the journal device "(J)".
+            DeviceState::Journal => "(J)",
         };
         members.push(format!("{base}[{}]{suffix}", d.dev_number));
     }

@@ -859,20 +859,105 @@ impl View<'_> {
             self.engine
                 .parity_cache
                 .drop_window(map.stripe, &piece.window);
-            for i in (0..map.data.len()).filter(|&i| piece.touched(i)) {
-                let Some(copy) = map.data[i].copies.iter().find(|c| self.present(c)) else {
-                    return Err(lost_error(map, "data and parity lost"));
-                };
-                self.write_place(copy, piece.ranges[i].start, piece.new_bytes(i))?;
-            }
-            return Ok(());
+            let ticket = self.log_rows(self.journal_rows(piece, None))?;
+            let written = (|| {
+                for i in (0..map.data.len()).filter(|&i| piece.touched(i)) {
+                    let Some(copy) = map.data[i].copies.iter().find(|c| self.present(c)) else {
+                        return Err(lost_error(map, "data and parity lost"));
+                    };
+                    self.write_place(copy, piece.ranges[i].start, piece.new_bytes(i))?;
+                }
+                Ok(())
+            })();
+            self.engine.journal_done(ticket);
+            return written;
         }
         let mut plan = self.plan_parity_write(piece);
         self.read_places(&mut plan.reads())?;
         self.compute_parity(&mut plan)?;
+        let ticket = self.log_rows(self.journal_rows(piece, Some(&plan)))?;
         let written = self.write_places(&plan.writes());
+        self.engine.journal_done(ticket);
         self.keep_parity(&plan, written.is_ok());
         written
+    }
+
+    /// With a write journal, the rows of a piece as md logs them: for each
+    /// 4 KiB column of its window, the new pages of the data strips it
+    /// writes, then the new parity (P, and Q on raid6) from `plan`; data
+    /// alone when no parity member is left. Empty without a journal.
+    pub(super) fn journal_rows(
+        &self,
+        piece: &Piece,
+        plan: Option<&ParityWrite>,
+    ) -> Vec<super::journal::PageRow> {
+        const PAGE: usize = crate::format::journal::BLOCK_BYTES;
+        if self.engine.journal.is_none() {
+            return Vec::new();
+        }
+        let map = &piece.map;
+        let window = piece.window.clone();
+        // The engine refuses requests that are not whole 4 KiB blocks when
+        // a journal is on, and strips are whole chunks: every range is
+        // whole pages.
+        assert!(
+            window.start % PAGE == 0 && window.end % PAGE == 0,
+            "a journaled write of {window:?} is not whole pages"
+        );
+        let strip_sectors = map.strip_sectors;
+        let base = map.p.expect("a parity level").member_sector;
+        let parity: Vec<&[u8]> = match plan {
+            Some(plan) => {
+                let mut v = vec![&plan.p[..]];
+                if map.q.is_some() {
+                    v.push(&plan.q[..]);
+                }
+                v
+            }
+            None => Vec::new(),
+        };
+        let mut rows = Vec::new();
+        for at in (window.start..window.end).step_by(PAGE) {
+            let mut row = super::journal::PageRow {
+                stripe_sector: base + (at as u64) / SECTOR_BYTES,
+                data: Vec::new(),
+                parity: parity.len(),
+                pages: Vec::with_capacity((map.data.len() + 2) * PAGE),
+            };
+            for i in (0..map.data.len()).filter(|&i| piece.touched(i)) {
+                let r = &piece.ranges[i];
+                if r.start <= at && at + PAGE <= r.end {
+                    row.data.push(
+                        map.array_sector + i as u64 * strip_sectors + (at as u64) / SECTOR_BYTES,
+                    );
+                    row.pages
+                        .extend_from_slice(&piece.new_bytes(i)[at - r.start..at - r.start + PAGE]);
+                }
+            }
+            if row.data.is_empty() {
+                // Parity alone changes nothing here, and md replays no
+                // column without data.
+                continue;
+            }
+            for p in &parity {
+                let k = at - window.start;
+                row.pages.extend_from_slice(&p[k..k + PAGE]);
+            }
+            rows.push(row);
+        }
+        rows
+    }
+
+    /// Logs rows in the journal, if the array has one, before their member
+    /// writes start.
+    pub(super) fn log_rows(
+        &self,
+        rows: Vec<super::journal::PageRow>,
+    ) -> io::Result<Option<super::journal::Ticket>> {
+        match &self.engine.journal {
+            Some(journal) if !rows.is_empty() => journal.log(self.engine, rows).map(Some),
+            _ => Ok(None),
+        }
     }
 
     /// Decides how a write of `piece` keeps parity right, and sets up its
@@ -910,8 +995,12 @@ impl View<'_> {
                 .count()
         };
         // md's rmw_level: 0 never reads-modifies-writes, 1 does when it
-        // needs fewer reads, 2 also when the counts tie.
+        // needs fewer reads, 2 also when the counts tie. A journal logs P
+        // and Q whole, so with a parity member missing (whose old parity
+        // cannot be read) the parity is computed from the data.
+        let every_parity = parity_present == usize::from(map.p.is_some()) + usize::from(map.q.is_some());
         let rmw = rmw_possible
+            && (every_parity || self.engine.journal.is_none())
             && match self.engine.tunables.rmw_level() {
                 0 => false,
                 1 => rmw_reads < rcw_reads,

@@ -9,6 +9,7 @@ mod bitmap;
 mod cache;
 mod events;
 mod io;
+mod journal;
 mod locks;
 mod manage;
 mod members;
@@ -21,6 +22,7 @@ pub mod tuning;
 
 pub use cache::CacheReport;
 pub use events::Event;
+pub use journal::{JournalError, JournalStats};
 pub use resync::{SyncAction, SyncProgress};
 
 use crate::array::{write_array_state_failing, Assembled, Cleanliness, DeviceState};
@@ -45,6 +47,14 @@ pub enum EngineError {
     Assemble(#[from] crate::array::AssembleError),
     #[error("{0}")]
     Superblock(#[from] crate::array::SuperblockError),
+    #[error("the array has a write journal that was not given (or is out of date): its log may hold writes the members lack; give the journal device, or serve --read-only")]
+    JournalMissing,
+    #[error("a write journal is for raid4/5/6 arrays, not {level}")]
+    JournalLevel { level: Level },
+    #[error("{0}")]
+    Journal(#[from] JournalError),
+    #[error("replaying the write journal: {0}")]
+    JournalReplay(std::io::Error),
     #[error("the {level} array is degraded and was not shut down cleanly: stripes written at the crash may reconstruct wrongly (md refuses to start it too); use --force to start anyway")]
     DirtyDegraded { level: Level },
 }
@@ -111,8 +121,15 @@ pub struct Engine {
     row: RowShape,
     /// Parity pages a write just computed, for the next read-modify-write.
     parity_cache: paritycache::ParityCache,
-    /// The members' largest logical block (see `check_aligned`).
+    /// The members' largest logical block (see `check_aligned`); 4 KiB at
+    /// least with a journal, which logs whole pages.
     block_bytes: std::sync::atomic::AtomicU32,
+    /// The write journal (md's raid5-cache, write-through), if the array
+    /// has one.
+    journal: Option<journal::Journal>,
+    /// The array was clean when it started with its journal: md's
+    /// MD_JOURNAL_CLEAN, under which it is never marked as owing a resync.
+    journal_clean: bool,
     /// Every member's bytes are in memory (`MemberTable::in_memory`).
     in_memory: std::sync::atomic::AtomicBool,
 }
@@ -127,6 +144,52 @@ impl Engine {
         if level.has_parity() && degraded && !array.is_clean() && !options.force {
             return Err(EngineError::DirtyDegraded { level });
         }
+        if array.journal_missing() && !options.read_only {
+            return Err(EngineError::JournalMissing);
+        }
+        let journal = match array.journal() {
+            Some(device) => {
+                if !matches!(level, Level::Raid4 | Level::Raid5 | Level::Raid6) {
+                    return Err(EngineError::JournalLevel { level });
+                }
+                Some(journal::Journal::new(
+                    device.member.clone(),
+                    &device.path,
+                    device.sb.data_offset_sectors,
+                    device.sb.data_size_sectors,
+                    device.sb.recovery_offset_sectors,
+                    &array.sb.set_uuid,
+                    &array.geometry,
+                )?)
+            }
+            None => None,
+        };
+        // Rows torn by a crash are made whole from the journal before
+        // anything reads them (md's r5l_recovery_log); data logged without
+        // parity is written through the engine once it runs.
+        let mut data_only = Vec::new();
+        if let (Some(journal), false) = (&journal, options.read_only) {
+            let recovered = journal
+                .recover(&array.geometry, &array.slots)
+                .map_err(EngineError::JournalReplay)?;
+            if recovered.units > 1 || !recovered.data_only.is_empty() {
+                eprintln!(
+                    "uraid: write journal {}: {} units read, {} rows replayed, {} pages of data to write",
+                    journal.path(),
+                    recovered.units,
+                    recovered.rows_replayed,
+                    recovered.data_only.len()
+                );
+            }
+            data_only = recovered.data_only;
+            let tail = journal.tail();
+            for d in array.devices.iter_mut() {
+                if d.state == DeviceState::Journal {
+                    d.sb.recovery_offset_sectors = tail;
+                }
+            }
+        }
+        let journal_clean = journal.is_some() && array.is_clean();
         let geometry = array.geometry.clone();
         // A resync is owed from where the last one stopped; md records that
         // point in resync_offset when it shuts down mid-resync.
@@ -138,6 +201,8 @@ impl Engine {
         if !options.read_only {
             let state = if live_bitmap.is_some() {
                 Cleanliness::DirtyTracked
+            } else if journal_clean {
+                Cleanliness::DirtyJournaled
             } else {
                 Cleanliness::Dirty
             };
@@ -187,7 +252,11 @@ impl Engine {
             strip_bytes: (first.strip_sectors * SECTOR_BYTES) as usize,
             data_strips: first.data.len(),
         };
-        let block_bytes = table.block_bytes();
+        let block_bytes = if journal.is_some() {
+            table.block_bytes().max(crate::format::journal::BLOCK_BYTES as u32)
+        } else {
+            table.block_bytes()
+        };
         let in_memory = table.in_memory();
         let geometry_roles = geometry.raid_disks();
         let engine = Arc::new(Engine {
@@ -224,6 +293,8 @@ impl Engine {
             block_bytes: std::sync::atomic::AtomicU32::new(block_bytes),
             in_memory: std::sync::atomic::AtomicBool::new(in_memory),
             parity_cache: paritycache::ParityCache::new(),
+            journal,
+            journal_clean,
         });
         if !options.read_only {
             engine.start_bitmap_daemon();
@@ -231,6 +302,11 @@ impl Engine {
         let _ = engine.me.set(Arc::downgrade(&engine));
         if !options.read_only {
             engine.ensure_workers();
+        }
+        for (array_sector, page) in data_only {
+            engine
+                .write_bytes(array_sector * SECTOR_BYTES, &page, false)
+                .map_err(EngineError::JournalReplay)?;
         }
         if let (Some(from), false) = (resync_from, options.read_only) {
             let next = Arc::new(AtomicU64::new(from));
@@ -568,8 +644,61 @@ impl Engine {
     pub(super) fn active_state(&self) -> Cleanliness {
         if self.live_bitmap().is_some() {
             Cleanliness::DirtyTracked
+        } else if self.journal_clean {
+            Cleanliness::DirtyJournaled
         } else {
             Cleanliness::Dirty
+        }
+    }
+
+    /// The journal's stats, for status.
+    pub fn journal_stats(&self) -> Option<JournalStats> {
+        self.journal.as_ref().map(|j| j.stats())
+    }
+
+    /// A caller's member writes of logged rows are done.
+    fn journal_done(&self, ticket: Option<journal::Ticket>) {
+        if let (Some(journal), Some(ticket)) = (&self.journal, ticket) {
+            journal.finished(ticket);
+        }
+    }
+
+    fn set_journal_tail(&self, array: &mut Assembled, tail: u64) {
+        for d in array.devices.iter_mut() {
+            if d.state == DeviceState::Journal {
+                d.sb.recovery_offset_sectors = tail;
+            }
+        }
+    }
+
+    /// Records a new journal tail on the journal device's superblock (md's
+    /// r5l_write_super: only the journal's own superblock holds it).
+    pub(super) fn record_journal_tail(&self, tail: u64) -> std::io::Result<()> {
+        let mut array = self.array.lock().unwrap();
+        self.set_journal_tail(&mut array, tail);
+        let Some(device) = array.journal() else {
+            return Ok(());
+        };
+        crate::array::write_superblock(&*device.member, &device.sb)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        device.member.flush()
+    }
+
+    /// The journal device failed a write: it is marked faulty and writes
+    /// are refused from now on (md forces the array read-only).
+    pub(super) fn journal_failed(&self, why: &str) {
+        let mut array = self.array.lock().unwrap();
+        let mut path = String::new();
+        for d in array.devices.iter_mut() {
+            if d.state == DeviceState::Journal {
+                d.state = DeviceState::Faulty;
+                path = d.path.clone();
+            }
+        }
+        self.events.push("Fail", &path, why);
+        let state = self.active_state();
+        if let Err(e) = self.write_state_locked(&mut array, state) {
+            eprintln!("uraid: recording the journal's failure: {e}");
         }
     }
 
@@ -615,6 +744,19 @@ impl Engine {
                 device: "members".into(),
                 source,
             })?;
+        // Everything is on the members: the journal's chain ends here, and
+        // the next start replays nothing.
+        if let Some(journal) = &self.journal {
+            if journal.failed().is_none() {
+                let tail = journal
+                    .close()
+                    .map_err(|source| crate::array::SuperblockError::Io {
+                        device: journal.path().to_string(),
+                        source,
+                    })?;
+                self.set_journal_tail(&mut self.array.lock().unwrap(), tail);
+            }
+        }
         let state = match resume {
             Some((SyncAction::Resync, stripe)) => {
                 Cleanliness::ResyncFrom(self.geometry.resync_position_sectors(stripe))

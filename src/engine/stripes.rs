@@ -386,6 +386,40 @@ impl Engine {
                 }
             }
         }
+        // With a journal, every row of the round is logged in one commit
+        // before any of its writes; rows past what one caller may log take
+        // the one-row path, which logs its own.
+        let ticket = match &self.journal {
+            None => None,
+            Some(journal) => {
+                let budget = journal.max_caller_pages();
+                let mut rows = Vec::new();
+                let mut pages = 0;
+                for (k, slot) in plans.iter_mut().enumerate() {
+                    let Some(plan) = slot else { continue };
+                    let mine = views[k].journal_rows(plan.piece, Some(plan));
+                    let more: usize = mine.iter().map(|r| r.data.len() + r.parity).sum();
+                    if pages + more > budget {
+                        *slot = None;
+                    } else {
+                        pages += more;
+                        rows.extend(mine);
+                    }
+                }
+                match views.first().map(|v| v.log_rows(rows)) {
+                    Some(Err(e)) => {
+                        for (k, slot) in plans.iter_mut().enumerate() {
+                            if slot.take().is_some() {
+                                results[k] = Some(Err(io::Error::new(e.kind(), e.to_string())));
+                            }
+                        }
+                        None
+                    }
+                    Some(Ok(ticket)) => ticket,
+                    None => None,
+                }
+            }
+        };
         // Every write of the round in one batch.
         let mut targets = Vec::new();
         let mut spans: Vec<Range<usize>> = vec![0..0; jobs.len()];
@@ -397,6 +431,7 @@ impl Engine {
             }
         }
         let mut errors = run_writes(max, &targets).into_iter();
+        self.journal_done(ticket);
         for (k, plan) in plans.iter().enumerate() {
             if let Some(plan) = plan {
                 let mine: Vec<_> = errors.by_ref().take(spans[k].len()).collect();

@@ -26,6 +26,7 @@ use std::str::FromStr;
 
 pub mod bitmap;
 pub mod create;
+pub mod journal;
 pub mod sb090;
 pub mod sb1;
 

@@ -4,7 +4,7 @@
 //! `export::nbd::serve` on a unix socket), and moved between the states the
 //! benchmark measures through the engine's manage API.
 
-use crate::array::{create, CreateOptions, MemberSpec};
+use crate::array::{create_full, CreateOptions, MemberSpec};
 use crate::engine::{Engine, EngineOptions};
 use crate::export::nbd::{self, Listener, ServeOptions, ServerHandle};
 use crate::export::BlockBackend;
@@ -58,6 +58,8 @@ pub struct ArraySpec {
     pub layout: Option<String>,
     /// Bytes of each member the array uses (md's --size); None uses all.
     pub member_bytes: Option<u64>,
+    /// A write journal of this size, in a file beside the first member.
+    pub journal_bytes: Option<u64>,
 }
 
 /// Makes `count` sparse member files in `dir`.
@@ -123,7 +125,24 @@ impl LiveArray {
             force,
             homehost: None,
         };
-        let array = create(&devices, &options, |_, _| {}).map_err(|e| e.to_string())?;
+        let journal = match spec.journal_bytes {
+            Some(bytes) => {
+                let path = paths[0].with_file_name("journal");
+                File::create(&path)
+                    .and_then(|f| f.set_len(bytes))
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                Some(path)
+            }
+            None => None,
+        };
+        let array = create_full(
+            &devices,
+            journal.as_deref(),
+            &options,
+            crate::array::BitmapRequest::None,
+            |_, _| {},
+        )
+        .map_err(|e| e.to_string())?;
         let engine = Engine::start(array, EngineOptions::default()).map_err(|e| e.to_string())?;
         let listener: Listener = format!("unix:{}", socket.display())
             .parse()

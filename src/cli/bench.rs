@@ -77,6 +77,11 @@ struct EndToEndArgs {
     /// Warm-up seconds before each phase's measurement.
     #[arg(long, default_value_t = 0.5)]
     warmup: f64,
+    /// Give the array a write journal of this size (K/M/G suffixes), a
+    /// file beside the members: run with and without it for the journal's
+    /// cost side by side.
+    #[arg(long, value_name = "SIZE")]
+    journal: Option<String>,
     /// Write a known pattern and check every read against it.
     #[arg(long)]
     verify: bool,
@@ -167,6 +172,13 @@ fn options(args: &EndToEndArgs) -> Result<BenchOptions, String> {
             // was given explicitly.
             member_bytes: Some(member_bytes)
                 .filter(|_| !args.members.is_empty() && args.size != "256M"),
+            journal_bytes: match (&args.journal, args.members.is_empty()) {
+                (None, _) => None,
+                (Some(size), true) => Some(parse_size_bytes(size)?),
+                (Some(_), false) => {
+                    return Err("--journal makes its file beside the benchmark's own members; it does not go with --members".into())
+                }
+            },
         },
         states: args
             .state

@@ -84,6 +84,9 @@ struct Unit {
 struct Queued {
     id: u64,
     rows: Vec<PageRow>,
+    /// Each page's checksum, computed by its caller before it queues, so
+    /// that the callers of one commit share that work.
+    checksums: Vec<u32>,
 }
 
 struct LogState {
@@ -464,13 +467,22 @@ impl Journal {
             "a caller logs {pages} pages, more than the {} a journal allows",
             self.caller_pages
         );
+        let checksums = rows
+            .iter()
+            .flat_map(|r| r.pages.chunks(BLOCK_BYTES))
+            .map(|page| fmt::checksum(self.seed, page))
+            .collect();
         let mut state = lock(&self.state);
         if let Some(why) = &state.failed {
             return Err(journal_failed(why));
         }
         let id = state.next_id;
         state.next_id += 1;
-        state.queue.push(Queued { id, rows });
+        state.queue.push(Queued {
+            id,
+            rows,
+            checksums,
+        });
         loop {
             if let Some(result) = state.results.remove(&id) {
                 return result.map(Ticket).map_err(|why| journal_failed(&why));
@@ -492,18 +504,23 @@ impl Journal {
     fn commit<'s>(
         &'s self,
         engine: &Engine,
-        mut state: MutexGuard<'s, LogState>,
+        state: MutexGuard<'s, LogState>,
         batch: Vec<Queued>,
     ) -> MutexGuard<'s, LogState> {
         let callers = batch.len() as u64;
+        // Only the committing thread moves the head and the sequence
+        // numbers, so the units are laid out without the lock: callers
+        // queue and finish meanwhile.
+        let mut seq = state.next_seq;
+        drop(state);
         // Lay the rows out in units: a caller's rows may share units with
         // others' and spill into the next.
         let mut units: Vec<(MetaBlock, Vec<&[u8]>)> = Vec::new();
         let mut owners: Vec<Vec<u64>> = Vec::new();
-        let mut seq = state.next_seq;
         let mut sectors = 0u64;
         for q in &batch {
             let mut mine = Vec::new();
+            let mut sums = q.checksums.iter().copied();
             for row in &q.rows {
                 let need = row.meta_bytes();
                 if units.last().is_none_or(|(m, _)| !m.fits(need)) {
@@ -523,7 +540,7 @@ impl Journal {
                     meta.payloads.push(Payload::Data {
                         location,
                         flags: 0,
-                        checksums: vec![fmt::checksum(self.seed, page)],
+                        checksums: vec![sums.next().expect("a checksum per page")],
                     });
                     pages.push(page);
                 }
@@ -532,7 +549,7 @@ impl Journal {
                     let parity: Vec<&[u8]> = row.pages[start..].chunks(BLOCK_BYTES).collect();
                     meta.payloads.push(Payload::Parity {
                         location: row.stripe_sector,
-                        checksums: parity.iter().map(|p| fmt::checksum(self.seed, p)).collect(),
+                        checksums: sums.by_ref().take(parity.len()).collect(),
                     });
                     pages.extend(parity);
                 }
@@ -545,6 +562,7 @@ impl Journal {
         for (_, pages) in &units {
             sectors += (1 + pages.len() as u64) * BLOCK_SECTORS;
         }
+        let mut state = lock(&self.state);
         // Room on the ring, keeping a block between the head and the tail.
         let result = loop {
             let used = fmt::ring_distance(state.tail, state.head, self.ring_sectors);
@@ -672,11 +690,16 @@ impl Journal {
     /// The member writes of a ticket's rows are done.
     pub(super) fn finished(&self, ticket: Ticket) {
         let mut state = lock(&self.state);
+        // Units hold consecutive sequence numbers from the front on.
+        let first = state.units.front().map_or(0, |u| u.seq);
         for seq in ticket.0 {
-            if let Some(unit) = state.units.iter_mut().find(|u| u.seq == seq) {
-                assert!(unit.open > 0, "unit {seq} finished more often than logged");
-                unit.open -= 1;
-            }
+            let unit = seq
+                .checked_sub(first)
+                .and_then(|i| state.units.get_mut(i as usize))
+                .expect("a ticket's units stay until they are finished");
+            assert_eq!(unit.seq, seq, "units are consecutive");
+            assert!(unit.open > 0, "unit {seq} finished more often than logged");
+            unit.open -= 1;
         }
         self.changed.notify_all();
     }

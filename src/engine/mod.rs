@@ -51,6 +51,8 @@ pub enum EngineError {
     JournalMissing,
     #[error("a write journal is for raid4/5/6 arrays, not {level}")]
     JournalLevel { level: Level },
+    #[error("the array has both a write journal and a bitmap, which md refuses to run")]
+    JournalWithBitmap,
     #[error("{0}")]
     Journal(#[from] JournalError),
     #[error("replaying the write journal: {0}")]
@@ -146,6 +148,11 @@ impl Engine {
         }
         if array.journal_missing() && !options.read_only {
             return Err(EngineError::JournalMissing);
+        }
+        if crate::array::has_journal_feature(&array.sb)
+            && array.sb.feature_map & crate::format::MD_FEATURE_BITMAP_OFFSET != 0
+        {
+            return Err(EngineError::JournalWithBitmap);
         }
         let journal = match array.journal() {
             Some(device) => {

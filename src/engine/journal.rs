@@ -294,10 +294,20 @@ impl Journal {
             }
         };
         let mut seq = first.seq;
+        let mut units = 0;
         // Rows gathered per column, in log order: (data pages by array
         // sector, parity pages).
         let mut rows: BTreeMap<u64, Gathered> = BTreeMap::new();
-        let mut replay_order: Vec<(u64, Gathered)> = Vec::new();
+        // A column's version is written as soon as a later one begins, so
+        // memory holds at most the newest version of each column.
+        let mut replay = |stripe_sector: u64, g: &Gathered| -> io::Result<()> {
+            if g.data.is_empty() {
+                // md: parity alone was flushed before the crash.
+                return Ok(());
+            }
+            recovered.rows_replayed += 1;
+            replay_row(geometry, slots, stripe_sector, g)
+        };
         let mut meta = Some(first);
         loop {
             let m = match meta.take() {
@@ -324,31 +334,23 @@ impl Journal {
                 // A torn unit ends the chain: nothing in it was acknowledged.
                 break;
             }
-            self.gather(geometry, &m, &data, &mut rows, &mut replay_order);
-            recovered.units += 1;
+            self.gather(geometry, &m, &data, &mut rows, &mut replay)?;
+            units += 1;
             pos = at;
             seq += 1;
         }
-        // What is left whole (data and parity) is replayed after what an
-        // earlier version of the same column had (kept in order above).
-        for (sector, g) in std::mem::take(&mut rows) {
-            replay_order.push((sector, g));
-        }
-        for (stripe_sector, g) in &replay_order {
+        // The newest version of every column, after the older ones above.
+        let mut data_only = Vec::new();
+        for (stripe_sector, g) in std::mem::take(&mut rows) {
             if g.parity.is_empty() {
                 // Data only: write-back leftovers, for the engine to write.
-                for (array_sector, page) in &g.data {
-                    recovered.data_only.push((*array_sector, page.clone()));
-                }
-                continue;
+                data_only.extend(g.data);
+            } else {
+                replay(stripe_sector, &g)?;
             }
-            if g.data.is_empty() {
-                // md: parity alone was flushed before the crash.
-                continue;
-            }
-            replay_row(geometry, slots, *stripe_sector, g)?;
-            recovered.rows_replayed += 1;
         }
+        recovered.units = units;
+        recovered.data_only = data_only;
         for slot in slots.iter().flatten() {
             slot.member.flush()?;
         }
@@ -383,8 +385,8 @@ impl Journal {
         meta: &MetaBlock,
         data: &[u8],
         rows: &mut BTreeMap<u64, Gathered>,
-        replay_order: &mut Vec<(u64, Gathered)>,
-    ) {
+        replay: &mut dyn FnMut(u64, &Gathered) -> io::Result<()>,
+    ) -> io::Result<()> {
         let mut pages = data.chunks(BLOCK_BYTES);
         for payload in &meta.payloads {
             match payload {
@@ -402,7 +404,7 @@ impl Journal {
                         let row = rows.entry(stripe_sector).or_default();
                         if !row.parity.is_empty() {
                             let done = std::mem::take(row);
-                            replay_order.push((stripe_sector, done));
+                            replay(stripe_sector, &done)?;
                         }
                         rows.entry(stripe_sector)
                             .or_default()
@@ -427,6 +429,7 @@ impl Journal {
                 }
             }
         }
+        Ok(())
     }
 
     /// Starts a new chain at `position`: an empty meta block with `seq`,

@@ -176,8 +176,16 @@ impl Engine {
         // parity is written through the engine once it runs.
         let mut data_only = Vec::new();
         if let (Some(journal), false) = (&journal, options.read_only) {
+            // A member being rebuilt gets the replay too (md writes every
+            // rdev present): below its recovery offset it is trusted.
+            let mut slots = array.slots.clone();
+            for device in &array.devices {
+                if let DeviceState::Recovering { role, .. } = device.state {
+                    slots[role].get_or_insert_with(|| members::slot_of(device));
+                }
+            }
             let recovered = journal
-                .recover(&array.geometry, &array.slots)
+                .recover(&array.geometry, &slots)
                 .map_err(EngineError::JournalReplay)?;
             if recovered.units > 1 || !recovered.data_only.is_empty() {
                 eprintln!(

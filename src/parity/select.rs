@@ -107,9 +107,15 @@ fn fastest() -> &'static dyn Syndrome {
         for _ in 0..BENCH_TRIES {
             let start = Instant::now();
             let mut rounds = 0u32;
-            while start.elapsed() < BENCH_TIME_PER_TRY {
+            // At least one round: on a busy machine the thread may lose
+            // the whole try before its first round (then 0 rounds divided
+            // the time by zero and uraid panicked at start).
+            loop {
                 round(&mut p, &mut q, &mut x, &mut y);
                 rounds += 1;
+                if start.elapsed() >= BENCH_TIME_PER_TRY {
+                    break;
+                }
             }
             fastest_round = fastest_round.min(start.elapsed() / rounds);
         }

@@ -58,8 +58,10 @@ pub struct ArraySpec {
     pub layout: Option<String>,
     /// Bytes of each member the array uses (md's --size); None uses all.
     pub member_bytes: Option<u64>,
-    /// A write journal of this size, in a file beside the first member.
+    /// A write journal of this size, in a file beside the first member or
+    /// in `journal_dir`.
     pub journal_bytes: Option<u64>,
+    pub journal_dir: Option<PathBuf>,
 }
 
 /// Makes `count` sparse member files in `dir`.
@@ -98,6 +100,17 @@ pub struct LiveArray {
     /// The member failed for the degraded and rebuilding states.
     victim: PathBuf,
     state: State,
+    /// A journal file made outside the benchmark's folder, removed when
+    /// the array goes.
+    journal_outside: Option<PathBuf>,
+}
+
+impl Drop for LiveArray {
+    fn drop(&mut self) {
+        if let Some(path) = &self.journal_outside {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 impl LiveArray {
@@ -127,7 +140,10 @@ impl LiveArray {
         };
         let journal = match spec.journal_bytes {
             Some(bytes) => {
-                let path = paths[0].with_file_name("journal");
+                let path = match &spec.journal_dir {
+                    Some(dir) => dir.join(format!("uraid-bench-journal-{}", std::process::id())),
+                    None => paths[0].with_file_name("journal"),
+                };
                 File::create(&path)
                     .and_then(|f| f.set_len(bytes))
                     .map_err(|e| format!("{}: {e}", path.display()))?;
@@ -165,6 +181,7 @@ impl LiveArray {
             socket: socket.to_path_buf(),
             victim: paths.last().expect("members").clone(),
             state: State::Healthy,
+            journal_outside: journal.filter(|_| spec.journal_dir.is_some()),
         })
     }
 

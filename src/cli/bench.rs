@@ -82,6 +82,10 @@ struct EndToEndArgs {
     /// cost side by side.
     #[arg(long, value_name = "SIZE")]
     journal: Option<String>,
+    /// Put the journal's file in this folder instead (a faster medium in
+    /// front of the members, as a journal is meant to be used).
+    #[arg(long, value_name = "DIR", requires = "journal")]
+    journal_dir: Option<PathBuf>,
     /// Write a known pattern and check every read against it.
     #[arg(long)]
     verify: bool,
@@ -172,6 +176,7 @@ fn options(args: &EndToEndArgs) -> Result<BenchOptions, String> {
             // was given explicitly.
             member_bytes: Some(member_bytes)
                 .filter(|_| !args.members.is_empty() && args.size != "256M"),
+            journal_dir: args.journal_dir.clone(),
             journal_bytes: match (&args.journal, args.members.is_empty()) {
                 (None, _) => None,
                 (Some(size), true) => Some(parse_size_bytes(size)?),

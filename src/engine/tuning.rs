@@ -113,8 +113,9 @@ impl TuningValues {
     }
 
     /// Applies one `key=value`, checking it; nothing changes on error.
-    /// `protected` says whether write-back may be chosen: a journal guards
-    /// it, or the user said --i-accept-data-loss.
+    /// `protected` says whether write-back may be chosen: the user said
+    /// --i-accept-data-loss (the write journal protects write-through, not
+    /// yet what write-back holds in memory).
     pub fn set(&mut self, key: &str, value: &str, protected: bool) -> Result<(), String> {
         let mut next = self.clone();
         match key {
@@ -152,7 +153,8 @@ impl TuningValues {
                 if next.write_policy == WritePolicy::WriteBack && !protected {
                     return Err(
                         "write-back acknowledges writes that are only in memory: a crash \
-                                loses them; give --i-accept-data-loss to accept that"
+                                loses them (a write journal protects write-through only); \
+                                give --i-accept-data-loss to accept that"
                             .into(),
                     );
                 }

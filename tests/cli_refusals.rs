@@ -394,3 +394,109 @@ fn assembly_refuses_mixed_corrupt_and_insufficient_members() {
         "no output file is left behind by a refused copy-out"
     );
 }
+
+/// `create --level LEVEL --raid-devices N OPTIONS... --write-journal
+/// JOURNAL MEMBERS...`.
+fn create_journaled<'a>(
+    level: &'a str,
+    count: &'a str,
+    options: &[&'a str],
+    journal: &'a str,
+    members: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec!["create", "--level", level, "--raid-devices", count];
+    args.extend_from_slice(options);
+    args.extend(["--write-journal", journal]);
+    args.extend_from_slice(members);
+    args
+}
+
+#[test]
+fn journal_refusals() {
+    let dir = scratch("refuse-journal");
+    let blank = sparse_files(dir.path(), "blank", &[16 << 20; 3]);
+    let journal = sparse_files(dir.path(), "journal", &[16 << 20]);
+    let small = sparse_files(dir.path(), "small", &[4 << 20]);
+    let b = paths(&blank);
+    let j = journal[0].to_str().unwrap();
+    let mut watched = blank.clone();
+    watched.extend(journal.clone());
+    watched.extend(small.clone());
+
+    // A journal is for raid4/5/6 alone, excludes a bitmap, needs metadata
+    // whose superblock is not at the end, and room for a row of chunks.
+    refused(
+        &create_journaled("1", "2", &[], j, &b[..2]),
+        &watched,
+        "a write journal is for raid4/5/6",
+    );
+    refused(
+        &create_journaled("0", "2", &[], j, &b[..2]),
+        &watched,
+        "a write journal is for raid4/5/6",
+    );
+    refused(
+        &create_journaled("5", "3", &["--bitmap", "internal"], j, &b),
+        &watched,
+        "both a write journal and a bitmap",
+    );
+    refused(
+        &create_journaled("5", "3", &["--metadata", "1.0"], j, &b),
+        &watched,
+        "1.1 or 1.2 metadata",
+    );
+    refused(
+        &create_journaled("5", "3", &[], small[0].to_str().unwrap(), &b),
+        &watched,
+        "too small for the journal",
+    );
+
+    uraid_ok(&create_journaled("5", "3", &[], j, &b));
+    let mut array = blank.clone();
+    array.extend(journal.clone());
+    // Served without its journal it is refused: the journal may hold
+    // writes the members lack. try_serve first, so that a server that
+    // starts anyway fails the test instead of hanging `refused`.
+    let missing = "write journal that was not given";
+    match try_serve(dir.path(), &[], &b) {
+        Ok(_) => panic!("serve of a journal array without its journal started"),
+        Err((_, stderr)) => assert!(stderr.contains(missing), "{stderr}"),
+    }
+    let nbd = format!("unix:{}", dir.path().join("refused.sock").display());
+    let control = dir.path().join("refused.ctl");
+    let mut serve_args = vec![
+        "serve",
+        "--nbd",
+        &nbd,
+        "--control",
+        control.to_str().unwrap(),
+    ];
+    serve_args.extend_from_slice(&b);
+    refused(&serve_args, &array, missing);
+    // Read-only, it serves, and writes nothing.
+    let before = digest(&array);
+    let served = serve(dir.path(), &["--read-only"], &b);
+    assert_eq!(
+        served.detail_json()["raid_level"],
+        "raid5",
+        "serve --read-only without the journal"
+    );
+    served.stop();
+    assert_eq!(
+        before,
+        digest(&array),
+        "serve --read-only wrote to the array"
+    );
+
+    // copy-in would write behind the journal's back, with or without it given.
+    let image = dir.path().join("in.img");
+    std::fs::write(&image, random_bytes(2, 1 << 20)).unwrap();
+    let image = image.to_str().unwrap();
+    let mut with_journal = b.clone();
+    with_journal.push(j);
+    for devices in [&b, &with_journal] {
+        let mut args = vec!["copy-in", "--input", image];
+        args.extend_from_slice(devices);
+        refused(&args, &array, "the array has a write journal");
+    }
+}

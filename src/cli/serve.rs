@@ -95,7 +95,12 @@ pub fn run(args: &ServeArgs) -> CliResult {
     let defaults =
         crate::engine::tuning::TuningValues::defaults(array.geometry.stripe(0).data_sectors());
     let (tuning, accept_data_loss) =
-        super::tuning::values_for_serve(&uuid, defaults, &args.tuning)?;
+        super::tuning::values_for_serve(
+            &uuid,
+            defaults,
+            &args.tuning,
+            crate::array::has_journal_feature(&array.sb),
+        )?;
     let engine = Engine::start(
         array,
         EngineOptions {

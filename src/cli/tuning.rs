@@ -41,11 +41,18 @@ pub struct TuningArgs {
 impl TuningArgs {
     /// The settings given, as (key, value) in a fixed order, each checked
     /// against `base` so that a bad one is refused before anything changes.
-    pub fn settings(&self, base: &TuningValues) -> Result<Vec<(String, String)>, String> {
+    /// The settings given, checked against `base`; `journaled` says the
+    /// array has a write journal, which protects write-back as
+    /// --i-accept-data-loss consents to its risk.
+    pub fn settings(
+        &self,
+        base: &TuningValues,
+        journaled: bool,
+    ) -> Result<Vec<(String, String)>, String> {
         let out = self.pairs()?;
         let mut check = *base;
         for (k, v) in &out {
-            check.set(k, v, self.i_accept_data_loss)?;
+            check.set(k, v, self.i_accept_data_loss || journaled)?;
         }
         Ok(out)
     }
@@ -98,12 +105,13 @@ pub fn values_for_serve(
     uuid: &str,
     defaults: TuningValues,
     args: &TuningArgs,
+    journaled: bool,
 ) -> Result<(TuningValues, bool), String> {
     let stored = saved::load(uuid)?;
     let accept = stored.accept_data_loss || args.i_accept_data_loss;
-    let mut values = saved::apply(defaults, &stored)?;
-    for (k, v) in args.settings(&values)? {
-        values.set(&k, &v, accept)?;
+    let mut values = saved::apply(defaults, &stored, journaled)?;
+    for (k, v) in args.settings(&values, journaled)? {
+        values.set(&k, &v, accept || journaled)?;
     }
     Ok((values, accept))
 }

@@ -76,7 +76,16 @@ struct BatchState {
     result: Option<Result<(), String>>,
     /// Someone wants it written now (FUA, FLUSH).
     urgent: bool,
+    /// What keeps the journal's copy of the batch's data (write-back with a
+    /// journal): held until the batch is on the members.
+    holds: Vec<Hold>,
+    /// Every write in it came with a hold: its data is in the journal.
+    logged: bool,
 }
+
+/// Keeps something alive while a batch holds bytes (the journal units
+/// that logged them); dropped once the batch is on the members.
+pub(super) type Hold = Arc<dyn Send + Sync>;
 
 impl BatchState {
     fn full(&self) -> bool {
@@ -144,6 +153,11 @@ pub struct CacheReport {
 }
 
 impl Batch {
+    /// Whether every byte in the batch is in the journal already.
+    pub(super) fn logged(&self) -> bool {
+        lock(&self.state).logged
+    }
+
     /// Waits, holding `state` of this batch, until it is written out.
     fn written<'a>(&self, mut state: MutexGuard<'a, BatchState>) -> MutexGuard<'a, BatchState> {
         while state.result.is_none() {
@@ -300,6 +314,7 @@ impl StripeCache {
         fua: bool,
         entries: usize,
         capacity: usize,
+        hold: Option<&Hold>,
         destage: &dyn Fn(&Batch, &[Range<usize>], &[u8]) -> io::Result<()>,
     ) -> Offer {
         loop {
@@ -315,11 +330,23 @@ impl StripeCache {
                         drop(batch.written(state));
                         continue;
                     }
+                    if state.logged != hold.is_some() {
+                        // A batch holds either data the journal has
+                        // (write-back) or data it has not. Mixed, its
+                        // write-out would log data while its logged part
+                        // holds the journal's tail and the room kept back
+                        // for it: written out first, then a new batch.
+                        drop(state);
+                        drop(shard);
+                        self.write_out(&batch, entries, destage);
+                        continue;
+                    }
                     state.add(at, bytes);
                     state.last_join = Instant::now();
                     if fua {
                         state.urgent = true;
                     }
+                    state.holds.extend(hold.cloned());
                     drop(state);
                     batch
                 }
@@ -342,6 +369,8 @@ impl StripeCache {
                         closed: false,
                         result: None,
                         urgent: fua,
+                        holds: hold.into_iter().cloned().collect(),
+                        logged: hold.is_some(),
                     };
                     state.add(at, bytes);
                     let batch = Arc::new(Batch {
@@ -454,8 +483,14 @@ impl StripeCache {
         }
         self.entries_in_use.fetch_sub(entries, Ordering::SeqCst);
         self.batches.fetch_sub(1, Ordering::SeqCst);
-        lock(&batch.state).result = Some(result);
+        let holds = {
+            let mut state = lock(&batch.state);
+            state.result = Some(result);
+            std::mem::take(&mut state.holds)
+        };
         batch.changed.notify_all();
+        // The batch is on the members: the journal may let its data go.
+        drop(holds);
     }
 
     /// The bytes of row `stripe` within `range` still in a batch, as
@@ -477,6 +512,21 @@ impl StripeCache {
                 (a < b).then(|| (a - range.start, state.buf[a..b].to_vec()))
             })
             .collect()
+    }
+
+    /// Forgets every batch not yet being written, as a power cut loses
+    /// memory: for tests of what the journal must then bring back.
+    #[cfg(test)]
+    pub(super) fn forget_unwritten(&self) -> usize {
+        let mut forgotten = 0;
+        for shard in self.shards.iter() {
+            lock(shard).retain(|_, batch| {
+                let keep = lock(&batch.state).closed;
+                forgotten += usize::from(!keep);
+                keep
+            });
+        }
+        forgotten
     }
 
     /// Every batch now in the table, for FLUSH and shutdown.
@@ -579,6 +629,8 @@ mod tests {
             closed: false,
             result: None,
             urgent: false,
+            holds: Vec::new(),
+            logged: false,
         };
         s.add(10, &[1; 10]);
         s.add(40, &[2; 10]);

@@ -37,6 +37,9 @@ pub(super) struct Piece<'a> {
     data: &'a [u8],
     /// Offset of the first covered byte within the stripe's data.
     start_in_stripe: usize,
+    /// Its data is in the journal already (logged alone for write-back):
+    /// only its parity is logged before its member writes.
+    pub(super) logged: bool,
 }
 
 impl Piece<'_> {
@@ -125,6 +128,7 @@ impl Engine {
             window: window_start..window_end,
             data,
             start_in_stripe: in_stripe,
+            logged: false,
         }
     }
 
@@ -380,23 +384,29 @@ impl Engine {
     ) -> io::Result<()> {
         let map = self.geometry.stripe(batch.stripe);
         let parts: Vec<(usize, &[u8])> = runs.iter().map(|r| (r.start, &buf[r.clone()])).collect();
-        self.write_in_row(&map, &parts)
+        self.write_in_row(&map, &parts, batch.logged())
     }
 
     /// Writes parts of one row (offset in the row's data, bytes) under the
     /// row's lock, keeping parity right. On a parity level the row's
     /// stripe worker does it (see [`super::stripes`]); mirrors and plain
     /// stripes have no parity work to hand over.
-    fn write_in_row(&self, map: &StripeMap, parts: &[(usize, &[u8])]) -> io::Result<()> {
+    /// `logged`: the parts' data is in the journal already (write-back).
+    fn write_in_row(
+        &self,
+        map: &StripeMap,
+        parts: &[(usize, &[u8])],
+        logged: bool,
+    ) -> io::Result<()> {
         if map.p.is_some() {
             let slot = self.locks.slot(map.stripe);
-            if let Some(result) = self.stripes.submit(map.stripe, slot, parts) {
+            if let Some(result) = self.stripes.submit(map.stripe, slot, parts, logged) {
                 return result;
             }
         }
         let _guard = self.locks.lock(map.stripe);
         let _in_flight = self.bitmap_start_write(map.stripe)?;
-        self.write_parts_locked(map, parts)
+        self.write_parts_locked(map, parts, logged)
     }
 
     /// Writes parts of one row, one piece at a time with retries; the
@@ -405,10 +415,12 @@ impl Engine {
         &self,
         map: &StripeMap,
         parts: &[(usize, &[u8])],
+        logged: bool,
     ) -> io::Result<()> {
         for &(at, bytes) in parts {
             self.with_retries(map.stripe, true, |view| {
-                let piece = Engine::piece(map.clone(), at, bytes.len(), bytes);
+                let mut piece = Engine::piece(map.clone(), at, bytes.len(), bytes);
+                piece.logged = logged;
                 view.write_piece(&piece)
             })?;
         }
@@ -473,6 +485,25 @@ impl Engine {
         self.for_each_piece(offset, data.len(), |engine, map, in_stripe, range| {
             let bytes = &data[range.clone()];
             let row_bytes = (map.data_sectors() * SECTOR_BYTES) as usize;
+            // Write-back with a journal: what the cache acknowledges is in
+            // the journal first (md's r5c caching phase). A whole row goes
+            // straight to the members and logs itself there.
+            let mut write_back = write_back;
+            let mut hold = None;
+            if let (Some(journal), true) = (&engine.journal, write_back) {
+                if bytes.len() < row_bytes {
+                    let piece = Engine::piece(map.clone(), in_stripe, bytes.len(), bytes);
+                    let rows = engine.view(map.stripe).journal_rows(&piece, None);
+                    match journal.log(engine, rows, super::journal::LogKind::DataOnly) {
+                        Ok(ticket) => hold = Some(super::journal::JournalHold::new(journal, ticket)),
+                        // The journal's share for the cache is full: this
+                        // write goes through, as md's r5c does when its log
+                        // runs short.
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => write_back = false,
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
             let offer = engine.cache.offer(
                 map.stripe,
                 row_bytes,
@@ -483,16 +514,21 @@ impl Engine {
                 fua,
                 entries,
                 capacity,
+                hold.as_ref(),
                 &|batch, runs, buf| engine.destage(batch, runs, buf),
             );
             match offer {
                 Offer::Done(result) => result,
                 Offer::Direct => {
+                    // Not acknowledged from the cache: the write logs itself
+                    // in full on its way to the members, and what was logged
+                    // alone must not hold the journal's tail meanwhile.
+                    drop(hold);
                     if bytes.len() < row_bytes {
                         let stats = &engine.cache.stats;
                         stats.direct_writes.fetch_add(1, Ordering::Relaxed);
                     }
-                    engine.write_in_row(&map, &[(in_stripe, bytes)])
+                    engine.write_in_row(&map, &[(in_stripe, bytes)], false)
                 }
             }
         })
@@ -859,7 +895,7 @@ impl View<'_> {
             self.engine
                 .parity_cache
                 .drop_window(map.stripe, &piece.window);
-            let ticket = self.log_rows(self.journal_rows(piece, None))?;
+            let ticket = self.log_rows(piece, self.journal_rows(piece, None))?;
             let written = (|| {
                 for i in (0..map.data.len()).filter(|&i| piece.touched(i)) {
                     let Some(copy) = map.data[i].copies.iter().find(|c| self.present(c)) else {
@@ -875,7 +911,7 @@ impl View<'_> {
         let mut plan = self.plan_parity_write(piece);
         self.read_places(&mut plan.reads())?;
         self.compute_parity(&mut plan)?;
-        let ticket = self.log_rows(self.journal_rows(piece, Some(&plan)))?;
+        let ticket = self.log_rows(piece, self.journal_rows(piece, Some(&plan)))?;
         let written = self.write_places(&plan.writes());
         self.engine.journal_done(ticket);
         self.keep_parity(&plan, written.is_ok());
@@ -939,6 +975,15 @@ impl View<'_> {
                 // column without data.
                 continue;
             }
+            if piece.logged {
+                // The data is in the journal already: parity alone, which
+                // replay joins to it (md's write-out of cached data).
+                row.data.clear();
+                row.pages.clear();
+                if parity.is_empty() {
+                    continue;
+                }
+            }
             for p in &parity {
                 let k = at - window.start;
                 row.pages.extend_from_slice(&p[k..k + PAGE]);
@@ -952,10 +997,16 @@ impl View<'_> {
     /// writes start.
     pub(super) fn log_rows(
         &self,
+        piece: &Piece,
         rows: Vec<super::journal::PageRow>,
     ) -> io::Result<Option<super::journal::Ticket>> {
+        let kind = if piece.logged {
+            super::journal::LogKind::ParityOnly
+        } else {
+            super::journal::LogKind::Rows
+        };
         match &self.engine.journal {
-            Some(journal) if !rows.is_empty() => journal.log(self.engine, rows).map(Some),
+            Some(journal) if !rows.is_empty() => journal.log(self.engine, rows, kind).map(Some),
             _ => Ok(None),
         }
     }

@@ -35,7 +35,7 @@ use crate::member::MemberRef;
 use crate::units::SECTOR_BYTES;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// One 4 KiB column of a row, as md logs a stripe_head: the new data pages
 /// of the data members written (each at its array sector), then the parity
@@ -68,10 +68,55 @@ impl PageRow {
     }
 }
 
-/// Which units a caller's rows went into: handed back to
+/// Which units a caller's rows went into, and the ring space it keeps
+/// back for its parity (data logged for write-back): handed back to
 /// [`Journal::finished`] once the caller's member writes are done.
 #[must_use]
-pub(super) struct Ticket(Vec<u64>);
+pub(super) struct Ticket {
+    units: Vec<u64>,
+    reserved: u64,
+}
+
+/// A ticket kept alive by whatever holds logged data (the stripe cache's
+/// batch and the writer): the units are finished when the last holder
+/// lets go, that is once the data is on the members.
+pub(super) struct JournalHold {
+    journal: Arc<Journal>,
+    ticket: Mutex<Option<Ticket>>,
+}
+
+impl JournalHold {
+    pub(super) fn new(journal: &Arc<Journal>, ticket: Ticket) -> super::cache::Hold {
+        Arc::new(JournalHold {
+            journal: journal.clone(),
+            ticket: Mutex::new(Some(ticket)),
+        })
+    }
+}
+
+impl Drop for JournalHold {
+    fn drop(&mut self) {
+        let ticket = self.ticket.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(ticket) = ticket {
+            self.journal.finished(ticket);
+        }
+    }
+}
+
+/// What a caller logs, which decides what ring space it may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum LogKind {
+    /// Whole rows: data and parity (write-through).
+    Rows,
+    /// Data alone, acknowledged from the stripe cache before its parity
+    /// exists (write-back, md's r5c caching phase). It keeps back the room
+    /// its parity will need, so that writing it out can never wait on
+    /// ring space that only writing it out would free.
+    DataOnly,
+    /// Parity alone, for data already logged `DataOnly` (md's write-out
+    /// phase): it may use the room kept back.
+    ParityOnly,
+}
 
 /// A unit on the ring whose rows may not all be on the members yet.
 struct Unit {
@@ -83,6 +128,10 @@ struct Unit {
 
 struct Queued {
     id: u64,
+    kind: LogKind,
+    /// Ring sectors its units take at most, and (DataOnly) keep back.
+    sectors: u64,
+    reserve: u64,
     rows: Vec<PageRow>,
     /// Each page's checksum, computed by its caller before it queues, so
     /// that the callers of one commit share that work.
@@ -101,6 +150,8 @@ struct LogState {
     next_id: u64,
     /// A thread is writing the log.
     writing: bool,
+    /// Ring sectors kept back for the parity of data logged alone.
+    reserved: u64,
     /// What the leader made of each caller's rows.
     results: HashMap<u64, Result<Vec<u64>, String>>,
     /// Set when the journal device failed: nothing is logged any more.
@@ -123,6 +174,10 @@ pub struct JournalStats {
     pub callers: u64,
     pub reclaims: u64,
     pub replayed_rows: u64,
+    /// Pages logged without parity (write-back) that the last start found
+    /// and wrote through the engine.
+    #[serde(default)]
+    pub replayed_data_pages: u64,
     pub failed: Option<String>,
 }
 
@@ -135,6 +190,8 @@ pub(super) struct Journal {
     seed: u32,
     /// The most pages one caller may log at once (see `max_caller_pages`).
     caller_pages: usize,
+    /// Parity pages of a column: 1 (raid4/5) or 2 (raid6).
+    parity_pages: usize,
     state: Mutex<LogState>,
     changed: Condvar,
 }
@@ -208,6 +265,7 @@ impl Journal {
             ring_sectors,
             seed: fmt::uuid_seed(set_uuid),
             caller_pages,
+            parity_pages: if geometry.stripe(0).q.is_some() { 2 } else { 1 },
             state: Mutex::new(LogState {
                 head: tail,
                 next_seq: 0,
@@ -216,6 +274,7 @@ impl Journal {
                 queue: Vec::new(),
                 next_id: 0,
                 writing: false,
+                reserved: 0,
                 results: HashMap::new(),
                 failed: None,
                 stats: JournalStats {
@@ -350,6 +409,7 @@ impl Journal {
             }
         }
         recovered.units = units;
+        state.stats.replayed_data_pages = data_only.len() as u64;
         recovered.data_only = data_only;
         for slot in slots.iter().flatten() {
             slot.member.flush()?;
@@ -463,13 +523,31 @@ impl Journal {
     /// Logs `rows` and returns once they are durable on the journal device:
     /// only then may their member writes start. The ticket goes back to
     /// [`Journal::finished`] when those writes are done (or failed).
-    pub(super) fn log(&self, engine: &Engine, rows: Vec<PageRow>) -> io::Result<Ticket> {
+    pub(super) fn log(
+        &self,
+        engine: &Engine,
+        rows: Vec<PageRow>,
+        kind: LogKind,
+    ) -> io::Result<Ticket> {
         let pages: usize = rows.iter().map(PageRow::page_count).sum();
         assert!(
             pages <= self.caller_pages,
             "a caller logs {pages} pages, more than the {} a journal allows",
             self.caller_pages
         );
+        let per_meta = BLOCK_BYTES - fmt::HEADER_BYTES;
+        let meta: usize = rows.iter().map(PageRow::meta_bytes).sum();
+        // At most: its pages, the meta blocks its payloads fill, and one
+        // more where its first row does not fit the unit before it.
+        let sectors = (pages + meta.div_ceil(per_meta) + 1) as u64 * BLOCK_SECTORS;
+        let reserve = match kind {
+            LogKind::DataOnly => {
+                let parity = self.parity_pages * rows.len();
+                let meta = rows.len() * (fmt::PAYLOAD_HEAD_BYTES + 4 * self.parity_pages);
+                (parity + meta.div_ceil(per_meta) + 1) as u64 * BLOCK_SECTORS
+            }
+            _ => 0,
+        };
         let checksums = rows
             .iter()
             .flat_map(|r| r.pages.chunks(BLOCK_BYTES))
@@ -483,23 +561,106 @@ impl Journal {
         state.next_id += 1;
         state.queue.push(Queued {
             id,
+            kind,
+            sectors,
+            reserve,
             rows,
             checksums,
         });
         loop {
             if let Some(result) = state.results.remove(&id) {
-                return result.map(Ticket).map_err(|why| journal_failed(&why));
+                return match result {
+                    Ok(units) => Ok(Ticket {
+                        units,
+                        reserved: reserve,
+                    }),
+                    Err(why) if why == NO_ROOM => Err(io::Error::new(
+                        io::ErrorKind::WouldBlock,
+                        "no room in the journal for data held in the cache",
+                    )),
+                    Err(why) => {
+                        state.reserved -= reserve;
+                        Err(journal_failed(&why))
+                    }
+                };
             }
-            if !state.writing {
-                state.writing = true;
-                let batch = std::mem::take(&mut state.queue);
+            if state.writing {
+                state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            state.writing = true;
+            let batch = self.take_fitting(&mut state);
+            if !batch.is_empty() {
                 state = self.commit(engine, state, batch);
                 state.writing = false;
                 self.changed.notify_all();
                 continue;
             }
-            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+            // Nothing queued fits: move the tail if member writes have
+            // finished since it last moved, else wait for some to finish
+            // (the commit slot is free meanwhile, for parity that may use
+            // the room kept back).
+            let (s, freed) = self.reclaim(engine, state);
+            state = s;
+            state.writing = false;
+            self.changed.notify_all();
+            match freed {
+                Ok(true) => {}
+                Ok(false) => {
+                    state = self
+                        .changed
+                        .wait_timeout(state, std::time::Duration::from_millis(50))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+                Err(e) => {
+                    let why = format!("{}: moving the journal's tail: {e}", self.path);
+                    for q in std::mem::take(&mut state.queue) {
+                        state.results.insert(q.id, Err(why.clone()));
+                    }
+                }
+            }
         }
+    }
+
+    /// Takes from the queue the callers whose units fit on the ring now:
+    /// parity for logged data first (it may use the room kept back), then
+    /// the others in order while they fit beside what is kept back.
+    fn take_fitting(&self, state: &mut LogState) -> Vec<Queued> {
+        let used = fmt::ring_distance(state.tail, state.head, self.ring_sectors);
+        let mut taken = Vec::new();
+        let mut total = 0;
+        let mut rest = Vec::new();
+        let (parity, others): (Vec<Queued>, Vec<Queued>) = std::mem::take(&mut state.queue)
+            .into_iter()
+            .partition(|q| q.kind == LogKind::ParityOnly);
+        for q in parity.into_iter().chain(others) {
+            let fits = match q.kind {
+                LogKind::ParityOnly => used + total + q.sectors < self.ring_sectors,
+                LogKind::Rows => {
+                    used + total + q.sectors + state.reserved < self.ring_sectors
+                }
+                // Data waiting in the cache may hold at most half the ring
+                // (with its parity's room), so that writes going through
+                // never starve behind it.
+                LogKind::DataOnly => {
+                    used + total + q.sectors + state.reserved + q.reserve
+                        < self.ring_sectors / 2
+                }
+            };
+            if fits && rest.is_empty() {
+                total += q.sectors;
+                state.reserved += q.reserve;
+                taken.push(q);
+            } else if q.kind == LogKind::DataOnly {
+                // Not worth waiting for: the writer writes through instead.
+                state.results.insert(q.id, Err(NO_ROOM.to_string()));
+            } else {
+                rest.push(q);
+            }
+        }
+        state.queue = rest;
+        taken
     }
 
     /// The leader's work: writes every queued caller's rows as units, one
@@ -567,22 +728,14 @@ impl Journal {
         }
         let mut state = lock(&self.state);
         // Room on the ring, keeping a block between the head and the tail.
-        let result = loop {
-            let used = fmt::ring_distance(state.tail, state.head, self.ring_sectors);
-            if used + sectors < self.ring_sectors {
-                break Ok(());
-            }
-            match self.reclaim(engine, state) {
-                (s, Ok(())) => state = s,
-                (s, Err(e)) => {
-                    state = s;
-                    break Err(e);
-                }
-            }
-        };
-        let result = match result {
-            Err(e) => Err(e),
-            Ok(()) => {
+        let used = fmt::ring_distance(state.tail, state.head, self.ring_sectors);
+        assert!(
+            used + sectors < self.ring_sectors,
+            "a commit of {sectors} sectors was taken with {used} of {} in use",
+            self.ring_sectors
+        );
+        let result: io::Result<u64> = {
+            {
                 let mut position = state.head;
                 let mut bytes = AlignedBuf::zeroed(sectors as usize * SECTOR_BYTES as usize);
                 let mut at = 0;
@@ -651,51 +804,48 @@ impl Journal {
 
     /// Frees ring space: moves the tail up to the oldest unit whose member
     /// writes are not done (the newest unit when all are), once the members
-    /// are flushed, and has the engine record it. Waits for member writes
-    /// when the oldest unit is still open.
+    /// are flushed, and has the engine record it. Says whether it moved.
     fn reclaim<'s>(
         &'s self,
         engine: &Engine,
-        mut state: MutexGuard<'s, LogState>,
-    ) -> (MutexGuard<'s, LogState>, io::Result<()>) {
-        loop {
-            let target = state
-                .units
-                .iter()
-                .find(|u| u.open > 0)
-                .or(state.units.back())
-                .map(|u| (u.seq, u.position));
-            let Some((seq, position)) = target else {
-                return (state, Err(io::Error::other("journal full with no unit to reclaim")));
-            };
-            if position == state.tail {
-                // The oldest unit is still being written to the members.
-                state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
-                continue;
-            }
-            drop(state);
-            let moved = engine
-                .flush_members()
-                .and_then(|()| engine.record_journal_tail(position));
-            state = lock(&self.state);
-            if let Err(e) = moved {
-                return (state, Err(e));
-            }
-            state.tail = position;
-            while state.units.front().is_some_and(|u| u.seq < seq) {
-                state.units.pop_front();
-            }
-            state.stats.reclaims += 1;
-            return (state, Ok(()));
+        state: MutexGuard<'s, LogState>,
+    ) -> (MutexGuard<'s, LogState>, io::Result<bool>) {
+        let target = state
+            .units
+            .iter()
+            .find(|u| u.open > 0)
+            .or(state.units.back())
+            .map(|u| (u.seq, u.position));
+        let Some((seq, position)) = target else {
+            return (state, Ok(false));
+        };
+        if position == state.tail {
+            // The oldest unit is still being written to the members.
+            return (state, Ok(false));
         }
+        drop(state);
+        let moved = engine
+            .flush_members()
+            .and_then(|()| engine.record_journal_tail(position));
+        let mut state = lock(&self.state);
+        if let Err(e) = moved {
+            return (state, Err(e));
+        }
+        state.tail = position;
+        while state.units.front().is_some_and(|u| u.seq < seq) {
+            state.units.pop_front();
+        }
+        state.stats.reclaims += 1;
+        (state, Ok(true))
     }
 
     /// The member writes of a ticket's rows are done.
     pub(super) fn finished(&self, ticket: Ticket) {
         let mut state = lock(&self.state);
         // Units hold consecutive sequence numbers from the front on.
+        state.reserved -= ticket.reserved;
         let first = state.units.front().map_or(0, |u| u.seq);
-        for seq in ticket.0 {
+        for seq in ticket.units {
             let unit = seq
                 .checked_sub(first)
                 .and_then(|i| state.units.get_mut(i as usize))
@@ -728,6 +878,9 @@ impl Journal {
         Ok(head)
     }
 }
+
+/// The answer to a `DataOnly` caller that does not fit now.
+const NO_ROOM: &str = "no room for data held in the cache";
 
 fn journal_failed(why: &str) -> io::Error {
     io::Error::new(

@@ -128,7 +128,7 @@ pub struct Engine {
     block_bytes: std::sync::atomic::AtomicU32,
     /// The write journal (md's raid5-cache, write-through), if the array
     /// has one.
-    journal: Option<journal::Journal>,
+    journal: Option<Arc<journal::Journal>>,
     /// The array was clean when it started with its journal: md's
     /// MD_JOURNAL_CLEAN, under which it is never marked as owing a resync.
     journal_clean: bool,
@@ -159,7 +159,7 @@ impl Engine {
                 if !matches!(level, Level::Raid4 | Level::Raid5 | Level::Raid6) {
                     return Err(EngineError::JournalLevel { level });
                 }
-                Some(journal::Journal::new(
+                Some(Arc::new(journal::Journal::new(
                     device.member.clone(),
                     &device.path,
                     device.sb.data_offset_sectors,
@@ -167,7 +167,7 @@ impl Engine {
                     device.sb.recovery_offset_sectors,
                     &array.sb.set_uuid,
                     &array.geometry,
-                )?)
+                )?))
             }
             None => None,
         };
@@ -298,7 +298,9 @@ impl Engine {
                 &options
                     .tuning
                     .unwrap_or_else(|| tuning::TuningValues::defaults(full_stripe)),
-                options.accept_data_loss,
+                // A journal protects write-back: what the cache acknowledges
+                // is in it first.
+                options.accept_data_loss || journal.is_some(),
             ),
             cache: Arc::new(cache::StripeCache::new()),
             cache_workers: Mutex::new(0),

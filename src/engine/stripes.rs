@@ -66,6 +66,8 @@ pub(super) struct Job {
     /// (offset in the row's data, address, length) of each part: the
     /// submitter's bytes, borrowed. See `parts`.
     parts: Vec<(usize, *const u8, usize)>,
+    /// The parts' data is in the journal already (write-back).
+    logged: bool,
     result: Mutex<Option<io::Result<()>>>,
     finished: Condvar,
 }
@@ -207,6 +209,7 @@ impl StripeWorkers {
         stripe: u64,
         slot: usize,
         parts: &[(usize, &[u8])],
+        logged: bool,
     ) -> Option<io::Result<()>> {
         let active = self.active();
         if active == 0 {
@@ -219,6 +222,7 @@ impl StripeWorkers {
                 .iter()
                 .map(|(at, bytes)| (*at, bytes.as_ptr(), bytes.len()))
                 .collect(),
+            logged,
             result: Mutex::new(None),
             finished: Condvar::new(),
         });
@@ -346,8 +350,9 @@ impl Engine {
         let pieces: Vec<Option<Piece>> = (0..jobs.len())
             .map(|k| match (&results[k], &parts[k][..]) {
                 (None, &[(at, bytes)]) => {
-                    Some(Engine::piece(maps[k].clone(), at, bytes.len(), bytes))
-                        .filter(|piece| views[k].plain(piece))
+                    let mut piece = Engine::piece(maps[k].clone(), at, bytes.len(), bytes);
+                    piece.logged = jobs[k].logged;
+                    Some(piece).filter(|piece| views[k].plain(piece))
                 }
                 _ => None,
             })
@@ -389,14 +394,20 @@ impl Engine {
         // With a journal, every row of the round is logged in one commit
         // before any of its writes; rows past what one caller may log take
         // the one-row path, which logs its own.
-        let ticket = match &self.journal {
-            None => None,
-            Some(journal) => {
+        // Rows whose data is logged already (write-back) log their parity
+        // apart: that commit may use the room kept back for it.
+        let mut tickets = Vec::new();
+        if let Some(journal) = &self.journal {
+            for logged in [true, false] {
                 let budget = journal.max_caller_pages();
                 let mut rows = Vec::new();
                 let mut pages = 0;
+                let mut first = None;
                 for (k, slot) in plans.iter_mut().enumerate() {
                     let Some(plan) = slot else { continue };
+                    if plan.piece.logged != logged {
+                        continue;
+                    }
                     let mine = views[k].journal_rows(plan.piece, Some(plan));
                     let more: usize = mine.iter().map(|r| r.data.len() + r.parity).sum();
                     if pages + more > budget {
@@ -404,22 +415,24 @@ impl Engine {
                     } else {
                         pages += more;
                         rows.extend(mine);
+                        first.get_or_insert(k);
                     }
                 }
-                match views.first().map(|v| v.log_rows(rows)) {
-                    Some(Err(e)) => {
+                let Some(k) = first else { continue };
+                let piece = plans[k].as_ref().expect("taken above").piece;
+                match views[k].log_rows(piece, rows) {
+                    Err(e) => {
                         for (k, slot) in plans.iter_mut().enumerate() {
-                            if slot.take().is_some() {
+                            if slot.as_ref().is_some_and(|p| p.piece.logged == logged) {
+                                *slot = None;
                                 results[k] = Some(Err(io::Error::new(e.kind(), e.to_string())));
                             }
                         }
-                        None
                     }
-                    Some(Ok(ticket)) => ticket,
-                    None => None,
+                    Ok(ticket) => tickets.push(ticket),
                 }
             }
-        };
+        }
         // Every write of the round in one batch.
         let mut targets = Vec::new();
         let mut spans: Vec<Range<usize>> = vec![0..0; jobs.len()];
@@ -431,7 +444,9 @@ impl Engine {
             }
         }
         let mut errors = run_writes(max, &targets).into_iter();
-        self.journal_done(ticket);
+        for ticket in tickets {
+            self.journal_done(ticket);
+        }
         for (k, plan) in plans.iter().enumerate() {
             if let Some(plan) = plan {
                 let mine: Vec<_> = errors.by_ref().take(spans[k].len()).collect();
@@ -444,7 +459,7 @@ impl Engine {
         for (k, result) in results.iter_mut().enumerate() {
             if result.is_none() {
                 self.stripes.rows_alone.fetch_add(1, Ordering::Relaxed);
-                *result = Some(self.write_parts_locked(&maps[k], &parts[k]));
+                *result = Some(self.write_parts_locked(&maps[k], &parts[k], jobs[k].logged));
             }
         }
         results

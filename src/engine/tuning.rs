@@ -113,9 +113,8 @@ impl TuningValues {
     }
 
     /// Applies one `key=value`, checking it; nothing changes on error.
-    /// `protected` says whether write-back may be chosen: the user said
-    /// --i-accept-data-loss (the write journal protects write-through, not
-    /// yet what write-back holds in memory).
+    /// `protected` says whether write-back may be chosen: a journal guards
+    /// it, or the user said --i-accept-data-loss.
     pub fn set(&mut self, key: &str, value: &str, protected: bool) -> Result<(), String> {
         let mut next = self.clone();
         match key {
@@ -153,8 +152,8 @@ impl TuningValues {
                 if next.write_policy == WritePolicy::WriteBack && !protected {
                     return Err(
                         "write-back acknowledges writes that are only in memory: a crash \
-                                loses them (a write journal protects write-through only); \
-                                give --i-accept-data-loss to accept that"
+                                loses them; give the array a write journal (create \
+                                --write-journal), or --i-accept-data-loss to accept that"
                             .into(),
                     );
                 }
@@ -412,10 +411,16 @@ pub mod saved {
     }
 
     /// The values in force from defaults and saved settings.
-    pub fn apply(defaults: TuningValues, saved: &Saved) -> Result<TuningValues, String> {
+    /// `journaled`: the array has a write journal, which protects
+    /// write-back.
+    pub fn apply(
+        defaults: TuningValues,
+        saved: &Saved,
+        journaled: bool,
+    ) -> Result<TuningValues, String> {
         let mut values = defaults;
         for (k, v) in &saved.settings {
-            values.set(k, v, saved.accept_data_loss)?;
+            values.set(k, v, saved.accept_data_loss || journaled)?;
         }
         Ok(values)
     }
@@ -481,12 +486,12 @@ mod tests {
         saved::merge(&mut s, &[("read_ahead".into(), "64".into())]);
         saved::merge(&mut s, &[("read_ahead".into(), "128".into())]);
         assert_eq!(s.settings.len(), 1);
-        let v = saved::apply(TuningValues::defaults(8), &s).unwrap();
+        let v = saved::apply(TuningValues::defaults(8), &s, false).unwrap();
         assert_eq!(v.read_ahead, 128);
         s.settings
             .push(("write_policy".into(), "write-back".into()));
-        assert!(saved::apply(TuningValues::defaults(8), &s).is_err());
+        assert!(saved::apply(TuningValues::defaults(8), &s, false).is_err());
         s.accept_data_loss = true;
-        assert!(saved::apply(TuningValues::defaults(8), &s).is_ok());
+        assert!(saved::apply(TuningValues::defaults(8), &s, false).is_ok());
     }
 }

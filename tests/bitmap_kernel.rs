@@ -17,7 +17,6 @@
 
 mod common;
 use common::*;
-use std::collections::HashMap;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
@@ -125,26 +124,6 @@ fn cases() -> Vec<Case> {
         }
     }
     cases
-}
-
-/// Parses "KEY name value..." lines printed by the kernel scripts.
-fn results(stdout: &str, key: &str) -> HashMap<String, String> {
-    stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix(&format!("{key} ")))
-        .filter_map(|l| {
-            l.split_once(' ')
-                .map(|(n, v)| (n.to_string(), v.to_string()))
-        })
-        .collect()
-}
-
-fn losetup_lines(members: &[PathBuf]) -> String {
-    let mut s = String::from("L=()\n");
-    for m in members {
-        let _ = writeln!(s, "L+=(\"$(losetup -f --show {})\")", m.display());
-    }
-    s
 }
 
 /// The lines of an --examine-bitmap report that must agree: all but the

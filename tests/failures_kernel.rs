@@ -18,7 +18,6 @@
 
 mod common;
 use common::*;
-use std::collections::HashMap;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -27,17 +26,6 @@ const MIB: u64 = 1 << 20;
 const K: u64 = 1024;
 
 /// Parses "KEY name value..." lines printed by the kernel script.
-fn results(stdout: &str, key: &str) -> HashMap<String, String> {
-    stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix(&format!("{key} ")))
-        .filter_map(|l| {
-            l.split_once(' ')
-                .map(|(n, v)| (n.to_string(), v.to_string()))
-        })
-        .collect()
-}
-
 /// One array for the kernel.
 struct Prepared {
     name: String,

@@ -20,7 +20,6 @@
 
 mod common;
 use common::*;
-use std::collections::HashMap;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -68,26 +67,6 @@ impl Shape {
     fn rewritten_rows(&self) -> std::ops::Range<u64> {
         40..52
     }
-}
-
-/// Parses "KEY name value..." lines printed by the kernel scripts.
-fn results(stdout: &str, key: &str) -> HashMap<String, String> {
-    stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix(&format!("{key} ")))
-        .filter_map(|l| {
-            l.split_once(' ')
-                .map(|(n, v)| (n.to_string(), v.to_string()))
-        })
-        .collect()
-}
-
-fn losetup_lines(devices: &[PathBuf]) -> String {
-    let mut s = String::from("L=()\n");
-    for d in devices {
-        let _ = writeln!(s, "L+=(\"$(losetup -f --show {})\")", d.display());
-    }
-    s
 }
 
 /// Writes zeros over `rows` on every member's data area (data offset

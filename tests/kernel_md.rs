@@ -11,7 +11,6 @@
 
 mod common;
 use common::*;
-use std::collections::HashMap;
 use std::fmt::Write;
 use std::path::PathBuf;
 
@@ -219,26 +218,6 @@ fn comparable(examine: &str) -> Vec<String> {
             _ => l,
         })
         .collect()
-}
-
-/// Parses "KEY name value..." lines printed by the kernel scripts.
-fn results(stdout: &str, key: &str) -> HashMap<String, String> {
-    stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix(&format!("{key} ")))
-        .filter_map(|l| {
-            l.split_once(' ')
-                .map(|(n, v)| (n.to_string(), v.to_string()))
-        })
-        .collect()
-}
-
-fn losetup_lines(members: &[PathBuf]) -> String {
-    let mut s = String::from("L=()\n");
-    for m in members {
-        let _ = writeln!(s, "L+=(\"$(losetup -f --show {})\")", m.display());
-    }
-    s
 }
 
 /// Stops the array, saves mdadm --examine of its first member (through the

@@ -16,31 +16,10 @@
 
 mod common;
 use common::*;
-use std::collections::HashMap;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
 const MIB: u64 = 1 << 20;
-
-/// Parses "KEY name value..." lines printed by the kernel scripts.
-fn results(stdout: &str, key: &str) -> HashMap<String, String> {
-    stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix(&format!("{key} ")))
-        .filter_map(|l| {
-            l.split_once(' ')
-                .map(|(n, v)| (n.to_string(), v.to_string()))
-        })
-        .collect()
-}
-
-fn losetup_lines(members: &[PathBuf]) -> String {
-    let mut s = String::from("L=()\n");
-    for m in members {
-        let _ = writeln!(s, "L+=(\"$(losetup -f --show {})\")", m.display());
-    }
-    s
-}
 
 /// Assembles the members (loop devices L) as /dev/md0 in the guest and
 /// prints, for `name`: ASSEMBLE; RESYNC (resync_start at once: "none" when

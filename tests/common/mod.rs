@@ -108,6 +108,29 @@ pub fn in_kernel(script: &str, timeout_s: u32) -> String {
     stdout
 }
 
+/// Parses "KEY name value..." lines printed by the kernel scripts: the
+/// value of KEY for each name.
+pub fn results(stdout: &str, key: &str) -> std::collections::HashMap<String, String> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix(&format!("{key} ")))
+        .filter_map(|l| {
+            l.split_once(' ')
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// Script lines that attach each file to a loop device in the guest, into
+/// the bash array L (mdadm cannot open hostfs files directly).
+pub fn losetup_lines(files: &[PathBuf]) -> String {
+    let mut s = String::from("L=()\n");
+    for f in files {
+        s.push_str(&format!("L+=(\"$(losetup -f --show {})\")\n", f.display()));
+    }
+    s
+}
+
 // ---------------------------------------------------------------------------
 // Serving arrays: `uraid serve` as a child process, and the NBD client tools
 // that talk to it (tests/serve.rs, tests/serve_kernel.rs).

@@ -87,6 +87,11 @@ struct BatchState {
 /// that logged them); dropped once the batch is on the members.
 pub(super) type Hold = Arc<dyn Send + Sync>;
 
+/// Logs a write's data before the cache acknowledges it (write-back with a
+/// journal): a hold on what was logged, or None when the journal has no
+/// room for it (the write then goes through).
+pub(super) type LogData<'a> = dyn Fn() -> io::Result<Option<Hold>> + 'a;
+
 impl BatchState {
     fn full(&self) -> bool {
         self.covered.len() == 1 && self.covered[0] == (0..self.buf.len())
@@ -314,42 +319,13 @@ impl StripeCache {
         fua: bool,
         entries: usize,
         capacity: usize,
-        hold: Option<&Hold>,
+        log: Option<&LogData>,
         destage: &dyn Fn(&Batch, &[Range<usize>], &[u8]) -> io::Result<()>,
     ) -> Offer {
         loop {
             let mut shard = lock(self.shard(stripe));
             let batch = match shard.get(&stripe) {
-                Some(batch) => {
-                    let batch = batch.clone();
-                    let mut state = lock(&batch.state);
-                    if state.closed {
-                        // Being written out: wait for it, then look again,
-                        // so that this write lands after it.
-                        drop(shard);
-                        drop(batch.written(state));
-                        continue;
-                    }
-                    if state.logged != hold.is_some() {
-                        // A batch holds either data the journal has
-                        // (write-back) or data it has not. Mixed, its
-                        // write-out would log data while its logged part
-                        // holds the journal's tail and the room kept back
-                        // for it: written out first, then a new batch.
-                        drop(state);
-                        drop(shard);
-                        self.write_out(&batch, entries, destage);
-                        continue;
-                    }
-                    state.add(at, bytes);
-                    state.last_join = Instant::now();
-                    if fua {
-                        state.urgent = true;
-                    }
-                    state.holds.extend(hold.cloned());
-                    drop(state);
-                    batch
-                }
+                Some(batch) => batch.clone(),
                 None => {
                     let whole = at == 0 && bytes.len() == row_bytes;
                     if whole || !(gather || write_back) {
@@ -361,21 +337,19 @@ impl StripeCache {
                     }
                     self.entries_in_use.fetch_add(entries, Ordering::SeqCst);
                     self.batches.fetch_add(1, Ordering::SeqCst);
-                    let mut state = BatchState {
-                        buf: Arc::new(vec![0u8; row_bytes]),
-                        covered: Vec::new(),
-                        created: Instant::now(),
-                        last_join: Instant::now(),
-                        closed: false,
-                        result: None,
-                        urgent: fua,
-                        holds: hold.into_iter().cloned().collect(),
-                        logged: hold.is_some(),
-                    };
-                    state.add(at, bytes);
                     let batch = Arc::new(Batch {
                         stripe,
-                        state: Mutex::new(state),
+                        state: Mutex::new(BatchState {
+                            buf: Arc::new(vec![0u8; row_bytes]),
+                            covered: Vec::new(),
+                            created: Instant::now(),
+                            last_join: Instant::now(),
+                            closed: false,
+                            result: None,
+                            urgent: fua,
+                            holds: Vec::new(),
+                            logged: log.is_some(),
+                        }),
                         changed: Condvar::new(),
                     });
                     shard.insert(stripe, batch.clone());
@@ -386,10 +360,55 @@ impl StripeCache {
                 }
             };
             drop(shard);
+            let mut state = lock(&batch.state);
+            if state.closed {
+                // Being written out: wait for it, then look again, so that
+                // this write lands after it.
+                drop(batch.written(state));
+                continue;
+            }
+            if state.logged != log.is_some() {
+                // A batch holds either data the journal has (write-back) or
+                // data it has not. Mixed, its write-out would log data while
+                // its logged part holds the journal's tail and the room kept
+                // back for it: written out first, then a new batch.
+                drop(state);
+                self.write_out(&batch, entries, destage);
+                continue;
+            }
+            // With a journal, the data is logged while the batch is held:
+            // the batch cannot be closed meanwhile, so what is logged
+            // before its write-out's parity is in that write-out, and what
+            // comes after its close is logged after that parity (md holds
+            // new writes to a stripe being written out the same way).
+            if let Some(log) = log {
+                match log() {
+                    Ok(Some(hold)) => state.holds.push(hold),
+                    // No room in the journal's share for the cache: the
+                    // batch goes out as it is, and this write goes through.
+                    Ok(None) => {
+                        drop(state);
+                        self.write_out(&batch, entries, destage);
+                        return Offer::Direct;
+                    }
+                    Err(e) => {
+                        drop(state);
+                        self.write_out(&batch, entries, destage);
+                        return Offer::Done(Err(e));
+                    }
+                }
+            }
+            state.add(at, bytes);
+            state.last_join = Instant::now();
+            if fua {
+                state.urgent = true;
+            }
+            let full = state.full();
+            drop(state);
             self.stats.gathered_writes.fetch_add(1, Ordering::Relaxed);
             if write_back && !fua {
                 // Acknowledged from memory; a whole row goes out at once.
-                if lock(&batch.state).full() {
+                if full {
                     self.write_out(&batch, entries, destage);
                 }
                 return Offer::Done(Ok(()));

@@ -488,22 +488,25 @@ impl Engine {
             // Write-back with a journal: what the cache acknowledges is in
             // the journal first (md's r5c caching phase). A whole row goes
             // straight to the members and logs itself there.
-            let mut write_back = write_back;
-            let mut hold = None;
-            if let (Some(journal), true) = (&engine.journal, write_back) {
-                if bytes.len() < row_bytes {
-                    let piece = Engine::piece(map.clone(), in_stripe, bytes.len(), bytes);
-                    let rows = engine.view(map.stripe).journal_rows(&piece, None);
-                    match journal.log(engine, rows, super::journal::LogKind::DataOnly) {
-                        Ok(ticket) => hold = Some(super::journal::JournalHold::new(journal, ticket)),
-                        // The journal's share for the cache is full: this
-                        // write goes through, as md's r5c does when its log
-                        // runs short.
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => write_back = false,
-                        Err(e) => return Err(e),
-                    }
+            // Write-back with a journal: what the cache acknowledges is in
+            // the journal first (md's r5c caching phase), logged by the
+            // cache while it holds the row's batch. A whole row goes
+            // straight to the members and logs itself there.
+            let log_data = || -> io::Result<Option<super::cache::Hold>> {
+                let journal = engine.journal.as_ref().expect("logging needs a journal");
+                let piece = Engine::piece(map.clone(), in_stripe, bytes.len(), bytes);
+                let rows = engine.view(map.stripe).journal_rows(&piece, None);
+                match journal.log(engine, rows, super::journal::LogKind::DataOnly) {
+                    Ok(ticket) => Ok(Some(super::journal::JournalHold::new(journal, ticket))),
+                    // The journal's share for the cache is full: this write
+                    // goes through, as md's r5c does when its log runs short.
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+                    Err(e) => Err(e),
                 }
-            }
+            };
+            let log: Option<&super::cache::LogData> =
+                (engine.journal.is_some() && write_back && bytes.len() < row_bytes)
+                    .then_some(&log_data);
             let offer = engine.cache.offer(
                 map.stripe,
                 row_bytes,
@@ -514,16 +517,12 @@ impl Engine {
                 fua,
                 entries,
                 capacity,
-                hold.as_ref(),
+                log,
                 &|batch, runs, buf| engine.destage(batch, runs, buf),
             );
             match offer {
                 Offer::Done(result) => result,
                 Offer::Direct => {
-                    // Not acknowledged from the cache: the write logs itself
-                    // in full on its way to the members, and what was logged
-                    // alone must not hold the journal's tail meanwhile.
-                    drop(hold);
                     if bytes.len() < row_bytes {
                         let stats = &engine.cache.stats;
                         stats.direct_writes.fetch_add(1, Ordering::Relaxed);

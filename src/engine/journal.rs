@@ -596,6 +596,12 @@ impl Journal {
                 self.changed.notify_all();
                 continue;
             }
+            if state.results.contains_key(&id) {
+                // Answered without a commit (no room for data to cache).
+                state.writing = false;
+                self.changed.notify_all();
+                continue;
+            }
             // Nothing queued fits: move the tail if member writes have
             // finished since it last moved, else wait for some to finish
             // (the commit slot is free meanwhile, for parity that may use

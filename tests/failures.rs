@@ -1126,7 +1126,11 @@ fn check_counts_corruption_and_repair_fixes_it() {
         // Redundancy only: reads are unchanged (a mirror's second copy is
         // redundancy only to a lone reader, which reads the first; md's
         // read_balance would hand a deeper queue either copy too).
-        let read_all = if name == "raid1" { nbdcopy_out_lone } else { nbdcopy_out };
+        let read_all = if name == "raid1" {
+            nbdcopy_out_lone
+        } else {
+            nbdcopy_out
+        };
         assert_same_bytes(
             &read_all(served.uri(), dir.path()),
             &data,

@@ -148,7 +148,10 @@ fn kernel_replays_the_journal_uraid_wrote() {
         // Whole rows rewritten, then flushed: acknowledged and durable.
         let rows = shape.rewritten_rows();
         let at = rows.start * shape.row_bytes();
-        let new = random_bytes(0xbeef + i as u64, ((rows.end - rows.start) * shape.row_bytes()) as usize);
+        let new = random_bytes(
+            0xbeef + i as u64,
+            ((rows.end - rows.start) * shape.row_bytes()) as usize,
+        );
         let new_path = dir.path().join(format!("{name}.new"));
         std::fs::write(&new_path, &new).unwrap();
         let client = if write_back {
@@ -266,7 +269,10 @@ fn in_kernel_until_killed(script: &str, marker: &Path, limit: Duration) {
     let script_path = dir.path().join("script.sh");
     std::fs::write(
         &script_path,
-        format!("#!/bin/bash\nset -eu\n{script}\ntouch {}\nsleep 1000\n", marker.display()),
+        format!(
+            "#!/bin/bash\nset -eu\n{script}\ntouch {}\nsleep 1000\n",
+            marker.display()
+        ),
     )
     .unwrap();
     let mut child = Command::new(root.join("tests/kernel/uml-run"))
@@ -289,13 +295,18 @@ fn in_kernel_until_killed(script: &str, marker: &Path, limit: Duration) {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        assert!(Instant::now() < deadline, "the kernel script did not finish in {limit:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the kernel script did not finish in {limit:?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     // uml-run names the guest uml-run-<its pid>-<random>; its processes are
     // found by that.
     let pattern = format!("umid=uml-run-{}-", child.id());
-    let _ = Command::new("pkill").args(["-KILL", "-f", &pattern]).status();
+    let _ = Command::new("pkill")
+        .args(["-KILL", "-f", &pattern])
+        .status();
     let _ = child.wait_with_output();
 }
 
@@ -323,7 +334,10 @@ fn uraid_replays_the_journal_the_kernel_wrote() {
         let head = random_bytes(0xe1 + i as u64, (4 * MIB) as usize);
         let rows = shape.rewritten_rows();
         let at = rows.start * shape.row_bytes();
-        let new = random_bytes(0xe2 + i as u64, ((rows.end - rows.start) * shape.row_bytes()) as usize);
+        let new = random_bytes(
+            0xe2 + i as u64,
+            ((rows.end - rows.start) * shape.row_bytes()) as usize,
+        );
         let head_path = dir.path().join(format!("{name}.head"));
         let new_path = dir.path().join(format!("{name}.new"));
         std::fs::write(&head_path, &head).unwrap();
@@ -389,7 +403,12 @@ fn uraid_replays_the_journal_the_kernel_wrote() {
             &served.control,
             &format!("{name}: check finished"),
             Duration::from_secs(60),
-            |s| status_whole_and_idle(s) && status_events(s).iter().any(|(e, _, _)| e == "RebuildFinished"),
+            |s| {
+                status_whole_and_idle(s)
+                    && status_events(s)
+                        .iter()
+                        .any(|(e, _, _)| e == "RebuildFinished")
+            },
         );
         assert_eq!(status["mismatch_cnt"], 0, "{name}: parity after the replay");
         served.stop();

@@ -152,7 +152,9 @@ impl Assembled {
 
     /// The write-journal device, when the array has one and it was given.
     pub fn journal(&self) -> Option<&FoundDevice> {
-        self.devices.iter().find(|d| d.state == DeviceState::Journal)
+        self.devices
+            .iter()
+            .find(|d| d.state == DeviceState::Journal)
     }
 
     /// The array has a write journal that was not given (or is stale):

@@ -516,9 +516,7 @@ pub fn create_on_members_full(
 
     if let Some(j) = journal_index {
         let o = opened[j].as_ref().expect("the journal is a device");
-        let ring = sizes[j]
-            .expect("opened")
-            .saturating_sub(data_offset)
+        let ring = sizes[j].expect("opened").saturating_sub(data_offset)
             / format::journal::BLOCK_SECTORS
             * format::journal::BLOCK_SECTORS;
         let needed = format::journal::min_ring_sectors(chunk_sectors as u64, raid_disks);

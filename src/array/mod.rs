@@ -10,13 +10,13 @@ mod superblocks;
 mod update;
 
 pub use assemble::{
-    assemble, assemble_members, has_journal_feature, open_members, AssembleError, Assembled, DeviceState, FoundDevice,
+    assemble, assemble_members, has_journal_feature, open_members, AssembleError, Assembled,
+    DeviceState, FoundDevice,
 };
 pub use bitmap::{read_bitmap, read_bitmap_node, write_bitmap};
 pub use create::{
     create, create_full, create_on_members, create_on_members_full, create_on_members_with_bitmap,
-    create_with_bitmap, BitmapRequest,
-    CreateError, CreateOptions, MemberSpec,
+    create_with_bitmap, BitmapRequest, CreateError, CreateOptions, MemberSpec,
 };
 pub use resync::{resync, ResyncReport};
 pub use stripe_io::{StripeError, StripeIo};

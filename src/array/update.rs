@@ -5,7 +5,8 @@
 use super::assemble::{Assembled, DeviceState};
 use super::superblocks::{write_superblock, SuperblockError};
 use crate::format::{
-    MAX_SECTOR, MD_DISK_ROLE_FAULTY, MD_DISK_ROLE_JOURNAL, MD_DISK_ROLE_SPARE, MD_FEATURE_RECOVERY_OFFSET,
+    MAX_SECTOR, MD_DISK_ROLE_FAULTY, MD_DISK_ROLE_JOURNAL, MD_DISK_ROLE_SPARE,
+    MD_FEATURE_RECOVERY_OFFSET,
 };
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -84,12 +84,10 @@ pub fn run(args: &CreateArgs) -> CliResult {
     };
     let metadata: Metadata = args.metadata.parse().map_err(|e: String| e)?;
     // Knobs are checked before anything is written, saved after.
-    let settings = args
-        .tuning
-        .settings(
-            &crate::engine::tuning::TuningValues::defaults(8),
-            args.write_journal.is_some(),
-        )?;
+    let settings = args.tuning.settings(
+        &crate::engine::tuning::TuningValues::defaults(8),
+        args.write_journal.is_some(),
+    )?;
     let chunk_bytes = args.chunk.as_deref().map(parse_size_bytes).transpose()?;
     let size_sectors = args
         .size

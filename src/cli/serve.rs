@@ -94,13 +94,12 @@ pub fn run(args: &ServeArgs) -> CliResult {
     let uuid = array.sb.uuid_string();
     let defaults =
         crate::engine::tuning::TuningValues::defaults(array.geometry.stripe(0).data_sectors());
-    let (tuning, accept_data_loss) =
-        super::tuning::values_for_serve(
-            &uuid,
-            defaults,
-            &args.tuning,
-            crate::array::has_journal_feature(&array.sb),
-        )?;
+    let (tuning, accept_data_loss) = super::tuning::values_for_serve(
+        &uuid,
+        defaults,
+        &args.tuning,
+        crate::array::has_journal_feature(&array.sb),
+    )?;
     let engine = Engine::start(
         array,
         EngineOptions {

@@ -1048,7 +1048,8 @@ impl View<'_> {
         // needs fewer reads, 2 also when the counts tie. A journal logs P
         // and Q whole, so with a parity member missing (whose old parity
         // cannot be read) the parity is computed from the data.
-        let every_parity = parity_present == usize::from(map.p.is_some()) + usize::from(map.q.is_some());
+        let every_parity =
+            parity_present == usize::from(map.p.is_some()) + usize::from(map.q.is_some());
         let rmw = rmw_possible
             && (every_parity || self.engine.journal.is_none())
             && match self.engine.tunables.rmw_level() {

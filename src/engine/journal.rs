@@ -96,7 +96,11 @@ impl JournalHold {
 
 impl Drop for JournalHold {
     fn drop(&mut self) {
-        let ticket = self.ticket.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        let ticket = self
+            .ticket
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         if let Some(ticket) = ticket {
             self.journal.finished(ticket);
         }
@@ -643,15 +647,12 @@ impl Journal {
         for q in parity.into_iter().chain(others) {
             let fits = match q.kind {
                 LogKind::ParityOnly => used + total + q.sectors < self.ring_sectors,
-                LogKind::Rows => {
-                    used + total + q.sectors + state.reserved < self.ring_sectors
-                }
+                LogKind::Rows => used + total + q.sectors + state.reserved < self.ring_sectors,
                 // Data waiting in the cache may hold at most half the ring
                 // (with its parity's room), so that writes going through
                 // never starve behind it.
                 LogKind::DataOnly => {
-                    used + total + q.sectors + state.reserved + q.reserve
-                        < self.ring_sectors / 2
+                    used + total + q.sectors + state.reserved + q.reserve < self.ring_sectors / 2
                 }
             };
             if fits && rest.is_empty() {

@@ -268,7 +268,9 @@ impl Engine {
             data_strips: first.data.len(),
         };
         let block_bytes = if journal.is_some() {
-            table.block_bytes().max(crate::format::journal::BLOCK_BYTES as u32)
+            table
+                .block_bytes()
+                .max(crate::format::journal::BLOCK_BYTES as u32)
         } else {
             table.block_bytes()
         };

@@ -853,7 +853,10 @@ fn mirror_reads_stay_on_the_first_copy_until_a_resync_makes_the_copies_agree() {
         w.apply_str("latency:2ms").unwrap();
     }
     let engine = Engine::start(reassemble(&wrappers), EngineOptions::default()).unwrap();
-    assert!(engine.snapshot().sync.is_some(), "no resync after an unclean stop");
+    assert!(
+        engine.snapshot().sync.is_some(),
+        "no resync after an unclean stop"
+    );
     engine.pending_reads[0].store(100, Ordering::Relaxed);
     assert_eq!(
         engine.pick_copy(copies, |_| true).unwrap().member,
@@ -1714,8 +1717,14 @@ fn a_power_cut_loses_member_writes_and_the_journal_replays_them() {
         }
         let image = hammer_pages(&engine, 3, 40, disks as u64);
         let stats = engine.journal_stats().unwrap();
-        assert!(stats.units_written > 0 && stats.failed.is_none(), "{what}: {stats:?}");
-        assert!(stats.reclaims > 0, "{what}: the ring never filled: {stats:?}");
+        assert!(
+            stats.units_written > 0 && stats.failed.is_none(),
+            "{what}: {stats:?}"
+        );
+        assert!(
+            stats.reclaims > 0,
+            "{what}: the ring never filled: {stats:?}"
+        );
         crash(engine);
         let mut lost_blocks = 0;
         for w in &wrappers[..disks] {
@@ -1728,7 +1737,10 @@ fn a_power_cut_loses_member_writes_and_the_journal_replays_them() {
             engine.journal_stats().unwrap().replayed_rows > 0,
             "{what}: nothing replayed"
         );
-        assert!(read_all(&engine) == image, "{what}: data differs after replay");
+        assert!(
+            read_all(&engine) == image,
+            "{what}: data differs after replay"
+        );
         if lost.is_none() {
             engine.start_scrub(false).unwrap();
             wait_idle(&engine);
@@ -1738,7 +1750,10 @@ fn a_power_cut_loses_member_writes_and_the_journal_replays_them() {
         // A clean stop leaves nothing to replay, and the data stays.
         let engine = Engine::start(reassemble(&wrappers), EngineOptions::default()).unwrap();
         assert_eq!(engine.journal_stats().unwrap().replayed_rows, 0, "{what}");
-        assert!(read_all(&engine) == image, "{what}: data differs after a clean restart");
+        assert!(
+            read_all(&engine) == image,
+            "{what}: data differs after a clean restart"
+        );
         engine.shutdown().unwrap();
     }
 }
@@ -1884,7 +1899,9 @@ fn write_back_rows_written_while_written_out_replay_consistently() {
                     for _ in 0..300 {
                         let page = rng.gen_range(0..pages / 2) * 2 + t;
                         let data: Vec<u8> = (0..4096).map(|_| rng.gen()).collect();
-                        engine.write_bytes(page as u64 * 4096, &data, false).unwrap();
+                        engine
+                            .write_bytes(page as u64 * 4096, &data, false)
+                            .unwrap();
                         image.lock().unwrap()[page * 4096..][..4096].copy_from_slice(&data);
                         if rng.gen_range(0..8) == 0 {
                             std::thread::sleep(std::time::Duration::from_millis(2));
@@ -1901,10 +1918,17 @@ fn write_back_rows_written_while_written_out_replay_consistently() {
         }
         let engine = Engine::start(reassemble(&wrappers), EngineOptions::default()).unwrap();
         let image = Arc::try_unwrap(image).unwrap().into_inner().unwrap();
-        assert!(read_all(&engine) == image, "seed {seed}: acknowledged data lost");
+        assert!(
+            read_all(&engine) == image,
+            "seed {seed}: acknowledged data lost"
+        );
         engine.start_scrub(false).unwrap();
         wait_idle(&engine);
-        assert_eq!(engine.mismatch_sectors(), 0, "seed {seed}: parity after replay");
+        assert_eq!(
+            engine.mismatch_sectors(),
+            0,
+            "seed {seed}: parity after replay"
+        );
         engine.shutdown().unwrap();
     }
 }

@@ -159,7 +159,14 @@ pub fn encode(block: &MetaBlock, seed: u32) -> Result<Vec<u8>, JournalFormatErro
                 flags,
                 checksums,
             } => {
-                put_data_parity(&mut out, &mut at, PAYLOAD_DATA, *flags, *location, checksums)?;
+                put_data_parity(
+                    &mut out,
+                    &mut at,
+                    PAYLOAD_DATA,
+                    *flags,
+                    *location,
+                    checksums,
+                )?;
             }
             Payload::Parity {
                 location,
@@ -216,7 +223,9 @@ pub enum NotMeta {
     Version,
     Checksum,
     /// It was written for another place (a stale block of an earlier lap).
-    Position { found: u64 },
+    Position {
+        found: u64,
+    },
     MetaSize(u32),
     /// A payload runs past meta_size or has an unknown type.
     Payload,
@@ -301,7 +310,9 @@ pub fn decode(block: &[u8], position: u64, seed: u32) -> Result<MetaBlock, NotMe
                 if bytes % 8 != 0 || at + 8 + bytes > end {
                     return Err(NotMeta::Payload);
                 }
-                let stripes = (0..bytes / 8).map(|i| le64(block, at + 8 + 8 * i)).collect();
+                let stripes = (0..bytes / 8)
+                    .map(|i| le64(block, at + 8 + 8 * i))
+                    .collect();
                 payloads.push(Payload::Flush { stripes });
                 at += 8 + bytes;
             }

@@ -626,6 +626,9 @@ impl Journal {
                 Err(e) => {
                     let why = format!("{}: moving the journal's tail: {e}", self.path);
                     for q in std::mem::take(&mut state.queue) {
+                        // Answered as failed, each gives back what it keeps
+                        // back: counted here, as a commit would have.
+                        state.reserved += q.reserve;
                         state.results.insert(q.id, Err(why.clone()));
                     }
                 }

@@ -62,6 +62,13 @@ impl Shape {
         self.chunk_kib * 1024 * self.data_disks()
     }
 
+    /// New sparse member files and a journal file for the array `name`.
+    fn files(&self, dir: &Path, name: &str) -> (Vec<PathBuf>, PathBuf) {
+        let members = sparse_files(dir, &format!("{name}-m"), &vec![MEMBER_BYTES; self.disks]);
+        let journal = sparse_files(dir, &format!("{name}-journal"), &[JOURNAL_BYTES]).remove(0);
+        (members, journal)
+    }
+
     /// The rows the test rewrites: whole rows, so that wiping them on every
     /// member leaves nothing outside what the journal holds.
     fn rewritten_rows(&self) -> std::ops::Range<u64> {
@@ -110,16 +117,7 @@ fn kernel_replays_the_journal_uraid_wrote() {
         (&SHAPES[1], "raid6-write-back", true, true),
     ];
     for (i, &(shape, name, crash, write_back)) in cases.iter().enumerate() {
-        let members = sparse_files(
-            dir.path(),
-            &format!("{name}-m"),
-            &vec![MEMBER_BYTES; shape.disks],
-        );
-        let journal = dir.path().join(format!("{name}-journal"));
-        std::fs::File::create(&journal)
-            .unwrap()
-            .set_len(JOURNAL_BYTES)
-            .unwrap();
+        let (members, journal) = shape.files(dir.path(), name);
         let chunk = format!("{}K", shape.chunk_kib);
         let disks = shape.disks.to_string();
         let mut args = vec![
@@ -319,16 +317,7 @@ fn uraid_replays_the_journal_the_kernel_wrote() {
     let mut arrays = Vec::new();
     for (i, shape) in SHAPES.iter().enumerate() {
         let name = shape.name;
-        let members = sparse_files(
-            dir.path(),
-            &format!("{name}-m"),
-            &vec![MEMBER_BYTES; shape.disks],
-        );
-        let journal = dir.path().join(format!("{name}-journal"));
-        std::fs::File::create(&journal)
-            .unwrap()
-            .set_len(JOURNAL_BYTES)
-            .unwrap();
+        let (members, journal) = shape.files(dir.path(), name);
         // Little enough that md reclaims nothing: it moves the tail only
         // once a quarter of the journal could be freed.
         let head = random_bytes(0xe1 + i as u64, (4 * MIB) as usize);

@@ -294,16 +294,26 @@ pub fn assemble_members(members: Vec<(String, MemberRef)>) -> Result<Assembled, 
 
 /// md's view of one device against the freshest superblock (super_1_validate).
 fn device_state(freshest: &MemberSuper, sb: &MemberSuper, slots: &Slots) -> DeviceState {
+    // md accepts a member at most one event behind: it missed only the last
+    // clean/dirty transition, never data. A journal is held to the same
+    // rule (super_1_validate). The device's own superblock decides whether
+    // the rule applies, before the freshest role table is read: once the
+    // array ran without a member, the freshest table calls that slot a
+    // spare, and a stale member taken at that word would be rebuilt as a
+    // spare where md leaves it out as not up to date.
+    let stale = sb.events + 1 < freshest.events;
+    if stale && matches!(sb.this_role(), Role::Active(_) | Role::Journal) {
+        return DeviceState::Stale { events: sb.events };
+    }
     let role = freshest.role_of(sb.dev_number);
     match role {
         Role::Spare => return DeviceState::Spare,
         Role::Faulty => return DeviceState::Faulty,
         Role::Active(_) | Role::Journal => {}
     }
-    // md accepts a member at most one event behind: it missed only the last
-    // clean/dirty transition, never data. A journal is held to the same
-    // rule (super_1_validate).
-    if sb.events + 1 < freshest.events {
+    // A device that calls itself a spare but that the freshest table has
+    // in a role missed that promotion: it holds none of the role's data.
+    if stale {
         return DeviceState::Stale { events: sb.events };
     }
     if role == Role::Journal {

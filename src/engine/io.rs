@@ -1158,6 +1158,15 @@ impl View<'_> {
             hot.drop_window(map.stripe, window);
             return;
         }
+        // A whole-window write needed no old parity and its row's next
+        // write most likely needs none either (a sequential writer of whole
+        // rows): copying its parity into the cache would cost a page
+        // allocation and copy per 4 KiB for nothing, so what was kept of
+        // the window is only forgotten.
+        if plan.whole {
+            hot.drop_window(map.stripe, window);
+            return;
+        }
         let capacity = self.engine.tunables.stripe_cache_size() as usize;
         let p = plan.p_place.map(|_| &plan.p[..]);
         let q = plan.q_place.map(|_| &plan.q[..]);

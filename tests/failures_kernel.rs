@@ -7,7 +7,10 @@
 //!   torn while it was down, and resynced by the next `uraid serve`;
 //! - left mid-recovery: a throttled rebuild onto a spare stopped by SIGTERM,
 //!   which records md's Recovery Offset in the new member's superblock
-//!   (`mdadm --examine` must show it, with the value `uraid examine` shows).
+//!   (`mdadm --examine` must show it, with the value `uraid examine` shows);
+//! - left mid-replace: a throttled `--replace` stopped by SIGTERM, which
+//!   records md's replacement flag and Recovery Offset on the copy; the
+//!   kernel must show it as a replacement ("(R)") and resume its copy there.
 //!
 //! One boot assembles each with mdadm. The kernel must find it clean
 //! (resync_start none); an array left mid-recovery must resume the
@@ -36,6 +39,9 @@ struct Prepared {
     model: PathBuf,
     /// The Recovery Offset (sectors) of a member left mid-recovery.
     recovery_offset: Option<u64>,
+    /// Left mid-replace: the kernel must see a replacement ("(R)" in
+    /// /proc/mdstat) next to the member it copies.
+    replacing: bool,
 }
 
 /// The guest's lines for one array: assemble; RESYNC (resync_start); for an
@@ -66,6 +72,12 @@ fn kernel_lines(p: &Prepared) -> String {
         s,
         "  echo \"RESYNC {name} $(cat /sys/block/md0/md/resync_start)\""
     );
+    if p.replacing {
+        let _ = writeln!(
+            s,
+            "  echo \"REPLACING {name} $(grep -c '(R)' /proc/mdstat)\""
+        );
+    }
     if resuming {
         let _ = writeln!(
             s,
@@ -111,9 +123,16 @@ fn kernel_lines(p: &Prepared) -> String {
 
 fn judge(stdout: &str, prepared: &[Prepared]) {
     for l in stdout.lines().filter(|l| {
-        ["RESUME ", "DEGRADED ", "MISMATCH ", "CMP ", "IDLE "]
-            .iter()
-            .any(|k| l.starts_with(k))
+        [
+            "RESUME ",
+            "DEGRADED ",
+            "MISMATCH ",
+            "CMP ",
+            "IDLE ",
+            "REPLACING ",
+        ]
+        .iter()
+        .any(|k| l.starts_with(k))
     }) {
         eprintln!("kernel: {l}");
     }
@@ -136,6 +155,9 @@ fn judge(stdout: &str, prepared: &[Prepared]) {
         expect("DEGRADED", "0", "nothing missing once recovered");
         expect("CMP", "ok", "the array reads what uraid's clients wrote");
         expect("MISMATCH", "0", "check after recovery");
+        if p.replacing {
+            expect("REPLACING", "1", "a replacement next to its original");
+        }
         if let Some(offset) = p.recovery_offset {
             // "A / B" in sectors of a member, as recovery_offset.
             let resume = get("RESUME", name).unwrap_or_default();
@@ -252,6 +274,7 @@ fn rebuilt(dir: &Path, shape: &Shape, lost: usize) -> Prepared {
         files: given,
         model,
         recovery_offset: None,
+        replacing: false,
     }
 }
 
@@ -315,7 +338,61 @@ fn resynced(dir: &Path, shape: &Shape) -> Prepared {
         files,
         model: model_path,
         recovery_offset: None,
+        replacing: false,
     }
+}
+
+/// What the two throttled jobs start from: the array made, filled with
+/// its image and served, and a blank device of a member's size beside it.
+struct Started {
+    files: Vec<PathBuf>,
+    blank: String,
+    img: PathBuf,
+    served: Served,
+}
+
+fn start_with_blank(dir: &Path, shape: &Shape, blank: &str) -> Started {
+    let Shape {
+        name,
+        options,
+        disks,
+        member_bytes,
+        seed,
+        ..
+    } = *shape;
+    let files = create_array(dir, &format!("{name}-m"), options, disks, member_bytes);
+    let path = dir.join(format!("{name}-{blank}"));
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(member_bytes)
+        .unwrap();
+    let members = paths(&files);
+    let img = write_image(dir, name, seed, array_bytes(&members));
+    let served = serve(dir, &[], &members);
+    nbdcopy_in(&img, served.uri());
+    Started {
+        files,
+        blank: path.to_str().unwrap().to_string(),
+        img,
+        served,
+    }
+}
+
+/// Waits until the job rebuilding onto `device` (the last one started)
+/// has passed its first checkpoint.
+fn wait_past_20(served: &Served, what: &str, device: &str) {
+    wait_status(
+        &served.control,
+        &format!("{what} past 20 %"),
+        Duration::from_secs(60),
+        |s| {
+            let events = status_events(s);
+            events
+                .iter()
+                .rposition(|(e, d, _)| e == "RebuildStarted" && d == device)
+                .is_some_and(|i| events[i..].iter().any(|(e, _, _)| e == "Rebuild20"))
+        },
+    );
 }
 
 /// A spare waits; a member is failed; the rebuild onto the spare, held to
@@ -324,40 +401,24 @@ fn resynced(dir: &Path, shape: &Shape) -> Prepared {
 fn mid_recovery(dir: &Path, shape: &Shape, lost: usize) -> Prepared {
     let Shape {
         name,
-        options,
         disks,
-        member_bytes,
         chunk,
         width,
         seed,
+        ..
     } = *shape;
-    let files = create_array(dir, &format!("{name}-m"), options, disks, member_bytes);
+    let Started {
+        files,
+        blank: spare,
+        img,
+        served,
+    } = start_with_blank(dir, shape, "spare");
     let members = paths(&files);
-    let spare = dir.join(format!("{name}-spare"));
-    std::fs::File::create(&spare)
-        .unwrap()
-        .set_len(member_bytes)
-        .unwrap();
-    let spare = spare.to_str().unwrap();
-    let size = array_bytes(&members);
-    let img = write_image(dir, name, seed, size);
-    let served = serve(dir, &[], &members);
-    nbdcopy_in(&img, served.uri());
+    let spare = spare.as_str();
     manage_ok(&served.control, &["--add", spare]);
     manage_ok(&served.control, &["--speed-limit-max", "2000"]);
     manage_ok(&served.control, &["--fail", members[lost]]);
-    wait_status(
-        &served.control,
-        &format!("{name}: the rebuild past 20 %"),
-        Duration::from_secs(60),
-        |s| {
-            let events = status_events(s);
-            events
-                .iter()
-                .position(|(e, d, _)| e == "RebuildStarted" && d == spare)
-                .is_some_and(|i| events[i..].iter().any(|(e, _, _)| e == "Rebuild20"))
-        },
-    );
+    wait_past_20(&served, &format!("{name}: the rebuild"), spare);
     let model = dir.join(format!("{name}.model"));
     nbd_patch(served.uri(), &img, &model, seed + 1, chunk, width, 30);
     let status = array_status(&served.control);
@@ -409,6 +470,76 @@ fn mid_recovery(dir: &Path, shape: &Shape, lost: usize) -> Prepared {
         files: given,
         model,
         recovery_offset: Some(offset),
+        replacing: false,
+    }
+}
+
+/// `--replace` of a member, held to 2000 KiB/s, passes its first
+/// checkpoint while clients write; SIGTERM. The replacement's superblock
+/// carries md's replacement flag and Recovery Offset (mdadm --examine shows
+/// "Replacement device"), and the kernel must take it as a replacement and
+/// resume its copy there (uraid resuming it is an engine test).
+fn mid_replace(dir: &Path, shape: &Shape, old: usize) -> Prepared {
+    let Shape {
+        name,
+        disks,
+        chunk,
+        width,
+        seed,
+        ..
+    } = *shape;
+    let Started {
+        files,
+        blank: new,
+        img,
+        served,
+    } = start_with_blank(dir, shape, "new");
+    let members = paths(&files);
+    let new = new.as_str();
+    manage_ok(&served.control, &["--speed-limit-max", "2000"]);
+    manage_ok(&served.control, &["--replace", members[old], "--with", new]);
+    wait_past_20(&served, &format!("{name}: the copy"), new);
+    let model = dir.join(format!("{name}.model"));
+    nbd_patch(served.uri(), &img, &model, seed + 1, chunk, width, 30);
+    served.stop();
+    let mdadm_examine = || {
+        let out = run_limited_ok(
+            std::process::Command::new(client_tool("mdadm", "mdadm"))
+                .arg("--examine")
+                .arg(new),
+            Duration::from_secs(30),
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let examine = mdadm_examine();
+    assert!(
+        examine.contains(&format!("Device Role : Replacement device {old}")),
+        "{name}: mdadm --examine of the replacement:\n{examine}"
+    );
+    let first = recovery_offset_line(&examine)
+        .unwrap_or_else(|| panic!("{name}: no Recovery Offset:\n{examine}"));
+    let mut given: Vec<&str> = members.clone();
+    given.push(new);
+    let detail = detail_offline(&given);
+    let row = detail_row(&detail, new).unwrap_or_else(|| panic!("{name}: {detail}"));
+    assert_eq!(row["state"], "spare rebuilding", "{name}: {detail}");
+    assert_eq!(
+        detail["active_devices"].as_u64(),
+        Some(disks as u64),
+        "{detail}"
+    );
+
+    assert_same_bytes(
+        &copy_out(&given, dir),
+        &std::fs::read(&model).unwrap(),
+        &format!("{name}: copy-out"),
+    );
+    Prepared {
+        name: name.into(),
+        files: given.iter().map(PathBuf::from).collect(),
+        model,
+        recovery_offset: Some(first),
+        replacing: true,
     }
 }
 
@@ -502,6 +633,19 @@ fn kernel_takes_over_arrays_uraid_rebuilt_resynced_or_left_mid_recovery() {
                 seed: 600,
             },
             1,
+        ),
+        mid_replace(
+            d,
+            &Shape {
+                name: "raid6-mid-replace",
+                options: &["--level", "raid6", "--raid-devices", "5", "--chunk", "32K"],
+                disks: 5,
+                member_bytes: 24 * MIB,
+                chunk: 32 * K,
+                width: 3 * 32 * K,
+                seed: 700,
+            },
+            3,
         ),
     ];
     let mut script = String::from("set +e\n");

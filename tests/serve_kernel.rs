@@ -9,8 +9,8 @@
 //!     it clean (resync_start none), degraded exactly where uraid left it so,
 //!     read the expected bytes, and `check` must report mismatch_cnt 0.
 //! (b) mdadm creates arrays (healthy; raid5/raid6 degraded with --fail and
-//!     --remove after writing, or created with `missing`) and writes random
-//!     data; uraid serves each (stale members given too) and nbdcopy reads
+//!     --remove after writing, or created with `missing`; raid6 left half-way
+//!     through mdadm --replace) and writes random data; uraid serves each (stale members given too) and nbdcopy reads
 //!     the same bytes; clients write more through uraid, and a second boot
 //!     checks that the kernel reads that and finds parity consistent.
 
@@ -495,6 +495,10 @@ struct KernelCase {
     missing: Vec<usize>,
     /// Roles failed and removed after the first write; more is written after.
     fail: Vec<usize>,
+    /// A role the kernel starts to replace (mdadm --replace) after the
+    /// first write and leaves half-copied (mdadm --stop): uraid must take
+    /// the copy for a replacement and finish it.
+    replace: Option<usize>,
     chunk: u64,
     width: u64,
     redundant: bool,
@@ -508,6 +512,7 @@ fn kernel_cases() -> Vec<KernelCase> {
         disks,
         missing: vec![],
         fail: vec![],
+        replace: None,
         chunk,
         width,
         redundant,
@@ -596,6 +601,17 @@ fn kernel_cases() -> Vec<KernelCase> {
                 6,
                 16 * K,
                 64 * K,
+                true,
+            )
+        },
+        KernelCase {
+            replace: Some(2),
+            ..c(
+                "raid6-5-mid-replace",
+                "--level=raid6 --raid-devices=5 --chunk=32",
+                5,
+                32 * K,
+                96 * K,
                 true,
             )
         },
@@ -706,6 +722,27 @@ fn uraid_serves_what_the_kernel_wrote_and_the_kernel_reads_it_back() {
             );
             script.push_str("    P=$((P + ${p#*:}))\n  done\n  sync\n");
         }
+        if let Some(r) = c.replace {
+            // Slow enough to stop part way: 16 MiB at 1000 KiB/s.
+            let new = dir.path().join(format!("{name}-new"));
+            std::fs::File::create(&new)
+                .unwrap()
+                .set_len(member_bytes)
+                .unwrap();
+            let _ = writeln!(script, "  NEW=$(losetup -f --show {})", new.display());
+            script.push_str("  echo 100 > /proc/sys/dev/raid/speed_limit_min\n");
+            script.push_str("  echo 1000 > /proc/sys/dev/raid/speed_limit_max\n");
+            let _ = writeln!(
+                script,
+                "  mdadm /dev/md0 --add \"$NEW\" >/dev/null 2>&1 && mdadm /dev/md0 --replace \"${{D[{r}]}}\" --with \"$NEW\" >/dev/null 2>&1 || echo \"REPLACEFAIL {name}\""
+            );
+            script.push_str("  C=none; for i in $(seq 400); do C=$(cat /sys/block/md0/md/sync_completed); case \"$C\" in [0-9]*) [ \"${C%% *}\" -gt 4096 ] && break;; esac; sleep 0.05; done\n");
+            let _ = writeln!(script, "  echo \"MIDREPLACE {name} $C\"");
+            script.push_str("  mdadm --stop /dev/md0 >/dev/null 2>&1\n");
+            script.push_str("  echo 2000000 > /proc/sys/dev/raid/speed_limit_max\n");
+            script.push_str("  echo 1000000 > /proc/sys/dev/raid/speed_limit_min\n");
+            script.push_str("  losetup -d \"$NEW\"\n");
+        }
         let _ = writeln!(
             script,
             "  echo \"WROTE {name} $S\"\n  mdadm --stop /dev/md0 >/dev/null 2>&1"
@@ -721,8 +758,10 @@ fn uraid_serves_what_the_kernel_wrote_and_the_kernel_reads_it_back() {
     script.push_str("echo done\n");
     let stdout = in_kernel(&script, 600);
     assert!(
-        !stdout.contains("FAILREMOVE") && !stdout.contains("PATCH "),
-        "mdadm --fail/--remove or a patch failed:\n{stdout}"
+        !stdout.contains("FAILREMOVE")
+            && !stdout.contains("PATCH ")
+            && !stdout.contains("REPLACEFAIL"),
+        "mdadm --fail/--remove, a patch or --replace failed:\n{stdout}"
     );
     let wrote = results(&stdout, "WROTE");
 
@@ -750,14 +789,43 @@ fn uraid_serves_what_the_kernel_wrote_and_the_kernel_reads_it_back() {
                 p += n;
             }
         }
-        let existing: Vec<PathBuf> = roles.iter().flatten().cloned().collect();
+        let mut existing: Vec<PathBuf> = roles.iter().flatten().cloned().collect();
+        let replacement = c.replace.map(|r| {
+            let new = dir.path().join(format!("{name}-new"));
+            // The kernel stopped part way: md's replacement flag and
+            // Recovery Offset are on the copy, and uraid shows it as a
+            // spare being rebuilt into the role its original still holds.
+            let examine =
+                String::from_utf8_lossy(&uraid_ok(&["examine", new.to_str().unwrap()]).stdout)
+                    .to_string();
+            assert!(
+                examine.contains(&format!("Device Role : Replacement device {r}")),
+                "{name}: uraid examine of the kernel's replacement:\n{examine}"
+            );
+            existing.push(new.clone());
+            let detail = detail_offline(&paths(&existing));
+            let row = detail_row(&detail, new.to_str().unwrap())
+                .unwrap_or_else(|| panic!("{name}: {detail}"));
+            assert_eq!(row["state"], "spare rebuilding", "{name}: {detail}");
+            assert_eq!(
+                detail["active_devices"].as_u64(),
+                Some(c.disks as u64),
+                "{detail}"
+            );
+            (r, new)
+        });
         let all = paths(&existing);
-        let fresh: Vec<&str> = roles
+        // The members whose superblocks uraid keeps up to date: not the
+        // failed ones, nor the one its replacement takes over from.
+        let mut fresh: Vec<&str> = roles
             .iter()
             .enumerate()
-            .filter(|(r, p)| p.is_some() && !c.fail.contains(r))
+            .filter(|(r, p)| p.is_some() && !c.fail.contains(r) && c.replace != Some(*r))
             .map(|(_, p)| p.as_ref().unwrap().to_str().unwrap())
             .collect();
+        if let Some((_, new)) = &replacement {
+            fresh.push(new.to_str().unwrap());
+        }
         let gone = c.missing.len() + c.fail.len();
 
         if !c.fail.is_empty() {
@@ -775,6 +843,19 @@ fn uraid_serves_what_the_kernel_wrote_and_the_kernel_reads_it_back() {
         // current; it may rebuild onto them (as onto spares) while serving,
         // and then the kernel checks the rebuilt array below.
         let served = serve(dir.path(), &[], &all);
+        if let Some((_, new)) = &replacement {
+            // The copy goes on from where the kernel left it, not from 0.
+            let status = array_status(&served.control);
+            assert!(
+                status_events(&status)
+                    .iter()
+                    .any(|(e, d, detail)| e == "RebuildStarted"
+                        && d == new.to_str().unwrap()
+                        && detail.starts_with("resuming the replacement")
+                        && !detail.ends_with(" at stripe 0")),
+                "{name}: the kernel's copy did not resume: {status}"
+            );
+        }
         let detail = served.detail_json();
         let active = detail["active_devices"].as_u64().unwrap() as usize;
         assert!(
@@ -802,6 +883,21 @@ fn uraid_serves_what_the_kernel_wrote_and_the_kernel_reads_it_back() {
         // A rebuild onto the stale members, if any, finishes before the stop,
         // so that the kernel sees a settled array.
         wait_until_in_sync(&served, std::time::Duration::from_secs(120));
+        let detail = served.detail_json();
+        if let Some((r, new)) = &replacement {
+            // The copy finished: it holds the role, its original is faulty.
+            let row = detail_row(&detail, new.to_str().unwrap())
+                .unwrap_or_else(|| panic!("{name}: {detail}"));
+            assert_eq!(row["state"], "active sync", "{name}: {detail}");
+            assert_eq!(
+                row["raid_device"].as_u64(),
+                Some(*r as u64),
+                "{name}: {detail}"
+            );
+            let old = roles[*r].as_ref().unwrap().to_str().unwrap();
+            let row = detail_row(&detail, old).unwrap_or_else(|| panic!("{name}: {detail}"));
+            assert_eq!(row["state"], "faulty", "{name}: {detail}");
+        }
         let detail = served.detail_json();
         assert_eq!(
             detail["state"].as_str().unwrap().contains("degraded"),

@@ -5,7 +5,9 @@
 
 use super::superblocks::{read_superblock, SuperblockError};
 use super::{Slot, Slots};
-use crate::format::{MemberSuper, Role, MD_FEATURE_RAID0_LAYOUT, MD_FEATURE_RECOVERY_OFFSET};
+use crate::format::{
+    MemberSuper, Role, MD_FEATURE_RAID0_LAYOUT, MD_FEATURE_RECOVERY_OFFSET, MD_FEATURE_REPLACEMENT,
+};
 use crate::geometry::{Geometry, GeometryError, GeometryParams, Level};
 use crate::member::{FileMember, MemberRef, OpenOptions};
 use crate::units::SECTOR_BYTES;
@@ -68,6 +70,14 @@ pub enum DeviceState {
     },
     /// Holds `role` but was only rebuilt up to `recovery_offset_sectors`.
     Recovering {
+        role: usize,
+        recovery_offset_sectors: u64,
+    },
+    /// Being copied from the member that holds `role` while that member
+    /// still serves it (md's Replacement, mdadm --replace): it takes
+    /// writes below `recovery_offset_sectors` and takes the role when the
+    /// copy ends.
+    Replacement {
         role: usize,
         recovery_offset_sectors: u64,
     },
@@ -265,6 +275,42 @@ pub fn assemble_members(members: Vec<(String, MemberRef)>) -> Result<Assembled, 
             member,
         });
     }
+    // A replacement whose original is not here (failed, or not given) is
+    // all the role has: it goes on as a member being rebuilt, from where
+    // its copy stopped (md's raid5_run promotes it the same way). One of
+    // two replacements of a role is a duplicate.
+    let mut rebuilding = vec![false; raid_disks];
+    for device in &devices {
+        if let DeviceState::Recovering { role, .. } = device.state {
+            rebuilding[role] = true;
+        }
+    }
+    let mut replaced = vec![false; raid_disks];
+    for device in devices.iter_mut() {
+        let DeviceState::Replacement {
+            role,
+            recovery_offset_sectors,
+        } = device.state
+        else {
+            continue;
+        };
+        if replaced[role] || rebuilding[role] {
+            device.state = DeviceState::Duplicate { role };
+            continue;
+        }
+        replaced[role] = true;
+        if slots[role].is_some() {
+            continue;
+        }
+        device.state = in_role(role, recovery_offset_sectors, freshest.size_sectors);
+        if let DeviceState::Active { role } = device.state {
+            member_data_sectors[role] = device.sb.data_size_sectors;
+            slots[role] = Some(Slot {
+                member: device.member.clone(),
+                data_offset_bytes: device.sb.data_offset_sectors * SECTOR_BYTES,
+            });
+        }
+    }
     // raid0 and linear take their shape from every member's size, and cannot
     // lose any member: with one missing there is no array to read.
     if matches!(level, Level::Raid0 | Level::Linear) && slots.iter().any(|s| s.is_none()) {
@@ -326,16 +372,38 @@ fn device_state(freshest: &MemberSuper, sb: &MemberSuper, slots: &Slots) -> Devi
     if role >= slots.len() {
         return DeviceState::Spare;
     }
+    // A replacement shares its role with the member it copies (both are in
+    // the role table under the same number); its own superblock says which
+    // of the two it is.
+    if sb.feature_map & MD_FEATURE_REPLACEMENT != 0 {
+        return DeviceState::Replacement {
+            role,
+            recovery_offset_sectors: recovery_offset(sb),
+        };
+    }
     if slots[role].is_some() {
         return DeviceState::Duplicate { role };
     }
-    if sb.feature_map & MD_FEATURE_RECOVERY_OFFSET != 0
-        && sb.recovery_offset_sectors < freshest.size_sectors
-    {
-        return DeviceState::Recovering {
-            role,
-            recovery_offset_sectors: sb.recovery_offset_sectors,
-        };
+    in_role(role, recovery_offset(sb), freshest.size_sectors)
+}
+
+/// How far a device was rebuilt: all of it without md's recovery offset.
+fn recovery_offset(sb: &MemberSuper) -> u64 {
+    if sb.feature_map & MD_FEATURE_RECOVERY_OFFSET != 0 {
+        sb.recovery_offset_sectors
+    } else {
+        u64::MAX
     }
-    DeviceState::Active { role }
+}
+
+/// A device holding `role`, rebuilt up to `offset` of `size` sectors.
+fn in_role(role: usize, offset: u64, size: u64) -> DeviceState {
+    if offset < size {
+        DeviceState::Recovering {
+            role,
+            recovery_offset_sectors: offset,
+        }
+    } else {
+        DeviceState::Active { role }
+    }
 }

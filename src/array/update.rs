@@ -6,7 +6,7 @@ use super::assemble::{Assembled, DeviceState};
 use super::superblocks::{write_superblock, SuperblockError};
 use crate::format::{
     MAX_SECTOR, MD_DISK_ROLE_FAULTY, MD_DISK_ROLE_JOURNAL, MD_DISK_ROLE_SPARE,
-    MD_FEATURE_RECOVERY_OFFSET,
+    MD_FEATURE_RECOVERY_OFFSET, MD_FEATURE_REPLACEMENT,
 };
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -121,7 +121,9 @@ fn write_once(array: &mut Assembled, state: Cleanliness) -> Result<(), Superbloc
             continue;
         }
         roles[slot] = match device.state {
-            DeviceState::Active { role } | DeviceState::Recovering { role, .. } => role as u16,
+            DeviceState::Active { role }
+            | DeviceState::Recovering { role, .. }
+            | DeviceState::Replacement { role, .. } => role as u16,
             DeviceState::Faulty => MD_DISK_ROLE_FAULTY,
             DeviceState::Journal => MD_DISK_ROLE_JOURNAL,
             DeviceState::Spare | DeviceState::Stale { .. } | DeviceState::Duplicate { .. } => {
@@ -159,18 +161,29 @@ fn write_once(array: &mut Assembled, state: Cleanliness) -> Result<(), Superbloc
     order.sort_by_key(|&i| match array.devices[i].state {
         DeviceState::Active { .. } => 0,
         DeviceState::Recovering { .. } => 1,
-        _ => 2,
+        DeviceState::Replacement { .. } => 2,
+        _ => 3,
     });
     for i in order {
         let device = &mut array.devices[i];
         let sb = &mut device.sb;
         // A member being rebuilt says how far it is, on its own superblock only.
+        // A replacement says so on its own superblock too: the role
+        // table cannot tell it from the member it copies (super_1_sync).
+        sb.feature_map &= !MD_FEATURE_REPLACEMENT;
         match device.state {
             DeviceState::Recovering {
                 recovery_offset_sectors,
                 ..
             } => {
                 sb.feature_map |= MD_FEATURE_RECOVERY_OFFSET;
+                sb.recovery_offset_sectors = recovery_offset_sectors;
+            }
+            DeviceState::Replacement {
+                recovery_offset_sectors,
+                ..
+            } => {
+                sb.feature_map |= MD_FEATURE_RECOVERY_OFFSET | MD_FEATURE_REPLACEMENT;
                 sb.recovery_offset_sectors = recovery_offset_sectors;
             }
             // A journal's recovery_offset is its journal_tail, which the

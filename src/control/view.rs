@@ -75,7 +75,14 @@ impl DetailView {
         let spares = array
             .devices
             .iter()
-            .filter(|d| matches!(d.state, DeviceState::Spare | DeviceState::Recovering { .. }))
+            .filter(|d| {
+                matches!(
+                    d.state,
+                    DeviceState::Spare
+                        | DeviceState::Recovering { .. }
+                        | DeviceState::Replacement { .. }
+                )
+            })
             .count();
         let condition = if active == raid_disks {
             ""
@@ -132,7 +139,9 @@ impl DetailView {
                 DeviceState::Spare => (None, "spare".to_string()),
                 // mdadm --detail: "-  journal  /dev/sdX".
                 DeviceState::Journal => (None, "journal".to_string()),
-                DeviceState::Recovering { role, .. } => {
+                // mdadm --detail shows a replacement as a spare being
+                // rebuilt into the role its original still holds.
+                DeviceState::Recovering { role, .. } | DeviceState::Replacement { role, .. } => {
                     (Some(*role), "spare rebuilding".to_string())
                 }
                 DeviceState::Faulty => (None, "faulty".to_string()),
@@ -366,6 +375,8 @@ pub fn mdstat_block(array: &Snapshot) -> String {
             // md flags a spare; a member being rebuilt has its slot already.
             DeviceState::Recovering { .. } => "",
             DeviceState::Spare => "(S)",
+            // /proc/mdstat marks a replacement "(R)".
+            DeviceState::Replacement { .. } => "(R)",
             // /proc/mdstat marks the journal device "(J)".
             DeviceState::Journal => "(J)",
         };

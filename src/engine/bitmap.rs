@@ -239,7 +239,10 @@ fn write_everywhere(array: &Assembled, bsb: &BitmapSuper, bits: &Bitmap) -> std:
     for device in array.devices.iter().filter(|d| {
         matches!(
             d.state,
-            DeviceState::Active { .. } | DeviceState::Recovering { .. } | DeviceState::Spare
+            DeviceState::Active { .. }
+                | DeviceState::Recovering { .. }
+                | DeviceState::Replacement { .. }
+                | DeviceState::Spare
         )
     }) {
         if device.sb.feature_map & crate::format::MD_FEATURE_BITMAP_OFFSET == 0 {

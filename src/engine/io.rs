@@ -645,8 +645,11 @@ impl View<'_> {
             let Some(source) = error else { continue };
             let role = target.role;
             if target.replacement {
-                self.engine
-                    .abandon_replacement(role, "write error on the replacement");
+                self.engine.abandon_replacement(
+                    role,
+                    "write error on the replacement",
+                    crate::array::DeviceState::Faulty,
+                );
             } else {
                 self.engine
                     .fail_member(role, &format!("write error: {source}"));

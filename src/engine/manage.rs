@@ -19,6 +19,35 @@ use std::sync::Arc;
 /// (sectors of the member from its data offset). raid10's stripes are array
 /// chunks whose copies are not in member order, so a partial raid10
 /// recovery is recorded as not started, which is always safe.
+/// Records how far the job `action` has rebuilt `role`: on the member
+/// being rebuilt (Recovery) or on the replacement (Replace).
+pub(super) fn set_recovery_offset(
+    array: &mut crate::array::Assembled,
+    action: SyncAction,
+    role: usize,
+    offset: u64,
+) {
+    for d in array.devices.iter_mut() {
+        match (&mut d.state, action) {
+            (
+                DeviceState::Recovering {
+                    role: r,
+                    recovery_offset_sectors,
+                },
+                SyncAction::Recovery { .. },
+            )
+            | (
+                DeviceState::Replacement {
+                    role: r,
+                    recovery_offset_sectors,
+                },
+                SyncAction::Replace { .. },
+            ) if *r == role => *recovery_offset_sectors = offset,
+            _ => {}
+        }
+    }
+}
+
 pub(super) fn recovery_offset_of(geometry: &Geometry, next_stripe: u64) -> u64 {
     match geometry {
         Geometry::Raid10(_) => 0,
@@ -60,6 +89,14 @@ impl Engine {
                     (Some(role), false)
                 }
                 DeviceState::Spare => (None, true),
+                DeviceState::Replacement { role, .. } => {
+                    drop(array);
+                    if self.sync.action() == Some(SyncAction::Replace { role }) {
+                        self.sync.stop();
+                    }
+                    self.abandon_replacement(role, "failed by request", DeviceState::Faulty);
+                    return Ok(());
+                }
                 _ => return Err(format!("{} is already faulty", path.display())),
             }
         };
@@ -307,7 +344,22 @@ impl Engine {
             rebuilt_below: Some(next.clone()),
         };
         let path = device.path.clone();
+        let mut array = array;
+        // On disk as md records it: the role of the member it copies, with
+        // md's replacement flag and recovery offset on its own superblock,
+        // so that a restart (here or under the kernel) resumes the copy.
+        if let Some(d) = array
+            .devices
+            .iter_mut()
+            .find(|d| Self::same_device(&d.path, new) && d.state == DeviceState::Spare)
+        {
+            d.state = DeviceState::Replacement {
+                role,
+                recovery_offset_sectors: 0,
+            };
+        }
         self.update_table(|t| t.replacing[role] = Some(entry));
+        self.write_state(&mut array);
         drop(array);
         self.events.push(
             "RebuildStarted",
@@ -317,14 +369,54 @@ impl Engine {
         SyncWorker::start(self, SyncAction::Replace { role }, 0, next)
     }
 
-    /// Drops a replacement under construction (it failed, or was stopped).
-    pub(super) fn abandon_replacement(&self, role: usize, reason: &str) {
-        if self.table().replacing[role].is_none() {
+    /// Drops a replacement under construction: it failed a write (it
+    /// becomes `fate`, faulty), or its copy could not go on (a spare again).
+    pub(super) fn abandon_replacement(&self, role: usize, reason: &str, fate: DeviceState) {
+        let mut array = self.array.lock().unwrap();
+        let Some(entry) = self.update_table(|t| t.replacing[role].take()) else {
+            return;
+        };
+        let mut path = String::new();
+        for d in array.devices.iter_mut() {
+            if Arc::ptr_eq(&d.member, &entry.slot.member) {
+                d.state = fate.clone();
+                path = d.path.clone();
+            }
+        }
+        self.write_state(&mut array);
+        drop(array);
+        self.events
+            .push("ReplaceFailed", &path, &format!("role {role}: {reason}"));
+    }
+
+    /// A replacement whose copy stopped (the array was stopped, or the job
+    /// interrupted) goes on from where it stood.
+    pub(super) fn resume_replacement(self: &Arc<Engine>) {
+        if self.read_only || self.sync.action().is_some() || !self.runnable() {
             return;
         }
-        self.update_table(|t| t.replacing[role] = None);
-        self.events
-            .push("ReplaceFailed", "", &format!("role {role}: {reason}"));
+        let array = self.array.lock().unwrap();
+        let table = self.table();
+        let found = array.devices.iter().find_map(|d| match d.state {
+            DeviceState::Replacement { role, .. } => {
+                let next = table.replacing[role].as_ref()?.rebuilt_below.clone()?;
+                Some((role, d.path.clone(), next))
+            }
+            _ => None,
+        });
+        drop(array);
+        let Some((role, path, next)) = found else {
+            return;
+        };
+        let from = next.load(std::sync::atomic::Ordering::SeqCst);
+        self.events.push(
+            "RebuildStarted",
+            &path,
+            &format!("resuming the replacement of role {role} at stripe {from}"),
+        );
+        if let Err(e) = SyncWorker::start(self, SyncAction::Replace { role }, from, next) {
+            self.events.push("RebuildFailed", &path, &e);
+        }
     }
 
     /// Writes the array's state to every member, logging (not returning) a
@@ -348,6 +440,22 @@ impl Engine {
         self.resume_recovery();
         if self.sync.action().is_some() {
             return;
+        }
+        // A missing role is rebuilt before a replacement's copy goes on: the
+        // array has no redundancy to spare there.
+        let missing = self.table().by_role.iter().any(|e| e.is_none());
+        let spare = self
+            .array
+            .lock()
+            .unwrap()
+            .devices
+            .iter()
+            .any(|d| d.state == DeviceState::Spare);
+        if !(missing && spare) {
+            self.resume_replacement();
+            if self.sync.action().is_some() {
+                return;
+            }
         }
         let mut array = self.array.lock().unwrap();
         let table = self.table();
@@ -402,20 +510,10 @@ impl Engine {
         {
             self.events
                 .push(&format!("Rebuild{step}"), "", action.word());
-            if let SyncAction::Recovery { role } = action {
+            if let SyncAction::Recovery { role } | SyncAction::Replace { role } = action {
                 let mut array = self.array.lock().unwrap();
                 let offset = recovery_offset_of(&self.geometry, next_stripe);
-                for d in array.devices.iter_mut() {
-                    if let DeviceState::Recovering {
-                        role: r,
-                        recovery_offset_sectors,
-                    } = &mut d.state
-                    {
-                        if *r == role {
-                            *recovery_offset_sectors = offset;
-                        }
-                    }
-                }
+                set_recovery_offset(&mut array, action, role, offset);
                 self.write_state(&mut array);
             }
         }
@@ -498,7 +596,12 @@ impl Engine {
                 );
                 self.events.push("Fail", &old_path, "replaced");
             }
-            (SyncAction::Replace { role }, _) => self.abandon_replacement(role, "copy stopped"),
+            // Stopped: the copy stays as far as it got, on disk and in the
+            // table (writes below it still reach it), and resumes later.
+            (SyncAction::Replace { .. }, Outcome::Stopped) => {}
+            (SyncAction::Replace { role }, Outcome::Failed) => {
+                self.abandon_replacement(role, "copy failed", DeviceState::Spare)
+            }
             (_, Outcome::Stopped) => {}
             (SyncAction::Recovery { role }, Outcome::Failed) => {
                 // The new member could not be written, or nothing is left to

@@ -175,6 +175,7 @@ impl Engine {
         // anything reads them (md's r5l_recovery_log); data logged without
         // parity is written through the engine once it runs.
         let mut data_only = Vec::new();
+        let mut replayed = false;
         if let (Some(journal), false) = (&journal, options.read_only) {
             // A member being rebuilt gets the replay too (md writes every
             // rdev present): below its recovery offset it is trusted.
@@ -196,11 +197,27 @@ impl Engine {
                     recovered.data_only.len()
                 );
             }
+            replayed = recovered.rows_replayed > 0 || !recovered.data_only.is_empty();
             data_only = recovered.data_only;
             let tail = journal.tail();
             for d in array.devices.iter_mut() {
                 if d.state == DeviceState::Journal {
                     d.sb.recovery_offset_sectors = tail;
+                }
+            }
+        }
+        // A replacement's copy resumes where it stood only after an orderly
+        // stop: after a crash, writes in flight (or replayed from the
+        // journal, or redone by the resync) may have reached the member it
+        // copies and not it, and what it holds is not trusted.
+        if !array.is_clean() || replayed {
+            for d in array.devices.iter_mut() {
+                if let DeviceState::Replacement {
+                    recovery_offset_sectors,
+                    ..
+                } = &mut d.state
+                {
+                    *recovery_offset_sectors = 0;
                 }
             }
         }
@@ -258,6 +275,21 @@ impl Engine {
                         rebuilt_below: Some(Arc::new(AtomicU64::new(below))),
                     });
                 }
+            }
+        }
+        // A replacement takes writes below where its copy stood (see
+        // manage_replace); its job resumes once the array is in sync.
+        for device in &array.devices {
+            if let DeviceState::Replacement {
+                role,
+                recovery_offset_sectors,
+            } = device.state
+            {
+                let below = geometry.stripe_at_resync_position(recovery_offset_sectors);
+                table.replacing[role] = Some(MemberEntry {
+                    slot: members::slot_of(device),
+                    rebuilt_below: Some(Arc::new(AtomicU64::new(below))),
+                });
             }
         }
         let sync = SyncWorker::new(geometry.stripe_count());
@@ -780,20 +812,13 @@ impl Engine {
             Some((SyncAction::Resync, stripe)) => {
                 Cleanliness::ResyncFrom(self.geometry.resync_position_sectors(stripe))
             }
-            Some((SyncAction::Recovery { role }, stripe)) => {
+            Some((
+                action @ (SyncAction::Recovery { role } | SyncAction::Replace { role }),
+                stripe,
+            )) => {
                 let offset = manage::recovery_offset_of(&self.geometry, stripe);
                 let mut array = self.array.lock().unwrap();
-                for d in array.devices.iter_mut() {
-                    if let DeviceState::Recovering {
-                        role: r,
-                        recovery_offset_sectors,
-                    } = &mut d.state
-                    {
-                        if *r == role {
-                            *recovery_offset_sectors = offset;
-                        }
-                    }
-                }
+                manage::set_recovery_offset(&mut array, action, role, offset);
                 Cleanliness::Clean
             }
             _ => Cleanliness::Clean,

@@ -493,6 +493,27 @@ fn recovery_is_throttled_by_speed_limit_max() {
     });
 }
 
+/// An array served and written (returns the expected image), and a blank
+/// file of a member's size beside it: where replace tests start.
+fn written_array_and_blank(
+    dir: &std::path::Path,
+    level: Level,
+    layout: Option<&str>,
+    disks: u32,
+    chunk_kib: u64,
+    seed: u64,
+) -> (Vec<PathBuf>, Arc<Engine>, Vec<u8>, PathBuf) {
+    let paths = make_array(dir, level, layout, disks, chunk_kib);
+    let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+    let image = hammer(&engine, 2, 60, seed);
+    let new = dir.join("new");
+    std::fs::File::create(&new)
+        .unwrap()
+        .set_len(6 << 20)
+        .unwrap();
+    (paths, engine, image, new)
+}
+
 #[test]
 fn replace_copies_a_member_while_it_serves_then_swaps() {
     for (level, layout, disks, chunk) in [
@@ -500,15 +521,8 @@ fn replace_copies_a_member_while_it_serves_then_swaps() {
         (Level::Raid1, None, 2, 0),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let paths = make_array(dir.path(), level, layout, disks, chunk);
-        let engine =
-            Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
-        let mut image = hammer(&engine, 2, 60, 41);
-        let new = dir.path().join("new");
-        std::fs::File::create(&new)
-            .unwrap()
-            .set_len(6 << 20)
-            .unwrap();
+        let (paths, engine, mut image, new) =
+            written_array_and_blank(dir.path(), level, layout, disks, chunk, 41);
         // Slow enough that the writes below land during the copy.
         engine.set_speed_limits(Some(100), Some(4000));
         engine.manage_replace(&paths[1], &new).unwrap();
@@ -541,6 +555,119 @@ fn replace_copies_a_member_while_it_serves_then_swaps() {
         let mut back = vec![0u8; image.len()];
         io.read_bytes(0, &mut back).unwrap();
         assert!(back == image, "{level}: data differs after replace");
+    }
+}
+
+/// A replacement is on disk as md records it (the role of the member it
+/// copies, md's replacement flag and its recovery offset on its own
+/// superblock), so that a stop in the middle of the copy loses nothing:
+/// started again with the member it copies, the copy resumes where it
+/// stood; started without it, the replacement is all the role has and is
+/// rebuilt on from there (md promotes it the same way).
+#[test]
+fn a_replacement_stopped_half_way_resumes_at_the_next_start() {
+    use crate::format::{MD_FEATURE_RECOVERY_OFFSET, MD_FEATURE_REPLACEMENT};
+    for with_original in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (paths, engine, mut image, new) =
+            written_array_and_blank(dir.path(), Level::Raid6, Some("left-symmetric"), 5, 8, 51);
+        engine.set_speed_limits(Some(100), Some(1500));
+        engine.manage_replace(&paths[1], &new).unwrap();
+        let new_name = new.display().to_string();
+        wait_until(&engine, "the copy under way", |s| {
+            s.sync.as_ref().is_some_and(|p| p.done_kib >= 512)
+        });
+        hammer_onto(&engine, 2, 40, 53, &mut image);
+        let state = |s: &Snapshot| {
+            s.devices
+                .iter()
+                .find(|d| d.path == new_name)
+                .map(|d| d.state.clone())
+        };
+        assert!(
+            matches!(
+                state(&engine.snapshot()),
+                Some(DeviceState::Replacement { role: 1, .. })
+            ),
+            "{:?}",
+            state(&engine.snapshot())
+        );
+        engine.shutdown().unwrap();
+        drop(engine);
+
+        let sb = read_superblock_of(&new);
+        assert_ne!(
+            sb.feature_map & MD_FEATURE_REPLACEMENT,
+            0,
+            "replacement flag"
+        );
+        assert_ne!(sb.feature_map & MD_FEATURE_RECOVERY_OFFSET, 0);
+        let offset = sb.recovery_offset_sectors;
+        assert!(offset > 0 && offset < sb.size_sectors, "offset {offset}");
+        assert_eq!(sb.this_role(), crate::format::Role::Active(1));
+
+        let mut given: Vec<PathBuf> = paths.clone();
+        if with_original {
+            given.push(new.clone());
+        } else {
+            given[1] = new.clone();
+        }
+        let array = assemble(&given, true).unwrap();
+        let found = array
+            .devices
+            .iter()
+            .find(|d| d.path == new_name)
+            .unwrap()
+            .state
+            .clone();
+        if with_original {
+            assert_eq!(
+                found,
+                DeviceState::Replacement {
+                    role: 1,
+                    recovery_offset_sectors: offset
+                }
+            );
+        } else {
+            assert_eq!(
+                found,
+                DeviceState::Recovering {
+                    role: 1,
+                    recovery_offset_sectors: offset
+                }
+            );
+        }
+        let engine = Engine::start(array, EngineOptions::default()).unwrap();
+        let resumed = engine.snapshot().events.iter().any(|e| {
+            e.event == "RebuildStarted"
+                && e.detail.contains("resum")
+                && !e.detail.ends_with(" at stripe 0")
+                && !e.detail.ends_with(" at 0 sectors")
+        });
+        assert!(
+            resumed,
+            "the copy resumed where it stood: {:?}",
+            engine.snapshot().events
+        );
+        hammer_onto(&engine, 2, 40, 57, &mut image);
+        wait_until(&engine, "the replacement holds role 1", |s| {
+            s.sync.is_none() && matches!(state(s), Some(DeviceState::Active { role: 1 }))
+        });
+        engine.shutdown().unwrap();
+        drop(engine);
+        let mut now: Vec<PathBuf> = paths.clone();
+        now[1] = new.clone();
+        check_consistent(&now);
+        let array = assemble(&now, false).unwrap();
+        assert!(array.missing_roles().is_empty());
+        assert_eq!(
+            read_superblock_of(&new).feature_map & MD_FEATURE_REPLACEMENT,
+            0
+        );
+        let io = crate::array::StripeIo::new(&array.geometry, &array.slots);
+        let mut back = vec![0u8; image.len()];
+        io.read_bytes(0, &mut back).unwrap();
+        assert!(back == image, "with_original {with_original}: data differs");
     }
 }
 

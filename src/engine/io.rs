@@ -647,6 +647,7 @@ impl View<'_> {
             if target.replacement {
                 self.engine.abandon_replacement(
                     role,
+                    Some(&target.member),
                     "write error on the replacement",
                     crate::array::DeviceState::Faulty,
                 );

@@ -15,39 +15,30 @@ use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-/// Where a per-device recovery position stands, in md's recovery_offset
-/// (sectors of the member from its data offset). raid10's stripes are array
-/// chunks whose copies are not in member order, so a partial raid10
-/// recovery is recorded as not started, which is always safe.
-/// Records how far the job `action` has rebuilt `role`: on the member
-/// being rebuilt (Recovery) or on the replacement (Replace).
-pub(super) fn set_recovery_offset(
-    array: &mut crate::array::Assembled,
-    action: SyncAction,
-    role: usize,
-    offset: u64,
-) {
+/// Records how far a job has rebuilt `role`, on the device being rebuilt
+/// into it: a member being recovered, or a replacement (which, promoted
+/// when its original failed, is a member being recovered under the
+/// replace job that was copying it).
+pub(super) fn set_recovery_offset(array: &mut crate::array::Assembled, role: usize, offset: u64) {
     for d in array.devices.iter_mut() {
-        match (&mut d.state, action) {
-            (
-                DeviceState::Recovering {
-                    role: r,
-                    recovery_offset_sectors,
-                },
-                SyncAction::Recovery { .. },
-            )
-            | (
-                DeviceState::Replacement {
-                    role: r,
-                    recovery_offset_sectors,
-                },
-                SyncAction::Replace { .. },
-            ) if *r == role => *recovery_offset_sectors = offset,
+        match &mut d.state {
+            DeviceState::Recovering {
+                role: r,
+                recovery_offset_sectors,
+            }
+            | DeviceState::Replacement {
+                role: r,
+                recovery_offset_sectors,
+            } if *r == role => *recovery_offset_sectors = offset,
             _ => {}
         }
     }
 }
 
+/// Where a per-device recovery position stands, in md's recovery_offset
+/// (sectors of the member from its data offset). raid10's stripes are array
+/// chunks whose copies are not in member order, so a partial raid10
+/// recovery is recorded as not started, which is always safe.
 pub(super) fn recovery_offset_of(geometry: &Geometry, next_stripe: u64) -> u64 {
     match geometry {
         Geometry::Raid10(_) => 0,
@@ -94,7 +85,7 @@ impl Engine {
                     if self.sync.action() == Some(SyncAction::Replace { role }) {
                         self.sync.stop();
                     }
-                    self.abandon_replacement(role, "failed by request", DeviceState::Faulty);
+                    self.abandon_replacement(role, None, "failed by request", DeviceState::Faulty);
                     return Ok(());
                 }
                 _ => return Err(format!("{} is already faulty", path.display())),
@@ -144,6 +135,12 @@ impl Engine {
                     path.display()
                 ))
             }
+            DeviceState::Replacement { .. } => {
+                return Err(format!(
+                    "{} is a replacement being built: fail it first (md refuses too)",
+                    path.display()
+                ))
+            }
             _ => {}
         }
         let removed = array.devices.remove(index);
@@ -156,6 +153,16 @@ impl Engine {
     /// onto it starts at once if the array is degraded.
     pub fn manage_add(self: &Arc<Engine>, path: &Path) -> Result<(), String> {
         let name = path.display().to_string();
+        if self
+            .array
+            .lock()
+            .unwrap()
+            .devices
+            .iter()
+            .any(|d| Self::same_device(&d.path, path) && d.state != DeviceState::Faulty)
+        {
+            return Err(format!("{name} is already a member of this array"));
+        }
         let member: MemberRef = Arc::new(
             FileMember::open(path, OpenOptions { write: true }).map_err(|e| e.to_string())?,
         );
@@ -248,6 +255,16 @@ impl Engine {
         let crate::format::Role::Active(role) = sb.this_role() else {
             return Ok(false);
         };
+        // Only a device that was in sync when it left holds everything the
+        // bitmap does not mark: a replacement or a member part way through
+        // a rebuild lacks what lay beyond its copy, so it starts over as a
+        // spare.
+        let partial = sb.feature_map & crate::format::MD_FEATURE_REPLACEMENT != 0
+            || (sb.feature_map & MD_FEATURE_RECOVERY_OFFSET != 0
+                && sb.recovery_offset_sectors < array.sb.size_sectors);
+        if partial {
+            return Ok(false);
+        }
         let role = role as usize;
         let (_, events_cleared) = bitmap.events();
         if role >= self.geometry.raid_disks()
@@ -314,6 +331,12 @@ impl Engine {
         if self.sync.action().is_some() {
             return Err("another background job is running; replace when it is done".into());
         }
+        if self.table().replacing[role].is_some() {
+            return Err(format!(
+                "a replacement of {} is already under way (md allows one per member)",
+                old.display()
+            ));
+        }
         let is_spare = {
             let array = self.array.lock().unwrap();
             array
@@ -371,9 +394,25 @@ impl Engine {
 
     /// Drops a replacement under construction: it failed a write (it
     /// becomes `fate`, faulty), or its copy could not go on (a spare again).
-    pub(super) fn abandon_replacement(&self, role: usize, reason: &str, fate: DeviceState) {
+    pub(super) fn abandon_replacement(
+        &self,
+        role: usize,
+        member: Option<&MemberRef>,
+        reason: &str,
+        fate: DeviceState,
+    ) {
         let mut array = self.array.lock().unwrap();
-        let Some(entry) = self.update_table(|t| t.replacing[role].take()) else {
+        // An error seen on an older view of the table may be about a
+        // replacement that is gone (or swapped in) since: only the one
+        // that failed is dropped.
+        let taken = self.update_table(|t| {
+            let current = t.replacing[role].as_ref()?;
+            if member.is_some_and(|m| !Arc::ptr_eq(m, &current.slot.member)) {
+                return None;
+            }
+            t.replacing[role].take()
+        });
+        let Some(entry) = taken else {
             return;
         };
         let mut path = String::new();
@@ -421,7 +460,7 @@ impl Engine {
 
     /// Writes the array's state to every member, logging (not returning) a
     /// failure: the in-memory state stays authoritative while serving.
-    fn write_state(&self, array: &mut crate::array::Assembled) {
+    pub(super) fn write_state(&self, array: &mut crate::array::Assembled) {
         if self.read_only {
             return;
         }
@@ -513,38 +552,55 @@ impl Engine {
             if let SyncAction::Recovery { role } | SyncAction::Replace { role } = action {
                 let mut array = self.array.lock().unwrap();
                 let offset = recovery_offset_of(&self.geometry, next_stripe);
-                set_recovery_offset(&mut array, action, role, offset);
+                set_recovery_offset(&mut array, role, offset);
                 self.write_state(&mut array);
             }
         }
+    }
+
+    /// A member rebuilt to the end holds its role: it is in sync, on disk
+    /// too, and another missing role may take the next spare.
+    fn recovery_finished(self: &Arc<Engine>, role: usize) {
+        let mut array = self.array.lock().unwrap();
+        self.update_table(|t| {
+            if let Some(entry) = t.by_role[role].as_mut() {
+                entry.rebuilt_below = None;
+            }
+        });
+        let mut path = String::new();
+        for d in array.devices.iter_mut() {
+            if matches!(d.state, DeviceState::Recovering { role: r, .. } if r == role) {
+                d.state = DeviceState::Active { role };
+                path = d.path.clone();
+            }
+        }
+        let slot = self.table().by_role[role].as_ref().map(|e| e.slot.clone());
+        array.slots[role] = slot;
+        self.write_state(&mut array);
+        drop(array);
+        self.events.push("RebuildFinished", &path, "");
+        self.events
+            .push("SpareActive", &path, &format!("role {role}"));
+        // Another role may still be missing, with another spare waiting.
+        self.start_recovery_if_possible();
     }
 
     /// Called by the job's thread as it ends.
     pub(super) fn sync_ended(self: &Arc<Engine>, action: SyncAction, outcome: Outcome) {
         match (action, outcome) {
             (SyncAction::Recovery { role }, Outcome::Finished { .. }) => {
-                let mut array = self.array.lock().unwrap();
-                self.update_table(|t| {
-                    if let Some(entry) = t.by_role[role].as_mut() {
-                        entry.rebuilt_below = None;
-                    }
-                });
-                let mut path = String::new();
-                for d in array.devices.iter_mut() {
-                    if matches!(d.state, DeviceState::Recovering { role: r, .. } if r == role) {
-                        d.state = DeviceState::Active { role };
-                        path = d.path.clone();
-                    }
-                }
-                let slot = self.table().by_role[role].as_ref().map(|e| e.slot.clone());
-                array.slots[role] = slot;
-                self.write_state(&mut array);
-                drop(array);
-                self.events.push("RebuildFinished", &path, "");
-                self.events
-                    .push("SpareActive", &path, &format!("role {role}"));
-                // Another role may still be missing, with another spare waiting.
-                self.start_recovery_if_possible();
+                self.recovery_finished(role)
+            }
+            // The original failed during the copy and the replacement took
+            // its role as a member being rebuilt (see fail_member): the job
+            // ends as a recovery does.
+            (SyncAction::Replace { role }, Outcome::Finished { .. })
+                if self.table().replacing[role].is_none()
+                    && self.table().by_role[role]
+                        .as_ref()
+                        .is_some_and(|e| e.rebuilt_below.is_some()) =>
+            {
+                self.recovery_finished(role)
             }
             (SyncAction::Check | SyncAction::Repair, Outcome::Stopped | Outcome::Failed) => {
                 // A spare added or a member failed while the check ran:
@@ -595,12 +651,16 @@ impl Engine {
                     &format!("replaced {old_path}"),
                 );
                 self.events.push("Fail", &old_path, "replaced");
+                // A spare may be waiting for a role that went missing
+                // during the copy.
+                self.start_recovery_if_possible();
             }
             // Stopped: the copy stays as far as it got, on disk and in the
             // table (writes below it still reach it), and resumes later.
             (SyncAction::Replace { .. }, Outcome::Stopped) => {}
+            // md fails a replacement whose copy cannot go on.
             (SyncAction::Replace { role }, Outcome::Failed) => {
-                self.abandon_replacement(role, "copy failed", DeviceState::Spare)
+                self.abandon_replacement(role, None, "copy failed", DeviceState::Faulty)
             }
             (_, Outcome::Stopped) => {}
             (SyncAction::Recovery { role }, Outcome::Failed) => {

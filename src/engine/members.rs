@@ -174,8 +174,16 @@ impl Engine {
             if self.table().entry(role).is_none() {
                 return;
             }
-            self.update_table(|t| t.by_role[role] = None);
         }
+        // A replacement being built takes the role at once, as a member
+        // rebuilt up to where its copy stands (md's raid5_remove_disk):
+        // writes keep reaching it below that point, and the copy job goes
+        // on as its rebuild. Left aside, it would miss every write from now
+        // on while still trusted below its copy position.
+        let promoted = self.update_table(|t| {
+            t.by_role[role] = t.replacing[role].take();
+            t.by_role[role].clone()
+        });
         let path = array
             .devices
             .iter_mut()
@@ -186,6 +194,22 @@ impl Engine {
             })
             .unwrap_or_default();
         array.slots[role] = None;
+        if let Some(promoted) = &promoted {
+            for d in array.devices.iter_mut() {
+                if let DeviceState::Replacement {
+                    role: r,
+                    recovery_offset_sectors,
+                } = d.state
+                {
+                    if r == role && Arc::ptr_eq(&d.member, &promoted.slot.member) {
+                        d.state = DeviceState::Recovering {
+                            role,
+                            recovery_offset_sectors,
+                        };
+                    }
+                }
+            }
+        }
         self.events.push("Fail", &path, reason);
         if !self.runnable() {
             self.events.push(
@@ -240,7 +264,20 @@ impl Engine {
         for device in lost {
             let reason = format!("superblock write error: {}", device.error);
             let Some(role) = device.role else {
-                self.events.push("FailSpare", &device.path, &reason);
+                // A replacement being built leaves the copy too.
+                let replacing = self.update_table(|t| {
+                    let slot = t.replacing.iter_mut().find(|e| {
+                        e.as_ref()
+                            .is_some_and(|e| Arc::ptr_eq(&e.slot.member, &device.member))
+                    })?;
+                    slot.take()
+                });
+                let event = if replacing.is_some() {
+                    "ReplaceFailed"
+                } else {
+                    "FailSpare"
+                };
+                self.events.push(event, &device.path, &reason);
                 continue;
             };
             let in_table = self.update_table(|t| {

@@ -279,17 +279,28 @@ impl Engine {
         }
         // A replacement takes writes below where its copy stood (see
         // manage_replace); its job resumes once the array is in sync.
-        for device in &array.devices {
+        // One whose original is gone (its superblock write failed just
+        // above) holds the role as a member being rebuilt, as at assembly.
+        for device in array.devices.iter_mut() {
             if let DeviceState::Replacement {
                 role,
                 recovery_offset_sectors,
             } = device.state
             {
                 let below = geometry.stripe_at_resync_position(recovery_offset_sectors);
-                table.replacing[role] = Some(MemberEntry {
+                let entry = Some(MemberEntry {
                     slot: members::slot_of(device),
                     rebuilt_below: Some(Arc::new(AtomicU64::new(below))),
                 });
+                if table.by_role[role].is_none() {
+                    table.by_role[role] = entry;
+                    device.state = DeviceState::Recovering {
+                        role,
+                        recovery_offset_sectors,
+                    };
+                } else {
+                    table.replacing[role] = entry;
+                }
             }
         }
         let sync = SyncWorker::new(geometry.stripe_count());
@@ -398,8 +409,22 @@ impl Engine {
         Ok(())
     }
 
-    /// Flushes every present member: all completed writes become durable.
+    /// Flushes every present member, and every replacement being built:
+    /// all completed writes become durable (the journal moves its tail on
+    /// this, and a replacement's recorded copy position relies on it).
     pub fn flush_members(&self) -> std::io::Result<()> {
+        let table = self.table();
+        for (role, entry) in table.replacing.iter().enumerate() {
+            let Some(entry) = entry else { continue };
+            if let Err(e) = entry.slot.member.flush() {
+                self.abandon_replacement(
+                    role,
+                    Some(&entry.slot.member),
+                    &format!("flush error: {e}"),
+                    DeviceState::Faulty,
+                );
+            }
+        }
         for entry in self.table().by_role.iter().flatten() {
             if let Err(e) = entry.slot.member.flush() {
                 // A member that cannot make its writes durable is failed,
@@ -501,8 +526,30 @@ impl Engine {
             SyncAction::Check
         };
         SyncWorker::start(self, action, 0, Arc::new(AtomicU64::new(0)))?;
+        if repair {
+            self.restart_waiting_replacements();
+        }
         self.events.push("RebuildStarted", "", action.word());
         Ok(())
+    }
+
+    /// A repair rewrites the members the table holds, not a replacement
+    /// whose copy waits (stopped by "idle"): what it copied may differ from
+    /// the repaired rows, so its copy starts over when it resumes.
+    fn restart_waiting_replacements(&self) {
+        let mut array = self.array.lock().unwrap();
+        let table = self.table();
+        let mut restarted = false;
+        for (role, entry) in table.replacing.iter().enumerate() {
+            if let Some(next) = entry.as_ref().and_then(|e| e.rebuilt_below.as_ref()) {
+                next.store(0, Ordering::SeqCst);
+                manage::set_recovery_offset(&mut array, role, 0);
+                restarted = true;
+            }
+        }
+        if restarted {
+            self.write_state(&mut array);
+        }
     }
 
     /// md's sync_action "idle": stops the running job. A stopped resync or
@@ -812,13 +859,10 @@ impl Engine {
             Some((SyncAction::Resync, stripe)) => {
                 Cleanliness::ResyncFrom(self.geometry.resync_position_sectors(stripe))
             }
-            Some((
-                action @ (SyncAction::Recovery { role } | SyncAction::Replace { role }),
-                stripe,
-            )) => {
+            Some((SyncAction::Recovery { role } | SyncAction::Replace { role }, stripe)) => {
                 let offset = manage::recovery_offset_of(&self.geometry, stripe);
                 let mut array = self.array.lock().unwrap();
-                manage::set_recovery_offset(&mut array, action, role, offset);
+                manage::set_recovery_offset(&mut array, role, offset);
                 Cleanliness::Clean
             }
             _ => Cleanliness::Clean,

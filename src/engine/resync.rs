@@ -334,8 +334,15 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                 SyncAction::Replace { role } => {
                     // The member itself still serves, so its content is read
                     // (or rebuilt, if it fails to read) and written to the copy.
+                    // Its original failed and it holds the role now, still
+                    // rebuilt only up to here: the copy goes on as a rebuild.
                     let view = engine.view(stripe);
-                    match view.table.replacing[role].clone() {
+                    let promoted = || {
+                        view.table.by_role[role]
+                            .clone()
+                            .filter(|e| e.rebuilt_below.is_some())
+                    };
+                    match view.table.replacing[role].clone().or_else(promoted) {
                         Some(target) => view.rebuild_onto(&map, role, &target).map(|_| 0),
                         None => Err(std::io::Error::other("the replacement is gone")),
                     }

@@ -558,6 +558,37 @@ fn replace_copies_a_member_while_it_serves_then_swaps() {
     }
 }
 
+/// Waits until `new` holds role 1 with no job running, stops the engine,
+/// and checks the array with `new` in role 1: whole, consistent, and
+/// reading `image`. Returns its members.
+fn replacement_holds_role_1(
+    engine: Arc<Engine>,
+    paths: &[PathBuf],
+    new: &std::path::Path,
+    image: &[u8],
+    what: &str,
+) -> Vec<PathBuf> {
+    let name = new.display().to_string();
+    wait_until(&engine, "the replacement holds role 1", |s| {
+        s.sync.is_none()
+            && s.devices
+                .iter()
+                .any(|d| d.path == name && d.state == DeviceState::Active { role: 1 })
+    });
+    engine.shutdown().unwrap();
+    drop(engine);
+    let mut now: Vec<PathBuf> = paths.to_vec();
+    now[1] = new.to_path_buf();
+    check_consistent(&now);
+    let array = assemble(&now, false).unwrap();
+    assert!(array.missing_roles().is_empty(), "{what}");
+    let io = crate::array::StripeIo::new(&array.geometry, &array.slots);
+    let mut back = vec![0u8; image.len()];
+    io.read_bytes(0, &mut back).unwrap();
+    assert!(back == image, "{what}: data differs");
+    now
+}
+
 /// A replacement is on disk as md records it (the role of the member it
 /// copies, md's replacement flag and its recovery offset on its own
 /// superblock), so that a stop in the middle of the copy loses nothing:
@@ -650,24 +681,76 @@ fn a_replacement_stopped_half_way_resumes_at_the_next_start() {
             engine.snapshot().events
         );
         hammer_onto(&engine, 2, 40, 57, &mut image);
-        wait_until(&engine, "the replacement holds role 1", |s| {
-            s.sync.is_none() && matches!(state(s), Some(DeviceState::Active { role: 1 }))
-        });
-        engine.shutdown().unwrap();
-        drop(engine);
-        let mut now: Vec<PathBuf> = paths.clone();
-        now[1] = new.clone();
-        check_consistent(&now);
-        let array = assemble(&now, false).unwrap();
-        assert!(array.missing_roles().is_empty());
+        let what = format!("with_original {with_original}");
+        replacement_holds_role_1(engine, &paths, &new, &image, &what);
         assert_eq!(
             read_superblock_of(&new).feature_map & MD_FEATURE_REPLACEMENT,
             0
         );
-        let io = crate::array::StripeIo::new(&array.geometry, &array.slots);
+    }
+}
+
+/// The member being replaced fails during the copy: the replacement takes
+/// its role at once as a member rebuilt up to where the copy stood (md's
+/// raid5_remove_disk), keeps getting writes there, and the copy goes on as
+/// its rebuild to the end. Meanwhile a second replace of the role and a
+/// removal of the replacement are refused, as md refuses them.
+#[test]
+fn a_replacement_takes_the_role_when_its_original_fails_mid_copy() {
+    // With the copy running when the original fails, and with the copy
+    // stopped ("idle") first: then the rebuild resumes from the table.
+    for stopped in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (paths, engine, mut image, new) =
+            written_array_and_blank(dir.path(), Level::Raid6, Some("left-symmetric"), 5, 8, 61);
+        let other = dir.path().join("other");
+        std::fs::File::create(&other)
+            .unwrap()
+            .set_len(6 << 20)
+            .unwrap();
+        engine.set_speed_limits(Some(100), Some(1500));
+        engine.manage_replace(&paths[1], &new).unwrap();
+        wait_until(&engine, "the copy under way", |s| {
+            s.sync.as_ref().is_some_and(|p| p.done_kib >= 512)
+        });
+        if stopped {
+            engine.stop_sync().unwrap();
+            let refused = engine.manage_replace(&paths[1], &other).unwrap_err();
+            assert!(refused.contains("already under way"), "{refused}");
+        }
+        let refused = engine.manage_remove(&new).unwrap_err();
+        assert!(refused.contains("replacement"), "{refused}");
+
+        engine.manage_fail(&paths[1]).unwrap();
+        let new_name = new.display().to_string();
+        let state = |s: &Snapshot| {
+            s.devices
+                .iter()
+                .find(|d| d.path == new_name)
+                .map(|d| d.state.clone())
+        };
+        let now_state = state(&engine.snapshot());
+        assert!(
+            matches!(now_state, Some(DeviceState::Recovering { role: 1, .. })),
+            "{now_state:?}"
+        );
+        // Written while it is rebuilt on: below the copy it must take them.
+        hammer_onto(&engine, 2, 60, 63, &mut image);
+        engine.set_speed_limits(None, Some(1_000_000));
+        let now =
+            replacement_holds_role_1(engine, &paths, &new, &image, &format!("stopped {stopped}"));
         let mut back = vec![0u8; image.len()];
+        // Two others missing: role 1's data comes from the replacement.
+        let mut without: Vec<PathBuf> = now.clone();
+        without.remove(3);
+        without.remove(0);
+        let array = assemble(&without, false).unwrap();
+        let io = crate::array::StripeIo::new(&array.geometry, &array.slots);
         io.read_bytes(0, &mut back).unwrap();
-        assert!(back == image, "with_original {with_original}: data differs");
+        assert!(
+            back == image,
+            "stopped {stopped}: data differs read through the replacement"
+        );
     }
 }
 

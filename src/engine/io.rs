@@ -448,7 +448,9 @@ impl Engine {
                     // It fails again after its sectors were rewritten and read
                     // back: the data must come from redundancy, without it.
                     Some(role) if corrected[role] => {
-                        self.fail_member(role, &format!("read error after a rewrite: {e}"));
+                        let member = view.table.entry(role).map(|e| e.slot.member.clone());
+                        let reason = format!("read error after a rewrite: {e}");
+                        self.fail_member_if(role, member.as_ref(), &reason);
                         last = Some(e);
                     }
                     Some(role) => {
@@ -652,8 +654,11 @@ impl View<'_> {
                     crate::array::DeviceState::Faulty,
                 );
             } else {
-                self.engine
-                    .fail_member(role, &format!("write error: {source}"));
+                self.engine.fail_member_if(
+                    role,
+                    Some(&target.member),
+                    &format!("write error: {source}"),
+                );
                 if !self.engine.runnable() {
                     return Err(io::Error::other(format!(
                         "array failed: member {role} lost on write ({source})"

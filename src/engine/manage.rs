@@ -15,21 +15,33 @@ use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-/// Records how far a job has rebuilt `role`, on the device being rebuilt
-/// into it: a member being recovered, or a replacement (which, promoted
-/// when its original failed, is a member being recovered under the
-/// replace job that was copying it).
-pub(super) fn set_recovery_offset(array: &mut crate::array::Assembled, role: usize, offset: u64) {
+/// Records how far the job `action` has rebuilt `role`, on the device it
+/// rebuilds: the member being recovered (Recovery), or the replacement
+/// (Replace), which is a member being recovered once promoted (its
+/// original failed). A replacement waiting beside a recovery of its role
+/// is not that job's device.
+pub(super) fn set_recovery_offset(
+    array: &mut crate::array::Assembled,
+    action: SyncAction,
+    role: usize,
+    offset: u64,
+) {
     for d in array.devices.iter_mut() {
-        match &mut d.state {
-            DeviceState::Recovering {
-                role: r,
-                recovery_offset_sectors,
-            }
-            | DeviceState::Replacement {
-                role: r,
-                recovery_offset_sectors,
-            } if *r == role => *recovery_offset_sectors = offset,
+        match (&mut d.state, action) {
+            (
+                DeviceState::Recovering {
+                    role: r,
+                    recovery_offset_sectors,
+                },
+                SyncAction::Recovery { .. } | SyncAction::Replace { .. },
+            )
+            | (
+                DeviceState::Replacement {
+                    role: r,
+                    recovery_offset_sectors,
+                },
+                SyncAction::Replace { .. },
+            ) if *r == role => *recovery_offset_sectors = offset,
             _ => {}
         }
     }
@@ -93,8 +105,16 @@ impl Engine {
         };
         match role {
             Some(role) => {
-                // A recovery onto this member cannot go on.
-                if self.sync.action() == Some(SyncAction::Recovery { role }) {
+                // A recovery onto this member cannot go on (nor a copy onto
+                // a replacement that took the role as a member being rebuilt).
+                let rebuilding = !spare
+                    && self
+                        .table()
+                        .entry(role)
+                        .is_some_and(|e| e.rebuilt_below.is_some());
+                if self.sync.action() == Some(SyncAction::Recovery { role })
+                    || (rebuilding && self.sync.action() == Some(SyncAction::Replace { role }))
+                {
                     self.sync.stop();
                 }
                 self.fail_member(role, "failed by request");
@@ -153,14 +173,17 @@ impl Engine {
     /// onto it starts at once if the array is degraded.
     pub fn manage_add(self: &Arc<Engine>, path: &Path) -> Result<(), String> {
         let name = path.display().to_string();
-        if self
-            .array
-            .lock()
-            .unwrap()
-            .devices
-            .iter()
-            .any(|d| Self::same_device(&d.path, path) && d.state != DeviceState::Faulty)
-        {
+        if self.array.lock().unwrap().devices.iter().any(|d| {
+            Self::same_device(&d.path, path)
+                && matches!(
+                    d.state,
+                    DeviceState::Active { .. }
+                        | DeviceState::Recovering { .. }
+                        | DeviceState::Replacement { .. }
+                        | DeviceState::Spare
+                        | DeviceState::Journal
+                )
+        }) {
             return Err(format!("{name} is already a member of this array"));
         }
         let member: MemberRef = Arc::new(
@@ -413,6 +436,12 @@ impl Engine {
             t.replacing[role].take()
         });
         let Some(entry) = taken else {
+            // Promoted since (its original failed): it holds the role now,
+            // and fails as the member it is.
+            drop(array);
+            if let Some(member) = member {
+                self.fail_member_if(role, Some(member), reason);
+            }
             return;
         };
         let mut path = String::new();
@@ -552,7 +581,7 @@ impl Engine {
             if let SyncAction::Recovery { role } | SyncAction::Replace { role } = action {
                 let mut array = self.array.lock().unwrap();
                 let offset = recovery_offset_of(&self.geometry, next_stripe);
-                set_recovery_offset(&mut array, role, offset);
+                set_recovery_offset(&mut array, action, role, offset);
                 self.write_state(&mut array);
             }
         }
@@ -658,30 +687,41 @@ impl Engine {
             // Stopped: the copy stays as far as it got, on disk and in the
             // table (writes below it still reach it), and resumes later.
             (SyncAction::Replace { .. }, Outcome::Stopped) => {}
+            // Promoted (its original failed): its copy was its rebuild.
+            (SyncAction::Replace { role }, Outcome::Failed)
+                if self.table().replacing[role].is_none() =>
+            {
+                self.recovery_failed(role)
+            }
             // md fails a replacement whose copy cannot go on.
             (SyncAction::Replace { role }, Outcome::Failed) => {
                 self.abandon_replacement(role, None, "copy failed", DeviceState::Faulty)
             }
             (_, Outcome::Stopped) => {}
-            (SyncAction::Recovery { role }, Outcome::Failed) => {
-                // The new member could not be written, or nothing is left to
-                // rebuild it from: it leaves the array as faulty, so that no
-                // automatic retry loops on it; a fresh --add starts over.
-                let mut array = self.array.lock().unwrap();
-                self.update_table(|t| t.by_role[role] = None);
-                let mut path = String::new();
-                for d in array.devices.iter_mut() {
-                    if matches!(d.state, DeviceState::Recovering { role: r, .. } if r == role) {
-                        d.state = DeviceState::Faulty;
-                        path = d.path.clone();
-                    }
-                }
-                self.write_state(&mut array);
-                drop(array);
-                self.events
-                    .push("RebuildFailed", &path, &format!("role {role}"));
-            }
+            (SyncAction::Recovery { role }, Outcome::Failed) => self.recovery_failed(role),
             (_, Outcome::Failed) => self.events.push("SyncFailed", "", action.word()),
         }
+    }
+
+    /// The new member could not be written, or nothing is left to rebuild
+    /// it from: it leaves the array as faulty, so that no automatic retry
+    /// loops on it; a fresh --add starts over. A spare may take the role.
+    fn recovery_failed(self: &Arc<Engine>, role: usize) {
+        {
+            let mut array = self.array.lock().unwrap();
+            self.update_table(|t| t.by_role[role] = None);
+            let mut path = String::new();
+            for d in array.devices.iter_mut() {
+                if matches!(d.state, DeviceState::Recovering { role: r, .. } if r == role) {
+                    d.state = DeviceState::Faulty;
+                    path = d.path.clone();
+                }
+            }
+            self.write_state(&mut array);
+            drop(array);
+            self.events
+                .push("RebuildFailed", &path, &format!("role {role}"));
+        }
+        self.start_recovery_if_possible();
     }
 }

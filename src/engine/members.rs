@@ -169,21 +169,30 @@ impl Engine {
     /// superblock role becomes faulty on the others, and a rebuild onto a
     /// spare starts if one is available. Idempotent.
     pub fn fail_member(&self, role: usize, reason: &str) {
+        self.fail_member_if(role, None, reason)
+    }
+
+    /// [`fail_member`](Self::fail_member), only while `member` (when given)
+    /// still holds the role: an error seen on an older view of the table
+    /// (a write in flight when the role changed hands) must not fail the
+    /// device that holds the role now.
+    pub(super) fn fail_member_if(
+        &self,
+        role: usize,
+        member: Option<&crate::member::MemberRef>,
+        reason: &str,
+    ) {
         let mut array = self.array.lock().unwrap();
         {
-            if self.table().entry(role).is_none() {
+            let table = self.table();
+            let Some(entry) = table.entry(role) else {
+                return;
+            };
+            if member.is_some_and(|m| !Arc::ptr_eq(m, &entry.slot.member)) {
                 return;
             }
         }
-        // A replacement being built takes the role at once, as a member
-        // rebuilt up to where its copy stands (md's raid5_remove_disk):
-        // writes keep reaching it below that point, and the copy job goes
-        // on as its rebuild. Left aside, it would miss every write from now
-        // on while still trusted below its copy position.
-        let promoted = self.update_table(|t| {
-            t.by_role[role] = t.replacing[role].take();
-            t.by_role[role].clone()
-        });
+        self.update_table(|t| t.by_role[role] = None);
         let path = array
             .devices
             .iter_mut()
@@ -194,22 +203,7 @@ impl Engine {
             })
             .unwrap_or_default();
         array.slots[role] = None;
-        if let Some(promoted) = &promoted {
-            for d in array.devices.iter_mut() {
-                if let DeviceState::Replacement {
-                    role: r,
-                    recovery_offset_sectors,
-                } = d.state
-                {
-                    if r == role && Arc::ptr_eq(&d.member, &promoted.slot.member) {
-                        d.state = DeviceState::Recovering {
-                            role,
-                            recovery_offset_sectors,
-                        };
-                    }
-                }
-            }
-        }
+        self.promote_replacement(&mut array, role);
         self.events.push("Fail", &path, reason);
         if !self.runnable() {
             self.events.push(
@@ -236,6 +230,38 @@ impl Engine {
         // A hot spare takes over at once.
         if let Some(engine) = self.me.get().and_then(std::sync::Weak::upgrade) {
             engine.start_recovery_if_possible();
+        }
+    }
+
+    /// The member in `role` has left: a replacement being built takes the
+    /// role at once, as a member rebuilt up to where its copy stands (md's
+    /// raid5_remove_disk). Writes keep reaching it below that point and the
+    /// copy job goes on as its rebuild; left aside, it would miss every
+    /// write from now on while still trusted below its copy position.
+    fn promote_replacement(&self, array: &mut Assembled, role: usize) {
+        let promoted = self.update_table(|t| {
+            if t.by_role[role].is_some() {
+                return None;
+            }
+            t.by_role[role] = t.replacing[role].take();
+            t.by_role[role].clone()
+        });
+        let Some(promoted) = promoted else {
+            return;
+        };
+        for d in array.devices.iter_mut() {
+            if let DeviceState::Replacement {
+                role: r,
+                recovery_offset_sectors,
+            } = d.state
+            {
+                if r == role && Arc::ptr_eq(&d.member, &promoted.slot.member) {
+                    d.state = DeviceState::Recovering {
+                        role,
+                        recovery_offset_sectors,
+                    };
+                }
+            }
         }
     }
 
@@ -293,6 +319,7 @@ impl Engine {
                 self.events.push("Fail", &device.path, &reason);
                 self.events.push("DegradedArray", &device.path, "");
                 self.interrupt_scrub(&device.path);
+                self.promote_replacement(array, role);
             }
             first_error.get_or_insert(device.error);
         }
@@ -340,7 +367,11 @@ impl Engine {
                     &format!("stripe {stripe}: {error}"),
                 );
             }
-            Err(e) => self.fail_member(role, &format!("read error ({error}) not correctable: {e}")),
+            Err(e) => self.fail_member_if(
+                role,
+                Some(&entry.slot.member),
+                &format!("read error ({error}) not correctable: {e}"),
+            ),
         }
     }
 }

@@ -475,6 +475,7 @@ impl Engine {
                     } if table.entry(role).is_none_or(|e| {
                         e.rebuilt_below.is_some()
                             && self.sync.action() != Some(SyncAction::Recovery { role })
+                            && self.sync.action() != Some(SyncAction::Replace { role })
                     }) =>
                     {
                         Some((i, role, recovery_offset_sectors))
@@ -543,7 +544,7 @@ impl Engine {
         for (role, entry) in table.replacing.iter().enumerate() {
             if let Some(next) = entry.as_ref().and_then(|e| e.rebuilt_below.as_ref()) {
                 next.store(0, Ordering::SeqCst);
-                manage::set_recovery_offset(&mut array, role, 0);
+                manage::set_recovery_offset(&mut array, SyncAction::Replace { role }, role, 0);
                 restarted = true;
             }
         }
@@ -859,10 +860,13 @@ impl Engine {
             Some((SyncAction::Resync, stripe)) => {
                 Cleanliness::ResyncFrom(self.geometry.resync_position_sectors(stripe))
             }
-            Some((SyncAction::Recovery { role } | SyncAction::Replace { role }, stripe)) => {
+            Some((
+                action @ (SyncAction::Recovery { role } | SyncAction::Replace { role }),
+                stripe,
+            )) => {
                 let offset = manage::recovery_offset_of(&self.geometry, stripe);
                 let mut array = self.array.lock().unwrap();
-                manage::set_recovery_offset(&mut array, role, offset);
+                manage::set_recovery_offset(&mut array, action, role, offset);
                 Cleanliness::Clean
             }
             _ => Cleanliness::Clean,

@@ -721,7 +721,16 @@ fn a_replacement_takes_the_role_when_its_original_fails_mid_copy() {
         let refused = engine.manage_remove(&new).unwrap_err();
         assert!(refused.contains("replacement"), "{refused}");
 
+        let original = {
+            let name = paths[1].display().to_string();
+            let array = engine.array.lock().unwrap();
+            let found = array.devices.iter().find(|d| d.path == name).unwrap();
+            found.member.clone()
+        };
         engine.manage_fail(&paths[1]).unwrap();
+        // A late error from a write that was in flight on the original must
+        // not fail the replacement that holds the role now.
+        engine.fail_member_if(1, Some(&original), "a late write error");
         let new_name = new.display().to_string();
         let state = |s: &Snapshot| {
             s.devices

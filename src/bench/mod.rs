@@ -437,6 +437,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
         &report::ArrayFacts {
             level: &level,
             devices: paths.len() as u32,
+            in_memory: on_tmpfs(&paths[0]),
         },
     );
     let mut notes = m.notes;

@@ -387,13 +387,18 @@ impl View<'_> {
         target: &MemberEntry,
     ) -> io::Result<()> {
         let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
+        // A failed write to the target is not tagged with `role`: during a
+        // replace the member in `role` is the original, read here, and an
+        // error tagged with its role is corrected from redundancy as a read
+        // error of the original; the target's own failure ends the job.
         let write = |place: &Place, buf: &[u8]| -> io::Result<()> {
             let at = target.slot.data_offset_bytes + place.member_sector * SECTOR_BYTES;
-            target
-                .slot
-                .member
-                .write_at(buf, at)
-                .map_err(|e| member_error(role, e))
+            target.slot.member.write_at(buf, at).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("writing {}: {e}", target.slot.member.name()),
+                )
+            })
         };
         if places_of(map, role).is_empty() {
             return Ok(());

@@ -383,10 +383,10 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                 retries += 1;
                 if let Some(role) = super::members::member_of(&e) {
                     if retries <= engine.geometry.raid_disks() {
+                        // A replace reads the member it copies: its read
+                        // errors are corrected like any other member's.
                         let target = match action {
-                            SyncAction::Recovery { role } | SyncAction::Replace { role } => {
-                                Some(role)
-                            }
+                            SyncAction::Recovery { role } => Some(role),
                             _ => None,
                         };
                         if target != Some(role) {

@@ -1157,6 +1157,55 @@ fn a_bad_sector_that_stays_bad_is_served_from_redundancy_and_fails_the_member() 
     engine.shutdown().unwrap();
 }
 
+/// The member being replaced fails a read during the copy: the copy
+/// corrects it from redundancy, as any read error is corrected (md does
+/// the same on a replace), and goes on; the replacement is not blamed.
+#[test]
+fn a_read_error_on_the_member_being_replaced_is_corrected_and_the_copy_goes_on() {
+    let (array, wrappers) = faulty_array(Level::Raid5, 4, 0);
+    let engine = Engine::start(array, EngineOptions::default()).unwrap();
+    let image = hammer(&engine, 2, 40, 17);
+    let data_offset = engine.array.lock().unwrap().devices[1]
+        .sb
+        .data_offset_sectors
+        * 512;
+    // Remappable: rewriting the sectors makes them readable again.
+    wrappers[1]
+        .apply(&format!("eio:read:{data_offset}+64K").parse().unwrap())
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let new = dir.path().join("new");
+    std::fs::File::create(&new)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    engine
+        .manage_replace(std::path::Path::new("m1"), &new)
+        .unwrap();
+    let name = new.display().to_string();
+    wait_until(&engine, "the replacement holds role 1", |s| {
+        s.sync.is_none()
+            && s.devices
+                .iter()
+                .any(|d| d.path == name && d.state == DeviceState::Active { role: 1 })
+    });
+    let snapshot = engine.snapshot();
+    assert!(
+        has_event(&snapshot, "CorrectedRead"),
+        "{:?}",
+        snapshot.events
+    );
+    assert!(
+        !has_event(&snapshot, "ReplaceFailed"),
+        "{:?}",
+        snapshot.events
+    );
+    let mut back = vec![0u8; image.len()];
+    engine.read(0, &mut back).unwrap();
+    assert!(back == image);
+    engine.shutdown().unwrap();
+}
+
 #[test]
 fn a_member_whose_superblock_write_fails_is_failed_and_the_others_still_written() {
     let (array, wrappers) = faulty_array(Level::Raid6, 5, 0);

@@ -1125,23 +1125,31 @@ fn mirror_reads_stay_on_the_first_copy_until_a_resync_makes_the_copies_agree() {
     engine.shutdown().unwrap();
 }
 
-#[test]
-fn a_bad_sector_that_stays_bad_is_served_from_redundancy_and_fails_the_member() {
+/// A raid5 of 4 in memory, written (returns the expected image), whose
+/// member 1 then fails reads of its first 64 KiB of data; `remap` is ""
+/// (a rewrite fixes them) or ":noremap" (they stay bad).
+fn raid5_with_a_bad_start_on_member_1(seed: u64, remap: &str) -> (Arc<Engine>, Vec<u8>) {
     let (array, wrappers) = faulty_array(Level::Raid5, 4, 0);
     let engine = Engine::start(array, EngineOptions::default()).unwrap();
-    let image = hammer(&engine, 2, 40, 11);
-    // Reads of member 1's first data fail, and rewriting does not help.
+    let image = hammer(&engine, 2, 40, seed);
     let data_offset = engine.array.lock().unwrap().devices[1]
         .sb
         .data_offset_sectors
         * 512;
     wrappers[1]
         .apply(
-            &format!("eio:read:{data_offset}+64K:noremap")
+            &format!("eio:read:{data_offset}+64K{remap}")
                 .parse()
                 .unwrap(),
         )
         .unwrap();
+    (engine, image)
+}
+
+#[test]
+fn a_bad_sector_that_stays_bad_is_served_from_redundancy_and_fails_the_member() {
+    // Reads of member 1's first data fail, and rewriting does not help.
+    let (engine, image) = raid5_with_a_bad_start_on_member_1(11, ":noremap");
     let mut back = vec![0u8; image.len()];
     engine
         .read(0, &mut back)
@@ -1162,17 +1170,8 @@ fn a_bad_sector_that_stays_bad_is_served_from_redundancy_and_fails_the_member() 
 /// the same on a replace), and goes on; the replacement is not blamed.
 #[test]
 fn a_read_error_on_the_member_being_replaced_is_corrected_and_the_copy_goes_on() {
-    let (array, wrappers) = faulty_array(Level::Raid5, 4, 0);
-    let engine = Engine::start(array, EngineOptions::default()).unwrap();
-    let image = hammer(&engine, 2, 40, 17);
-    let data_offset = engine.array.lock().unwrap().devices[1]
-        .sb
-        .data_offset_sectors
-        * 512;
     // Remappable: rewriting the sectors makes them readable again.
-    wrappers[1]
-        .apply(&format!("eio:read:{data_offset}+64K").parse().unwrap())
-        .unwrap();
+    let (engine, image) = raid5_with_a_bad_start_on_member_1(17, "");
     let dir = tempfile::tempdir().unwrap();
     let new = dir.path().join("new");
     std::fs::File::create(&new)

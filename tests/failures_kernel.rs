@@ -342,23 +342,31 @@ fn resynced(dir: &Path, shape: &Shape) -> Prepared {
     }
 }
 
-/// What the two throttled jobs start from: the array made, filled with
-/// its image and served, and a blank device of a member's size beside it.
-struct Started {
+/// A job onto a blank device of a member's size, held to 2000 KiB/s, past
+/// its first checkpoint while clients write: the array is made, filled
+/// with its image and served; `begin` starts the job (given the members
+/// and the blank); `model` is what the array must read afterwards.
+struct MidJob {
     files: Vec<PathBuf>,
     blank: String,
-    img: PathBuf,
+    model: PathBuf,
     served: Served,
 }
 
-fn start_with_blank(dir: &Path, shape: &Shape, blank: &str) -> Started {
+fn mid_job(
+    dir: &Path,
+    shape: &Shape,
+    blank: &str,
+    begin: impl FnOnce(&Served, &[&str], &str),
+) -> MidJob {
     let Shape {
         name,
         options,
         disks,
         member_bytes,
+        chunk,
+        width,
         seed,
-        ..
     } = *shape;
     let files = create_array(dir, &format!("{name}-m"), options, disks, member_bytes);
     let path = dir.join(format!("{name}-{blank}"));
@@ -366,61 +374,62 @@ fn start_with_blank(dir: &Path, shape: &Shape, blank: &str) -> Started {
         .unwrap()
         .set_len(member_bytes)
         .unwrap();
+    let blank = path.to_str().unwrap().to_string();
     let members = paths(&files);
     let img = write_image(dir, name, seed, array_bytes(&members));
     let served = serve(dir, &[], &members);
     nbdcopy_in(&img, served.uri());
-    Started {
-        files,
-        blank: path.to_str().unwrap().to_string(),
-        img,
-        served,
-    }
-}
-
-/// Waits until the job rebuilding onto `device` (the last one started)
-/// has passed its first checkpoint.
-fn wait_past_20(served: &Served, what: &str, device: &str) {
+    manage_ok(&served.control, &["--speed-limit-max", "2000"]);
+    begin(&served, &members, &blank);
     wait_status(
         &served.control,
-        &format!("{what} past 20 %"),
+        &format!("{name}: the job onto {blank} past 20 %"),
         Duration::from_secs(60),
         |s| {
             let events = status_events(s);
             events
                 .iter()
-                .rposition(|(e, d, _)| e == "RebuildStarted" && d == device)
+                .rposition(|(e, d, _)| e == "RebuildStarted" && d == &blank)
                 .is_some_and(|i| events[i..].iter().any(|(e, _, _)| e == "Rebuild20"))
         },
     );
+    let model = dir.join(format!("{name}.model"));
+    nbd_patch(served.uri(), &img, &model, seed + 1, chunk, width, 30);
+    MidJob {
+        files,
+        blank,
+        model,
+        served,
+    }
+}
+
+/// `mdadm --examine DEVICE`'s text.
+fn mdadm_examine(device: &str) -> String {
+    let out = run_limited_ok(
+        std::process::Command::new(client_tool("mdadm", "mdadm"))
+            .arg("--examine")
+            .arg(device),
+        Duration::from_secs(30),
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
 }
 
 /// A spare waits; a member is failed; the rebuild onto the spare, held to
 /// 2000 KiB/s, passes its first checkpoint while clients write; SIGTERM.
 /// The failed member is given to the kernel too.
 fn mid_recovery(dir: &Path, shape: &Shape, lost: usize) -> Prepared {
-    let Shape {
-        name,
-        disks,
-        chunk,
-        width,
-        seed,
-        ..
-    } = *shape;
-    let Started {
+    let name = shape.name;
+    let MidJob {
         files,
         blank: spare,
-        img,
+        model,
         served,
-    } = start_with_blank(dir, shape, "spare");
+    } = mid_job(dir, shape, "spare", |served, members, spare| {
+        manage_ok(&served.control, &["--add", spare]);
+        manage_ok(&served.control, &["--fail", members[lost]]);
+    });
     let members = paths(&files);
     let spare = spare.as_str();
-    manage_ok(&served.control, &["--add", spare]);
-    manage_ok(&served.control, &["--speed-limit-max", "2000"]);
-    manage_ok(&served.control, &["--fail", members[lost]]);
-    wait_past_20(&served, &format!("{name}: the rebuild"), spare);
-    let model = dir.join(format!("{name}.model"));
-    nbd_patch(served.uri(), &img, &model, seed + 1, chunk, width, 30);
     let status = array_status(&served.control);
     let line = recovering(&status).unwrap_or_else(|| {
         panic!(
@@ -433,13 +442,7 @@ fn mid_recovery(dir: &Path, shape: &Shape, lost: usize) -> Prepared {
     let examine = String::from_utf8_lossy(&uraid_ok(&["examine", spare]).stdout).to_string();
     let offset = recovery_offset_line(&examine)
         .unwrap_or_else(|| panic!("{name}: uraid examine shows no Recovery Offset:\n{examine}"));
-    let mdadm = run_limited_ok(
-        std::process::Command::new(client_tool("mdadm", "mdadm"))
-            .arg("--examine")
-            .arg(spare),
-        Duration::from_secs(30),
-    );
-    let mdadm = String::from_utf8_lossy(&mdadm.stdout).to_string();
+    let mdadm = mdadm_examine(spare);
     assert_eq!(
         recovery_offset_line(&mdadm),
         Some(offset),
@@ -452,7 +455,7 @@ fn mid_recovery(dir: &Path, shape: &Shape, lost: usize) -> Prepared {
     );
     let mut now: Vec<&str> = members.clone();
     now[lost] = spare;
-    assert_eq!(examine_states(&now), vec!["clean"; disks], "{name}");
+    assert_eq!(examine_states(&now), vec!["clean"; shape.disks], "{name}");
     let detail = detail_offline(&now);
     let row = detail_row(&detail, spare).unwrap_or_else(|| panic!("{name}: {detail}"));
     assert_eq!(row["state"], "spare rebuilding", "{name}: {detail}");
@@ -480,38 +483,19 @@ fn mid_recovery(dir: &Path, shape: &Shape, lost: usize) -> Prepared {
 /// "Replacement device"), and the kernel must take it as a replacement and
 /// resume its copy there (uraid resuming it is an engine test).
 fn mid_replace(dir: &Path, shape: &Shape, old: usize) -> Prepared {
-    let Shape {
-        name,
-        disks,
-        chunk,
-        width,
-        seed,
-        ..
-    } = *shape;
-    let Started {
+    let name = shape.name;
+    let MidJob {
         files,
         blank: new,
-        img,
+        model,
         served,
-    } = start_with_blank(dir, shape, "new");
+    } = mid_job(dir, shape, "new", |served, members, new| {
+        manage_ok(&served.control, &["--replace", members[old], "--with", new]);
+    });
     let members = paths(&files);
     let new = new.as_str();
-    manage_ok(&served.control, &["--speed-limit-max", "2000"]);
-    manage_ok(&served.control, &["--replace", members[old], "--with", new]);
-    wait_past_20(&served, &format!("{name}: the copy"), new);
-    let model = dir.join(format!("{name}.model"));
-    nbd_patch(served.uri(), &img, &model, seed + 1, chunk, width, 30);
     served.stop();
-    let mdadm_examine = || {
-        let out = run_limited_ok(
-            std::process::Command::new(client_tool("mdadm", "mdadm"))
-                .arg("--examine")
-                .arg(new),
-            Duration::from_secs(30),
-        );
-        String::from_utf8_lossy(&out.stdout).to_string()
-    };
-    let examine = mdadm_examine();
+    let examine = mdadm_examine(new);
     assert!(
         examine.contains(&format!("Device Role : Replacement device {old}")),
         "{name}: mdadm --examine of the replacement:\n{examine}"
@@ -525,7 +509,7 @@ fn mid_replace(dir: &Path, shape: &Shape, old: usize) -> Prepared {
     assert_eq!(row["state"], "spare rebuilding", "{name}: {detail}");
     assert_eq!(
         detail["active_devices"].as_u64(),
-        Some(disks as u64),
+        Some(shape.disks as u64),
         "{detail}"
     );
 

@@ -651,7 +651,6 @@ impl View<'_> {
                     role,
                     Some(&target.member),
                     "write error on the replacement",
-                    crate::array::DeviceState::Faulty,
                 );
             } else {
                 self.engine.fail_member_if(

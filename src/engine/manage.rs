@@ -97,7 +97,7 @@ impl Engine {
                     if self.sync.action() == Some(SyncAction::Replace { role }) {
                         self.sync.stop();
                     }
-                    self.abandon_replacement(role, None, "failed by request", DeviceState::Faulty);
+                    self.abandon_replacement(role, None, "failed by request");
                     return Ok(());
                 }
                 _ => return Err(format!("{} is already faulty", path.display())),
@@ -415,14 +415,14 @@ impl Engine {
         SyncWorker::start(self, SyncAction::Replace { role }, 0, next)
     }
 
-    /// Drops a replacement under construction: it failed a write (it
-    /// becomes `fate`, faulty), or its copy could not go on (a spare again).
+    /// Drops a replacement under construction that failed (a write, a
+    /// flush, its copy, or by request): it leaves the copy as faulty, as
+    /// md fails it, so that no automatic retry picks it again.
     pub(super) fn abandon_replacement(
         &self,
         role: usize,
         member: Option<&MemberRef>,
         reason: &str,
-        fate: DeviceState,
     ) {
         let mut array = self.array.lock().unwrap();
         // An error seen on an older view of the table may be about a
@@ -447,7 +447,7 @@ impl Engine {
         let mut path = String::new();
         for d in array.devices.iter_mut() {
             if Arc::ptr_eq(&d.member, &entry.slot.member) {
-                d.state = fate.clone();
+                d.state = DeviceState::Faulty;
                 path = d.path.clone();
             }
         }
@@ -695,7 +695,7 @@ impl Engine {
             }
             // md fails a replacement whose copy cannot go on.
             (SyncAction::Replace { role }, Outcome::Failed) => {
-                self.abandon_replacement(role, None, "copy failed", DeviceState::Faulty)
+                self.abandon_replacement(role, None, "copy failed")
             }
             (_, Outcome::Stopped) => {}
             (SyncAction::Recovery { role }, Outcome::Failed) => self.recovery_failed(role),

@@ -421,7 +421,6 @@ impl Engine {
                     role,
                     Some(&entry.slot.member),
                     &format!("flush error: {e}"),
-                    DeviceState::Faulty,
                 );
             }
         }

@@ -318,6 +318,14 @@ fn members_with_4096_byte_blocks_work_end_to_end() {
     assert!(back == image);
 }
 
+/// Runs a check (md's sync_action "check") to its end and returns the
+/// sectors it found inconsistent.
+fn check_mismatches(engine: &Arc<Engine>) -> u64 {
+    engine.start_scrub(false).unwrap();
+    wait_idle(engine);
+    engine.mismatch_sectors()
+}
+
 fn wait_idle(engine: &Arc<Engine>) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while engine.snapshot().sync.is_some() {
@@ -433,19 +441,15 @@ fn check_counts_and_repair_fixes_mismatches() {
     file.write_all_at(&[0x5a; 8192], data_offset + 65536)
         .unwrap();
     file.sync_all().unwrap();
-    engine.start_scrub(false).unwrap();
-    wait_idle(&engine);
     assert_eq!(
-        engine.mismatch_sectors(),
+        check_mismatches(&engine),
         16,
         "check counts the corrupted sectors, page by page"
     );
     engine.start_scrub(true).unwrap();
     wait_idle(&engine);
-    engine.start_scrub(false).unwrap();
-    wait_idle(&engine);
     assert_eq!(
-        engine.mismatch_sectors(),
+        check_mismatches(&engine),
         0,
         "repair rewrote the redundancy"
     );
@@ -806,10 +810,8 @@ fn bitmap_marks_written_regions_and_bounds_the_resync_after_a_crash() {
     }
     let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
     wait_idle(&engine);
-    engine.start_scrub(false).unwrap();
-    wait_idle(&engine);
     assert_eq!(
-        engine.mismatch_sectors(),
+        check_mismatches(&engine),
         8,
         "only the clean region's page is left inconsistent"
     );
@@ -877,10 +879,8 @@ fn readd_with_a_bitmap_copies_only_what_changed() {
     let mut back = vec![0u8; image.len()];
     engine.read(0, &mut back).unwrap();
     assert!(back == image, "data differs after the re-add");
-    engine.start_scrub(false).unwrap();
-    wait_idle(&engine);
     assert_eq!(
-        engine.mismatch_sectors(),
+        check_mismatches(&engine),
         8,
         "only the scribbled, never-rewritten page disagrees: nothing else was copied or lost"
     );
@@ -1383,18 +1383,14 @@ fn raid6_check_with_a_data_member_missing_still_checks_q() {
     file.write_all_at(&[0xa5; 4096], data_offset + q.member_sector * 512)
         .unwrap();
     file.sync_all().unwrap();
-    engine.start_scrub(false).unwrap();
-    wait_idle(&engine);
     assert_eq!(
-        engine.mismatch_sectors(),
+        check_mismatches(&engine),
         8,
         "Q is checked against the strip rebuilt from P"
     );
     engine.start_scrub(true).unwrap();
     wait_idle(&engine);
-    engine.start_scrub(false).unwrap();
-    wait_idle(&engine);
-    assert_eq!(engine.mismatch_sectors(), 0, "repair rewrote Q");
+    assert_eq!(check_mismatches(&engine), 0, "repair rewrote Q");
     engine.shutdown().unwrap();
 }
 
@@ -2046,9 +2042,7 @@ fn a_power_cut_loses_member_writes_and_the_journal_replays_them() {
             "{what}: data differs after replay"
         );
         if lost.is_none() {
-            engine.start_scrub(false).unwrap();
-            wait_idle(&engine);
-            assert_eq!(engine.mismatch_sectors(), 0, "{what}: parity after replay");
+            assert_eq!(check_mismatches(&engine), 0, "{what}: parity after replay");
         }
         engine.shutdown().unwrap();
         // A clean stop leaves nothing to replay, and the data stays.
@@ -2165,9 +2159,7 @@ fn write_back_with_a_journal_loses_nothing_acknowledged_at_a_power_cut() {
         );
         assert!(read_all(&engine) == image, "{what}: acknowledged data lost");
         if lost.is_none() {
-            engine.start_scrub(false).unwrap();
-            wait_idle(&engine);
-            assert_eq!(engine.mismatch_sectors(), 0, "{what}: parity after replay");
+            assert_eq!(check_mismatches(&engine), 0, "{what}: parity after replay");
         }
         engine.shutdown().unwrap();
     }
@@ -2226,10 +2218,8 @@ fn write_back_rows_written_while_written_out_replay_consistently() {
             read_all(&engine) == image,
             "seed {seed}: acknowledged data lost"
         );
-        engine.start_scrub(false).unwrap();
-        wait_idle(&engine);
         assert_eq!(
-            engine.mismatch_sectors(),
+            check_mismatches(&engine),
             0,
             "seed {seed}: parity after replay"
         );

@@ -203,9 +203,15 @@ h.shutdown()
 
 /// nbdcopy in; SIGTERM marks the array clean; the members hold the image
 /// (copy-out, also with members left out); a second serve reads it back.
+/// The raid1's and raid0's members are in memory (/dev/shm): nbdcopy's
+/// big writes there go from the socket to the member files through a pipe.
 #[test]
 fn nbdcopy_round_trip_survives_a_restart() {
     let dir = scratch("serve-copy");
+    let shm = tempfile::Builder::new()
+        .prefix("uraid-serve-copy-")
+        .tempdir_in("/dev/shm")
+        .expect("tempdir in /dev/shm");
     let geometries: &[(&str, &[&str], usize, usize)] = &[
         (
             "raid5",
@@ -243,9 +249,18 @@ fn nbdcopy_round_trip_survives_a_restart() {
             3,
             1,
         ),
+        ("raid1", &["--level", "raid1", "--raid-devices", "3"], 3, 2),
+        (
+            "raid0",
+            &["--level", "raid0", "--raid-devices", "2", "--chunk", "64K"],
+            2,
+            0,
+        ),
     ];
     for (i, (name, options, disks, losable)) in geometries.iter().enumerate() {
-        let members = create_array(dir.path(), &format!("{name}-m"), options, *disks, 32 * MIB);
+        let in_memory = matches!(*name, "raid1" | "raid0");
+        let members_dir = if in_memory { shm.path() } else { dir.path() };
+        let members = create_array(members_dir, &format!("{name}-m"), options, *disks, 32 * MIB);
         let members = strs(&members);
         let size = array_bytes(&members);
         let (img, data) = image(dir.path(), &format!("{name}.img"), 100 + i as u64, size);

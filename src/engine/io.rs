@@ -54,8 +54,13 @@ impl Piece<'_> {
         &self.data[from..from + r.len()]
     }
 
-    fn touched(&self, i: usize) -> bool {
+    pub(super) fn touched(&self, i: usize) -> bool {
         !self.ranges[i].is_empty()
+    }
+
+    /// The byte range (strip-relative) the request covers in strip `i`.
+    pub(super) fn range(&self, i: usize) -> &Range<usize> {
+        &self.ranges[i]
     }
 
     /// Whether strip `i`'s new bytes cover the whole window.
@@ -66,7 +71,7 @@ impl Piece<'_> {
 
 impl Engine {
     /// Calls `f` for each stripe piece of the byte range [offset, offset+len).
-    fn for_each_piece(
+    pub(super) fn for_each_piece(
         &self,
         offset: u64,
         len: usize,
@@ -1280,6 +1285,17 @@ pub(super) struct WriteTarget<'b> {
     buf: &'b [u8],
 }
 
+impl WriteTarget<'_> {
+    pub(super) fn member(&self) -> &MemberRef {
+        &self.member
+    }
+
+    /// The member byte offset written.
+    pub(super) fn offset(&self) -> u64 {
+        self.offset
+    }
+}
+
 /// Runs member writes as one batch, each split at `max` bytes
 /// (max_sectors_kb); returns the first error of each.
 pub(super) fn run_writes(max: usize, targets: &[WriteTarget]) -> Vec<Option<io::Error>> {
@@ -1333,7 +1349,7 @@ fn first_errors(
     first
 }
 
-fn lost_error(map: &StripeMap, what: &str) -> io::Error {
+pub(super) fn lost_error(map: &StripeMap, what: &str) -> io::Error {
     lost(format!("stripe {}: {what}", map.stripe))
 }
 

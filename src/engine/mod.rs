@@ -17,6 +17,7 @@ mod paritycache;
 mod readcache;
 mod resync;
 mod schedule;
+mod staged;
 mod stripes;
 pub mod tuning;
 
@@ -1036,6 +1037,30 @@ impl BlockBackend for Engine {
         let extents = self.file_extents(offset, len, how)?;
         self.foreground_ios.fetch_add(1, Ordering::Relaxed);
         Some(extents)
+    }
+
+    fn takes_staged_writes(&self, offset: u64, len: usize) -> bool {
+        self.check_aligned(offset, len).is_ok() && self.takes_staged()
+    }
+
+    fn write_staged(
+        &self,
+        offset: u64,
+        len: usize,
+        fua: bool,
+        data: &mut dyn crate::export::StagedWrite,
+    ) -> Option<std::io::Result<()>> {
+        if self.check_aligned(offset, len).is_err() || !self.takes_staged() {
+            return None;
+        }
+        self.foreground_ios.fetch_add(1, Ordering::Relaxed);
+        let result = self.write_staged_bytes(offset, len, data).and_then(|()| {
+            if fua {
+                self.flush_members()?;
+            }
+            Ok(())
+        });
+        Some(result)
     }
 
     fn trim(&self, _offset: u64, _len: u64) -> std::io::Result<()> {

@@ -2226,3 +2226,258 @@ fn write_back_rows_written_while_written_out_replay_consistently() {
         engine.shutdown().unwrap();
     }
 }
+
+/// Sends a round of writes of 64 KiB to 1 MiB over one connection at once
+/// (each in a 1 MiB slot of its own, so none overlap, at 512-byte
+/// offsets), applies them to `image`, and checks every answer.
+/// Gives how many writes it sent.
+fn pipelined_writes(
+    socket: &std::path::Path,
+    image: &mut [u8],
+    rng: &mut rand::rngs::StdRng,
+) -> u64 {
+    use crate::bench::nbd_client;
+    use rand::seq::SliceRandom;
+    let (mut sender, mut receiver, _) = nbd_client::connect(socket, "t").unwrap();
+    let mut slots: Vec<usize> = (0..image.len() >> 20).collect();
+    slots.shuffle(rng);
+    let writes: Vec<(usize, Vec<u8>)> = slots
+        .iter()
+        .take(12)
+        .map(|&slot| {
+            let len = rng.gen_range(128..=2048) * 512;
+            let at = (slot << 20) + rng.gen_range(0..=((1 << 20) - len) / 512) * 512;
+            (at, (0..len).map(|_| rng.gen()).collect())
+        })
+        .collect();
+    for (cookie, (at, data)) in writes.iter().enumerate() {
+        sender.send_write(cookie as u64, *at as u64, data).unwrap();
+    }
+    for _ in &writes {
+        let reply = receiver.recv().unwrap();
+        assert_eq!(reply.error, 0, "write {} failed", reply.cookie);
+    }
+    sender.send_disconnect().unwrap();
+    let count = writes.len() as u64;
+    for (at, data) in writes {
+        image[at..at + data.len()].copy_from_slice(&data);
+    }
+    count
+}
+
+/// Reads the whole array over NBD and compares it with `image`.
+fn reads_back(socket: &std::path::Path, image: &[u8], what: &str) {
+    let mut client = crate::bench::nbd_client::NbdSync::connect(socket, "t").unwrap();
+    for (i, part) in image.chunks(1 << 20).enumerate() {
+        let mut back = vec![0u8; part.len()];
+        client.read_at((i << 20) as u64, &mut back).unwrap();
+        assert!(back == part, "{what}: the MiB at {i}");
+    }
+    client.disconnect().unwrap();
+}
+
+/// Writes of 64 KiB and more to levels without parity on buffered members
+/// go from the socket to the member files through a pipe, never copied
+/// into the process (`BlockBackend::write_staged`). Over NBD, many in
+/// flight at once, across strips and rows, they must read back as written
+/// and leave a mirror's copies equal: healthy, with a copy failed, after
+/// the copy is rebuilt, and while a replacement is built (it gets the
+/// writes below its copy point). A write longer than a pipe holds is
+/// copied, still right. Levels with parity are not offered the path.
+#[test]
+fn big_writes_go_from_the_socket_to_member_files_without_a_copy() {
+    for (level, layout, disks, chunk) in [
+        (Level::Raid0, None, 3, 64),
+        (Level::Linear, None, 2, 0),
+        (Level::Raid1, None, 2, 0),
+        (Level::Raid10, Some("n2"), 4, 64),
+    ] {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let paths = make_array(dir.path(), level, layout, disks, chunk);
+        let engine =
+            Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+        let (server, socket) = serve_in(dir.path(), &engine);
+        let mut image = vec![0u8; engine.size_bytes() as usize];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let sent: u64 = (0..3)
+            .map(|_| pipelined_writes(&socket, &mut image, &mut rng))
+            .sum();
+        let staged = server.staged_writes();
+        assert_eq!(staged, sent, "{level}: writes staged");
+        // More than a pipe holds unless the process may grow pipes past
+        // pipe-max-size: copied or staged, the bytes must land.
+        let mut client = crate::bench::nbd_client::NbdSync::connect(&socket, "t").unwrap();
+        let big: Vec<u8> = (0..3 << 20).map(|_| rng.gen()).collect();
+        client.write_at(4096, &big).unwrap();
+        client.disconnect().unwrap();
+        image[4096..4096 + big.len()].copy_from_slice(&big);
+        reads_back(&socket, &image, &format!("{level} healthy"));
+        if matches!(level, Level::Raid1 | Level::Raid10) {
+            assert_eq!(check_mismatches(&engine), 0, "{level}: copies differ");
+            engine.manage_fail(&paths[0]).unwrap();
+            let before = server.staged_writes();
+            pipelined_writes(&socket, &mut image, &mut rng);
+            assert!(
+                server.staged_writes() > before,
+                "{level}: degraded writes not staged"
+            );
+            reads_back(&socket, &image, &format!("{level} degraded"));
+            engine.manage_remove(&paths[0]).unwrap();
+            engine.manage_add(&paths[0]).unwrap();
+            wait_idle(&engine);
+            assert!(
+                engine.snapshot().missing_roles.is_empty(),
+                "{level}: rebuilt"
+            );
+            assert_eq!(
+                check_mismatches(&engine),
+                0,
+                "{level}: copies differ after the rebuild"
+            );
+            // A replacement slow enough that the writes land during the copy.
+            let new = dir.path().join("new");
+            std::fs::File::create(&new)
+                .unwrap()
+                .set_len(6 << 20)
+                .unwrap();
+            // Half copied: the writes land on both sides of the copy point.
+            engine.set_speed_limits(Some(100), Some(4000));
+            engine.manage_replace(&paths[1], &new).unwrap();
+            wait_until(&engine, "the replacement half copied", |s| {
+                s.sync
+                    .as_ref()
+                    .is_some_and(|p| p.done_kib * 2 >= p.total_kib)
+            });
+            let before = server.staged_writes();
+            pipelined_writes(&socket, &mut image, &mut rng);
+            assert!(
+                engine.snapshot().sync.is_some(),
+                "{level}: the copy ended too soon"
+            );
+            assert!(
+                server.staged_writes() > before,
+                "{level}: writes during a replace not staged"
+            );
+            engine.set_speed_limits(None, Some(1_000_000));
+            wait_idle(&engine);
+            let replaced = engine.snapshot().devices.iter().any(|d| {
+                d.path == paths[1].display().to_string() && d.state == DeviceState::Faulty
+            });
+            assert!(
+                replaced,
+                "{level}: the replaced member is not marked faulty"
+            );
+            assert_eq!(
+                check_mismatches(&engine),
+                0,
+                "{level}: the replacement differs"
+            );
+            reads_back(&socket, &image, &format!("{level} replaced"));
+        }
+        server.shutdown();
+        engine.shutdown().unwrap();
+    }
+    // Parity needs the bytes in memory.
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let paths = make_array(dir.path(), Level::Raid5, Some("left-symmetric"), 3, 64);
+    let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+    assert!(!engine.takes_staged_writes(0, 1 << 20));
+    engine.shutdown().unwrap();
+}
+
+/// A staged write's failures are settled as a plain write's: a mirror
+/// copy that fails is failed and the write succeeds on the other; on
+/// raid0 the write fails. A source that cannot deliver its bytes fails
+/// the write and no member. (A stand-in source writes the bytes with
+/// pwrite and makes the failures up.)
+#[test]
+fn a_staged_write_settles_member_failures_as_a_plain_write() {
+    struct Source {
+        bytes: Vec<u8>,
+        taken: usize,
+        /// Which target of the first call fails.
+        failing: Option<usize>,
+        broken: bool,
+    }
+    impl crate::export::StagedWrite for Source {
+        fn into_files(
+            &mut self,
+            len: usize,
+            targets: &[(std::os::fd::RawFd, u64)],
+        ) -> std::io::Result<Vec<Option<std::io::Error>>> {
+            if self.broken {
+                return Err(std::io::Error::other("the pipe ran dry"));
+            }
+            let bytes = &self.bytes[self.taken..self.taken + len];
+            self.taken += len;
+            let failing = self.failing.take();
+            Ok(targets
+                .iter()
+                .enumerate()
+                .map(|(k, &(fd, at))| {
+                    if failing == Some(k) {
+                        return Some(std::io::Error::from_raw_os_error(libc::EIO));
+                    }
+                    // SAFETY: bytes is valid for its length; fd is open.
+                    let n = unsafe { libc::pwrite(fd, bytes.as_ptr().cast(), len, at as i64) };
+                    assert_eq!(n, len as isize);
+                    None
+                })
+                .collect())
+        }
+        fn into_memory(&mut self, buf: &mut [u8]) -> std::io::Result<()> {
+            buf.copy_from_slice(&self.bytes[self.taken..self.taken + buf.len()]);
+            self.taken += buf.len();
+            Ok(())
+        }
+    }
+    let source = |bytes: &[u8], failing, broken| Source {
+        bytes: bytes.to_vec(),
+        taken: 0,
+        failing,
+        broken,
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let data: Vec<u8> = (0..256 << 10).map(|_| rng.gen()).collect();
+    for (level, chunk) in [(Level::Raid1, 0), (Level::Raid0, 64)] {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let paths = make_array(dir.path(), level, None, 2, chunk);
+        let engine =
+            Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+        let len = data.len();
+        let written = engine.write_staged(8192, len, false, &mut source(&data, None, false));
+        assert!(
+            matches!(written, Some(Ok(()))),
+            "{level}: a clean staged write"
+        );
+        let mut back = vec![0u8; len];
+        engine.read(8192, &mut back).unwrap();
+        assert!(back == data, "{level}: read back");
+        let broken = engine.write_staged(0, len, false, &mut source(&data, None, true));
+        assert!(
+            matches!(broken, Some(Err(_))),
+            "{level}: a broken source fails the write"
+        );
+        assert!(
+            engine.snapshot().missing_roles.is_empty(),
+            "{level}: and no member"
+        );
+        let failed = engine.write_staged(8192, len, false, &mut source(&data, Some(0), false));
+        if level == Level::Raid1 {
+            assert!(
+                matches!(failed, Some(Ok(()))),
+                "raid1: the other copy took it"
+            );
+            assert_eq!(
+                engine.snapshot().missing_roles.len(),
+                1,
+                "raid1: one copy failed"
+            );
+            engine.read(8192, &mut back).unwrap();
+            assert!(back == data, "raid1: read back from the other copy");
+        } else {
+            assert!(matches!(failed, Some(Err(_))), "raid0: the write fails");
+        }
+        engine.shutdown().ok();
+    }
+}

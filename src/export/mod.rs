@@ -161,6 +161,49 @@ pub trait BlockBackend: Send + Sync {
     fn read_extents(&self, _offset: u64, _len: usize, _how: ExtentUse) -> Option<Vec<FileExtent>> {
         None
     }
+
+    /// Whether a write of `len` bytes at `offset` is likely to be taken by
+    /// [`write_staged`](Self::write_staged): a server then stages its
+    /// payload outside memory (a pipe) instead of reading it. A cheap
+    /// guess; the default says no.
+    fn takes_staged_writes(&self, _offset: u64, _len: usize) -> bool {
+        false
+    }
+
+    /// Writes `len` bytes at `offset` whose data the server holds staged
+    /// (see [`StagedWrite`]), moving them into files without a copy
+    /// through this process. `None`, having taken nothing from `data`,
+    /// when it cannot: the server then copies the bytes into memory and
+    /// calls `write`. With `Some`, bytes left in `data` are thrown away.
+    fn write_staged(
+        &self,
+        _offset: u64,
+        _len: usize,
+        _fua: bool,
+        _data: &mut dyn StagedWrite,
+    ) -> Option<io::Result<()>> {
+        None
+    }
+}
+
+/// The payload of a write that a server has staged outside its memory
+/// (in a pipe, spliced from its socket as page references), for
+/// [`BlockBackend::write_staged`]. The bytes are taken from the front,
+/// each once.
+pub trait StagedWrite {
+    /// Moves the next `len` bytes into each of `targets` (a descriptor of
+    /// a buffered file, and the offset to write at). They are taken
+    /// whatever happens to the targets; the result has each target's
+    /// error, in order. `Err` when the staged bytes themselves could not
+    /// be moved (nothing is known of the targets then).
+    fn into_files(
+        &mut self,
+        len: usize,
+        targets: &[(std::os::fd::RawFd, u64)],
+    ) -> io::Result<Vec<Option<io::Error>>>;
+
+    /// Copies the next `buf.len()` bytes into `buf`.
+    fn into_memory(&mut self, buf: &mut [u8]) -> io::Result<()>;
 }
 
 /// What a server will do with the extents of [`BlockBackend::read_extents`].

@@ -17,7 +17,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use super::fastpath::{self, Done, FastReads};
-use super::io::{ReadError, Sock, SockReader, SplicePipe};
+use super::io::{ReadError, Sock, SockReader, SplicePipe, StagedPayload};
 use super::proto::{
     self, Command, InfoRequest, NbdError, ProtoError, RequestHeader, TransmissionParams,
 };
@@ -409,8 +409,10 @@ struct Conn {
 struct Job {
     cookie: u64,
     command: Command,
-    /// Bytes of write payload, at the start of the worker's payload buffer.
+    /// Bytes of write payload, at the start of the worker's payload buffer
+    /// or, if `staged`, in the worker's staging pipe.
     payload_len: usize,
+    staged: bool,
     /// The bytes counted in `Inflight` for this request.
     cost: u64,
 }
@@ -510,6 +512,7 @@ fn read_request(
     conn: &Conn,
     reader: &mut SockReader,
     payload: &mut AlignedBuf,
+    staging: &mut Staging,
     before_wait: &mut dyn FnMut(BeforeWait) -> bool,
 ) -> Result<Option<Job>, End> {
     let io_timeout = conn.shared.options.io_timeout;
@@ -574,24 +577,77 @@ fn read_request(
     conn.inflight
         .acquire(cost, &mut || before_wait(BeforeWait::Help));
     let payload_len = payload_len as usize;
+    let mut staged = false;
     if payload_len > 0 {
         if reader.buffered() < payload_len {
             before_wait(BeforeWait::Submit);
         }
-        if payload.len() < payload_len {
-            *payload = AlignedBuf::zeroed(payload_len);
+        let mut have = 0;
+        if let Command::Write { offset, .. } = command {
+            match stage_write(conn, reader, staging, offset, payload_len, deadline) {
+                Ok(n) if n == payload_len => staged = true,
+                Ok(n) => have = n,
+                Err(e) => {
+                    conn.inflight.release(cost);
+                    return Err(read_failed(conn, e, "write payload"));
+                }
+            }
         }
-        if let Err(e) = reader.read_exact(&mut payload[..payload_len], deadline) {
-            conn.inflight.release(cost);
-            return Err(read_failed(conn, e, "write payload"));
+        if !staged {
+            if payload.len() < payload_len {
+                *payload = AlignedBuf::zeroed(payload_len);
+            }
+            // What a full pipe holds comes back by copy, the rest is read.
+            if have > 0 {
+                let pipe = staging.pipe.as_ref().expect("bytes were staged in it");
+                if let Err(e) = pipe.read_exact(&mut payload[..have]) {
+                    staging.pipe = None;
+                    conn.inflight.release(cost);
+                    return Err(read_failed(conn, ReadError::Io(e), "staged write payload"));
+                }
+            }
+            if let Err(e) = reader.read_exact(&mut payload[have..payload_len], deadline) {
+                conn.inflight.release(cost);
+                return Err(read_failed(conn, e, "write payload"));
+            }
         }
     }
     Ok(Some(Job {
         cookie: request.cookie,
         command,
         payload_len,
+        staged,
         cost,
     }))
+}
+
+/// Stages a write's payload in the worker's pipe when the backend will
+/// likely take it from there (see `BlockBackend::write_staged`): the bytes
+/// then go from the socket to the member files without a copy through
+/// this process. Gives how many bytes were staged: 0 when it was not
+/// tried, fewer than `len` when the pipe filled up.
+fn stage_write(
+    conn: &Conn,
+    reader: &mut SockReader,
+    staging: &mut Staging,
+    offset: u64,
+    len: usize,
+    deadline: Option<Instant>,
+) -> Result<usize, ReadError> {
+    if len < SPLICE_MIN_BYTES || !conn.shared.backend.takes_staged_writes(offset, len) {
+        return Ok(0);
+    }
+    // Room for twice the bytes: spliced bytes come as the socket's
+    // fragments, and a short one takes a slot of its own.
+    let Some(pipe) = staging.ready(len) else {
+        return Ok(0);
+    };
+    let result = reader.stage(pipe, len, deadline);
+    if result.is_err() {
+        // Part of a payload is in the pipe: it goes with the connection.
+        staging.pipe = None;
+    }
+    result
 }
 
 /// Decides how the connection ends after a failed read of `what` (a part
@@ -648,11 +704,34 @@ fn refusal_message(request: &RequestHeader, err: NbdError, params: &Transmission
 /// requests needed).
 const SCRATCH_KEPT: usize = 2 << 20;
 
-/// A worker's pipe for spliced reads.
+/// A worker's pipe for spliced reads and staged writes.
 struct Staging {
     pipe: Option<SplicePipe>,
-    /// The smallest read length a pipe was refused for.
+    /// The smallest pipe size that was refused.
     refused_from: usize,
+    /// A second pipe, for the copies of a staged write (raid1, raid10).
+    spare: Option<SplicePipe>,
+}
+
+impl Staging {
+    /// The pipe, holding at least `bytes`, if a pipe that size is allowed
+    /// (pipe-max-size, or the user's pipe pages): if not, this worker does
+    /// not ask again for one this size or larger. The pipe is empty.
+    fn ready(&mut self, bytes: usize) -> Option<&SplicePipe> {
+        if bytes >= self.refused_from {
+            return None;
+        }
+        if self.pipe.as_ref().is_none_or(|p| p.capacity() < bytes) {
+            self.spare = None;
+            self.pipe = SplicePipe::new(bytes)
+                .ok()
+                .filter(|p| p.capacity() >= bytes);
+            if self.pipe.is_none() {
+                self.refused_from = bytes;
+            }
+        }
+        self.pipe.as_ref()
+    }
 }
 
 /// The longest read served inline (see `Conn::serves_inline`): longer ones
@@ -675,6 +754,7 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
     let mut pipe = Staging {
         pipe: None,
         refused_from: usize::MAX,
+        spare: None,
     };
     loop {
         // The reader is held only to read requests; serving runs unlocked.
@@ -722,7 +802,7 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
                     }
                     _ => false,
                 };
-                match read_request(conn, sock_reader, &mut payload, &mut before_wait) {
+                match read_request(conn, sock_reader, &mut payload, &mut pipe, &mut before_wait) {
                     Ok(Some(job)) => match conn.start_fast(fast, fast_refused, job) {
                         None => continue,
                         Some(job) if conn.serves_inline(&job) => {
@@ -830,6 +910,33 @@ impl Conn {
                         }
                         Ok(Some(length))
                     }
+                    Command::Write { offset, fua, .. } if job.staged => {
+                        let len = job.payload_len;
+                        let staged = pipe.pipe.as_ref().expect("a staged payload has its pipe");
+                        let mut data = StagedPayload::new(staged, &mut pipe.spare, len);
+                        let result = backend.write_staged(offset, len, fua, &mut data);
+                        let whole = data.untouched();
+                        let clean = data.consumed();
+                        if let Some(result) = result {
+                            if !clean {
+                                pipe.pipe = None;
+                            }
+                            let counter = &self.shared.staged_writes;
+                            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            return io(result, "write").map(|()| None);
+                        }
+                        // Declined: the bytes come back by copy.
+                        assert!(whole, "a declined staged write took bytes");
+                        if scratch.len() < len {
+                            *scratch = AlignedBuf::zeroed(len);
+                        }
+                        if let Err(e) = staged.read_exact(&mut scratch[..len]) {
+                            pipe.pipe = None;
+                            return io(Err(e), "write").map(|()| None);
+                        }
+                        io(backend.write(offset, &scratch[..len], fua), "write")?;
+                        Ok(None)
+                    }
                     Command::Write { offset, fua, .. } => {
                         if job.payload_len > 0 {
                             let data = &payload[..job.payload_len];
@@ -885,7 +992,13 @@ impl Conn {
                 }
             },
         ))
-        .unwrap_or_else(|_| Err((NbdError::Io, "internal error in the storage backend".into())));
+        .unwrap_or_else(|_| {
+            // A staged payload may be half taken.
+            if job.staged {
+                pipe.pipe = None;
+            }
+            Err((NbdError::Io, "internal error in the storage backend".into()))
+        });
 
         match result {
             Ok(Some(length)) => self.reply_read(cookie, &job.command, &scratch[..length]),
@@ -1016,25 +1129,16 @@ impl Conn {
         if length < SPLICE_MIN_BYTES || length >= staging.refused_from {
             return false;
         }
-        let pipe = &mut staging.pipe;
         let backend = &*self.shared.backend;
         let Ok(Some(extents)) = catch_unwind(AssertUnwindSafe(|| {
             backend.read_extents(offset, length, ExtentUse::Splice)
         })) else {
             return false;
         };
-        if pipe.as_ref().is_none_or(|p| p.capacity() < length) {
-            // A pipe of this size may be refused (pipe-max-size, or the
-            // user's pipe pages): then this worker copies reads this long
-            // from now on, without asking again.
-            *pipe = SplicePipe::new(length)
-                .ok()
-                .filter(|p| p.capacity() >= length);
-            if pipe.is_none() {
-                staging.refused_from = length;
-                return false;
-            }
+        if staging.ready(length).is_none() {
+            return false;
         }
+        let pipe = &mut staging.pipe;
         let Some(staged) = pipe.as_ref() else {
             return false;
         };

@@ -226,6 +226,271 @@ impl SplicePipe {
         }
         Ok(())
     }
+
+    /// Writes what of `bytes` fits (a copy into the pipe's pages); 0 when
+    /// it is full.
+    fn write_some(&self, bytes: &[u8]) -> io::Result<usize> {
+        loop {
+            // SAFETY: bytes is valid for bytes.len() bytes.
+            let n =
+                unsafe { libc::write(self.write.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let err = io::Error::last_os_error();
+            match err.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return Ok(0),
+                _ => return Err(err),
+            }
+        }
+    }
+
+    /// Whether another buffer fits in the pipe. Bytes spliced from a
+    /// socket come as the socket's fragments, each taking a slot however
+    /// short, so a pipe may be full before `capacity` bytes.
+    fn has_room(&self) -> bool {
+        let mut fd = libc::pollfd {
+            fd: self.write.as_raw_fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; no wait.
+        unsafe { libc::poll(&mut fd, 1, 0) == 1 && fd.revents & libc::POLLOUT != 0 }
+    }
+
+    /// Takes exactly `out.len()` bytes from the front of the pipe, by copy.
+    pub(crate) fn read_exact(&self, out: &mut [u8]) -> io::Result<()> {
+        let mut have = 0;
+        while have < out.len() {
+            let rest = &mut out[have..];
+            // SAFETY: rest is valid for rest.len() bytes.
+            let n =
+                unsafe { libc::read(self.read.as_raw_fd(), rest.as_mut_ptr().cast(), rest.len()) };
+            if n > 0 {
+                have += n as usize;
+                continue;
+            }
+            let err = io::Error::last_os_error();
+            if n < 0 && err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(dry(n, err));
+        }
+        Ok(())
+    }
+
+    /// Throws away `len` bytes from the front of the pipe.
+    pub(crate) fn discard(&self, mut len: usize) -> io::Result<()> {
+        let mut scratch = [0u8; 16 << 10];
+        while len > 0 {
+            let n = len.min(scratch.len());
+            self.read_exact(&mut scratch[..n])?;
+            len -= n;
+        }
+        Ok(())
+    }
+
+    /// Moves `len` bytes from the front of the pipe into the file `fd` at
+    /// `offset` (the file's own copy from the pipe's pages, none here).
+    /// Gives how many were moved and, if the file failed, why; an error
+    /// of the pipe itself (it ran dry) is the outer `Err`.
+    pub(crate) fn drain_to_file(
+        &self,
+        fd: RawFd,
+        offset: u64,
+        len: usize,
+    ) -> io::Result<(usize, Option<io::Error>)> {
+        let mut off = i64::try_from(offset).map_err(|_| io::Error::other("offset too large"))?;
+        let mut moved = 0;
+        while moved < len {
+            // SAFETY: plain descriptors; `off` is a valid i64 we own.
+            let n = unsafe {
+                libc::splice(
+                    self.read.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    fd,
+                    &mut off,
+                    len - moved,
+                    libc::SPLICE_F_MOVE,
+                )
+            };
+            if n > 0 {
+                moved += n as usize;
+                continue;
+            }
+            let err = io::Error::last_os_error();
+            match err.kind() {
+                _ if n == 0 => return Err(dry(0, err)),
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return Err(dry(n, err)),
+                _ => return Ok((moved, Some(err))),
+            }
+        }
+        Ok((moved, None))
+    }
+
+    /// Puts references to the first `len` bytes of this pipe into `other`
+    /// (empty, and as large as this one), leaving this one as it was.
+    pub(crate) fn tee_to(&self, other: &SplicePipe, len: usize) -> io::Result<()> {
+        loop {
+            // SAFETY: plain descriptors, no offsets (two pipes).
+            let n = unsafe {
+                libc::tee(
+                    self.read.as_raw_fd(),
+                    other.write.as_raw_fd(),
+                    len,
+                    libc::SPLICE_F_NONBLOCK,
+                )
+            };
+            if n >= 0 {
+                // tee copies from the front each time: a short one cannot
+                // be continued, so the pipes must take it in one go.
+                return if n as usize == len {
+                    Ok(())
+                } else {
+                    Err(io::Error::other(format!("tee moved {n} of {len} bytes")))
+                };
+            }
+            let err = io::Error::last_os_error();
+            if err.kind() != io::ErrorKind::Interrupted {
+                return Err(err);
+            }
+        }
+    }
+}
+
+/// A write's payload staged in a worker's pipe, as the backend takes it
+/// (`BlockBackend::write_staged`). Copies for more than one file are
+/// made with `tee` into the spare pipe: page references, not copies.
+pub(crate) struct StagedPayload<'a> {
+    pipe: &'a SplicePipe,
+    spare: &'a mut Option<SplicePipe>,
+    len: usize,
+    left: usize,
+    /// A pipe failed: what is in it is unknown.
+    broken: bool,
+}
+
+impl<'a> StagedPayload<'a> {
+    pub(crate) fn new(
+        pipe: &'a SplicePipe,
+        spare: &'a mut Option<SplicePipe>,
+        len: usize,
+    ) -> StagedPayload<'a> {
+        StagedPayload {
+            pipe,
+            spare,
+            len,
+            left: len,
+            broken: false,
+        }
+    }
+
+    /// Nothing was taken.
+    pub(crate) fn untouched(&self) -> bool {
+        self.left == self.len && !self.broken
+    }
+
+    /// Every byte was taken and the pipe is empty again.
+    pub(crate) fn consumed(&self) -> bool {
+        self.left == 0 && !self.broken
+    }
+
+    fn take(&mut self, len: usize) -> io::Result<()> {
+        if self.broken {
+            return Err(io::Error::other("the staging pipe failed earlier"));
+        }
+        if len > self.left {
+            return Err(io::Error::other(format!(
+                "{len} bytes asked of a staged write with {} left",
+                self.left
+            )));
+        }
+        self.left -= len;
+        Ok(())
+    }
+
+    /// A copy of the next `len` bytes in the spare pipe.
+    fn spare_copy(&mut self, len: usize) -> io::Result<&SplicePipe> {
+        let capacity = self.pipe.capacity();
+        if self.spare.as_ref().is_none_or(|p| p.capacity() < capacity) {
+            *self.spare = Some(SplicePipe::new(capacity)?);
+        }
+        let spare = self.spare.as_ref().expect("made above");
+        self.pipe.tee_to(spare, len)?;
+        Ok(spare)
+    }
+}
+
+impl crate::export::StagedWrite for StagedPayload<'_> {
+    fn into_files(
+        &mut self,
+        len: usize,
+        targets: &[(RawFd, u64)],
+    ) -> io::Result<Vec<Option<io::Error>>> {
+        self.take(len)?;
+        let mut errors: Vec<Option<io::Error>> = targets.iter().map(|_| None).collect();
+        let Some(((last_fd, last_at), others)) = targets.split_last() else {
+            return self
+                .pipe
+                .discard(len)
+                .inspect_err(|_| self.broken = true)
+                .map(|()| errors);
+        };
+        for (k, &(fd, at)) in others.iter().enumerate() {
+            let copied = self.spare_copy(len).and_then(|spare| {
+                let (moved, failed) = spare.drain_to_file(fd, at, len)?;
+                if failed.is_some() {
+                    spare.discard(len - moved)?;
+                }
+                Ok(failed)
+            });
+            match copied {
+                Ok(failed) => errors[k] = failed,
+                Err(e) => {
+                    // The spare may hold part of a copy: a new one next time.
+                    *self.spare = None;
+                    self.broken = true;
+                    return Err(e);
+                }
+            }
+        }
+        let last = self
+            .pipe
+            .drain_to_file(*last_fd, *last_at, len)
+            .and_then(|(moved, failed)| {
+                if failed.is_some() {
+                    self.pipe.discard(len - moved)?;
+                }
+                Ok(failed)
+            });
+        match last {
+            Ok(failed) => errors[others.len()] = failed,
+            Err(e) => {
+                self.broken = true;
+                return Err(e);
+            }
+        }
+        Ok(errors)
+    }
+
+    fn into_memory(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        self.take(buf.len())?;
+        self.pipe
+            .read_exact(buf)
+            .inspect_err(|_| self.broken = true)
+    }
+}
+
+/// The error for a pipe that had fewer bytes than it should (`n` what
+/// the call returned, `err` errno after it).
+fn dry(n: isize, err: io::Error) -> io::Error {
+    if n == 0 || err.kind() == io::ErrorKind::WouldBlock {
+        io::Error::new(io::ErrorKind::UnexpectedEof, "the staging pipe ran dry")
+    } else {
+        err
+    }
 }
 
 impl Sock {
@@ -459,6 +724,75 @@ impl<'a> SockReader<'a> {
         }
     }
 
+    /// Stages the next `len` bytes of the stream in `pipe`: what is
+    /// buffered here by copy, the rest spliced from the socket as page
+    /// references. Gives how many were staged: fewer than `len` only when
+    /// the pipe filled up (the caller takes them back and reads the rest).
+    pub(crate) fn stage(
+        &mut self,
+        pipe: &SplicePipe,
+        len: usize,
+        deadline: Option<Instant>,
+    ) -> Result<usize, ReadError> {
+        let mut have = 0;
+        let buffered = self.buffered().min(len);
+        if buffered > 0 {
+            let n = pipe
+                .write_some(&self.buf[self.start..self.start + buffered])
+                .map_err(ReadError::Io)?;
+            self.start += n;
+            have += n;
+            if n < buffered {
+                return Ok(have);
+            }
+        }
+        // After poll says the socket is readable, a splice that still
+        // gets nothing means the pipe cannot take the next fragment.
+        let mut idle_after_ready = 0;
+        while have < len {
+            // SAFETY: plain descriptors, no offsets (a socket and a pipe).
+            let n = unsafe {
+                libc::splice(
+                    self.sock.raw(),
+                    std::ptr::null_mut(),
+                    pipe.write.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    len - have,
+                    libc::SPLICE_F_NONBLOCK | libc::SPLICE_F_MOVE,
+                )
+            };
+            if n > 0 {
+                have += n as usize;
+                idle_after_ready = 0;
+                continue;
+            }
+            if n == 0 {
+                return Err(ReadError::Truncated { have, need: len });
+            }
+            let err = io::Error::last_os_error();
+            match err.kind() {
+                io::ErrorKind::Interrupted => {}
+                io::ErrorKind::WouldBlock => {
+                    if !pipe.has_room() || idle_after_ready >= 2 {
+                        return Ok(have);
+                    }
+                    match poll_one(self.sock.raw(), libc::POLLIN, Some(self.wake), deadline)
+                        .map_err(ReadError::Io)?
+                    {
+                        PollResult::Ready => idle_after_ready += 1,
+                        PollResult::Woken => return Err(ReadError::Stopped),
+                        PollResult::TimedOut => return Err(ReadError::TimedOut),
+                    }
+                }
+                io::ErrorKind::ConnectionReset => {
+                    return Err(ReadError::Truncated { have, need: len })
+                }
+                _ => return Err(ReadError::Io(err)),
+            }
+        }
+        Ok(have)
+    }
+
     /// Reads and throws away `len` bytes (the data of an option the server
     /// refuses), without allocating for it.
     pub(crate) fn discard(
@@ -554,6 +888,101 @@ mod tests {
             r.read_exact(&mut [0u8; 8], None),
             Err(ReadError::Truncated { have: 3, need: 8 })
         ));
+    }
+
+    /// A payload staged from the socket (part already buffered, part
+    /// spliced) goes into two files, one of them by `tee`; a file that
+    /// fails gets its error and the next bytes still come in order; a
+    /// pipe too small for the payload stages part, and the rest is read.
+    #[test]
+    fn staged_payloads_reach_files_in_order() {
+        use crate::export::StagedWrite;
+        use std::os::unix::fs::FileExt;
+        let (sock, mut peer) = pair();
+        let (wake_r, _wake_w) = pipe();
+        let payload: Vec<u8> = (0..600_000u32).map(|i| (i % 251) as u8).collect();
+        let writer = {
+            let payload = payload.clone();
+            std::thread::spawn(move || {
+                peer.write_all(b"head").unwrap();
+                peer.write_all(&payload).unwrap();
+                peer.write_all(b"next").unwrap();
+                peer.write_all(&payload).unwrap();
+                peer.write_all(b"tail").unwrap();
+                peer
+            })
+        };
+        let mut r = SockReader::new(&sock, wake_r.as_raw_fd());
+        let mut head = [0u8; 4];
+        r.read_exact(&mut head, None).unwrap();
+        assert_eq!(&head, b"head");
+        let staging = SplicePipe::new(1 << 20).unwrap();
+        assert_eq!(
+            r.stage(&staging, payload.len(), None).unwrap(),
+            payload.len()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let open = |name: &str| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.path().join(name))
+                .unwrap()
+        };
+        let (a, b) = (open("a"), open("b"));
+        let read_only = std::fs::File::open(dir.path().join("a")).unwrap();
+        let mut spare = None;
+        let mut staged = StagedPayload::new(&staging, &mut spare, payload.len());
+        let first = 200_000;
+        let errors = staged
+            .into_files(first, &[(a.as_raw_fd(), 4096), (b.as_raw_fd(), 0)])
+            .unwrap();
+        assert!(errors.iter().all(Option::is_none));
+        // A file that cannot be written fails alone, as the first or the
+        // last target, and its bytes are taken all the same.
+        let errors = staged
+            .into_files(
+                100_000,
+                &[(read_only.as_raw_fd(), 0), (b.as_raw_fd(), first as u64)],
+            )
+            .unwrap();
+        assert!(errors[0].is_some() && errors[1].is_none());
+        let errors = staged
+            .into_files(
+                100_000,
+                &[(b.as_raw_fd(), 300_000), (read_only.as_raw_fd(), 0)],
+            )
+            .unwrap();
+        assert!(errors[0].is_none() && errors[1].is_some());
+        let mut rest = vec![0u8; payload.len() - 400_000];
+        staged.into_memory(&mut rest).unwrap();
+        assert!(staged.consumed());
+        assert!(
+            staged.into_memory(&mut [0u8; 1]).is_err(),
+            "nothing is left"
+        );
+        let mut back = vec![0u8; first];
+        a.read_exact_at(&mut back, 4096).unwrap();
+        assert!(back == payload[..first]);
+        let mut back = vec![0u8; 400_000];
+        b.read_exact_at(&mut back, 0).unwrap();
+        assert!(back == payload[..400_000]);
+        assert!(rest == payload[400_000..]);
+        r.read_exact(&mut head, None).unwrap();
+        assert_eq!(&head, b"next", "the stream goes on after the payload");
+        // A pipe too small: part is staged, and the caller reads the rest.
+        let small = SplicePipe::new(64 << 10).unwrap();
+        let have = r.stage(&small, payload.len(), None).unwrap();
+        assert!(have > 0 && have < payload.len(), "{have} staged");
+        let mut back = vec![0u8; payload.len()];
+        small.read_exact(&mut back[..have]).unwrap();
+        r.read_exact(&mut back[have..], None).unwrap();
+        assert!(back == payload);
+        r.read_exact(&mut head, None).unwrap();
+        assert_eq!(&head, b"tail");
+        drop(writer.join().unwrap());
     }
 
     #[test]

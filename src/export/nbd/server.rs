@@ -124,6 +124,9 @@ pub(crate) struct Shared {
     /// Reads served inline by the worker that read them (members in
     /// memory, see `conn::Conn::serves_inline`), since start.
     pub(crate) inline_reads: AtomicU64,
+    /// Writes whose payload went from the socket to the backend's files
+    /// through a pipe (see `BlockBackend::write_staged`), since start.
+    pub(crate) staged_writes: AtomicU64,
 }
 
 impl Shared {
@@ -206,6 +209,11 @@ impl ServerHandle {
     /// because the backend's reads never wait for a device.
     pub fn inline_reads(&self) -> u64 {
         self.shared.inline_reads.load(Ordering::Relaxed)
+    }
+
+    /// Writes taken by the backend from a pipe, not copied through memory.
+    pub fn staged_writes(&self) -> u64 {
+        self.shared.staged_writes.load(Ordering::Relaxed)
     }
 
     /// Blocks until the server has been stopped (by a [`Stopper`]) and has
@@ -324,6 +332,7 @@ pub fn serve(
         live_connections: AtomicUsize::new(0),
         fast_reads: AtomicU64::new(0),
         inline_reads: AtomicU64::new(0),
+        staged_writes: AtomicU64::new(0),
     });
     let accept_shared = shared.clone();
     let accept_thread = std::thread::Builder::new()

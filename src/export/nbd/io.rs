@@ -634,9 +634,14 @@ pub(crate) struct SockReader<'a> {
     buf: Box<[u8]>,
     start: usize,
     end: usize,
+    /// The next refill takes at most this much (see `stage`).
+    refill_limit: Option<usize>,
 }
 
 const READ_BUFFER: usize = 64 * 1024;
+
+/// The length of an NBD request header.
+const REQUEST_HEADER_LEN: usize = super::proto::REQUEST_HEADER_LEN;
 
 impl<'a> SockReader<'a> {
     pub(crate) fn new(sock: &'a Sock, wake: RawFd) -> SockReader<'a> {
@@ -646,6 +651,7 @@ impl<'a> SockReader<'a> {
             buf: vec![0u8; READ_BUFFER].into_boxed_slice(),
             start: 0,
             end: 0,
+            refill_limit: None,
         }
     }
 
@@ -683,7 +689,8 @@ impl<'a> SockReader<'a> {
             } else {
                 self.start = 0;
                 self.end = 0;
-                let n = recv_some(self.sock, self.wake, &mut self.buf, deadline)?;
+                let limit = self.refill_limit.take().unwrap_or(self.buf.len());
+                let n = recv_some(self.sock, self.wake, &mut self.buf[..limit], deadline)?;
                 if n == 0 {
                     return Err(closed());
                 }
@@ -734,6 +741,11 @@ impl<'a> SockReader<'a> {
         len: usize,
         deadline: Option<Instant>,
     ) -> Result<usize, ReadError> {
+        // A client that writes big payloads is likely to send another
+        // behind this one: the next refill takes only a request header, so
+        // that the next payload is not read into the buffer (and copied
+        // into a pipe from there) but spliced.
+        self.refill_limit = Some(REQUEST_HEADER_LEN);
         let mut have = 0;
         let buffered = self.buffered().min(len);
         if buffered > 0 {

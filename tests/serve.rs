@@ -203,8 +203,9 @@ h.shutdown()
 
 /// nbdcopy in; SIGTERM marks the array clean; the members hold the image
 /// (copy-out, also with members left out); a second serve reads it back.
-/// The raid1's and raid0's members are in memory (/dev/shm): nbdcopy's
-/// big writes there go from the socket to the member files through a pipe.
+/// The raid6's, raid1's and raid0's members are in memory (/dev/shm):
+/// nbdcopy's big writes there go from the socket through a pipe into the
+/// mapped members, raid6's whole rows with their parity computed in place.
 #[test]
 fn nbdcopy_round_trip_survives_a_restart() {
     let dir = scratch("serve-copy");
@@ -258,7 +259,7 @@ fn nbdcopy_round_trip_survives_a_restart() {
         ),
     ];
     for (i, (name, options, disks, losable)) in geometries.iter().enumerate() {
-        let in_memory = matches!(*name, "raid1" | "raid0");
+        let in_memory = matches!(*name, "raid1" | "raid0" | "raid6");
         let members_dir = if in_memory { shm.path() } else { dir.path() };
         let members = create_array(members_dir, &format!("{name}-m"), options, *disks, 32 * MIB);
         let members = strs(&members);

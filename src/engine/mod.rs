@@ -1040,7 +1040,7 @@ impl BlockBackend for Engine {
     }
 
     fn takes_staged_writes(&self, offset: u64, len: usize) -> bool {
-        self.check_aligned(offset, len).is_ok() && self.takes_staged()
+        self.check_aligned(offset, len).is_ok() && self.takes_staged(offset, len)
     }
 
     fn write_staged(
@@ -1050,7 +1050,7 @@ impl BlockBackend for Engine {
         fua: bool,
         data: &mut dyn crate::export::StagedWrite,
     ) -> Option<std::io::Result<()>> {
-        if self.check_aligned(offset, len).is_err() || !self.takes_staged() {
+        if self.check_aligned(offset, len).is_err() || !self.takes_staged(offset, len) {
             return None;
         }
         self.foreground_ios.fetch_add(1, Ordering::Relaxed);

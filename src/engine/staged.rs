@@ -1,30 +1,44 @@
 //! Staged writes: a write whose bytes the server holds in a pipe (spliced
-//! from its socket as page references) goes from there straight into the
-//! page caches of buffered member files, without being copied into this
-//! process and out again.
+//! from its socket as page references) goes from there into the members
+//! without being copied into this process and out again.
 //!
-//! Only levels without parity take them (raid0, linear, raid1, raid10):
-//! parity needs the bytes in memory. A write of members in memory costs
-//! two copies on the plain path (the socket into a buffer, the buffer into
-//! the member's pages) and one here, as many as `nbdkit memory` makes.
-//! Everything else about a write is as on the plain path: the row's lock
-//! while its members are written (a resync of a mirror must not copy a
-//! half-written row), the write-intent bitmap, the read cache, member
-//! failures, and writes to a replacement below its copy point.
+//! Where its bytes go, cheapest first:
+//! - members mapped into memory (files on tmpfs; `member::mapped`): read
+//!   from the pipe straight into the mapped pages, one copy, and on a
+//!   parity level the row's parity computed straight into the parity
+//!   members' pages. Parity levels take only whole rows this way;
+//! - buffered member files, levels without parity: spliced from the pipe
+//!   into the files, the file's own copy being the only one (`tee` gives
+//!   each further copy of a mirror its own page references);
+//! - otherwise (a partial row of a parity level, a member swapped in since
+//!   the write was staged): copied into memory and written the plain way.
+//!
+//! The plain path costs two copies (the socket into a buffer, the buffer
+//! into the member's pages); `nbdkit memory` makes one. Everything else
+//! about a write is as on the plain path: the row's lock while its members
+//! are written (a resync must not read a half-written row), the
+//! write-intent bitmap, the read cache, member failures, and writes to a
+//! replacement below its copy point.
 
 use super::io::{lost_error, View, WriteTarget};
 use super::Engine;
 use crate::export::StagedWrite;
+use crate::geometry::{Place, StripeMap};
+use crate::member::mapped::Mapped;
 use crate::member::AlignedBuf;
+use crate::units::SECTOR_BYTES;
 use std::io;
+use std::ops::Range;
 
 impl Engine {
-    /// Whether a write may be staged: a level without parity, nothing
+    /// Whether a write of `len` bytes at `offset` may be staged: nothing
     /// that must see its bytes in memory (write-back, a journal, the
-    /// stripe cache holding rows), and every member a buffered file.
-    pub(super) fn takes_staged(&self) -> bool {
+    /// stripe cache holding rows), and members that take them: buffered
+    /// or mapped files on a level without parity; mapped files, and at
+    /// least one whole row in the write, on a parity level (its partial
+    /// rows are copied).
+    pub(super) fn takes_staged(&self, offset: u64, len: usize) -> bool {
         if self.read_only
-            || self.geometry.level().has_parity()
             || self.journal.is_some()
             || self.tunables.write_back()
             || self.cache.has_batches()
@@ -32,19 +46,32 @@ impl Engine {
             return false;
         }
         let table = self.table();
-        table
-            .by_role
-            .iter()
-            .chain(&table.replacing)
-            .flatten()
-            .all(|e| e.slot.member.splice_fd().is_some())
+        let mut members = table.by_role.iter().chain(&table.replacing).flatten();
+        if !self.geometry.level().has_parity() {
+            return members.all(|e| {
+                let member = &e.slot.member;
+                member.mapped().is_some() || member.splice_fd().is_some()
+            });
+        }
+        if !members.all(|e| e.slot.member.mapped().is_some()) {
+            return false;
+        }
+        let map = self
+            .geometry
+            .stripe(self.geometry.stripe_of(offset / SECTOR_BYTES));
+        let row_start = map.array_sector * SECTOR_BYTES;
+        let row_bytes = map.data_sectors() * SECTOR_BYTES;
+        let first_whole = if offset == row_start {
+            row_start
+        } else {
+            row_start + row_bytes
+        };
+        first_whole + row_bytes <= offset + len as u64
     }
 
     /// Writes `len` staged bytes at array byte `offset`, row by row under
-    /// each row's lock. A row whose targets are not all buffered files (a
-    /// member swapped in since [`takes_staged`](Self::takes_staged) said
-    /// yes) has its bytes copied into memory and written the plain way.
-    /// Stops at the first error; the caller throws away what is left.
+    /// each row's lock. Stops at the first error; the caller throws away
+    /// what is left.
     pub(super) fn write_staged_bytes(
         &self,
         offset: u64,
@@ -57,52 +84,172 @@ impl Engine {
             let _guard = engine.locks.lock(map.stripe);
             let _in_flight = engine.bitmap_start_write(map.stripe)?;
             let view = engine.view(map.stripe);
-            let piece = Engine::piece(map.clone(), in_stripe, range.len(), &[]);
-            // The touched strips in order hold the row's bytes in order:
-            // a row of a level without parity is its strips end to end.
-            let strips: Vec<usize> = (0..map.data.len()).filter(|&i| piece.touched(i)).collect();
-            debug_assert_eq!(
-                strips.iter().map(|&i| piece.range(i).len()).sum::<usize>(),
-                range.len()
-            );
-            let mut planned = Vec::with_capacity(strips.len());
-            for &i in &strips {
-                let at = piece.range(i).start;
-                let copies: Vec<_> = map.data[i]
-                    .copies
-                    .iter()
-                    .filter(|c| view.present(c))
-                    .map(|c| (c, at, &[][..]))
-                    .collect();
-                if copies.is_empty() {
-                    return Err(lost_error(&map, "every copy of the data is lost"));
-                }
-                let mut targets = Vec::new();
-                view.write_targets(&copies, &mut targets);
-                planned.push((piece.range(i).len(), targets));
+            let row_bytes = (map.data_sectors() * SECTOR_BYTES) as usize;
+            let taken = if map.p.is_none() {
+                write_mirrored_row(&view, &map, in_stripe, range.len(), data)?
+            } else if in_stripe == 0 && range.len() == row_bytes {
+                write_parity_row(&view, &map, data)?
+            } else {
+                false
+            };
+            if taken {
+                return Ok(());
             }
-            let all_files = planned
-                .iter()
-                .flat_map(|(_, targets)| targets)
-                .all(|t| t.member().splice_fd().is_some());
-            if !all_files {
-                let mut bytes = AlignedBuf::zeroed(range.len());
-                data.into_memory(&mut bytes)?;
-                return engine.write_parts_locked(&map, &[(in_stripe, &bytes)], false);
-            }
-            for (n, targets) in &planned {
-                write_strip(&view, *n, targets, data)?;
-            }
-            Ok(())
+            let mut bytes = AlignedBuf::zeroed(range.len());
+            data.into_memory(&mut bytes)?;
+            engine.write_parts_locked(&map, &[(in_stripe, &bytes)], false)
         });
         self.reads.write_done(offset..offset + len as u64);
         result
     }
 }
 
-/// Moves the next `n` staged bytes into every target of one strip, then
-/// acts on what failed as a plain write does.
-fn write_strip(
+/// The mapping of `target`'s member with its range reserved, or `None`
+/// (not mapped, or the file system could not give the pages: the plain
+/// write will meet the same error and settle it).
+fn reserved<'t>(target: &'t WriteTarget, len: usize) -> Option<&'t Mapped> {
+    let mapped = target.member().mapped()?;
+    mapped.reserve(target.offset(), len as u64).ok()?;
+    Some(mapped)
+}
+
+/// A row of a level without parity: each touched strip to every present
+/// copy, and a replacement's below its copy point. Says whether it took
+/// the row (else nothing was taken from `data`).
+fn write_mirrored_row(
+    view: &View,
+    map: &StripeMap,
+    in_stripe: usize,
+    len: usize,
+    data: &mut dyn StagedWrite,
+) -> io::Result<bool> {
+    let piece = Engine::piece(map.clone(), in_stripe, len, &[]);
+    // The touched strips in order hold the row's bytes in order: a row of
+    // a level without parity is its strips end to end.
+    let mut strips = Vec::new();
+    for i in (0..map.data.len()).filter(|&i| piece.touched(i)) {
+        let at = piece.range(i).start;
+        let copies: Vec<_> = map.data[i]
+            .copies
+            .iter()
+            .filter(|c| view.present(c))
+            .map(|c| (c, at, &[][..]))
+            .collect();
+        if copies.is_empty() {
+            return Err(lost_error(map, "every copy of the data is lost"));
+        }
+        let mut targets = Vec::new();
+        view.write_targets(&copies, &mut targets);
+        strips.push((piece.range(i).len(), targets));
+    }
+    debug_assert_eq!(strips.iter().map(|(n, _)| n).sum::<usize>(), len);
+    let mapped: Option<Vec<Vec<&Mapped>>> = strips
+        .iter()
+        .map(|(n, targets)| targets.iter().map(|t| reserved(t, *n)).collect())
+        .collect();
+    if let Some(mapped) = mapped {
+        for ((n, targets), maps) in strips.iter().zip(mapped) {
+            write_mapped_copies(*n, targets, &maps, data)?;
+        }
+        return Ok(true);
+    }
+    let files = strips
+        .iter()
+        .flat_map(|(_, targets)| targets)
+        .all(|t| t.member().splice_fd().is_some());
+    if !files {
+        return Ok(false);
+    }
+    for (n, targets) in &strips {
+        write_strip_to_files(view, *n, targets, data)?;
+    }
+    Ok(true)
+}
+
+/// Reads the next `n` bytes into the first copy's pages and copies them
+/// to the others. If the source fails part way the copies still get what
+/// the first holds: they stay equal, whatever the bytes.
+fn write_mapped_copies(
+    n: usize,
+    targets: &[WriteTarget],
+    maps: &[&Mapped],
+    data: &mut dyn StagedWrite,
+) -> io::Result<()> {
+    // SAFETY: each range is reserved (`reserved`) and the row's lock is
+    // held, so no other store or slice touches it; copies of a strip are
+    // on different members or, for a replacement, a different file.
+    let slice = |k: usize| unsafe { maps[k].slice_mut(targets[k].offset(), n) };
+    let first = slice(0);
+    let result = data.into_memory(first);
+    for k in 1..targets.len() {
+        slice(k).copy_from_slice(first);
+    }
+    result
+}
+
+/// A whole row of a parity level, every member present, mapped and not
+/// being replaced: its data read from the pipe into the data members'
+/// pages, its parity computed into the parity members'. Says whether it
+/// took the row (else nothing was taken from `data`).
+fn write_parity_row(view: &View, map: &StripeMap, data: &mut dyn StagedWrite) -> io::Result<bool> {
+    let strip = (map.strip_sectors * SECTOR_BYTES) as usize;
+    let places: Vec<&Place> = map
+        .data
+        .iter()
+        .map(|d| &d.copies[0])
+        .chain(map.p.iter())
+        .chain(map.q.iter())
+        .collect();
+    let replacing = &view.table.replacing;
+    let mut regions = Vec::with_capacity(places.len());
+    for place in &places {
+        if !view.present(place) || replacing[place.member].is_some() {
+            return Ok(false);
+        }
+        let (member, at) = view.offset_of(place, 0);
+        let Some(mapped) = member.mapped() else {
+            return Ok(false);
+        };
+        if mapped.reserve(at, strip as u64).is_err() {
+            return Ok(false);
+        }
+        regions.push((member, at));
+    }
+    // SAFETY: every range is reserved, on its own member, and the row's
+    // lock is held: nothing else in the process uses them. The members
+    // live in the view's table for as long as the slices.
+    let mut slices: Vec<&mut [u8]> = regions
+        .iter()
+        .map(|(member, at)| unsafe { member.mapped().expect("checked").slice_mut(*at, strip) })
+        .collect();
+    let (data_slices, parity) = slices.split_at_mut(map.data.len());
+    let mut result = Ok(());
+    for slice in data_slices.iter_mut() {
+        result = data.into_memory(slice);
+        if result.is_err() {
+            // The rest keeps its old bytes; parity below covers what the
+            // strips hold, so the row stays consistent.
+            break;
+        }
+    }
+    let views: Vec<&[u8]> = data_slices.iter().map(|s| &**s).collect();
+    let syndrome = view.engine.syndrome;
+    match parity {
+        [p] => syndrome.gen_p(&views, p),
+        [p, q] => {
+            let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
+            syndrome.gen_pq(&views, &exps, p, q);
+        }
+        _ => unreachable!("a parity row has P, or P and Q"),
+    }
+    let window: Range<usize> = 0..strip;
+    view.engine.parity_cache.drop_window(map.stripe, &window);
+    result.map(|()| true)
+}
+
+/// Moves the next `n` staged bytes into every target file of one strip,
+/// then acts on what failed as a plain write does.
+fn write_strip_to_files(
     view: &View,
     n: usize,
     targets: &[WriteTarget],

@@ -51,6 +51,8 @@ pub struct FileMember {
     memory_align_bytes: usize,
     /// The file lives on tmpfs or ramfs (see `Member::in_memory`).
     in_memory: bool,
+    /// A writable file in memory, mapped (see `Member::mapped`).
+    mapped: Option<super::mapped::Mapped>,
 }
 
 // From linux/fs.h: _IOR(0x12, 114, size_t), _IO(0x12, 104), _IO(0x12, 119).
@@ -157,6 +159,11 @@ impl FileMember {
             }
         }
         let in_memory = !is_block_device && on_memory_fs(&file);
+        // Without a mapping, writes take the page cache's path: nothing is
+        // lost if the map is refused (address space, a limit).
+        let mapped = (in_memory && options.write && size_bytes > 0)
+            .then(|| super::mapped::Mapped::new(&file, size_bytes).ok())
+            .flatten();
         Ok(FileMember {
             name,
             file,
@@ -166,6 +173,7 @@ impl FileMember {
             direct,
             memory_align_bytes,
             in_memory,
+            mapped,
         })
     }
 
@@ -382,6 +390,9 @@ impl Member for FileMember {
         if rc != 0 {
             return Err(annotate(&self.name, io::Error::last_os_error()));
         }
+        if let Some(mapped) = &self.mapped {
+            mapped.forget(offset_bytes, len_bytes);
+        }
         Ok(())
     }
 
@@ -404,6 +415,10 @@ impl Member for FileMember {
 
     fn in_memory(&self) -> bool {
         self.in_memory
+    }
+
+    fn mapped(&self) -> Option<&super::mapped::Mapped> {
+        self.mapped.as_ref()
     }
 }
 

@@ -11,6 +11,7 @@ pub mod aligned;
 pub mod batch;
 mod fault;
 mod file;
+pub mod mapped;
 mod memory;
 pub mod probe;
 mod throttle;
@@ -71,6 +72,13 @@ pub trait Member: Send + Sync {
     /// injected latency is a wait.
     fn in_memory(&self) -> bool {
         false
+    }
+
+    /// The member's bytes mapped into the process, where writes may land
+    /// in place (`mapped::Mapped`): writable files on tmpfs or ramfs.
+    /// Wrappers must say no, as for `raw_io`.
+    fn mapped(&self) -> Option<&mapped::Mapped> {
+        None
     }
 
     /// Sectors of 512 bytes, the unit md counts in.

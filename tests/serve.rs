@@ -209,10 +209,6 @@ h.shutdown()
 #[test]
 fn nbdcopy_round_trip_survives_a_restart() {
     let dir = scratch("serve-copy");
-    let shm = tempfile::Builder::new()
-        .prefix("uraid-serve-copy-")
-        .tempdir_in("/dev/shm")
-        .expect("tempdir in /dev/shm");
     let geometries: &[(&str, &[&str], usize, usize)] = &[
         (
             "raid5",
@@ -259,6 +255,11 @@ fn nbdcopy_round_trip_survives_a_restart() {
         ),
     ];
     for (i, (name, options, disks, losable)) in geometries.iter().enumerate() {
+        // A folder per array, removed after it: /dev/shm may be small.
+        let shm = tempfile::Builder::new()
+            .prefix("uraid-serve-copy-")
+            .tempdir_in("/dev/shm")
+            .expect("tempdir in /dev/shm");
         let in_memory = matches!(*name, "raid1" | "raid0" | "raid6");
         let members_dir = if in_memory { shm.path() } else { dir.path() };
         let members = create_array(members_dir, &format!("{name}-m"), options, *disks, 32 * MIB);

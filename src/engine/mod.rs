@@ -124,6 +124,8 @@ pub struct Engine {
     row: RowShape,
     /// Parity pages a write just computed, for the next read-modify-write.
     parity_cache: paritycache::ParityCache,
+    /// How the rows of staged writes were written.
+    staged_rows: staged::StagedRows,
     /// The members' largest logical block (see `check_aligned`); 4 KiB at
     /// least with a journal, which logs whole pages.
     block_bytes: std::sync::atomic::AtomicU32,
@@ -356,6 +358,7 @@ impl Engine {
             block_bytes: std::sync::atomic::AtomicU32::new(block_bytes),
             in_memory: std::sync::atomic::AtomicBool::new(in_memory),
             parity_cache: paritycache::ParityCache::new(),
+            staged_rows: staged::StagedRows::default(),
             journal,
             journal_clean,
         });

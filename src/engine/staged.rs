@@ -29,6 +29,22 @@ use crate::member::AlignedBuf;
 use crate::units::SECTOR_BYTES;
 use std::io;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Rows (pieces of rows) of staged writes by where their bytes went, since
+/// start: for tests, which must know a path ran, not only that the
+/// bytes came out right.
+#[derive(Default)]
+pub(super) struct StagedRows {
+    /// Into mapped members' pages (levels without parity).
+    pub(super) mapped: AtomicU64,
+    /// Whole parity rows, parity computed in the parity members' pages.
+    pub(super) parity_in_place: AtomicU64,
+    /// Spliced into member files.
+    pub(super) spliced: AtomicU64,
+    /// Copied into memory and written the plain way.
+    pub(super) copied: AtomicU64,
+}
 
 impl Engine {
     /// Whether a write of `len` bytes at `offset` may be staged: nothing
@@ -48,9 +64,11 @@ impl Engine {
         let table = self.table();
         let mut members = table.by_role.iter().chain(&table.replacing).flatten();
         if !self.geometry.level().has_parity() {
+            // In memory only: a file system on a disk may lack splice into
+            // files, and there the plain path's copy is not what costs.
             return members.all(|e| {
                 let member = &e.slot.member;
-                member.mapped().is_some() || member.splice_fd().is_some()
+                member.in_memory() && (member.mapped().is_some() || member.splice_fd().is_some())
             });
         }
         if !members.all(|e| e.slot.member.mapped().is_some()) {
@@ -85,16 +103,19 @@ impl Engine {
             let _in_flight = engine.bitmap_start_write(map.stripe)?;
             let view = engine.view(map.stripe);
             let row_bytes = (map.data_sectors() * SECTOR_BYTES) as usize;
+            let counters = &engine.staged_rows;
             let taken = if map.p.is_none() {
                 write_mirrored_row(&view, &map, in_stripe, range.len(), data)?
             } else if in_stripe == 0 && range.len() == row_bytes {
-                write_parity_row(&view, &map, data)?
+                write_parity_row(&view, &map, data)?.then_some(&counters.parity_in_place)
             } else {
-                false
+                None
             };
-            if taken {
+            if let Some(counter) = taken {
+                counter.fetch_add(1, Ordering::Relaxed);
                 return Ok(());
             }
+            counters.copied.fetch_add(1, Ordering::Relaxed);
             let mut bytes = AlignedBuf::zeroed(range.len());
             data.into_memory(&mut bytes)?;
             engine.write_parts_locked(&map, &[(in_stripe, &bytes)], false)
@@ -114,15 +135,17 @@ fn reserved<'t>(target: &'t WriteTarget, len: usize) -> Option<&'t Mapped> {
 }
 
 /// A row of a level without parity: each touched strip to every present
-/// copy, and a replacement's below its copy point. Says whether it took
-/// the row (else nothing was taken from `data`).
-fn write_mirrored_row(
-    view: &View,
+/// copy, and a replacement's below its copy point. Gives the counter of
+/// the way it took the row, or `None` when it did not (nothing was taken
+/// from `data` then).
+fn write_mirrored_row<'e>(
+    view: &View<'e>,
     map: &StripeMap,
     in_stripe: usize,
     len: usize,
     data: &mut dyn StagedWrite,
-) -> io::Result<bool> {
+) -> io::Result<Option<&'e AtomicU64>> {
+    let counters = &view.engine.staged_rows;
     let piece = Engine::piece(map.clone(), in_stripe, len, &[]);
     // The touched strips in order hold the row's bytes in order: a row of
     // a level without parity is its strips end to end.
@@ -151,19 +174,19 @@ fn write_mirrored_row(
         for ((n, targets), maps) in strips.iter().zip(mapped) {
             write_mapped_copies(*n, targets, &maps, data)?;
         }
-        return Ok(true);
+        return Ok(Some(&counters.mapped));
     }
     let files = strips
         .iter()
         .flat_map(|(_, targets)| targets)
         .all(|t| t.member().splice_fd().is_some());
     if !files {
-        return Ok(false);
+        return Ok(None);
     }
     for (n, targets) in &strips {
         write_strip_to_files(view, *n, targets, data)?;
     }
-    Ok(true)
+    Ok(Some(&counters.spliced))
 }
 
 /// Reads the next `n` bytes into the first copy's pages and copies them
@@ -175,9 +198,11 @@ fn write_mapped_copies(
     maps: &[&Mapped],
     data: &mut dyn StagedWrite,
 ) -> io::Result<()> {
+    // Copies of a strip are on different members or, for a replacement,
+    // a different file: their slices never overlap.
+    debug_assert!((1..maps.len()).all(|k| maps[..k].iter().all(|m| !std::ptr::eq(*m, maps[k]))));
     // SAFETY: each range is reserved (`reserved`) and the row's lock is
-    // held, so no other store or slice touches it; copies of a strip are
-    // on different members or, for a replacement, a different file.
+    // held, so no other store or slice touches it, and they are distinct.
     let slice = |k: usize| unsafe { maps[k].slice_mut(targets[k].offset(), n) };
     let first = slice(0);
     let result = data.into_memory(first);

@@ -57,10 +57,11 @@ pub trait Member: Send + Sync {
     }
 
     /// The descriptor whose page cache holds this member's bytes, from
-    /// which a read may be spliced to a socket without copying them
-    /// (buffered files only: O_DIRECT bytes are not in the page cache).
-    /// The same rule as `raw_io`: only a member whose reads are nothing but
-    /// positional reads of that descriptor may return one.
+    /// which a read may be spliced to a socket, and into which a staged
+    /// write may be spliced from a pipe, without copying them (buffered
+    /// files only: O_DIRECT bytes are not in the page cache). The same
+    /// rule as `raw_io`: only a member whose reads and writes are nothing
+    /// but positional reads and writes of that descriptor may return one.
     fn splice_fd(&self) -> Option<RawFd> {
         None
     }

@@ -637,9 +637,17 @@ fn stage_write(
     if len < SPLICE_MIN_BYTES || !conn.shared.backend.takes_staged_writes(offset, len) {
         return Ok(0);
     }
-    // Room for twice the bytes: spliced bytes come as the socket's
-    // fragments, and a short one takes a slot of its own.
-    let Some(pipe) = staging.ready(len) else {
+    // Spliced bytes come as the socket's fragments, and a short one takes
+    // a slot of its own: room for twice the bytes where a pipe may be that
+    // large (pipe-max-size is 1 MiB by default), else a pipe of the
+    // payload's size, which holds it unless the fragments are small (then
+    // part is staged and copied back, and the rest read).
+    let want = if 2 * len <= PIPE_MAX_USUAL {
+        2 * len
+    } else {
+        len
+    };
+    let Some(pipe) = staging.ready(want) else {
         return Ok(0);
     };
     let result = reader.stage(pipe, len, deadline);
@@ -743,6 +751,10 @@ const INLINE_READ_MAX: usize = fastpath::READ_MAX;
 /// allows (see `BlockBackend::read_extents`): the copies saved outweigh
 /// the extra system calls (a splice per extent in, one out) from here on.
 const SPLICE_MIN_BYTES: usize = 64 << 10;
+
+/// The default pipe-max-size: the largest pipe a process without
+/// CAP_SYS_RESOURCE may have unless the system says otherwise.
+const PIPE_MAX_USUAL: usize = 1 << 20;
 
 fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
     // The worker's buffers, reused: a new buffer per request costs a page

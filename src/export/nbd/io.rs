@@ -423,7 +423,65 @@ impl<'a> StagedPayload<'a> {
     }
 }
 
+impl StagedPayload<'_> {
+    /// The next `len` bytes, by copy, into every one of `targets` with
+    /// pwrite: for the copies of a strip when the spare pipe cannot be had
+    /// or failed, the main pipe holding the bytes still.
+    fn by_copy(
+        &mut self,
+        len: usize,
+        targets: &[(RawFd, u64)],
+        errors: &mut [Option<io::Error>],
+    ) -> io::Result<()> {
+        let mut bytes = vec![0u8; len];
+        self.pipe
+            .read_exact(&mut bytes)
+            .inspect_err(|_| self.broken = true)?;
+        for (&(fd, at), error) in targets.iter().zip(errors) {
+            *error = pwrite_all(fd, &bytes, at).err();
+        }
+        Ok(())
+    }
+}
+
+/// Writes all of `bytes` at `offset` of the file `fd`.
+fn pwrite_all(fd: RawFd, mut bytes: &[u8], mut offset: u64) -> io::Result<()> {
+    while !bytes.is_empty() {
+        // SAFETY: bytes is valid for its length; fd is an open descriptor.
+        let n = unsafe {
+            libc::pwrite(
+                fd,
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                offset as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "pwrite wrote nothing",
+            ));
+        }
+        bytes = &bytes[n as usize..];
+        offset += n as u64;
+    }
+    Ok(())
+}
+
 impl crate::export::StagedWrite for StagedPayload<'_> {
+    /// Each target but the last gets the bytes from a `tee` into the spare
+    /// pipe; the last from the main pipe. Once a target has its bytes, a
+    /// failure of the pipes is not the write's `Err` (that would leave the
+    /// copies different with no member failed): a spare that cannot be
+    /// had or fails gives way to a copy from the main pipe, and a main
+    /// pipe that fails then counts as the last target's failure.
     fn into_files(
         &mut self,
         len: usize,
@@ -448,11 +506,20 @@ impl crate::export::StagedWrite for StagedPayload<'_> {
             });
             match copied {
                 Ok(failed) => errors[k] = failed,
-                Err(e) => {
-                    // The spare may hold part of a copy: a new one next time.
+                Err(_) => {
+                    // The spare may hold part of a copy: a new one next
+                    // time. This target and the rest get the bytes by copy.
                     *self.spare = None;
-                    self.broken = true;
-                    return Err(e);
+                    match self.by_copy(len, &targets[k..], &mut errors[k..]) {
+                        Ok(()) => return Ok(errors),
+                        Err(e) if k == 0 => return Err(e),
+                        Err(e) => {
+                            for error in &mut errors[k..] {
+                                *error = Some(io::Error::new(e.kind(), e.to_string()));
+                            }
+                            return Ok(errors);
+                        }
+                    }
                 }
             }
         }
@@ -469,7 +536,10 @@ impl crate::export::StagedWrite for StagedPayload<'_> {
             Ok(failed) => errors[others.len()] = failed,
             Err(e) => {
                 self.broken = true;
-                return Err(e);
+                if others.is_empty() {
+                    return Err(e);
+                }
+                errors[others.len()] = Some(e);
             }
         }
         Ok(errors)
@@ -968,7 +1038,25 @@ mod tests {
             )
             .unwrap();
         assert!(errors[0].is_none() && errors[1].is_some());
-        let mut rest = vec![0u8; payload.len() - 400_000];
+        // A spare pipe that cannot take a copy (full of other bytes here):
+        // both files still get the bytes, by copy, and the spare is dropped.
+        let full = SplicePipe::new(staging.capacity()).unwrap();
+        while full.write_some(&[0xee; 4096]).unwrap() > 0 {}
+        *staged.spare = Some(full);
+        let errors = staged
+            .into_files(
+                100_000,
+                &[(a.as_raw_fd(), 1 << 20), (b.as_raw_fd(), 400_000)],
+            )
+            .unwrap();
+        assert!(errors.iter().all(Option::is_none));
+        assert!(staged.spare.is_none(), "the failed spare is dropped");
+        let mut back = vec![0u8; 100_000];
+        a.read_exact_at(&mut back, 1 << 20).unwrap();
+        assert!(back == payload[400_000..500_000], "first copy");
+        b.read_exact_at(&mut back, 400_000).unwrap();
+        assert!(back == payload[400_000..500_000], "last copy");
+        let mut rest = vec![0u8; payload.len() - 500_000];
         staged.into_memory(&mut rest).unwrap();
         assert!(staged.consumed());
         assert!(
@@ -981,7 +1069,7 @@ mod tests {
         let mut back = vec![0u8; 400_000];
         b.read_exact_at(&mut back, 0).unwrap();
         assert!(back == payload[..400_000]);
-        assert!(rest == payload[400_000..]);
+        assert!(rest == payload[500_000..]);
         r.read_exact(&mut head, None).unwrap();
         assert_eq!(&head, b"next", "the stream goes on after the payload");
         // A pipe too small: part is staged, and the caller reads the rest.

@@ -444,35 +444,13 @@ impl StagedPayload<'_> {
     }
 }
 
-/// Writes all of `bytes` at `offset` of the file `fd`.
-fn pwrite_all(fd: RawFd, mut bytes: &[u8], mut offset: u64) -> io::Result<()> {
-    while !bytes.is_empty() {
-        // SAFETY: bytes is valid for its length; fd is an open descriptor.
-        let n = unsafe {
-            libc::pwrite(
-                fd,
-                bytes.as_ptr().cast(),
-                bytes.len(),
-                offset as libc::off_t,
-            )
-        };
-        if n < 0 {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(err);
-        }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                "pwrite wrote nothing",
-            ));
-        }
-        bytes = &bytes[n as usize..];
-        offset += n as u64;
-    }
-    Ok(())
+/// Writes all of `bytes` at `offset` of the file `fd`, which stays open.
+fn pwrite_all(fd: RawFd, bytes: &[u8], offset: u64) -> io::Result<()> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::fs::FileExt;
+    // SAFETY: `fd` is open for the call; ManuallyDrop keeps it open after.
+    let file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
+    file.write_all_at(bytes, offset)
 }
 
 impl crate::export::StagedWrite for StagedPayload<'_> {

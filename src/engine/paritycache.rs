@@ -52,6 +52,36 @@ struct Shard {
     pages: HashMap<(u64, u64), Pages>,
     /// Insertion order, for eviction (may hold keys already gone).
     order: VecDeque<(u64, u64)>,
+    /// Pages evicted or dropped, reused for the next ones: a random
+    /// writer puts two pages and evicts two per write, and an allocation
+    /// and a free each (malloc's bookkeeping) cost more than the copy.
+    spare: Vec<Box<[u8]>>,
+}
+
+/// The most pages a shard keeps for reuse (16 × 4 KiB, 4 MiB over the
+/// 64 shards).
+const SPARE_PER_SHARD: usize = 16;
+
+impl Shard {
+    /// A page holding `bytes`, reused if one is spare.
+    fn page_of(spare: &mut Vec<Box<[u8]>>, bytes: &[u8]) -> Box<[u8]> {
+        match spare.pop() {
+            Some(mut page) => {
+                page.copy_from_slice(bytes);
+                page
+            }
+            None => Box::from(bytes),
+        }
+    }
+
+    /// Keeps the pages of a removed entry for reuse, as room allows.
+    fn recycle(spare: &mut Vec<Box<[u8]>>, pages: Pages) {
+        for page in [pages.p, pages.q].into_iter().flatten() {
+            if spare.len() < SPARE_PER_SHARD {
+                spare.push(page);
+            }
+        }
+    }
 }
 
 pub(super) struct ParityCache {
@@ -149,24 +179,43 @@ impl ParityCache {
         };
         let per_shard = capacity.div_ceil(SHARDS).max(1);
         for (k, page) in pages.enumerate() {
-            let mut shard = self.shard(stripe, page).lock().unwrap();
-            let new = bytes.map(|b| Box::<[u8]>::from(&b[k * PAGE..(k + 1) * PAGE]));
-            let existed = shard.pages.contains_key(&(stripe, page));
-            *shard.pages.entry((stripe, page)).or_default().slot(which) = new;
-            if !existed {
-                shard.order.push_back((stripe, page));
-                self.held.fetch_add(1, Ordering::Relaxed);
-            }
-            while shard.pages.len() > per_shard {
-                let Some(old) = shard.order.pop_front() else {
-                    break;
-                };
-                if shard.pages.remove(&old).is_some() {
-                    self.held.fetch_sub(1, Ordering::Relaxed);
+            let mut guard = self.shard(stripe, page).lock().unwrap();
+            let Shard {
+                pages,
+                order,
+                spare,
+            } = &mut *guard;
+            let existed = pages.contains_key(&(stripe, page));
+            let slot = pages.entry((stripe, page)).or_default().slot(which);
+            match (bytes.map(|b| &b[k * PAGE..(k + 1) * PAGE]), slot.as_mut()) {
+                (Some(new), Some(kept)) => kept.copy_from_slice(new),
+                (Some(new), None) => *slot = Some(Shard::page_of(spare, new)),
+                (None, _) => {
+                    if let Some(old) = slot.take() {
+                        Shard::recycle(
+                            spare,
+                            Pages {
+                                p: Some(old),
+                                q: None,
+                            },
+                        );
+                    }
                 }
             }
-            if shard.order.len() > 4 * per_shard + 16 {
-                let Shard { pages, order } = &mut *shard;
+            if !existed {
+                order.push_back((stripe, page));
+                self.held.fetch_add(1, Ordering::Relaxed);
+            }
+            while pages.len() > per_shard {
+                let Some(old) = order.pop_front() else {
+                    break;
+                };
+                if let Some(evicted) = pages.remove(&old) {
+                    self.held.fetch_sub(1, Ordering::Relaxed);
+                    Shard::recycle(spare, evicted);
+                }
+            }
+            if order.len() > 4 * per_shard + 16 {
                 order.retain(|key| pages.contains_key(key));
             }
         }
@@ -180,14 +229,10 @@ impl ParityCache {
         let first = (window.start / PAGE) as u64;
         let end = window.end.div_ceil(PAGE) as u64;
         for page in first..end {
-            let removed = self
-                .shard(stripe, page)
-                .lock()
-                .unwrap()
-                .pages
-                .remove(&(stripe, page));
-            if removed.is_some() {
+            let mut shard = self.shard(stripe, page).lock().unwrap();
+            if let Some(removed) = shard.pages.remove(&(stripe, page)) {
                 self.held.fetch_sub(1, Ordering::Relaxed);
+                Shard::recycle(&mut shard.spare, removed);
             }
         }
     }
@@ -249,6 +294,15 @@ mod tests {
         let held: usize = c.shards.iter().map(|s| s.lock().unwrap().pages.len()).sum();
         assert!(held <= 64 + SHARDS, "{held} pages held");
         assert_eq!(c.held.load(Ordering::Relaxed), held, "count of pages held");
+        // Evicted pages are reused, and a reused page holds the new bytes.
+        let spare: usize = c.shards.iter().map(|s| s.lock().unwrap().spare.len()).sum();
+        assert!(spare > 0 && spare <= SHARDS * SPARE_PER_SHARD, "{spare} spare");
+        for s in 20_000..20_100 {
+            c.put(s, &(0..4096), Which::Q, Some(&[s as u8; 4096]), 64);
+            let mut page = vec![0u8; 4096];
+            assert!(c.get(s, &(0..4096), Which::Q, &mut page));
+            assert!(page.iter().all(|&b| b == s as u8), "stripe {s}");
+        }
         c.clear();
         assert_eq!(c.held.load(Ordering::Relaxed), 0);
     }

@@ -163,6 +163,11 @@ struct Case {
     lost: Vec<usize>,
     /// SIGKILL mid-write, a torn stripe, and a resync on the next serve.
     crash: bool,
+    /// Members in /dev/shm while uraid serves: the clients' big writes take
+    /// the staged path (into mapped members, raid6 parity computed in
+    /// place). The kernel checks copies of them in the scratch folder
+    /// (the guest sees the host's /tmp, not its /dev/shm).
+    in_memory: bool,
 }
 
 fn case(
@@ -181,6 +186,7 @@ fn case(
         redundant: !matches!(options[1], "raid0" | "linear"),
         lost: vec![],
         crash: false,
+        in_memory: false,
     }
 }
 
@@ -223,13 +229,16 @@ fn uraid_cases() -> Vec<Case> {
                 3,
             )
         },
-        case(
-            "raid1-3",
-            &["--level", "raid1", "--raid-devices", "3"],
-            3,
-            64 * K,
-            1,
-        ),
+        Case {
+            in_memory: true,
+            ..case(
+                "raid1-3",
+                &["--level", "raid1", "--raid-devices", "3"],
+                3,
+                64 * K,
+                1,
+            )
+        },
         case(
             "raid4-4-c32",
             &["--level", "raid4", "--raid-devices", "4", "--chunk", "32K"],
@@ -276,13 +285,16 @@ fn uraid_cases() -> Vec<Case> {
             8 * K,
             5,
         ),
-        case(
-            "raid6-4-c64",
-            &["--level", "raid6", "--raid-devices", "4", "--chunk", "64K"],
-            4,
-            64 * K,
-            2,
-        ),
+        Case {
+            in_memory: true,
+            ..case(
+                "raid6-4-c64",
+                &["--level", "raid6", "--raid-devices", "4", "--chunk", "64K"],
+                4,
+                64 * K,
+                2,
+            )
+        },
         case(
             "raid6-7-ra-c16",
             &[
@@ -397,7 +409,12 @@ fn kernel_reads_what_clients_wrote_through_uraid() {
     let mut expect = Vec::new();
     for (i, c) in uraid_cases().into_iter().enumerate() {
         let name = c.name;
-        let members = sparse_files(dir.path(), &format!("{name}-m"), &c.sizes);
+        let shm = tempfile::Builder::new()
+            .prefix("uraid-serve-to-kernel-")
+            .tempdir_in("/dev/shm")
+            .expect("tempdir in /dev/shm");
+        let members_dir = if c.in_memory { shm.path() } else { dir.path() };
+        let members = sparse_files(members_dir, &format!("{name}-m"), &c.sizes);
         let mut args = vec!["create"];
         args.extend_from_slice(&c.options);
         args.extend(paths(&members));
@@ -461,6 +478,18 @@ fn kernel_reads_what_clients_wrote_through_uraid() {
             &format!("{name}: copy-out"),
         );
 
+        let members: Vec<PathBuf> = if c.in_memory {
+            members
+                .iter()
+                .map(|m| {
+                    let copy = dir.path().join(m.file_name().unwrap());
+                    std::fs::copy(m, &copy).unwrap();
+                    copy
+                })
+                .collect()
+        } else {
+            members
+        };
         // Every member is given to mdadm, the stale (left-out) ones too.
         // The left-out members were never given to uraid again: they are
         // stale, and the kernel must leave them out.

@@ -296,7 +296,10 @@ mod tests {
         assert_eq!(c.held.load(Ordering::Relaxed), held, "count of pages held");
         // Evicted pages are reused, and a reused page holds the new bytes.
         let spare: usize = c.shards.iter().map(|s| s.lock().unwrap().spare.len()).sum();
-        assert!(spare > 0 && spare <= SHARDS * SPARE_PER_SHARD, "{spare} spare");
+        assert!(
+            spare > 0 && spare <= SHARDS * SPARE_PER_SHARD,
+            "{spare} spare"
+        );
         for s in 20_000..20_100 {
             c.put(s, &(0..4096), Which::Q, Some(&[s as u8; 4096]), 64);
             let mut page = vec![0u8; 4096];

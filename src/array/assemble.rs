@@ -124,6 +124,17 @@ impl Assembled {
         self.geometry.level()
     }
 
+    /// Marks every device that `which` picks faulty; gives the path of
+    /// the last one (empty if none), for the event that reports it.
+    pub fn mark_faulty(&mut self, which: impl Fn(&FoundDevice) -> bool) -> String {
+        let mut path = String::new();
+        for d in self.devices.iter_mut().filter(|d| which(d)) {
+            d.state = DeviceState::Faulty;
+            path = d.path.clone();
+        }
+        path
+    }
+
     /// Roles with no member in use.
     pub fn missing_roles(&self) -> Vec<usize> {
         (0..self.slots.len())

@@ -444,13 +444,7 @@ impl Engine {
             }
             return;
         };
-        let mut path = String::new();
-        for d in array.devices.iter_mut() {
-            if Arc::ptr_eq(&d.member, &entry.slot.member) {
-                d.state = DeviceState::Faulty;
-                path = d.path.clone();
-            }
-        }
+        let path = array.mark_faulty(|d| Arc::ptr_eq(&d.member, &entry.slot.member));
         self.write_state(&mut array);
         drop(array);
         self.events
@@ -710,13 +704,9 @@ impl Engine {
         {
             let mut array = self.array.lock().unwrap();
             self.update_table(|t| t.by_role[role] = None);
-            let mut path = String::new();
-            for d in array.devices.iter_mut() {
-                if matches!(d.state, DeviceState::Recovering { role: r, .. } if r == role) {
-                    d.state = DeviceState::Faulty;
-                    path = d.path.clone();
-                }
-            }
+            let path = array.mark_faulty(
+                |d| matches!(d.state, DeviceState::Recovering { role: r, .. } if r == role),
+            );
             self.write_state(&mut array);
             drop(array);
             self.events

@@ -790,13 +790,7 @@ impl Engine {
     /// are refused from now on (md forces the array read-only).
     pub(super) fn journal_failed(&self, why: &str) {
         let mut array = self.array.lock().unwrap();
-        let mut path = String::new();
-        for d in array.devices.iter_mut() {
-            if d.state == DeviceState::Journal {
-                d.state = DeviceState::Faulty;
-                path = d.path.clone();
-            }
-        }
+        let path = array.mark_faulty(|d| d.state == DeviceState::Journal);
         self.events.push("Fail", &path, why);
         let state = self.active_state();
         if let Err(e) = self.write_state_locked(&mut array, state) {

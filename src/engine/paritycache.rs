@@ -39,6 +39,11 @@ struct Pages {
 }
 
 impl Pages {
+    /// The pages it holds, P then Q.
+    fn held(self) -> impl Iterator<Item = Box<[u8]>> {
+        [self.p, self.q].into_iter().flatten()
+    }
+
     fn slot(&mut self, which: Which) -> &mut Option<Box<[u8]>> {
         match which {
             Which::P => &mut self.p,
@@ -74,9 +79,9 @@ impl Shard {
         }
     }
 
-    /// Keeps the pages of a removed entry for reuse, as room allows.
-    fn recycle(spare: &mut Vec<Box<[u8]>>, pages: Pages) {
-        for page in [pages.p, pages.q].into_iter().flatten() {
+    /// Keeps pages no longer held for reuse, as room allows.
+    fn recycle(spare: &mut Vec<Box<[u8]>>, pages: impl IntoIterator<Item = Box<[u8]>>) {
+        for page in pages {
             if spare.len() < SPARE_PER_SHARD {
                 spare.push(page);
             }
@@ -192,13 +197,7 @@ impl ParityCache {
                 (Some(new), None) => *slot = Some(Shard::page_of(spare, new)),
                 (None, _) => {
                     if let Some(old) = slot.take() {
-                        Shard::recycle(
-                            spare,
-                            Pages {
-                                p: Some(old),
-                                q: None,
-                            },
-                        );
+                        Shard::recycle(spare, Some(old));
                     }
                 }
             }
@@ -212,7 +211,7 @@ impl ParityCache {
                 };
                 if let Some(evicted) = pages.remove(&old) {
                     self.held.fetch_sub(1, Ordering::Relaxed);
-                    Shard::recycle(spare, evicted);
+                    Shard::recycle(spare, evicted.held());
                 }
             }
             if order.len() > 4 * per_shard + 16 {
@@ -232,7 +231,7 @@ impl ParityCache {
             let mut shard = self.shard(stripe, page).lock().unwrap();
             if let Some(removed) = shard.pages.remove(&(stripe, page)) {
                 self.held.fetch_sub(1, Ordering::Relaxed);
-                Shard::recycle(&mut shard.spare, removed);
+                Shard::recycle(&mut shard.spare, removed.held());
             }
         }
     }

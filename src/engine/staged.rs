@@ -74,17 +74,9 @@ impl Engine {
         if !members.all(|e| e.slot.member.mapped().is_some()) {
             return false;
         }
-        let map = self
-            .geometry
-            .stripe(self.geometry.stripe_of(offset / SECTOR_BYTES));
-        let row_start = map.array_sector * SECTOR_BYTES;
-        let row_bytes = map.data_sectors() * SECTOR_BYTES;
-        let first_whole = if offset == row_start {
-            row_start
-        } else {
-            row_start + row_bytes
-        };
-        first_whole + row_bytes <= offset + len as u64
+        // Rows of raid4/5/6 are all alike and follow each other from 0.
+        let row_bytes = (self.row.strip_bytes * self.row.data_strips) as u64;
+        offset.div_ceil(row_bytes) * row_bytes + row_bytes <= offset + len as u64
     }
 
     /// Writes `len` staged bytes at array byte `offset`, row by row under
@@ -292,11 +284,7 @@ fn write_strip_to_files(
         .into_iter()
         .zip(targets)
         .map(|(e, t)| {
-            e.map(|e| {
-                let name = t.member().name();
-                let what = format!("{name}: write at {}+{n}: {e}", t.offset());
-                io::Error::new(e.kind(), what)
-            })
+            e.map(|e| crate::member::io_error(t.member().name(), "write", t.offset(), n, e))
         })
         .collect();
     view.settle_writes(targets, errors)

@@ -518,6 +518,24 @@ fn written_array_and_blank(
     (paths, engine, image, new)
 }
 
+/// Starts replacing `old` by `new` at a crawl, and waits until the copy
+/// is under way (512 KiB copied).
+fn replace_slowly(engine: &Arc<Engine>, old: &std::path::Path, new: &std::path::Path) {
+    engine.set_speed_limits(Some(100), Some(1500));
+    engine.manage_replace(old, new).unwrap();
+    wait_until(engine, "the copy under way", |s| {
+        s.sync.as_ref().is_some_and(|p| p.done_kib >= 512)
+    });
+}
+
+/// The state the engine reports for the device at `path`.
+fn state_of(engine: &Engine, path: &std::path::Path) -> Option<DeviceState> {
+    let name = path.display().to_string();
+    let snapshot = engine.snapshot();
+    let device = snapshot.devices.iter().find(|d| d.path == name)?;
+    Some(device.state.clone())
+}
+
 #[test]
 fn replace_copies_a_member_while_it_serves_then_swaps() {
     for (level, layout, disks, chunk) in [
@@ -606,26 +624,13 @@ fn a_replacement_stopped_half_way_resumes_at_the_next_start() {
         let dir = tempfile::tempdir().unwrap();
         let (paths, engine, mut image, new) =
             written_array_and_blank(dir.path(), Level::Raid6, Some("left-symmetric"), 5, 8, 51);
-        engine.set_speed_limits(Some(100), Some(1500));
-        engine.manage_replace(&paths[1], &new).unwrap();
+        replace_slowly(&engine, &paths[1], &new);
         let new_name = new.display().to_string();
-        wait_until(&engine, "the copy under way", |s| {
-            s.sync.as_ref().is_some_and(|p| p.done_kib >= 512)
-        });
         hammer_onto(&engine, 2, 40, 53, &mut image);
-        let state = |s: &Snapshot| {
-            s.devices
-                .iter()
-                .find(|d| d.path == new_name)
-                .map(|d| d.state.clone())
-        };
+        let state = state_of(&engine, &new);
         assert!(
-            matches!(
-                state(&engine.snapshot()),
-                Some(DeviceState::Replacement { role: 1, .. })
-            ),
-            "{:?}",
-            state(&engine.snapshot())
+            matches!(state, Some(DeviceState::Replacement { role: 1, .. })),
+            "{state:?}"
         );
         engine.shutdown().unwrap();
         drop(engine);
@@ -712,11 +717,7 @@ fn a_replacement_takes_the_role_when_its_original_fails_mid_copy() {
             .unwrap()
             .set_len(6 << 20)
             .unwrap();
-        engine.set_speed_limits(Some(100), Some(1500));
-        engine.manage_replace(&paths[1], &new).unwrap();
-        wait_until(&engine, "the copy under way", |s| {
-            s.sync.as_ref().is_some_and(|p| p.done_kib >= 512)
-        });
+        replace_slowly(&engine, &paths[1], &new);
         if stopped {
             engine.stop_sync().unwrap();
             let refused = engine.manage_replace(&paths[1], &other).unwrap_err();
@@ -735,14 +736,7 @@ fn a_replacement_takes_the_role_when_its_original_fails_mid_copy() {
         // A late error from a write that was in flight on the original must
         // not fail the replacement that holds the role now.
         engine.fail_member_if(1, Some(&original), "a late write error");
-        let new_name = new.display().to_string();
-        let state = |s: &Snapshot| {
-            s.devices
-                .iter()
-                .find(|d| d.path == new_name)
-                .map(|d| d.state.clone())
-        };
-        let now_state = state(&engine.snapshot());
+        let now_state = state_of(&engine, &new);
         assert!(
             matches!(now_state, Some(DeviceState::Recovering { role: 1, .. })),
             "{now_state:?}"
@@ -2402,9 +2396,7 @@ fn big_writes_go_from_the_socket_to_member_files_without_a_copy() {
             );
             engine.set_speed_limits(None, Some(1_000_000));
             wait_idle(&engine);
-            let replaced = engine.snapshot().devices.iter().any(|d| {
-                d.path == paths[1].display().to_string() && d.state == DeviceState::Faulty
-            });
+            let replaced = state_of(&engine, &paths[1]) == Some(DeviceState::Faulty);
             assert!(
                 replaced,
                 "{level}: the replaced member is not marked faulty"

@@ -1754,6 +1754,34 @@ fn pipelined_reads(
     failed
 }
 
+/// Read-ahead is for a lone sequential reader: a read that follows another
+/// the server still holds on the fast path is not one.
+#[test]
+fn read_ahead_leaves_alone_a_reader_with_fast_reads_in_flight() {
+    // On a disk: the fast path takes O_DIRECT members.
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let paths = make_array(dir.path(), Level::Raid6, Some("left-symmetric"), 5, 64);
+    let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+    assert!(engine.tunables.read_ahead_sectors() > 0);
+    let first = engine
+        .read_extents(0, 4096, ExtentUse::Read)
+        .expect("a first read takes the fast path");
+    // While the server holds that read, one that follows it comes from a
+    // client with a queue, which is its own read-ahead: it goes fast too.
+    // (Before, fast reads in flight did not count, and a random reader at
+    // queue depth 32 had one read in 1,500 turned into two full stripes.)
+    let second = engine.read_extents(4096, 4096, ExtentUse::Read);
+    assert!(
+        second.is_some(),
+        "a read behind one in flight was taken for a lone sequential reader"
+    );
+    drop((first, second));
+    // A lone reader that goes on where it stopped is read ahead for: the
+    // fast path declines it and the engine's read path fetches more.
+    assert!(engine.read_extents(8192, 4096, ExtentUse::Read).is_none());
+    engine.shutdown().unwrap();
+}
+
 /// Small reads take the NBD server's fast path (`export/nbd/fastpath.rs`):
 /// the backend maps them to member files (`ExtentUse::Read`) and the
 /// server reads them on its own io_uring, many in flight from one thread.

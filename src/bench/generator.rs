@@ -2,8 +2,8 @@
 //! `depth_per_job` requests in flight, at aligned offsets drawn from a fixed
 //! seed, for a warm-up and then a measured interval.
 //!
-//! Over NBD a job is one connection with its requests pipelined (a sender
-//! thread and a receiver thread). On plain files a job is `depth_per_job`
+//! Over NBD a job is one connection with its requests pipelined, driven
+//! by one thread that sends requests and reads replies in batches. On plain files a job is `depth_per_job`
 //! threads doing synchronous positional I/O, as fio's psync engine with
 //! that many jobs: the same concurrency without an async I/O layer.
 
@@ -14,7 +14,7 @@ use super::workload::{Op, Pattern, Phase};
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Latencies above this are recorded as this (an hour, in ns).
@@ -322,54 +322,54 @@ struct NbdJob<'a> {
 }
 
 impl NbdJob<'_> {
-    /// The sender side: keeps `depth` requests in flight until the end,
-    /// then waits for them all. The cookie of a request is its slot.
+    /// Keeps `depth` requests in flight on one connection until the end,
+    /// then waits for them all, on this one thread (`nbd_client::Pipeline`):
+    /// each pass reads what replies the socket holds, queues a new request
+    /// in each freed slot and sends them together. The cookie of a request
+    /// is its slot.
     fn run(&self) -> Result<Recorder, String> {
         let cpu_start = thread_cpu_seconds();
+        let result = self.drive();
+        *self.cpu.lock().unwrap() += thread_cpu_seconds() - cpu_start;
+        result
+    }
+
+    fn drive(&self) -> Result<Recorder, String> {
         let depth = self.phase.depth_per_job as usize;
         let len = self.phase.block_bytes as usize;
-        let (mut sender, receiver, info) = nbd_client::connect(self.socket, self.export)
+        let mut conn = nbd_client::Pipeline::connect(self.socket, self.export)
             .map_err(|e| format!("{}: {e}", self.socket.display()))?;
-        assert!(info.size_bytes >= self.offsets.region_start + self.offsets.block_bytes);
-        let pending = Arc::new(Mutex::new(vec![
+        assert!(conn.info.size_bytes >= self.offsets.region_start + self.offsets.block_bytes);
+        let mut pending = vec![
             Pending {
                 offset: 0,
                 submitted: Instant::now()
             };
             depth
-        ]));
-        let (done_tx, done_rx) = mpsc::sync_channel::<Result<usize, String>>(depth);
-        let receiver_thread = {
-            let (pending, op, data, window) = (
-                pending.clone(),
-                self.phase.op,
-                self.data,
-                self.window.clone(),
-            );
-            std::thread::spawn(move || {
-                let cpu_start = thread_cpu_seconds();
-                let result = receive(receiver, &pending, op, len, data, &done_tx, &window);
-                if let Err(e) = &result {
-                    let _ = done_tx.send(Err(e.clone()));
-                }
-                (result, thread_cpu_seconds() - cpu_start)
-            })
-        };
+        ];
         let mut rng = lane_rng(self.data.seed, self.job, 0);
         let mut buffers: Vec<AlignedBuf> = match (self.phase.op, self.data.verify_salt) {
             (Op::Write, Some(_)) => (0..depth).map(|_| AlignedBuf::zeroed(len)).collect(),
             (Op::Write, None) => vec![noise(len, self.data.seed ^ self.job as u64)],
             (Op::Read, _) => Vec::new(),
         };
-        let mut submit = |slot: usize, sender: &mut nbd_client::NbdSender| -> Result<(), String> {
+        let mut scratch = AlignedBuf::zeroed(if self.phase.op == Op::Read { len } else { 0 });
+        let mut recorder = Recorder::new();
+        let mut queue = |slot: usize,
+                         conn: &mut nbd_client::Pipeline,
+                         pending: &mut [Pending]|
+         -> Result<(), String> {
             let offset = self.offsets.next(&mut rng);
-            pending.lock().unwrap()[slot] = Pending {
+            pending[slot] = Pending {
                 offset,
                 submitted: Instant::now(),
             };
             let cookie = slot as u64;
             match self.phase.op {
-                Op::Read => sender.send_read(cookie, offset, len as u32),
+                Op::Read => {
+                    conn.queue_read(cookie, offset, len as u32);
+                    Ok(())
+                }
                 Op::Write => {
                     let buf = match self.data.verify_salt {
                         Some(salt) => {
@@ -378,96 +378,46 @@ impl NbdJob<'_> {
                         }
                         None => &buffers[0],
                     };
-                    sender.send_write(cookie, offset, buf)
+                    conn.queue_write(cookie, offset, buf)
                 }
             }
             .map_err(|e| format!("NBD send: {e}"))
         };
-        let mut in_flight = 0usize;
-        let mut failure = None;
         for slot in 0..depth {
-            if let Err(e) = submit(slot, &mut sender) {
-                failure = Some(e);
-                break;
-            }
-            in_flight += 1;
+            queue(slot, &mut conn, &mut pending)?;
         }
+        let mut in_flight = depth;
         while in_flight > 0 {
-            match done_rx.recv() {
-                Ok(Ok(slot)) => {
-                    in_flight -= 1;
-                    if failure.is_none() && self.window.keep_going(Instant::now()) {
-                        match submit(slot, &mut sender) {
-                            Ok(()) => in_flight += 1,
-                            Err(e) => failure = Some(e),
-                        }
-                    }
+            conn.flush().map_err(|e| format!("NBD send: {e}"))?;
+            conn.receive().map_err(|e| format!("NBD receive: {e}"))?;
+            while let Some(reply) = conn.next_reply().map_err(|e| format!("NBD receive: {e}"))? {
+                let slot = reply.cookie as usize;
+                let request = *pending
+                    .get(slot)
+                    .ok_or_else(|| format!("NBD reply with unknown cookie {}", reply.cookie))?;
+                if reply.error != 0 {
+                    return Err(format!(
+                        "NBD error {} for the request at {}",
+                        reply.error, request.offset
+                    ));
                 }
-                Ok(Err(e)) => {
-                    failure = Some(e);
-                    break;
+                if self.phase.op == Op::Read {
+                    conn.take_data(&mut scratch)
+                        .map_err(|e| format!("NBD read data: {e}"))?;
                 }
-                Err(_) => break,
+                let completed = Instant::now();
+                if let (Op::Read, Some(salt)) = (self.phase.op, self.data.verify_salt) {
+                    verify(&scratch, request.offset, salt)?;
+                }
+                recorder.record(self.window, request.submitted, completed, len as u64);
+                in_flight -= 1;
+                if self.window.keep_going(completed) {
+                    queue(slot, &mut conn, &mut pending)?;
+                    in_flight += 1;
+                }
             }
         }
-        let _ = sender.send_disconnect();
-        drop(sender);
-        let (received, receiver_cpu) = receiver_thread
-            .join()
-            .map_err(|_| "an NBD receiver thread panicked".to_string())?;
-        *self.cpu.lock().unwrap() += thread_cpu_seconds() - cpu_start + receiver_cpu;
-        if let Some(e) = failure {
-            return Err(e);
-        }
-        received
-    }
-}
-
-/// The receiver side: reads replies until the server closes the
-/// connection after the disconnect, recording each and handing its slot
-/// back to the sender.
-#[allow(clippy::too_many_arguments)]
-fn receive(
-    mut receiver: nbd_client::NbdReceiver,
-    pending: &Mutex<Vec<Pending>>,
-    op: Op,
-    len: usize,
-    data: DataMode,
-    done: &mpsc::SyncSender<Result<usize, String>>,
-    window: &Window,
-) -> Result<Recorder, String> {
-    let mut recorder = Recorder::new();
-    let mut scratch = AlignedBuf::zeroed(len);
-    loop {
-        let reply = match receiver.recv() {
-            Ok(reply) => reply,
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(recorder),
-            Err(e) => return Err(format!("NBD receive: {e}")),
-        };
-        let slot = reply.cookie as usize;
-        let request = *pending
-            .lock()
-            .unwrap()
-            .get(slot)
-            .ok_or_else(|| format!("NBD reply with unknown cookie {}", reply.cookie))?;
-        if reply.error != 0 {
-            return Err(format!(
-                "NBD error {} for the request at {}",
-                reply.error, request.offset
-            ));
-        }
-        if op == Op::Read {
-            receiver
-                .recv_data(&mut scratch)
-                .map_err(|e| format!("NBD read data: {e}"))?;
-        }
-        let completed = Instant::now();
-        if let (Op::Read, Some(salt)) = (op, data.verify_salt) {
-            verify(&scratch, request.offset, salt)?;
-        }
-        recorder.record(window, request.submitted, completed, len as u64);
-        if done.send(Ok(slot)).is_err() {
-            return Ok(recorder);
-        }
+        conn.disconnect().map_err(|e| format!("NBD send: {e}"))?;
+        Ok(recorder)
     }
 }

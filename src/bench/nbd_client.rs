@@ -7,10 +7,17 @@
 //! are built and parsed by the server's own encoders and decoders in
 //! `export::nbd::proto`, so the two sides cannot drift apart.
 //!
-//! A connection splits into a sender and a receiver that run on two
-//! threads: the receiver must keep draining replies while the sender is
-//! blocked writing a large payload, or both ends could wait on each other
-//! with full socket buffers.
+//! Two ways to drive a connection:
+//! - `Pipeline`, the load generator's: one thread queues requests and sends
+//!   them together, and reads replies many per system call, as fio's
+//!   io_uring and libnbd engines batch theirs. A reply's slot is reused by
+//!   the same thread at once, so no thread hand-off sits between a reply
+//!   and the next request: what the generator adds to each request's round
+//!   trip is a few microseconds of its own, not a wake-up.
+//! - `connect`'s sender and receiver, for tests that mix kinds of request
+//!   on two threads: the receiver keeps draining replies while the sender
+//!   is blocked writing a large payload, so both ends cannot wait on each
+//!   other with full socket buffers.
 
 use crate::export::nbd::proto::{self, InfoRequest, OptionHeader, ReplyHeader, RequestHeader};
 use crate::export::BlockSizes;
@@ -187,6 +194,171 @@ impl NbdReceiver {
 }
 
 /// A connection used one request at a time: for setup and for tests.
+/// Bytes the pipeline reads per system call at most: many small replies,
+/// or a good part of a large read's data.
+const PIPELINE_READ_BYTES: usize = 256 << 10;
+
+/// Writes of at most this many bytes are copied behind their header and
+/// sent with the other queued requests; larger ones go out at once from
+/// the caller's buffer, header and data in one vectored write.
+const PIPELINE_INLINE_WRITE_BYTES: usize = 64 << 10;
+
+/// A connection driven by one thread (see the module's notes).
+///
+/// One thread is enough only because a pipeline carries one kind of
+/// request with a bounded number in flight (asserted): a read's requests
+/// (28 bytes each) or a write's replies (16 bytes each) always fit in the
+/// socket's buffer, so a blocking send of requests can never wait on a
+/// server that is itself blocked sending replies nobody reads.
+pub struct Pipeline {
+    stream: UnixStream,
+    pub info: ExportInfo,
+    /// The command every request of this pipeline carries, once one was
+    /// queued.
+    command: Option<u16>,
+    /// Requests queued and not yet sent.
+    out: Vec<u8>,
+    /// Bytes read and not yet parsed: `input[start..end]`.
+    input: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl Pipeline {
+    pub fn connect(socket: &Path, name: &str) -> io::Result<Pipeline> {
+        let (sender, receiver, info) = connect(socket, name)?;
+        drop(receiver);
+        Ok(Pipeline {
+            stream: sender.stream,
+            info,
+            command: None,
+            out: Vec::with_capacity(PIPELINE_INLINE_WRITE_BYTES * 2),
+            input: vec![0u8; PIPELINE_READ_BYTES],
+            start: 0,
+            end: 0,
+        })
+    }
+
+    fn queue(&mut self, command: u16, cookie: u64, offset: u64, length: u32) {
+        assert_eq!(
+            *self.command.get_or_insert(command),
+            command,
+            "a pipeline carries one kind of request"
+        );
+        self.out
+            .extend_from_slice(&proto::encode_request_header(&RequestHeader {
+                flags: 0,
+                command,
+                cookie,
+                offset,
+                length,
+            }));
+    }
+
+    /// Queues a read; `flush` sends it.
+    pub fn queue_read(&mut self, cookie: u64, offset: u64, length: u32) {
+        assert!(length > 0);
+        self.queue(proto::CMD_READ, cookie, offset, length);
+    }
+
+    /// Queues a write (or sends it with what is queued, if large).
+    pub fn queue_write(&mut self, cookie: u64, offset: u64, data: &[u8]) -> io::Result<()> {
+        let length = u32::try_from(data.len()).expect("a request carries less than 4 GiB");
+        assert!(length > 0);
+        self.queue(proto::CMD_WRITE, cookie, offset, length);
+        if data.len() <= PIPELINE_INLINE_WRITE_BYTES {
+            self.out.extend_from_slice(data);
+            return Ok(());
+        }
+        let mut slices = [io::IoSlice::new(&self.out), io::IoSlice::new(data)];
+        let mut slices = &mut slices[..];
+        while !slices.is_empty() {
+            match self.stream.write_vectored(slices) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => io::IoSlice::advance_slices(&mut slices, n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.out.clear();
+        Ok(())
+    }
+
+    /// Sends every queued request.
+    pub fn flush(&mut self) -> io::Result<()> {
+        if !self.out.is_empty() {
+            self.stream.write_all(&self.out)?;
+            self.out.clear();
+        }
+        Ok(())
+    }
+
+    /// Sends the disconnect request (and anything still queued).
+    pub fn disconnect(mut self) -> io::Result<()> {
+        self.out
+            .extend_from_slice(&proto::encode_request_header(&RequestHeader {
+                flags: 0,
+                command: proto::CMD_DISC,
+                cookie: 0,
+                offset: 0,
+                length: 0,
+            }));
+        self.flush()
+    }
+
+    /// The next reply whose header is already read, if any; a read's data
+    /// must then be taken with `take_data` before the next reply.
+    pub fn next_reply(&mut self) -> io::Result<Option<Reply>> {
+        if self.end - self.start < proto::SIMPLE_REPLY_LEN {
+            return Ok(None);
+        }
+        let header = &self.input[self.start..self.start + proto::SIMPLE_REPLY_LEN];
+        let reply = match proto::decode_reply_header(header).map_err(protocol_error)? {
+            ReplyHeader::Simple { error, cookie } => Reply { cookie, error },
+            ReplyHeader::Chunk(_) => {
+                return Err(protocol_error(
+                    "a structured reply, which this client did not negotiate",
+                ))
+            }
+        };
+        self.start += proto::SIMPLE_REPLY_LEN;
+        Ok(Some(reply))
+    }
+
+    /// Takes the data that follows a read's reply: what is already read,
+    /// then the rest straight from the socket.
+    pub fn take_data(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        let have = (self.end - self.start).min(buf.len());
+        buf[..have].copy_from_slice(&self.input[self.start..self.start + have]);
+        self.start += have;
+        self.stream.read_exact(&mut buf[have..])
+    }
+
+    /// Waits for more replies: one read of whatever the socket holds.
+    pub fn receive(&mut self) -> io::Result<()> {
+        assert!(
+            self.end - self.start < proto::SIMPLE_REPLY_LEN,
+            "a whole reply is still unparsed"
+        );
+        if self.start > 0 {
+            self.input.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        loop {
+            match self.stream.read(&mut self.input[self.end..]) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    self.end += n;
+                    return Ok(());
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
 pub struct NbdSync {
     sender: NbdSender,
     receiver: NbdReceiver,

@@ -10,7 +10,7 @@
 use super::buffers::{check_pattern, fill_pattern, noise, AlignedBuf};
 use super::nbd_client;
 use super::targets::{thread_cpu_seconds, Access, RawStripes};
-use super::workload::{Op, Pattern, Phase};
+use super::workload::{Op, Pattern, Phase, MAX_DEPTH_PER_JOB};
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -325,8 +325,8 @@ impl NbdJob<'_> {
     /// Keeps `depth` requests in flight on one connection until the end,
     /// then waits for them all, on this one thread (`nbd_client::Pipeline`):
     /// each pass reads what replies the socket holds, queues a new request
-    /// in each freed slot and sends them together. The cookie of a request
-    /// is its slot.
+    /// in each freed slot and sends them (small ones together). The cookie
+    /// of a request is its slot.
     fn run(&self) -> Result<Recorder, String> {
         let cpu_start = thread_cpu_seconds();
         let result = self.drive();
@@ -336,6 +336,9 @@ impl NbdJob<'_> {
 
     fn drive(&self) -> Result<Recorder, String> {
         let depth = self.phase.depth_per_job as usize;
+        // The bound that lets one thread drive the connection (see
+        // `nbd_client::Pipeline`).
+        assert!(depth <= MAX_DEPTH_PER_JOB as usize);
         let len = self.phase.block_bytes as usize;
         let mut conn = nbd_client::Pipeline::connect(self.socket, self.export)
             .map_err(|e| format!("{}: {e}", self.socket.display()))?;
@@ -383,18 +386,32 @@ impl NbdJob<'_> {
             }
             .map_err(|e| format!("NBD send: {e}"))
         };
-        for slot in 0..depth {
-            queue(slot, &mut conn, &mut pending)?;
-        }
-        let mut in_flight = depth;
-        while in_flight > 0 {
+        // Each pass: queue a request in every freed slot and send them,
+        // then read what replies the socket holds. A request is stamped when
+        // queued, just before the send; a reply when parsed, before any
+        // request of the next pass is queued (a write over 64 KiB is sent as
+        // it is queued, and a reply that arrives meanwhile is stamped after
+        // it: at most one payload's send late).
+        let mut freed: Vec<usize> = (0..depth).collect();
+        let mut busy = vec![false; depth];
+        let mut in_flight = 0usize;
+        while in_flight > 0 || !freed.is_empty() {
+            for slot in freed.drain(..) {
+                queue(slot, &mut conn, &mut pending)?;
+                busy[slot] = true;
+                in_flight += 1;
+            }
             conn.flush().map_err(|e| format!("NBD send: {e}"))?;
             conn.receive().map_err(|e| format!("NBD receive: {e}"))?;
             while let Some(reply) = conn.next_reply().map_err(|e| format!("NBD receive: {e}"))? {
                 let slot = reply.cookie as usize;
-                let request = *pending
-                    .get(slot)
-                    .ok_or_else(|| format!("NBD reply with unknown cookie {}", reply.cookie))?;
+                if !busy.get(slot).copied().unwrap_or(false) {
+                    return Err(format!(
+                        "NBD reply with cookie {} for no request in flight",
+                        reply.cookie
+                    ));
+                }
+                let request = pending[slot];
                 if reply.error != 0 {
                     return Err(format!(
                         "NBD error {} for the request at {}",
@@ -410,14 +427,16 @@ impl NbdJob<'_> {
                     verify(&scratch, request.offset, salt)?;
                 }
                 recorder.record(self.window, request.submitted, completed, len as u64);
+                busy[slot] = false;
                 in_flight -= 1;
                 if self.window.keep_going(completed) {
-                    queue(slot, &mut conn, &mut pending)?;
-                    in_flight += 1;
+                    freed.push(slot);
                 }
             }
         }
-        conn.disconnect().map_err(|e| format!("NBD send: {e}"))?;
+        // Everything is measured: a connection that fails now changes
+        // nothing in the figures.
+        let _ = conn.disconnect();
         Ok(recorder)
     }
 }

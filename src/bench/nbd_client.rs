@@ -53,7 +53,7 @@ pub struct NbdReceiver {
 
 /// One reply: the cookie of its request and the NBD error (0 is success).
 /// For a successful read, the caller then takes the data with
-/// [`NbdReceiver::recv_data`].
+/// [`NbdReceiver::recv_data`] or [`Pipeline::take_data`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reply {
     pub cookie: u64,
@@ -193,7 +193,6 @@ impl NbdReceiver {
     }
 }
 
-/// A connection used one request at a time: for setup and for tests.
 /// Bytes the pipeline reads per system call at most: many small replies,
 /// or a good part of a large read's data.
 const PIPELINE_READ_BYTES: usize = 256 << 10;
@@ -206,10 +205,11 @@ const PIPELINE_INLINE_WRITE_BYTES: usize = 64 << 10;
 /// A connection driven by one thread (see the module's notes).
 ///
 /// One thread is enough only because a pipeline carries one kind of
-/// request with a bounded number in flight (asserted): a read's requests
-/// (28 bytes each) or a write's replies (16 bytes each) always fit in the
-/// socket's buffer, so a blocking send of requests can never wait on a
-/// server that is itself blocked sending replies nobody reads.
+/// request (asserted here) with a bounded number in flight (asserted by
+/// its user, the generator: at most `MAX_DEPTH_PER_JOB`): a read's
+/// requests (28 bytes each) or a write's replies (16 bytes each) always fit
+/// in the socket's buffer, so a blocking send of requests can never wait
+/// on a server that is itself blocked sending replies nobody reads.
 pub struct Pipeline {
     stream: UnixStream,
     pub info: ExportInfo,
@@ -359,6 +359,7 @@ impl Pipeline {
     }
 }
 
+/// A connection used one request at a time: for setup and for tests.
 pub struct NbdSync {
     sender: NbdSender,
     receiver: NbdReceiver,
@@ -417,5 +418,88 @@ impl NbdSync {
 
     pub fn disconnect(mut self) -> io::Result<()> {
         self.sender.send_disconnect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::memory::MemoryBackend;
+    use crate::export::nbd::{serve, Listener, ServeOptions};
+    use crate::export::BlockBackend;
+    use rand::{Rng, SeedableRng};
+    use std::sync::Arc;
+
+    /// The pipeline's framing: 32 requests in flight, small writes copied
+    /// behind their headers and large ones sent from the caller's buffer,
+    /// reads whose data is all buffered, split over two socket reads, or
+    /// longer than the read buffer; every byte lands and comes back where
+    /// it belongs, checked against the server's memory.
+    #[test]
+    fn a_pipeline_writes_and_reads_back_every_size_in_flight_together() {
+        const SIZE: usize = 64 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("socket");
+        let listener: Listener = format!("unix:{}", socket.display()).parse().unwrap();
+        let backend = Arc::new(MemoryBackend::new(SIZE as u64));
+        let options = ServeOptions {
+            export_name: "t".into(),
+            ..ServeOptions::default()
+        };
+        let server = serve(&listener, backend.clone() as Arc<dyn BlockBackend>, options).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let image: Vec<u8> = (0..SIZE).map(|_| rng.gen()).collect();
+        // Writes: 4 KiB (copied into the queue), then 1 MiB (sent at once).
+        for len in [4096usize, 1 << 20] {
+            let mut conn = Pipeline::connect(&socket, "t").unwrap();
+            let (mut in_flight, mut next) = (0usize, 0usize);
+            let count = if len == 4096 { 256 } else { SIZE / len };
+            let mut answered = 0;
+            while answered < count {
+                while in_flight < 32 && next < count {
+                    let at = next * len;
+                    conn.queue_write(next as u64, at as u64, &image[at..at + len])
+                        .unwrap();
+                    next += 1;
+                    in_flight += 1;
+                }
+                conn.flush().unwrap();
+                conn.receive().unwrap();
+                while let Some(reply) = conn.next_reply().unwrap() {
+                    assert_eq!(reply.error, 0);
+                    assert!((reply.cookie as usize) < next);
+                    in_flight -= 1;
+                    answered += 1;
+                }
+            }
+            conn.disconnect().unwrap();
+        }
+        assert!(backend.contents() == image, "the writes landed where sent");
+        // Reads: 4 KiB, 64 KiB and 1 MiB (four times the read buffer).
+        for len in [4096usize, 64 << 10, 1 << 20] {
+            let mut conn = Pipeline::connect(&socket, "t").unwrap();
+            let count = SIZE / len;
+            let (mut in_flight, mut next, mut answered) = (0usize, 0usize, 0usize);
+            let mut data = vec![0u8; len];
+            while answered < count {
+                while in_flight < 32 && next < count {
+                    conn.queue_read(next as u64, (next * len) as u64, len as u32);
+                    next += 1;
+                    in_flight += 1;
+                }
+                conn.flush().unwrap();
+                conn.receive().unwrap();
+                while let Some(reply) = conn.next_reply().unwrap() {
+                    assert_eq!(reply.error, 0);
+                    conn.take_data(&mut data).unwrap();
+                    let at = reply.cookie as usize * len;
+                    assert!(data == image[at..at + len], "{len} bytes at {at}");
+                    in_flight -= 1;
+                    answered += 1;
+                }
+            }
+            conn.disconnect().unwrap();
+        }
+        server.shutdown();
     }
 }

@@ -348,8 +348,9 @@ impl Engine {
         Some(extents)
     }
 
-    /// Member reads of extents handed to the server (fast-path reads in
-    /// flight, spliced replies being sent). They count when read-ahead asks
+    /// Member reads in flight on every path: the server's fast-path reads
+    /// until they complete, spliced extents until staged, and the engine's
+    /// own. They count when read-ahead asks
     /// whether a read is alone: without them a client keeping 32 fast-path
     /// reads in flight looked like a lone reader, and a random read that
     /// happened to land near a recent one (one in about 1,500 at 4 KiB

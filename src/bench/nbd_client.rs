@@ -451,55 +451,61 @@ mod tests {
         let image: Vec<u8> = (0..SIZE).map(|_| rng.gen()).collect();
         // Writes: 4 KiB (copied into the queue), then 1 MiB (sent at once).
         for len in [4096usize, 1 << 20] {
-            let mut conn = Pipeline::connect(&socket, "t").unwrap();
-            let (mut in_flight, mut next) = (0usize, 0usize);
             let count = if len == 4096 { 256 } else { SIZE / len };
-            let mut answered = 0;
-            while answered < count {
-                while in_flight < 32 && next < count {
-                    let at = next * len;
-                    conn.queue_write(next as u64, at as u64, &image[at..at + len])
+            pipelined(
+                &socket,
+                count,
+                |conn, i| {
+                    let at = i * len;
+                    conn.queue_write(i as u64, at as u64, &image[at..at + len])
                         .unwrap();
-                    next += 1;
-                    in_flight += 1;
-                }
-                conn.flush().unwrap();
-                conn.receive().unwrap();
-                while let Some(reply) = conn.next_reply().unwrap() {
-                    assert_eq!(reply.error, 0);
-                    assert!((reply.cookie as usize) < next);
-                    in_flight -= 1;
-                    answered += 1;
-                }
-            }
-            conn.disconnect().unwrap();
+                },
+                |_, reply| assert!((reply.cookie as usize) < count),
+            );
         }
         assert!(backend.contents() == image, "the writes landed where sent");
         // Reads: 4 KiB, 64 KiB and 1 MiB (four times the read buffer).
         for len in [4096usize, 64 << 10, 1 << 20] {
-            let mut conn = Pipeline::connect(&socket, "t").unwrap();
-            let count = SIZE / len;
-            let (mut in_flight, mut next, mut answered) = (0usize, 0usize, 0usize);
             let mut data = vec![0u8; len];
-            while answered < count {
-                while in_flight < 32 && next < count {
-                    conn.queue_read(next as u64, (next * len) as u64, len as u32);
-                    next += 1;
-                    in_flight += 1;
-                }
-                conn.flush().unwrap();
-                conn.receive().unwrap();
-                while let Some(reply) = conn.next_reply().unwrap() {
-                    assert_eq!(reply.error, 0);
+            pipelined(
+                &socket,
+                SIZE / len,
+                |conn, i| conn.queue_read(i as u64, (i * len) as u64, len as u32),
+                |conn, reply| {
                     conn.take_data(&mut data).unwrap();
                     let at = reply.cookie as usize * len;
                     assert!(data == image[at..at + len], "{len} bytes at {at}");
-                    in_flight -= 1;
-                    answered += 1;
-                }
-            }
-            conn.disconnect().unwrap();
+                },
+            );
         }
         server.shutdown();
+    }
+
+    /// Sends requests 0..count with at most 32 in flight, each queued by
+    /// `queue`, and hands each successful reply to `answer`.
+    fn pipelined(
+        socket: &Path,
+        count: usize,
+        mut queue: impl FnMut(&mut Pipeline, usize),
+        mut answer: impl FnMut(&mut Pipeline, Reply),
+    ) {
+        let mut conn = Pipeline::connect(socket, "t").unwrap();
+        let (mut in_flight, mut next, mut answered) = (0usize, 0usize, 0usize);
+        while answered < count {
+            while in_flight < 32 && next < count {
+                queue(&mut conn, next);
+                next += 1;
+                in_flight += 1;
+            }
+            conn.flush().unwrap();
+            conn.receive().unwrap();
+            while let Some(reply) = conn.next_reply().unwrap() {
+                assert_eq!(reply.error, 0);
+                answer(&mut conn, reply);
+                in_flight -= 1;
+                answered += 1;
+            }
+        }
+        conn.disconnect().unwrap();
     }
 }

@@ -205,7 +205,8 @@ h.shutdown()
 /// (copy-out, also with members left out); a second serve reads it back.
 /// The raid6's, raid1's and raid0's members are in memory (/dev/shm):
 /// nbdcopy's big writes there go from the socket through a pipe into the
-/// mapped members, raid6's whole rows with their parity computed in place.
+/// mapped members, raid6's whole rows with their parity computed in place,
+/// and a copy out in 4K requests is served inline, many replies per send.
 #[test]
 fn nbdcopy_round_trip_survives_a_restart() {
     let dir = scratch("serve-copy");
@@ -281,6 +282,13 @@ fn nbdcopy_round_trip_survives_a_restart() {
             &data,
             &format!("{name}: nbdcopy out after a restart"),
         );
+        if in_memory {
+            assert_same_bytes(
+                &nbdcopy_out_small(served.uri(), dir.path()),
+                &data,
+                &format!("{name}: nbdcopy out in 4K requests"),
+            );
+        }
         served.stop();
         assert_eq!(examine_states(&members), vec!["clean"; *disks], "{name}");
     }

@@ -252,6 +252,17 @@ pub fn nbdcopy_out_lone(uri: &str, dir: &Path) -> Vec<u8> {
     nbdcopy_out_with(uri, dir, &["--connections=1", "--requests=1"])
 }
 
+/// The whole export read in 4 KiB requests, 16 in flight on each of two
+/// connections (libnbd negotiates structured replies): small reads of
+/// members in memory are served inline and their replies sent together.
+pub fn nbdcopy_out_small(uri: &str, dir: &Path) -> Vec<u8> {
+    nbdcopy_out_with(
+        uri,
+        dir,
+        &["--connections=2", "--requests=16", "--request-size=4096"],
+    )
+}
+
 fn nbdcopy_out_with(uri: &str, dir: &Path, options: &[&str]) -> Vec<u8> {
     let nbdcopy = client_tool("nbdcopy", "libnbd-bin");
     let out = dir.join("nbdcopy-out.img");

@@ -460,6 +460,12 @@ fn transmission(
         ended: false,
         fast: None,
         fast_refused: false,
+        held: HeldReplies {
+            heads: Vec::new(),
+            data: Vec::new(),
+            lens: Vec::new(),
+            spare: Vec::new(),
+        },
     });
     std::thread::scope(|scope| {
         let mut workers = Vec::new();
@@ -494,7 +500,29 @@ struct Reader<'a> {
     fast: Option<FastReads>,
     /// No ring could be made: reads take the workers' path.
     fast_refused: bool,
+    /// Replies to reads served inline, sent together before the reader
+    /// could wait (see `HeldReplies`).
+    held: HeldReplies,
 }
+
+/// Replies to small reads served inline by the worker holding the reader,
+/// kept until it would wait for the client (or leave the reader, or has
+/// HELD_REPLIES_MAX) and then sent in one system call: a client that
+/// sends eight reads at once gets eight replies in one `sendmsg` instead
+/// of eight. Used only by the worker holding the reader.
+struct HeldReplies {
+    /// Reply heads and their data (`data[i][..lens[i]]`).
+    heads: Vec<Vec<u8>>,
+    data: Vec<AlignedBuf>,
+    lens: Vec<usize>,
+    /// Buffers of replies already sent, for the next reads.
+    spare: Vec<AlignedBuf>,
+}
+
+/// Replies held at most before they are sent. Each holds a buffer of
+/// SPLICE_MIN_BYTES (reads that long are spliced or served as before), and
+/// as many are kept spare: at most 2 MiB per connection.
+const HELD_REPLIES_MAX: usize = 16;
 
 /// What `read_request` asks of the fast path before it may wait.
 enum BeforeWait {
@@ -780,10 +808,15 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
                 ended,
                 fast,
                 fast_refused,
+                held,
             } = &mut *guard;
             loop {
                 if *ended {
+                    conn.send_held(held);
                     return;
+                }
+                if sock_reader.buffered() < proto::REQUEST_HEADER_LEN {
+                    conn.send_held(held);
                 }
                 if let Some(f) = fast.as_mut() {
                     conn.answer_fast(f, false);
@@ -803,16 +836,19 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
                         }
                     }
                 }
-                let mut before_wait = |what: BeforeWait| match (fast.as_mut(), what) {
-                    (Some(f), BeforeWait::Submit) => {
-                        f.submit();
-                        true
+                let mut before_wait = |what: BeforeWait| {
+                    conn.send_held(held);
+                    match (fast.as_mut(), what) {
+                        (Some(f), BeforeWait::Submit) => {
+                            f.submit();
+                            true
+                        }
+                        (Some(f), BeforeWait::Help) if f.busy() => {
+                            conn.answer_fast(f, true);
+                            true
+                        }
+                        _ => false,
                     }
-                    (Some(f), BeforeWait::Help) if f.busy() => {
-                        conn.answer_fast(f, true);
-                        true
-                    }
-                    _ => false,
                 };
                 match read_request(conn, sock_reader, &mut payload, &mut pipe, &mut before_wait) {
                     Ok(Some(job)) => match conn.start_fast(fast, fast_refused, job) {
@@ -821,10 +857,14 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
                             conn.shared
                                 .inline_reads
                                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            conn.serve(job, &payload, &mut scratch, &mut pipe);
+                            match conn.serve_held(job, held) {
+                                None => {}
+                                Some(job) => conn.serve(job, &payload, &mut scratch, &mut pipe),
+                            }
                             continue;
                         }
                         Some(job) => {
+                            conn.send_held(held);
                             if let Some(f) = fast.as_mut() {
                                 f.submit();
                             }
@@ -833,6 +873,7 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
                     },
                     Ok(None) => continue,
                     Err(end) => {
+                        conn.send_held(held);
                         *ended = true;
                         if let End::Abort = end {
                             // Replies to requests still in flight cannot be
@@ -877,6 +918,81 @@ impl Conn {
                 .line("the backend panicked while serving a request");
         }
         self.inflight.release(cost);
+    }
+
+    /// Serves a small read inline and holds its reply (`HeldReplies`), or
+    /// gives the job back for `serve` (a read that a splice may take, an
+    /// empty one). A failed read is answered at once: replies may go in
+    /// any order.
+    fn serve_held(&self, job: Job, held: &mut HeldReplies) -> Option<Job> {
+        let Command::Read { offset, length } = job.command else {
+            return Some(job);
+        };
+        let len = length as usize;
+        if len == 0 || len >= SPLICE_MIN_BYTES {
+            return Some(job);
+        }
+        let mut buf = match held.spare.pop() {
+            Some(buf) if buf.len() >= len => buf,
+            _ => AlignedBuf::zeroed(SPLICE_MIN_BYTES),
+        };
+        let backend = &*self.shared.backend;
+        let result = catch_unwind(AssertUnwindSafe(|| backend.read(offset, &mut buf[..len])))
+            .unwrap_or_else(|_| {
+                self.log
+                    .line("the backend panicked while serving a request");
+                Err(std::io::Error::other("internal error in the storage backend"))
+            });
+        // The reply's memory is bounded by HELD_REPLIES_MAX, not the budget.
+        self.inflight.release(job.cost);
+        let head = match result {
+            Ok(()) => self.read_reply_head(job.cookie, offset, len),
+            Err(e) => {
+                self.reply_error_raw(
+                    job.cookie,
+                    NbdError::from_io_error(&e),
+                    &format!("read failed: {e}"),
+                );
+                held.spare.push(buf);
+                return None;
+            }
+        };
+        match head {
+            Ok(head) => {
+                held.heads.push(head);
+                held.data.push(buf);
+                held.lens.push(len);
+            }
+            Err(e) => {
+                self.reply_error_raw(job.cookie, NbdError::Io, &format!("cannot encode reply: {e}"));
+                held.spare.push(buf);
+            }
+        }
+        if held.heads.len() >= HELD_REPLIES_MAX {
+            self.send_held(held);
+        }
+        None
+    }
+
+    /// Sends the held replies, all in one `sendmsg` when the socket takes
+    /// them.
+    fn send_held(&self, held: &mut HeldReplies) {
+        if held.heads.is_empty() {
+            return;
+        }
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * held.heads.len());
+        for ((head, data), &len) in held.heads.iter().zip(&held.data).zip(&held.lens) {
+            parts.push(head);
+            parts.push(&data[..len]);
+        }
+        self.send(&parts);
+        held.heads.clear();
+        held.lens.clear();
+        for buf in held.data.drain(..) {
+            if held.spare.len() < HELD_REPLIES_MAX {
+                held.spare.push(buf);
+            }
+        }
     }
 
     /// Whether the worker holding the reader serves this request itself

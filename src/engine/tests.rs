@@ -1635,6 +1635,32 @@ fn reads_of_members_in_memory_are_spliced_or_served_inline_over_nbd() {
             inline >= 190,
             "{level}: only {inline} of 200 small reads inline"
         );
+        // Their replies are held and sent together before the server
+        // waits for the client: a client with one small read at a time
+        // must get each reply without sending anything more (a reply held
+        // too long would hang it; it is watched from here).
+        let lone: Vec<(usize, usize)> = (0..64)
+            .map(|_| {
+                let len = rng.gen_range(1..=127) * 512;
+                (rng.gen_range(0..=(size - len) / 512) * 512, len)
+            })
+            .collect();
+        let (done, finished) = std::sync::mpsc::channel();
+        let (socket_, image_) = (socket.clone(), image.clone());
+        // Not scoped: a thread stuck in a read must not hold the test up.
+        std::thread::spawn(move || {
+            let mut client = NbdSync::connect(&socket_, "t").unwrap();
+            for (at, len) in lone {
+                let mut back = vec![0u8; len];
+                client.read_at(at as u64, &mut back).unwrap();
+                assert!(back == image_[at..at + len], "{len} bytes at {at}");
+            }
+            client.disconnect().unwrap();
+            done.send(()).unwrap();
+        });
+        finished
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("lone small reads answered in time");
         if level.has_parity() {
             // A write-back write stays in the stripe cache for a while: a
             // read over it must see it, so it is not spliced from the

@@ -9,7 +9,10 @@
 //! order. A request never changes threads, which at 4 KiB costs more than
 //! the I/O itself. A counter of requests and buffer bytes in flight bounds
 //! both concurrency and memory: when it is full the reader stops reading,
-//! and TCP flow control pushes back on the client.
+//! and TCP flow control pushes back on the client. (Two bounded exceptions:
+//! the fast path's ring, and the replies to small reads of members in
+//! memory, which the worker holding the reader serves itself and sends
+//! together: see `HeldReplies`.)
 
 use crate::member::AlignedBuf;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -519,9 +522,11 @@ struct HeldReplies {
     spare: Vec<AlignedBuf>,
 }
 
-/// Replies held at most before they are sent. Each holds a buffer of
-/// SPLICE_MIN_BYTES (reads that long are spliced or served as before), and
-/// as many are kept spare: at most 2 MiB per connection.
+/// Replies held at most before they are sent. Each holds a buffer of its
+/// read's size, less than SPLICE_MIN_BYTES (reads that long are spliced or
+/// served as before), and as many are kept spare: under 2 MiB per
+/// connection, outside the in-flight budget (which a held reply no longer
+/// counts against: its read is done).
 const HELD_REPLIES_MAX: usize = 16;
 
 /// What `read_request` asks of the fast path before it may wait.
@@ -586,6 +591,9 @@ fn read_request(
             // The payload of a refused write is still on the wire and
             // must be consumed to stay in step with the client.
             if payload_len > 0 {
+                if reader.buffered() < payload_len as usize {
+                    before_wait(BeforeWait::Submit);
+                }
                 if let Err(e) = reader.discard(payload_len as u64, deadline) {
                     return Err(read_failed(conn, e, "write payload"));
                 }
@@ -857,9 +865,12 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
                             conn.shared
                                 .inline_reads
                                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            match conn.serve_held(job, held) {
-                                None => {}
-                                Some(job) => conn.serve(job, &payload, &mut scratch, &mut pipe),
+                            if let Some(job) = conn.serve_held(job, held) {
+                                // Its reply goes out now (a splice, say),
+                                // and may wait for the socket: the held
+                                // ones go first.
+                                conn.send_held(held);
+                                conn.serve(job, &payload, &mut scratch, &mut pipe);
                             }
                             continue;
                         }
@@ -873,7 +884,9 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
                     },
                     Ok(None) => continue,
                     Err(end) => {
-                        conn.send_held(held);
+                        if let End::Graceful = end {
+                            conn.send_held(held);
+                        }
                         *ended = true;
                         if let End::Abort = end {
                             // Replies to requests still in flight cannot be
@@ -932,9 +945,11 @@ impl Conn {
         if len == 0 || len >= SPLICE_MIN_BYTES {
             return Some(job);
         }
+        // A buffer of the read's size (in 4 KiB), or a spare one that
+        // holds it; a spare too short is dropped.
         let mut buf = match held.spare.pop() {
             Some(buf) if buf.len() >= len => buf,
-            _ => AlignedBuf::zeroed(SPLICE_MIN_BYTES),
+            _ => AlignedBuf::zeroed(len.next_multiple_of(4096)),
         };
         let backend = &*self.shared.backend;
         let result = catch_unwind(AssertUnwindSafe(|| backend.read(offset, &mut buf[..len])))

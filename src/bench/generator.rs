@@ -3,9 +3,10 @@
 //! seed, for a warm-up and then a measured interval.
 //!
 //! Over NBD a job is one connection with its requests pipelined, driven
-//! by one thread that sends requests and reads replies in batches. On plain files a job is `depth_per_job`
-//! threads doing synchronous positional I/O, as fio's psync engine with
-//! that many jobs: the same concurrency without an async I/O layer.
+//! by one thread that sends requests and reads replies in batches. On
+//! plain files a job is `depth_per_job` threads doing synchronous
+//! positional I/O, as fio's psync engine with that many jobs: the same
+//! concurrency without an async I/O layer.
 
 use super::buffers::{check_pattern, fill_pattern, noise, AlignedBuf};
 use super::nbd_client;

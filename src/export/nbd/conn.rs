@@ -463,12 +463,7 @@ fn transmission(
         ended: false,
         fast: None,
         fast_refused: false,
-        held: HeldReplies {
-            heads: Vec::new(),
-            data: Vec::new(),
-            lens: Vec::new(),
-            spare: Vec::new(),
-        },
+        held: HeldReplies::default(),
     });
     std::thread::scope(|scope| {
         let mut workers = Vec::new();
@@ -513,6 +508,7 @@ struct Reader<'a> {
 /// HELD_REPLIES_MAX) and then sent in one system call: a client that
 /// sends eight reads at once gets eight replies in one `sendmsg` instead
 /// of eight. Used only by the worker holding the reader.
+#[derive(Default)]
 struct HeldReplies {
     /// Reply heads and their data (`data[i][..lens[i]]`).
     heads: Vec<Vec<u8>>,

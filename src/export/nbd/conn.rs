@@ -952,7 +952,9 @@ impl Conn {
             .unwrap_or_else(|_| {
                 self.log
                     .line("the backend panicked while serving a request");
-                Err(std::io::Error::other("internal error in the storage backend"))
+                Err(std::io::Error::other(
+                    "internal error in the storage backend",
+                ))
             });
         // The reply's memory is bounded by HELD_REPLIES_MAX, not the budget.
         self.inflight.release(job.cost);
@@ -975,7 +977,11 @@ impl Conn {
                 held.lens.push(len);
             }
             Err(e) => {
-                self.reply_error_raw(job.cookie, NbdError::Io, &format!("cannot encode reply: {e}"));
+                self.reply_error_raw(
+                    job.cookie,
+                    NbdError::Io,
+                    &format!("cannot encode reply: {e}"),
+                );
                 held.spare.push(buf);
             }
         }

@@ -60,6 +60,33 @@ pub struct Reply {
     pub error: u32,
 }
 
+/// A request's header, as every request of this client carries it (no
+/// flags).
+fn request_header(
+    command: u16,
+    cookie: u64,
+    offset: u64,
+    length: u32,
+) -> [u8; proto::REQUEST_HEADER_LEN] {
+    proto::encode_request_header(&RequestHeader {
+        flags: 0,
+        command,
+        cookie,
+        offset,
+        length,
+    })
+}
+
+/// A simple reply's header; a structured one is an error (never negotiated).
+fn decode_reply(header: &[u8]) -> io::Result<Reply> {
+    match proto::decode_reply_header(header).map_err(protocol_error)? {
+        ReplyHeader::Simple { error, cookie } => Ok(Reply { cookie, error }),
+        ReplyHeader::Chunk(_) => Err(protocol_error(
+            "a structured reply, which this client did not negotiate",
+        )),
+    }
+}
+
 fn protocol_error(what: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("NBD: {what}"))
 }
@@ -142,14 +169,8 @@ fn read_go_replies(stream: &mut UnixStream) -> io::Result<ExportInfo> {
 
 impl NbdSender {
     fn send(&mut self, command: u16, cookie: u64, offset: u64, length: u32) -> io::Result<()> {
-        let header = proto::encode_request_header(&RequestHeader {
-            flags: 0,
-            command,
-            cookie,
-            offset,
-            length,
-        });
-        self.stream.write_all(&header)
+        self.stream
+            .write_all(&request_header(command, cookie, offset, length))
     }
 
     pub fn send_read(&mut self, cookie: u64, offset: u64, length: u32) -> io::Result<()> {
@@ -179,12 +200,7 @@ impl NbdReceiver {
     pub fn recv(&mut self) -> io::Result<Reply> {
         let mut header = [0u8; proto::SIMPLE_REPLY_LEN];
         self.stream.read_exact(&mut header)?;
-        match proto::decode_reply_header(&header).map_err(protocol_error)? {
-            ReplyHeader::Simple { error, cookie } => Ok(Reply { cookie, error }),
-            ReplyHeader::Chunk(_) => Err(protocol_error(
-                "a structured reply, which this client did not negotiate",
-            )),
-        }
+        decode_reply(&header)
     }
 
     /// The data of a successful read, right after its reply header.
@@ -246,13 +262,7 @@ impl Pipeline {
             "a pipeline carries one kind of request"
         );
         self.out
-            .extend_from_slice(&proto::encode_request_header(&RequestHeader {
-                flags: 0,
-                command,
-                cookie,
-                offset,
-                length,
-            }));
+            .extend_from_slice(&request_header(command, cookie, offset, length));
     }
 
     /// Queues a read; `flush` sends it.
@@ -296,13 +306,7 @@ impl Pipeline {
     /// Sends the disconnect request (and anything still queued).
     pub fn disconnect(mut self) -> io::Result<()> {
         self.out
-            .extend_from_slice(&proto::encode_request_header(&RequestHeader {
-                flags: 0,
-                command: proto::CMD_DISC,
-                cookie: 0,
-                offset: 0,
-                length: 0,
-            }));
+            .extend_from_slice(&request_header(proto::CMD_DISC, 0, 0, 0));
         self.flush()
     }
 
@@ -312,15 +316,7 @@ impl Pipeline {
         if self.end - self.start < proto::SIMPLE_REPLY_LEN {
             return Ok(None);
         }
-        let header = &self.input[self.start..self.start + proto::SIMPLE_REPLY_LEN];
-        let reply = match proto::decode_reply_header(header).map_err(protocol_error)? {
-            ReplyHeader::Simple { error, cookie } => Reply { cookie, error },
-            ReplyHeader::Chunk(_) => {
-                return Err(protocol_error(
-                    "a structured reply, which this client did not negotiate",
-                ))
-            }
-        };
+        let reply = decode_reply(&self.input[self.start..self.start + proto::SIMPLE_REPLY_LEN])?;
         self.start += proto::SIMPLE_REPLY_LEN;
         Ok(Some(reply))
     }

@@ -101,6 +101,14 @@ fn every_workload_state_and_target_is_reported() {
         .map(|r| r["queue_depth"].as_u64().unwrap())
         .collect();
     assert_eq!(qd, [1, 2, 4, 8, 16, 32, 64, 128]);
+    // The read-modify-write mix is measured on the raw members only, as
+    // the reference beside the random-write target.
+    let mix: Vec<&str> = rows
+        .iter()
+        .filter(|r| r["phase"] == "rmw-mix")
+        .map(|r| r["target"].as_str().unwrap())
+        .collect();
+    assert_eq!(mix, ["raw"]);
     assert_eq!(report["array"]["level"], "raid6");
     assert_eq!(report["array"]["stripe_data_bytes"], 2 * 64 * 1024);
     assert!(report["goals"].as_array().is_some());

@@ -266,28 +266,39 @@ fn file_lane(
     let mut rng = lane_rng(data.seed, job, lane);
     let mut recorder = Recorder::new();
     let len = phase.block_bytes as usize;
-    let mut buf = match (phase.op, data.verify_salt) {
-        (Op::Write, None) => noise(len, data.seed ^ job as u64),
-        _ => AlignedBuf::zeroed(len),
+    let noise_buf = match (phase.op, data.verify_salt) {
+        (Op::Write | Op::Mixed, None) => Some(noise(len, data.seed ^ job as u64)),
+        _ => None,
     };
+    let mut buf = AlignedBuf::zeroed(len);
     loop {
         let submitted = Instant::now();
         if !window.keep_going(submitted) {
             return Ok(recorder);
         }
         let offset = offsets.next(&mut rng);
-        match phase.op {
-            Op::Write => {
-                if let Some(salt) = data.verify_salt {
+        let op = match phase.op {
+            Op::Mixed if rng.gen_bool(0.5) => Op::Read,
+            Op::Mixed => Op::Write,
+            op => op,
+        };
+        match op {
+            Op::Write => match (data.verify_salt, &noise_buf) {
+                (None, Some(noise)) => files.write_at(offset, noise),
+                _ => {
+                    let salt = data
+                        .verify_salt
+                        .expect("no noise buffer only when verifying");
                     fill_pattern(&mut buf, offset, salt);
+                    files.write_at(offset, &buf)
                 }
-                files.write_at(offset, &buf)
-            }
+            },
             Op::Read => files.read_at(offset, &mut buf),
+            Op::Mixed => unreachable!("drawn above"),
         }
         .map_err(|e| format!("raw files at {offset}: {e}"))?;
         let completed = Instant::now();
-        if let (Op::Read, Some(salt)) = (phase.op, data.verify_salt) {
+        if let (Op::Read, Some(salt)) = (op, data.verify_salt) {
             verify(&buf, offset, salt)?;
         }
         recorder.record(window, submitted, completed, len as u64);
@@ -336,6 +347,11 @@ impl NbdJob<'_> {
     }
 
     fn drive(&self) -> Result<Recorder, String> {
+        if self.phase.op == Op::Mixed {
+            // The pipeline carries one kind of request (see
+            // `nbd_client::Pipeline`); mixed phases are raw references.
+            return Err("a phase of mixed reads and writes runs on raw files only".into());
+        }
         let depth = self.phase.depth_per_job as usize;
         // The bound that lets one thread drive the connection (see
         // `nbd_client::Pipeline`).
@@ -356,6 +372,7 @@ impl NbdJob<'_> {
             (Op::Write, Some(_)) => (0..depth).map(|_| AlignedBuf::zeroed(len)).collect(),
             (Op::Write, None) => vec![noise(len, self.data.seed ^ self.job as u64)],
             (Op::Read, _) => Vec::new(),
+            (Op::Mixed, _) => unreachable!("refused above"),
         };
         let mut scratch = AlignedBuf::zeroed(if self.phase.op == Op::Read { len } else { 0 });
         let mut recorder = Recorder::new();
@@ -374,6 +391,7 @@ impl NbdJob<'_> {
                     conn.queue_read(cookie, offset, len as u32);
                     Ok(())
                 }
+                Op::Mixed => unreachable!("refused above"),
                 Op::Write => {
                     let buf = match self.data.verify_salt {
                         Some(salt) => {

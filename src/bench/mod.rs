@@ -194,6 +194,10 @@ fn run_phases(
 ) -> Result<(), String> {
     let verify_salt = m.options.verify.then_some(run.salt);
     for phase in phases {
+        if phase.raw_only && !matches!(access, Access::Files(_)) {
+            m.progress.inc(1);
+            continue;
+        }
         m.progress.set_message(format!(
             "{} {} {} {}",
             run.name,
@@ -248,7 +252,7 @@ fn run_phases(
                 .map(|(b, a)| (a.0 - b.0, a.1 - b.1)),
         };
         m.rows.push(Row::new(context, phase, &outcome));
-        if phase.op == Op::Write {
+        if phase.op != Op::Read {
             access.flush()?;
         }
         m.progress.inc(1);

@@ -185,6 +185,19 @@ impl NbdSender {
         self.stream.write_all(data)
     }
 
+    /// Sends a write's header alone; its payload follows by
+    /// [`NbdSender::send_payload`]. For tests of a request whose payload
+    /// is late.
+    pub fn send_write_header(&mut self, cookie: u64, offset: u64, length: u32) -> io::Result<()> {
+        assert!(length > 0);
+        self.send(proto::CMD_WRITE, cookie, offset, length)
+    }
+
+    /// Sends bytes of a payload whose header went out before.
+    pub fn send_payload(&mut self, data: &[u8]) -> io::Result<()> {
+        self.stream.write_all(data)
+    }
+
     pub fn send_flush(&mut self, cookie: u64) -> io::Result<()> {
         self.send(proto::CMD_FLUSH, cookie, 0, 0)
     }

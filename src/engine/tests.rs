@@ -2317,6 +2317,71 @@ fn pipelined_writes(
     spans
 }
 
+/// A staged write is served by the worker that read it when more
+/// connections are busy than there are CPUs (no hand-off to the next
+/// worker), and handed off while fewer are (so that a connection's writes
+/// may use two cores); either way it lands right, and a connection stops
+/// counting as busy when its last request is answered.
+#[test]
+fn staged_writes_are_served_inline_when_more_connections_are_busy_than_cpus() {
+    use crate::bench::nbd_client;
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let paths = make_array(dir.path(), Level::Raid6, Some("left-symmetric"), 5, 64);
+    let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+    let (server, socket) = serve_in(dir.path(), &engine);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut image = vec![0u8; engine.size_bytes() as usize];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    // Pipelined writes on a connection of their own: how many were staged,
+    // and how many of those served inline.
+    let staged_and_inline = |image: &mut Vec<u8>, rng: &mut rand::rngs::StdRng| {
+        let before = (server.staged_writes(), server.inline_writes());
+        let _ = pipelined_writes(&socket, image, rng);
+        let staged = server.staged_writes() - before.0;
+        assert!(staged > 0, "no write was staged");
+        (staged, server.inline_writes() - before.1)
+    };
+    // One connection alone: handed off.
+    let (_, inline) = staged_and_inline(&mut image, &mut rng);
+    assert_eq!(inline, 0, "alone");
+    // As many other connections as CPUs each hold a write whose payload
+    // is late: busy until it comes.
+    let mut blockers = Vec::new();
+    for i in 0..cpus {
+        let (mut sender, receiver, _) = nbd_client::connect(&socket, "t").unwrap();
+        let at = (i % (image.len() >> 20)) << 20;
+        let data: Vec<u8> = (0..64 << 10).map(|_| rng.gen()).collect();
+        sender
+            .send_write_header(i as u64, at as u64, data.len() as u32)
+            .unwrap();
+        sender.send_payload(&data[..4096]).unwrap();
+        blockers.push((sender, receiver, at, data));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while server.busy_connections() < cpus {
+        assert!(std::time::Instant::now() < deadline, "blockers not busy");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let (staged, inline) = staged_and_inline(&mut image, &mut rng);
+    assert_eq!(inline, staged, "with more connections busy than CPUs");
+    for (mut sender, mut receiver, at, data) in blockers {
+        sender.send_payload(&data[4096..]).unwrap();
+        let reply = receiver.recv().unwrap();
+        assert_eq!(reply.error, 0, "the late write failed");
+        image[at..at + data.len()].copy_from_slice(&data);
+        sender.send_disconnect().unwrap();
+    }
+    reads_back(&socket, &image, "after inline and handed-off writes");
+    assert_eq!(check_mismatches(&engine), 0, "parity differs");
+    while server.busy_connections() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "connections left busy"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Reads the whole array over NBD and compares it with `image`.
 fn reads_back(socket: &std::path::Path, image: &[u8], what: &str) {
     let mut client = crate::bench::nbd_client::NbdSync::connect(socket, "t").unwrap();

@@ -127,6 +127,15 @@ pub(crate) struct Shared {
     /// Writes whose payload went from the socket to the backend's files
     /// through a pipe (see `BlockBackend::write_staged`), since start.
     pub(crate) staged_writes: AtomicU64,
+    /// Staged writes served by the worker that read them (see
+    /// `conn::Conn::serves_inline`), since start.
+    pub(crate) inline_writes: AtomicU64,
+    /// Connections with at least one request in flight, kept by each
+    /// connection's in-flight count as it leaves and returns to zero.
+    pub(crate) busy_connections: Arc<AtomicUsize>,
+    /// The CPUs this process may run on: with as many busy connections,
+    /// every core already has a connection's reader to run.
+    pub(crate) cpus: usize,
 }
 
 impl Shared {
@@ -214,6 +223,17 @@ impl ServerHandle {
     /// Writes taken by the backend from a pipe, not copied through memory.
     pub fn staged_writes(&self) -> u64 {
         self.shared.staged_writes.load(Ordering::Relaxed)
+    }
+
+    /// Staged writes served inline by the worker that read them, since
+    /// start.
+    pub fn inline_writes(&self) -> u64 {
+        self.shared.inline_writes.load(Ordering::Relaxed)
+    }
+
+    /// Connections with a request in flight now.
+    pub fn busy_connections(&self) -> usize {
+        self.shared.busy_connections.load(Ordering::Relaxed)
     }
 
     /// Blocks until the server has been stopped (by a [`Stopper`]) and has
@@ -333,6 +353,9 @@ pub fn serve(
         fast_reads: AtomicU64::new(0),
         inline_reads: AtomicU64::new(0),
         staged_writes: AtomicU64::new(0),
+        inline_writes: AtomicU64::new(0),
+        busy_connections: Arc::new(AtomicUsize::new(0)),
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
     });
     let accept_shared = shared.clone();
     let accept_thread = std::thread::Builder::new()

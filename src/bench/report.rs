@@ -488,7 +488,6 @@ mod tests {
             "{}",
             goal.detail
         );
-        assert!(by_name(&memory, "raid6 4K randwrite").is_none());
         // Each medium's targets only: a disk target read off a memory run
         // says nothing, and the reverse.
         assert!(by_name(&memory, "raid6 4K randwrite").is_none());

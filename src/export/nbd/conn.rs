@@ -12,7 +12,9 @@
 //! and TCP flow control pushes back on the client. (Two bounded exceptions:
 //! the fast path's ring, and the replies to small reads of members in
 //! memory, which the worker holding the reader serves itself and sends
-//! together: see `HeldReplies`.)
+//! together: see `HeldReplies`. With members in memory it also stores a
+//! staged write itself while more connections are busy than there are
+//! CPUs: see `Conn::serves_inline`.)
 
 use crate::member::AlignedBuf;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -403,6 +405,18 @@ impl Inflight {
         }
         if state.waiting {
             self.cond.notify_all();
+        }
+    }
+}
+
+impl Drop for Inflight {
+    /// A request whose worker panicked outside the backend's guard is never
+    /// released; the connection must still stop counting as busy when it
+    /// ends, or every later staged write would be served inline.
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        if state.requests > 0 {
+            self.busy_connections.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
@@ -1036,14 +1050,18 @@ impl Conn {
     /// - a small read: handing it to the next worker (a wake-up and a
     ///   switch) costs more than the copy: nbdkit memory's ratio went from
     ///   0.78–0.90 to 0.97–1.02;
-    /// - a staged write, when at least as many connections are busy as
-    ///   there are CPUs: every core then has a connection's reader to run,
-    ///   and a hand-off only adds a switch per write (raid6 full-stripe
-    ///   writes over 4 connections on 2 CPUs: 5.4–5.6 to 6.2–6.7 GB/s).
-    ///   With fewer, the hand-off is what lets a connection's writes use
-    ///   two cores at once (1 connection: 3.2 GB/s handed off, 2.2–2.5
-    ///   inline). A staged write waits only for its rows' locks, never
-    ///   for the stripe cache's batches (`Engine::write_staged_bytes`).
+    /// - a staged write, when more connections are busy than there are
+    ///   CPUs: every core then has a connection's reader to run, and a
+    ///   hand-off only adds a switch per write (raid6 full-stripe writes
+    ///   over 4 connections on 2 CPUs: 5.5–5.8 to 6.3–6.6 GB/s). With
+    ///   fewer, the hand-off is what lets the next worker read a
+    ///   connection's next write while the last is stored (1 connection:
+    ///   2,789–3,235 MiB/s handed off, 2,229–2,480 inline; docs/
+    ///   BENCHMARKS.md, session 9). A staged write waits only for its rows'
+    ///   locks (`Engine::write_staged_bytes`); one the engine declines at
+    ///   the last moment (a stripe-cache batch opened meanwhile) takes the
+    ///   plain path and may wait in a batch with the reader held, for at
+    ///   most the cache's gather deadlines.
     fn serves_inline(&self, job: &Job) -> bool {
         let backend = &self.shared.backend;
         match job.command {
@@ -1053,7 +1071,8 @@ impl Conn {
             Command::Write { .. } => {
                 job.staged
                     && backend.reads_from_memory()
-                    && self.shared.busy_connections.load(Ordering::Relaxed) > self.shared.cpus
+                    && self.shared.busy_connections.load(Ordering::Relaxed)
+                        > self.shared.options.cpus
             }
             _ => false,
         }

@@ -47,6 +47,10 @@ pub struct ServeOptions {
     pub require_block_size: bool,
     /// Log every connection and disconnection, not only errors.
     pub log_connections: bool,
+    /// The CPUs the server plans for (the process's, by default): with more
+    /// busy connections than this, staged writes are stored by the worker
+    /// that read them (`conn::Conn::serves_inline`).
+    pub cpus: usize,
 }
 
 impl Default for ServeOptions {
@@ -63,6 +67,7 @@ impl Default for ServeOptions {
             io_timeout: Some(Duration::from_secs(60)),
             require_block_size: false,
             log_connections: false,
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
     }
 }
@@ -133,9 +138,6 @@ pub(crate) struct Shared {
     /// Connections with at least one request in flight, kept by each
     /// connection's in-flight count as it leaves and returns to zero.
     pub(crate) busy_connections: Arc<AtomicUsize>,
-    /// The CPUs this process may run on: with as many busy connections,
-    /// every core already has a connection's reader to run.
-    pub(crate) cpus: usize,
 }
 
 impl Shared {
@@ -309,9 +311,11 @@ pub fn serve(
     if options.max_inflight == 0
         || options.workers_per_connection == 0
         || options.max_connections == 0
+        || options.cpus == 0
     {
         return Err(invalid(
-            "max_inflight, workers_per_connection and max_connections must be positive".into(),
+            "max_inflight, workers_per_connection, max_connections and cpus must be positive"
+                .into(),
         ));
     }
     if options.export_name.len() > proto::MAX_STRING_LEN
@@ -355,7 +359,6 @@ pub fn serve(
         staged_writes: AtomicU64::new(0),
         inline_writes: AtomicU64::new(0),
         busy_connections: Arc::new(AtomicUsize::new(0)),
-        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
     });
     let accept_shared = shared.clone();
     let accept_thread = std::thread::Builder::new()

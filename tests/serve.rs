@@ -400,7 +400,8 @@ fn fio_mixed_sizes_on_four_connections_verified_across_a_restart() {
 fn unaligned_and_fua_writes_through_nbdsh() {
     let dir = scratch("serve-unaligned");
     // (name, options, disks, chunk, data bytes per stripe, losable)
-    let geometries: &[(&str, &[&str], usize, u64, u64, usize)] = &[
+    type Geometry<'a> = (&'a str, &'a [&'a str], usize, u64, u64, usize);
+    let geometries: &[Geometry] = &[
         (
             "raid5",
             &["--level", "raid5", "--raid-devices", "5", "--chunk", "64K"],

@@ -1510,7 +1510,7 @@ impl Sim {
         }
         self.step = steps + 1;
         // The end: the array after a last crash, then after an orderly restart.
-        if let Some(_) = self.resync_steps_left.take() {
+        if self.resync_steps_left.take().is_some() {
             self.settle("the resync after a crash");
             self.check_consistent("after the resync that followed a crash");
         }

@@ -117,7 +117,7 @@ impl<'a> StripeIo<'a> {
             });
         }
         let mut strips: Vec<&mut [u8]> = out.chunks_mut(strip_bytes).collect();
-        let (mut missing, present): (Vec<(usize, &mut [u8])>, Vec<(usize, &mut [u8])>) = strips
+        let (mut missing, present): (Vec<_>, Vec<_>) = strips
             .drain(..)
             .enumerate()
             .partition(|(i, _)| lost.contains(i));

@@ -252,7 +252,7 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
             done(engine.manage_add(&device), message)
         }
         Request::CheckPeriod { days } => {
-            if !(days >= 0.0 && days <= 3650.0) {
+            if !(0.0..=3650.0).contains(&days) {
                 return Reply::Error {
                     message: format!("check period {days} days: give 0 (off) to 3650"),
                 };

@@ -443,11 +443,7 @@ pub fn mdstat_block(array: &Snapshot) -> String {
         let filled = (per_mille / 50) as usize;
         let bar: String = "=".repeat(filled) + ">" + &".".repeat(20 - filled.min(20));
         let remaining_kib = p.total_kib.saturating_sub(p.done_kib);
-        let finish_s = if p.speed_kib_per_s > 0 {
-            remaining_kib / p.speed_kib_per_s
-        } else {
-            0
-        };
+        let finish_s = remaining_kib.checked_div(p.speed_kib_per_s).unwrap_or(0);
         let _ = writeln!(
             o,
             "      [{bar}]  {} ={:3}.{}% ({}/{}) finish={}.{}min speed={}K/sec",

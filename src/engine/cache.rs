@@ -92,6 +92,13 @@ pub(super) type Hold = Arc<dyn Send + Sync>;
 /// room for it (the write then goes through).
 pub(super) type LogData<'a> = dyn Fn() -> io::Result<Option<Hold>> + 'a;
 
+/// Writes a closed batch's covered ranges (of its row's data, `buf`) to
+/// the members: the engine's side of a destage.
+pub(super) type Destage<'a> = dyn Fn(&Batch, &[Range<usize>], &[u8]) -> io::Result<()> + 'a;
+
+/// One of the cache's shards: the open batches of the rows that hash to it.
+type Shard = Mutex<HashMap<u64, Arc<Batch>>>;
+
 impl BatchState {
     fn full(&self) -> bool {
         self.covered.len() == 1 && self.covered[0] == (0..self.buf.len())
@@ -193,7 +200,7 @@ pub struct CacheStats {
 }
 
 pub(super) struct StripeCache {
-    shards: Box<[Mutex<HashMap<u64, Arc<Batch>>>]>,
+    shards: Box<[Shard]>,
     /// Entries (md's units) held by batches.
     entries_in_use: AtomicUsize,
     batches: AtomicUsize,
@@ -247,7 +254,7 @@ impl StripeCache {
         }
     }
 
-    fn shard(&self, stripe: u64) -> &Mutex<HashMap<u64, Arc<Batch>>> {
+    fn shard(&self, stripe: u64) -> &Shard {
         let hash = stripe.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
         &self.shards[hash as usize & (SHARDS - 1)]
     }
@@ -320,7 +327,7 @@ impl StripeCache {
         entries: usize,
         capacity: usize,
         log: Option<&LogData>,
-        destage: &dyn Fn(&Batch, &[Range<usize>], &[u8]) -> io::Result<()>,
+        destage: &Destage,
     ) -> Offer {
         loop {
             let mut shard = lock(self.shard(stripe));
@@ -419,12 +426,7 @@ impl StripeCache {
 
     /// A writer waits for its batch to be written, writing it itself when
     /// waiting stops paying.
-    fn wait(
-        &self,
-        batch: &Arc<Batch>,
-        entries: usize,
-        destage: &dyn Fn(&Batch, &[Range<usize>], &[u8]) -> io::Result<()>,
-    ) -> io::Result<()> {
+    fn wait(&self, batch: &Arc<Batch>, entries: usize, destage: &Destage) -> io::Result<()> {
         self.writes_waiting.fetch_add(1, Ordering::SeqCst);
         let mut state = lock(&batch.state);
         let result = loop {
@@ -471,12 +473,7 @@ impl StripeCache {
 
     /// Closes a batch (if nobody has) and writes it to the members; it stays
     /// in the table, readable, until it is there.
-    fn write_out(
-        &self,
-        batch: &Arc<Batch>,
-        entries: usize,
-        destage: &dyn Fn(&Batch, &[Range<usize>], &[u8]) -> io::Result<()>,
-    ) {
+    fn write_out(&self, batch: &Arc<Batch>, entries: usize, destage: &Destage) {
         let (buf, covered, full) = {
             let mut state = lock(&batch.state);
             if state.closed {
@@ -558,11 +555,7 @@ impl StripeCache {
 
     /// Writes out every batch in the table and waits for each: after this,
     /// every write acknowledged before it is on the members.
-    pub(super) fn write_all(
-        &self,
-        entries: usize,
-        destage: &dyn Fn(&Batch, &[Range<usize>], &[u8]) -> io::Result<()>,
-    ) -> io::Result<()> {
+    pub(super) fn write_all(&self, entries: usize, destage: &Destage) -> io::Result<()> {
         let mut first_error = None;
         for batch in self.all_batches() {
             self.write_out(&batch, entries, destage);
@@ -583,7 +576,7 @@ impl StripeCache {
         workers: usize,
         entries: usize,
         capacity: usize,
-        destage: &dyn Fn(&Batch, &[Range<usize>], &[u8]) -> io::Result<()>,
+        destage: &Destage,
     ) -> bool {
         let idle = self.writes_in_flight.load(Ordering::SeqCst) == 0;
         let pressed = self.entries_in_use.load(Ordering::SeqCst) * 4 >= capacity * 3;

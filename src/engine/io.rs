@@ -522,7 +522,7 @@ impl Engine {
                 let piece = Engine::piece(map.clone(), in_stripe, bytes.len(), bytes);
                 let rows = engine.view(map.stripe).journal_rows(&piece, None);
                 match journal.log(engine, rows, super::journal::LogKind::DataOnly) {
-                    Ok(ticket) => Ok(Some(super::journal::JournalHold::new(journal, ticket))),
+                    Ok(ticket) => Ok(Some(super::journal::JournalHold::hold(journal, ticket))),
                     // The journal's share for the cache is full: this write
                     // goes through, as md's r5c does when its log runs short.
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
@@ -967,7 +967,7 @@ impl View<'_> {
         // a journal is on, and strips are whole chunks: every range is
         // whole pages.
         assert!(
-            window.start % PAGE == 0 && window.end % PAGE == 0,
+            window.start.is_multiple_of(PAGE) && window.end.is_multiple_of(PAGE),
             "a journaled write of {window:?} is not whole pages"
         );
         let strip_sectors = map.strip_sectors;

@@ -86,7 +86,7 @@ pub(super) struct JournalHold {
 }
 
 impl JournalHold {
-    pub(super) fn new(journal: &Arc<Journal>, ticket: Ticket) -> super::cache::Hold {
+    pub(super) fn hold(journal: &Arc<Journal>, ticket: Ticket) -> super::cache::Hold {
         Arc::new(JournalHold {
             journal: journal.clone(),
             ticket: Mutex::new(Some(ticket)),
@@ -257,7 +257,7 @@ impl Journal {
             });
         }
         // md re-creates a log whose tail is out of range.
-        let tail = if tail < ring_sectors && tail % BLOCK_SECTORS == 0 {
+        let tail = if tail < ring_sectors && tail.is_multiple_of(BLOCK_SECTORS) {
             tail
         } else {
             0

@@ -363,7 +363,7 @@ impl Engine {
                 self.corrected_reads.fetch_add(1, Ordering::SeqCst);
                 self.events.push(
                     "CorrectedRead",
-                    &entry.slot.member.name().to_string(),
+                    entry.slot.member.name(),
                     &format!("stripe {stripe}: {error}"),
                 );
             }

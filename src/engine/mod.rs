@@ -402,7 +402,7 @@ impl Engine {
     /// mistake. The NBD export enforces the same alignment for clients.
     fn check_aligned(&self, offset: u64, len: usize) -> std::io::Result<()> {
         let block = self.member_block_bytes() as u64;
-        if offset % block != 0 || len as u64 % block != 0 {
+        if !offset.is_multiple_of(block) || !(len as u64).is_multiple_of(block) {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 format!(

@@ -103,7 +103,7 @@ pub(super) struct ParityCache {
 /// The pages of `window` (bytes within a strip), if it is page aligned.
 fn pages_of(window: &Range<usize>) -> Option<Range<u64>> {
     (window.start.is_multiple_of(PAGE) && window.end.is_multiple_of(PAGE) && !window.is_empty())
-        .then(|| (window.start / PAGE) as u64..(window.end / PAGE) as u64)
+        .then_some((window.start / PAGE) as u64..(window.end / PAGE) as u64)
 }
 
 impl ParityCache {

@@ -116,7 +116,7 @@ impl TuningValues {
     /// `protected` says whether write-back may be chosen: a journal guards
     /// it, or the user said --i-accept-data-loss.
     pub fn set(&mut self, key: &str, value: &str, protected: bool) -> Result<(), String> {
-        let mut next = self.clone();
+        let mut next = *self;
         match key {
             "stripe_cache_size" => {
                 next.stripe_cache_size =
@@ -290,7 +290,7 @@ impl Tunables {
     /// Changes one knob; returns the values before and after.
     pub fn set(&self, key: &str, value: &str) -> Result<(TuningValues, TuningValues), String> {
         let before = self.values();
-        let mut after = before.clone();
+        let mut after = before;
         after.set(key, value, self.write_back_allowed.load(Ordering::Relaxed))?;
         let _change = self.change.lock().unwrap();
         self.store(&after);
@@ -435,12 +435,12 @@ mod tests {
         let defaults = TuningValues::defaults(1024);
         assert_eq!(defaults.read_ahead, 2048);
         for (key, value) in defaults.pairs() {
-            let mut v = defaults.clone();
+            let mut v = defaults;
             v.set(&key, &value, false).unwrap();
             assert_eq!(v, defaults, "{key}");
         }
         assert_eq!(defaults.pairs().len(), KNOBS.len());
-        let mut v = defaults.clone();
+        let mut v = defaults;
         for (key, bad) in [
             ("stripe_cache_size", "16"),
             ("stripe_cache_size", "32769"),

@@ -190,6 +190,9 @@ pub trait BlockBackend: Send + Sync {
 /// (in a pipe, spliced from its socket as page references), for
 /// [`BlockBackend::write_staged`]. The bytes are taken from the front,
 /// each once.
+// "into": the bytes go into files or memory, taken from the payload piece
+// by piece, so the methods borrow it rather than consume it.
+#[allow(clippy::wrong_self_convention)]
 pub trait StagedWrite {
     /// Moves the next `len` bytes into each of `targets` (a descriptor of
     /// a buffered file, and the offset to write at). They are taken

@@ -282,7 +282,7 @@ pub fn decode(block: &[u8], position: u64, seed: u32) -> Result<MetaBlock, NotMe
                 }
                 let sectors = le32(block, at + 4) as u64;
                 let pages = (sectors / BLOCK_SECTORS) as usize;
-                if sectors % BLOCK_SECTORS != 0 || pages == 0 {
+                if !sectors.is_multiple_of(BLOCK_SECTORS) || pages == 0 {
                     return Err(NotMeta::Payload);
                 }
                 let location = le64(block, at + 8);
@@ -307,7 +307,7 @@ pub fn decode(block: &[u8], position: u64, seed: u32) -> Result<MetaBlock, NotMe
             }
             PAYLOAD_FLUSH => {
                 let bytes = le32(block, at + 4) as usize;
-                if bytes % 8 != 0 || at + 8 + bytes > end {
+                if !bytes.is_multiple_of(8) || at + 8 + bytes > end {
                     return Err(NotMeta::Payload);
                 }
                 let stripes = (0..bytes / 8)

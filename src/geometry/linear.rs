@@ -28,11 +28,8 @@ impl Linear {
             .member_data_sectors
             .iter()
             .map(|&s| {
-                if p.chunk_sectors > 0 {
-                    s / p.chunk_sectors * p.chunk_sectors
-                } else {
-                    s
-                }
+                s.checked_div(p.chunk_sectors)
+                    .map_or(s, |c| c * p.chunk_sectors)
             })
             .collect();
         let mut member_start = vec![0];

@@ -2317,6 +2317,59 @@ fn pipelined_writes(
     spans
 }
 
+/// Spliced reads and staged writes take their pipes from a pool their
+/// connection shares and give them back when answered: a connection that
+/// keeps 8 big reads in flight makes about as many pipes, not one for
+/// each of its 64 workers (which took turns, and in time each made its
+/// own, past the user's pipe quota). The reads must still come back right.
+#[test]
+fn a_connection_makes_pipes_for_its_requests_in_flight_not_for_each_worker() {
+    use crate::bench::nbd_client;
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let paths = make_array(dir.path(), Level::Raid0, None, 3, 64);
+    let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+    engine.set_tunable("read_ahead", "0").unwrap();
+    let (server, socket) = serve_in(dir.path(), &engine);
+    let size = engine.size_bytes() as usize;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let image: Vec<u8> = (0..size).map(|_| rng.gen()).collect();
+    let mut client = crate::bench::nbd_client::NbdSync::connect(&socket, "t").unwrap();
+    for (i, part) in image.chunks(1 << 20).enumerate() {
+        client.write_at((i << 20) as u64, part).unwrap();
+    }
+    client.disconnect().unwrap();
+    let before = server.pipes_made();
+    let (mut sender, mut receiver, _) = nbd_client::connect(&socket, "t").unwrap();
+    const DEPTH: u64 = 8;
+    const READS: u64 = 400;
+    let len = 256 << 10;
+    let span = |cookie: u64| ((cookie as usize * 7919) % (size / len)) * len;
+    for cookie in 0..DEPTH {
+        sender
+            .send_read(cookie, span(cookie) as u64, len as u32)
+            .unwrap();
+    }
+    let mut back = vec![0u8; len];
+    for next in DEPTH..READS + DEPTH {
+        let reply = receiver.recv().unwrap();
+        assert_eq!(reply.error, 0, "read {} failed", reply.cookie);
+        receiver.recv_data(&mut back).unwrap();
+        let at = span(reply.cookie);
+        assert!(back == image[at..at + len], "the read at {at}");
+        if next < READS {
+            sender
+                .send_read(next, span(next) as u64, len as u32)
+                .unwrap();
+        }
+    }
+    sender.send_disconnect().unwrap();
+    let made = server.pipes_made() - before;
+    assert!(
+        made <= 2 * DEPTH,
+        "{made} pipes made for {READS} reads, {DEPTH} in flight"
+    );
+}
+
 /// A staged write is served by the worker that read it when more
 /// connections are busy than there are CPUs (no hand-off to the next
 /// worker), and handed off while fewer are (so that a connection's next

@@ -430,6 +430,8 @@ struct Conn {
     /// The flag records that the connection can no longer be written to.
     writer: Mutex<bool>,
     inflight: Inflight,
+    /// Empty pipes for spliced reads and staged writes.
+    pipes: PipePool,
     log: Log,
 }
 
@@ -478,6 +480,10 @@ fn transmission(
             options.max_inflight_bytes,
             shared.busy_connections.clone(),
         ),
+        pipes: PipePool {
+            pipes: Mutex::new(Vec::new()),
+            made: shared.pipes_made.clone(),
+        },
         log: Log {
             id: log.id,
             peer: log.peer.clone(),
@@ -773,8 +779,44 @@ fn refusal_message(request: &RequestHeader, err: NbdError, params: &Transmission
 /// requests needed).
 const SCRATCH_KEPT: usize = 2 << 20;
 
-/// A worker's pipe for spliced reads and staged writes.
-struct Staging {
+/// Empty pipes a connection's workers share. A worker takes one for a
+/// spliced read or a staged write and gives it back once the request is
+/// answered, so that a connection holds about as many pipes as it has such
+/// requests in flight, not one per worker: the workers take turns, so in
+/// time each of the 64 would have made its own, and 4 connections' 256
+/// pipes of 1 MiB passed the user's pipe quota (pipe-user-pages-soft, 64
+/// MiB), after which the kernel gave one page per new pipe and most
+/// workers copied their reads (docs/BENCHMARKS.md, session 9).
+struct PipePool {
+    pipes: Mutex<Vec<SplicePipe>>,
+    /// The server's count of pipes made (`Shared::pipes_made`).
+    made: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Empty pipes a connection keeps between requests.
+const PIPES_KEPT: usize = 8;
+
+impl PipePool {
+    /// An empty pipe that holds at least `bytes`, if one is kept.
+    fn take(&self, bytes: usize) -> Option<SplicePipe> {
+        let mut pipes = self.pipes.lock().unwrap_or_else(|e| e.into_inner());
+        let at = pipes.iter().position(|p| p.capacity() >= bytes)?;
+        Some(pipes.swap_remove(at))
+    }
+
+    /// Keeps an empty pipe for the next request, up to PIPES_KEPT.
+    fn give(&self, pipe: SplicePipe) {
+        let mut pipes = self.pipes.lock().unwrap_or_else(|e| e.into_inner());
+        if pipes.len() < PIPES_KEPT {
+            pipes.push(pipe);
+        }
+    }
+}
+
+/// A worker's pipes for spliced reads and staged writes, taken from the
+/// connection's pool for a request and given back after it.
+struct Staging<'c> {
+    pool: &'c PipePool,
     pipe: Option<SplicePipe>,
     /// The smallest pipe size that was refused.
     refused_from: usize,
@@ -782,7 +824,7 @@ struct Staging {
     spare: Option<SplicePipe>,
 }
 
-impl Staging {
+impl Staging<'_> {
     /// The pipe, holding at least `bytes`, if a pipe that size is allowed
     /// (pipe-max-size, or the user's pipe pages): if not, this worker does
     /// not ask again for one this size or larger. The pipe is empty.
@@ -791,15 +833,27 @@ impl Staging {
             return None;
         }
         if self.pipe.as_ref().is_none_or(|p| p.capacity() < bytes) {
-            self.spare = None;
-            self.pipe = SplicePipe::new(bytes)
-                .ok()
-                .filter(|p| p.capacity() >= bytes);
+            self.give_back();
+            self.pipe = self.pool.take(bytes).or_else(|| {
+                self.pool.made.fetch_add(1, Ordering::Relaxed);
+                SplicePipe::new(bytes)
+                    .ok()
+                    .filter(|p| p.capacity() >= bytes)
+            });
             if self.pipe.is_none() {
                 self.refused_from = bytes;
             }
         }
         self.pipe.as_ref()
+    }
+
+    /// Gives the pipes back to the connection's pool. Called when a request
+    /// is answered: a pipe still held then is empty (one left with bytes
+    /// in it was dropped where that happened).
+    fn give_back(&mut self) {
+        for pipe in [self.pipe.take(), self.spare.take()].into_iter().flatten() {
+            self.pool.give(pipe);
+        }
     }
 }
 
@@ -825,6 +879,7 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
     let mut payload = AlignedBuf::zeroed(0);
     // Where a spliced read reply is staged; made at the first one.
     let mut pipe = Staging {
+        pool: &conn.pipes,
         pipe: None,
         refused_from: usize::MAX,
         spare: None,
@@ -899,6 +954,7 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
                                 // ones go first.
                                 conn.send_held(held);
                                 conn.serve(job, &payload, &mut scratch, &mut pipe);
+                                pipe.give_back();
                             }
                             continue;
                         }
@@ -934,6 +990,7 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
             }
         };
         conn.serve(job, &payload, &mut scratch, &mut pipe);
+        pipe.give_back();
         // A big read's buffer is not kept: 64 workers would pin 64 of them.
         if scratch.len() > SCRATCH_KEPT {
             scratch = AlignedBuf::zeroed(0);

@@ -138,6 +138,10 @@ pub(crate) struct Shared {
     /// Connections with at least one request in flight, kept by each
     /// connection's in-flight count as it leaves and returns to zero.
     pub(crate) busy_connections: Arc<AtomicUsize>,
+    /// Pipes made (or tried) for spliced reads and staged writes, since
+    /// start (each connection keeps a few empty ones for reuse:
+    /// `conn::PipePool`).
+    pub(crate) pipes_made: Arc<AtomicU64>,
 }
 
 impl Shared {
@@ -236,6 +240,11 @@ impl ServerHandle {
     /// Connections with a request in flight now.
     pub fn busy_connections(&self) -> usize {
         self.shared.busy_connections.load(Ordering::Relaxed)
+    }
+
+    /// Pipes made for spliced reads and staged writes since start.
+    pub fn pipes_made(&self) -> u64 {
+        self.shared.pipes_made.load(Ordering::Relaxed)
     }
 
     /// Blocks until the server has been stopped (by a [`Stopper`]) and has
@@ -359,6 +368,7 @@ pub fn serve(
         staged_writes: AtomicU64::new(0),
         inline_writes: AtomicU64::new(0),
         busy_connections: Arc::new(AtomicUsize::new(0)),
+        pipes_made: Arc::new(AtomicU64::new(0)),
     });
     let accept_shared = shared.clone();
     let accept_thread = std::thread::Builder::new()

@@ -2319,7 +2319,7 @@ fn pipelined_writes(
 
 /// Spliced reads and staged writes take their pipes from a pool their
 /// connection shares and give them back when answered: a connection that
-/// keeps 8 big reads in flight makes about as many pipes, not one for
+/// keeps 4 big reads in flight makes about as many pipes, not one for
 /// each of its 64 workers (which took turns, and in time each made its
 /// own, past the user's pipe quota). The reads must still come back right.
 #[test]
@@ -2340,7 +2340,7 @@ fn a_connection_makes_pipes_for_its_requests_in_flight_not_for_each_worker() {
     client.disconnect().unwrap();
     let before = server.pipes_made();
     let (mut sender, mut receiver, _) = nbd_client::connect(&socket, "t").unwrap();
-    const DEPTH: u64 = 8;
+    const DEPTH: u64 = 4;
     const READS: u64 = 400;
     let len = 256 << 10;
     let span = |cookie: u64| ((cookie as usize * 7919) % (size / len)) * len;
@@ -2364,8 +2364,9 @@ fn a_connection_makes_pipes_for_its_requests_in_flight_not_for_each_worker() {
     }
     sender.send_disconnect().unwrap();
     let made = server.pipes_made() - before;
+    assert!(made >= 1, "no read was spliced");
     assert!(
-        made <= 2 * DEPTH,
+        made <= 3 * DEPTH,
         "{made} pipes made for {READS} reads, {DEPTH} in flight"
     );
 }

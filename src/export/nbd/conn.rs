@@ -783,10 +783,10 @@ const SCRATCH_KEPT: usize = 2 << 20;
 /// spliced read or a staged write and gives it back once the request is
 /// answered, so that a connection holds about as many pipes as it has such
 /// requests in flight, not one per worker: the workers take turns, so in
-/// time each of the 64 would have made its own, and 4 connections' 256
-/// pipes of 1 MiB passed the user's pipe quota (pipe-user-pages-soft, 64
-/// MiB), after which the kernel gave one page per new pipe and most
-/// workers copied their reads (docs/BENCHMARKS.md, session 9).
+/// time each of the 64 made its own, and 4 connections' 256 pipes of 1 MiB
+/// passed the user's pipe quota (pipe-user-pages-soft, 64 MiB), past which
+/// a pipe cannot be made that large and the worker copies instead
+/// (docs/BENCHMARKS.md, session 9).
 struct PipePool {
     pipes: Mutex<Vec<SplicePipe>>,
     /// The server's count of pipes made (`Shared::pipes_made`).
@@ -825,33 +825,34 @@ struct Staging<'c> {
 }
 
 impl Staging<'_> {
-    /// The pipe, holding at least `bytes`, if a pipe that size is allowed
-    /// (pipe-max-size, or the user's pipe pages): if not, this worker does
-    /// not ask again for one this size or larger. The pipe is empty.
+    /// The pipe, holding at least `bytes`: one the pool keeps, else a new
+    /// one if a pipe that size is allowed (pipe-max-size, or the user's
+    /// pipe pages); once refused, this worker makes none this size or
+    /// larger again, but still takes one the pool has. The pipe is empty.
     fn ready(&mut self, bytes: usize) -> Option<&SplicePipe> {
-        if bytes >= self.refused_from {
-            return None;
-        }
         if self.pipe.as_ref().is_none_or(|p| p.capacity() < bytes) {
             self.give_back();
-            self.pipe = self.pool.take(bytes).or_else(|| {
+            self.pipe = self.pool.take(bytes);
+            if self.pipe.is_none() && bytes < self.refused_from {
                 self.pool.made.fetch_add(1, Ordering::Relaxed);
-                SplicePipe::new(bytes)
+                self.pipe = SplicePipe::new(bytes)
                     .ok()
-                    .filter(|p| p.capacity() >= bytes)
-            });
-            if self.pipe.is_none() {
-                self.refused_from = bytes;
+                    .filter(|p| p.capacity() >= bytes);
+                if self.pipe.is_none() {
+                    self.refused_from = bytes;
+                }
             }
         }
         self.pipe.as_ref()
     }
 
-    /// Gives the pipes back to the connection's pool. Called when a request
+    /// Gives the pipe back to the connection's pool. Called when a request
     /// is answered: a pipe still held then is empty (one left with bytes
-    /// in it was dropped where that happened).
+    /// in it was dropped where that happened, a panic included). The
+    /// spare, made only for the copies of mirrored writes into unmapped
+    /// members, stays with the worker.
     fn give_back(&mut self) {
-        for pipe in [self.pipe.take(), self.spare.take()].into_iter().flatten() {
+        if let Some(pipe) = self.pipe.take() {
             self.pool.give(pipe);
         }
     }
@@ -1014,6 +1015,10 @@ impl Conn {
         {
             self.log
                 .line("the backend panicked while serving a request");
+            // What the pipes hold is unknown: they must not go back to the
+            // connection's pool.
+            pipe.pipe = None;
+            pipe.spare = None;
         }
         self.inflight.release(cost);
     }

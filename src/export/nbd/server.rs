@@ -242,7 +242,8 @@ impl ServerHandle {
         self.shared.busy_connections.load(Ordering::Relaxed)
     }
 
-    /// Pipes made for spliced reads and staged writes since start.
+    /// Pipes made (or tried) for spliced reads and staged writes since
+    /// start; the spare pipes of mirrored writes are not counted.
     pub fn pipes_made(&self) -> u64 {
         self.shared.pipes_made.load(Ordering::Relaxed)
     }

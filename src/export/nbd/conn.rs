@@ -18,7 +18,7 @@
 
 use crate::member::AlignedBuf;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -790,7 +790,7 @@ const SCRATCH_KEPT: usize = 2 << 20;
 struct PipePool {
     pipes: Mutex<Vec<SplicePipe>>,
     /// The server's count of pipes made (`Shared::pipes_made`).
-    made: Arc<std::sync::atomic::AtomicU64>,
+    made: Arc<AtomicU64>,
 }
 
 /// Empty pipes a connection keeps between requests.
@@ -1185,7 +1185,7 @@ impl Conn {
                                 pipe.pipe = None;
                             }
                             let counter = &self.shared.staged_writes;
-                            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            counter.fetch_add(1, Ordering::Relaxed);
                             return io(result, "write").map(|()| None);
                         }
                         // Declined: the bytes come back by copy.
@@ -1312,9 +1312,7 @@ impl Conn {
             self.answer_fast(f, true);
         }
         f.start(job.cookie, offset, len, job.cost, extents);
-        self.shared
-            .fast_reads
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.shared.fast_reads.fetch_add(1, Ordering::Relaxed);
         None
     }
 

@@ -283,15 +283,12 @@ fn file_lane(
             op => op,
         };
         match op {
-            Op::Write => match (data.verify_salt, &noise_buf) {
-                (None, Some(noise)) => files.write_at(offset, noise),
-                _ => {
-                    let salt = data
-                        .verify_salt
-                        .expect("no noise buffer only when verifying");
+            Op::Write => match data.verify_salt {
+                Some(salt) => {
                     fill_pattern(&mut buf, offset, salt);
                     files.write_at(offset, &buf)
                 }
+                None => files.write_at(offset, noise_buf.as_ref().expect("made for writes")),
             },
             Op::Read => files.read_at(offset, &mut buf),
             Op::Mixed => unreachable!("drawn above"),

@@ -127,8 +127,6 @@ pub struct Goal {
     pub required: f64,
     pub met: bool,
     pub detail: String,
-    #[serde(skip)]
-    uraid_iops: f64,
     /// raid6 random writes only: uraid against a sixth of what the raw
     /// members do under a 50/50 read/write mix, the read-modify-write
     /// bound of this device (context, not the target).
@@ -182,7 +180,6 @@ pub fn goals(rows: &[Row], array: &ArrayFacts) -> Vec<Goal> {
             measured,
             required,
             met: measured >= required,
-            uraid_iops: u.iops,
             mix_bound_ratio: None,
             detail: format!(
                 "uraid {:.0} IOPS / {:.1} MB/s; {base} {:.0} IOPS / {:.1} MB/s{}{}",
@@ -210,8 +207,11 @@ pub fn goals(rows: &[Row], array: &ArrayFacts) -> Vec<Goal> {
         memory_goals(&mut vs, array.level, array.devices);
     } else {
         disk_goals(&mut vs, raid6, n, &find);
-        if let Some(mix) = find("raw", "-", "fio-randwrite", "rmw-mix") {
-            add_mix_bound(&mut goals, mix);
+        if let (Some(uraid), Some(mix)) = (
+            find("uraid", "healthy", "fio-randwrite", "randwrite"),
+            find("raw", "-", "fio-randwrite", "rmw-mix"),
+        ) {
+            add_mix_bound(&mut goals, uraid, mix);
         }
     }
     goals
@@ -222,7 +222,7 @@ pub fn goals(rows: &[Row], array: &ArrayFacts) -> Vec<Goal> {
 /// what raid6's small writes can reach on this device when reads and
 /// writes cost it differently. The target itself is left as the issue sets
 /// it (raw random writes / 6).
-fn add_mix_bound(goals: &mut [Goal], mix: &Row) {
+fn add_mix_bound(goals: &mut [Goal], uraid: &Row, mix: &Row) {
     let Some(goal) = goals
         .iter_mut()
         .find(|g| g.name.starts_with("raid6 4K randwrite"))
@@ -233,7 +233,7 @@ fn add_mix_bound(goals: &mut [Goal], mix: &Row) {
         return;
     }
     let bound = mix.iops / 6.0;
-    let uraid = goal.uraid_iops;
+    let uraid = uraid.iops;
     goal.detail.push_str(&format!(
         "; the members' read-modify-write mix (raw 50/50 {:.0} IOPS / 6) bounds it at {:.0}: uraid {:.2} of that",
         mix.iops,

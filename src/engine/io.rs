@@ -214,7 +214,9 @@ impl Engine {
             return self.read_bytes(offset, buf);
         }
         let (_in_flight, sequential, alone) = self.reads.read_arrives(offset, len);
-        let alone = alone && self.reads_held_by_server() == 0;
+        let lone_stream = self
+            .reads
+            .lone_stream(sequential && alone && self.reads_held_by_server() == 0);
         // The fast path: a small random read goes to its member, no lookup.
         if t.fast_path() && !sequential && offset % strip + len as u64 <= strip {
             return self.read_bytes(offset, buf);
@@ -230,7 +232,7 @@ impl Engine {
         // time (dd, a single-threaded reader); one that keeps reads in
         // flight is its own read-ahead, and fetching more would read twice.
         // Half the cache at most, so that what is fetched stays.
-        let extra = if sequential && alone {
+        let extra = if lone_stream {
             read_ahead.min(capacity as u64 / 2)
         } else {
             0
@@ -340,7 +342,7 @@ impl Engine {
             let (_in_flight, sequential, alone) = self.reads.read_arrives(offset, len);
             // This read's own extents are counted among those held.
             let alone = alone && self.reads_held_by_server() as usize == extents.len();
-            if sequential && alone {
+            if self.reads.lone_stream(sequential && alone) {
                 return None;
             }
         }

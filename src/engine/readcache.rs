@@ -20,7 +20,7 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Counts a read in flight for as long as it lives.
@@ -34,6 +34,16 @@ impl Drop for ReadInFlight<'_> {
 
 /// Recent read ends remembered to tell sequential reads.
 const RECENT: usize = 16;
+
+/// Lone sequential reads in a row before read-ahead serves the stream. A
+/// client with many reads in flight passes through instants when one of
+/// its reads is alone (at its start, and whenever its replies drain
+/// together); one such instant must not make it a lone reader, or its
+/// next read is fetched with read-ahead's extra and copied instead of
+/// spliced (a 16-deep 1 MiB reader had one read in nine copied).
+/// A reader that really reads one request at a time (dd) pays this
+/// many reads without read-ahead, once.
+pub(super) const LONE_HABIT: u32 = 4;
 
 struct Extent {
     start: u64,
@@ -56,6 +66,8 @@ pub(super) struct ReadCache {
     /// Reads inside the engine now: read-ahead pays only for a client that
     /// does not keep several reads in flight itself.
     reads_in_flight: AtomicUsize,
+    /// Lone sequential reads in a row, up to now (see [`LONE_HABIT`]).
+    lone_streak: AtomicU32,
     /// Extents held (checked without the lock on every write).
     count: AtomicUsize,
     pub(super) hits: AtomicU64,
@@ -70,6 +82,7 @@ impl ReadCache {
             recent_ends: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
             recent_next: AtomicU64::new(0),
             reads_in_flight: AtomicUsize::new(0),
+            lone_streak: AtomicU32::new(0),
             count: AtomicUsize::new(0),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -81,6 +94,26 @@ impl ReadCache {
     pub(super) fn read_arrives(&self, offset: u64, len: usize) -> (ReadInFlight<'_>, bool, bool) {
         let alone = self.reads_in_flight.fetch_add(1, Ordering::SeqCst) == 0;
         (ReadInFlight(self), self.continues(offset, len), alone)
+    }
+
+    /// Notes whether a read that arrived was sequential and alone (`lone`:
+    /// [`read_arrives`](Self::read_arrives)'s answers, and nothing else
+    /// in flight that the caller counts); says whether the reader has made
+    /// a habit of it, [`LONE_HABIT`] such reads in a row, so that
+    /// read-ahead should serve it. A read declined by the server's path
+    /// for this and then read by the engine is noted twice; by then the
+    /// habit is made, and a second note does not change it.
+    pub(super) fn lone_stream(&self, lone: bool) -> bool {
+        if !lone {
+            self.lone_streak.store(0, Ordering::Relaxed);
+            return false;
+        }
+        let streak = self.lone_streak.fetch_add(1, Ordering::Relaxed) + 1;
+        if streak > LONE_HABIT {
+            // Kept at the habit so that it cannot wrap.
+            self.lone_streak.store(LONE_HABIT, Ordering::Relaxed);
+        }
+        streak >= LONE_HABIT
     }
 
     fn continues(&self, offset: u64, len: usize) -> bool {
@@ -218,5 +251,23 @@ mod tests {
         let (_, _, alone) = c.read_arrives(8192, 4096);
         assert!(!alone, "a second read in flight");
         assert!(!c.read_arrives(1 << 30, 4096).1);
+    }
+
+    #[test]
+    fn a_lone_stream_is_a_habit_not_an_instant() {
+        let c = ReadCache::new();
+        for _ in 1..LONE_HABIT {
+            assert!(!c.lone_stream(true));
+        }
+        assert!(c.lone_stream(true), "the habit is made");
+        for _ in 0..100 {
+            assert!(c.lone_stream(true), "and kept");
+        }
+        // One read with company breaks it; it takes the habit to remake.
+        assert!(!c.lone_stream(false));
+        for _ in 1..LONE_HABIT {
+            assert!(!c.lone_stream(true));
+        }
+        assert!(c.lone_stream(true));
     }
 }

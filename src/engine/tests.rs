@@ -1802,9 +1802,28 @@ fn read_ahead_leaves_alone_a_reader_with_fast_reads_in_flight() {
         "a read behind one in flight was taken for a lone sequential reader"
     );
     drop((first, second));
-    // A lone reader that goes on where it stopped is read ahead for: the
-    // fast path declines it and the engine's read path fetches more.
-    assert!(engine.read_extents(8192, 4096, ExtentUse::Read).is_none());
+    // A lone reader that goes on where it stopped is read ahead for once
+    // it has made a habit of it: the fast path declines its reads from
+    // then on and the engine's read path fetches more. (Before the habit,
+    // a 16-deep reader whose replies drained together had its next read
+    // taken for a lone one, one read in nine at 1 MiB.)
+    let habit = super::readcache::LONE_HABIT as u64;
+    assert!(habit >= 2, "one lone instant must not make a lone reader");
+    for n in 0..habit - 1 {
+        let at = 8192 + n * 4096;
+        let fast = engine.read_extents(at, 4096, ExtentUse::Read);
+        assert!(fast.is_some(), "read {n} alone took read-ahead");
+    }
+    for n in habit - 1..habit + 3 {
+        let at = 8192 + n * 4096;
+        assert!(
+            engine.read_extents(at, 4096, ExtentUse::Read).is_none(),
+            "lone read {n} was not read ahead"
+        );
+        // The engine's path reads it, as the server would.
+        let mut buf = vec![0u8; 4096];
+        engine.read(at, &mut buf).unwrap();
+    }
     engine.shutdown().unwrap();
 }
 

@@ -109,6 +109,17 @@ fn every_workload_state_and_target_is_reported() {
         .map(|r| r["target"].as_str().unwrap())
         .collect();
     assert_eq!(mix, ["raw"]);
+    // Members on a disk: its speed is probed before and after each of the
+    // targets compared, and the report says whether it held.
+    let probes = report["disk_probes"].as_array().unwrap();
+    if report["array"]["members_on"] == "disk" {
+        let when: Vec<&str> = probes.iter().map(|p| p["when"].as_str().unwrap()).collect();
+        assert_eq!(when, ["before uraid", "after uraid", "after raw"]);
+        assert!(probes.iter().all(|p| p["iops"].as_f64().unwrap() > 0.0));
+        assert!(stdout.contains("note: disk probe"), "{stdout}");
+    } else {
+        assert!(probes.is_empty(), "no probe in memory: {probes:?}");
+    }
     assert_eq!(report["array"]["level"], "raid6");
     assert_eq!(report["array"]["stripe_data_bytes"], 2 * 64 * 1024);
     assert!(report["goals"].as_array().is_some());

@@ -122,7 +122,26 @@ pub struct Report {
     pub rows: Vec<Row>,
     pub goals: Vec<report::Goal>,
     pub notes: Vec<String>,
+    /// The disk's speed at moments of the run (members on a disk, uraid
+    /// and raw both measured); empty otherwise.
+    pub disk_probes: Vec<DiskProbe>,
 }
+
+/// One reading of the disk's speed: [`PROBE_PHASE`] on the raw members.
+#[derive(Debug, Serialize)]
+pub struct DiskProbe {
+    /// "before uraid", "after uraid", "after raw".
+    pub when: &'static str,
+    pub iops: f64,
+}
+
+/// How much the disk's probes may differ (the fastest over the slowest)
+/// before the report says that ratios against raw do not hold.
+pub const PROBE_DRIFT_MAX: f64 = 1.2;
+/// The probe: 4K random reads, 4 jobs × 8 deep (the randread workload),
+/// measured for this long after a short warm-up.
+const PROBE_SECONDS: f64 = 1.0;
+const PROBE_WARMUP_SECONDS: f64 = 0.25;
 
 /// A fresh folder that is removed with everything in it at the end.
 struct WorkDir(PathBuf);
@@ -156,6 +175,9 @@ struct Measure<'a> {
     progress: &'a indicatif::ProgressBar,
     rows: Vec<Row>,
     notes: Vec<String>,
+    /// The raw members to probe the disk's speed on, when it is probed.
+    probe_on: Option<Arc<RawStripes>>,
+    probes: Vec<DiskProbe>,
 }
 
 impl Measure<'_> {
@@ -164,6 +186,62 @@ impl Measure<'_> {
             self.notes.push(note);
         }
     }
+
+    /// Reads the disk's speed now, if it is probed. Why: on a disk that
+    /// other tenants share (a cloud VM's), speed drifts by half or more
+    /// within minutes, and uraid's phases run minutes before raw's; the
+    /// probes before and after each say whether comparing them holds.
+    /// Reads only, so the array's data is safe while it is served.
+    fn probe_disk(&mut self, when: &'static str) -> Result<(), String> {
+        let Some(raw) = self.probe_on.clone() else {
+            return Ok(());
+        };
+        self.progress.set_message(format!("disk probe {when}"));
+        let phase = Workload::Randread
+            .phases(1 << 20)
+            .into_iter()
+            .next()
+            .expect("randread has a phase");
+        let limits = generator::Limits {
+            warmup: std::time::Duration::from_secs_f64(PROBE_WARMUP_SECONDS),
+            measure: std::time::Duration::from_secs_f64(PROBE_SECONDS),
+        };
+        let data = DataMode {
+            verify_salt: None,
+            seed: self.options.seed,
+        };
+        let outcome = generator::run_phase(&Access::Files(raw), &phase, limits, data)
+            .map_err(|e| format!("disk probe {when}: {e}"))?;
+        let iops = outcome.ops as f64 / outcome.seconds.max(f64::EPSILON);
+        self.probes.push(DiskProbe { when, iops });
+        Ok(())
+    }
+}
+
+/// The note on the disk's probes: their figures, and whether the disk
+/// held its speed (within [`PROBE_DRIFT_MAX`]) through the run.
+fn probe_note(probes: &[DiskProbe]) -> Option<String> {
+    if probes.len() < 2 {
+        return None;
+    }
+    let figures: Vec<String> = probes
+        .iter()
+        .map(|p| format!("{:.0} {}", p.iops, p.when))
+        .collect();
+    let fastest = probes.iter().map(|p| p.iops).fold(0.0, f64::max);
+    let slowest = probes.iter().map(|p| p.iops).fold(f64::INFINITY, f64::min);
+    let drift = fastest / slowest.max(f64::EPSILON);
+    let verdict = if drift <= PROBE_DRIFT_MAX {
+        format!("steady (within {:.0} %)", (PROBE_DRIFT_MAX - 1.0) * 100.0)
+    } else {
+        format!(
+            "the disk's speed changed {drift:.2}x during the run: ratios against raw do not hold, run again"
+        )
+    };
+    Some(format!(
+        "disk probe (4K random read, 4 x QD8, raw members, IOPS): {}; {verdict}",
+        figures.join(", ")
+    ))
 }
 
 /// What a target needs besides its access.
@@ -347,11 +425,19 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
             .expect("valid template")
             .progress_chars("=> "),
     );
+    // The disk is probed when uraid is compared with the raw members on it.
+    let probe_on = if members_on == "disk" && wants(TargetKind::Uraid) && wants(TargetKind::Raw) {
+        Some(Arc::new(RawStripes::open(&paths, member_bytes)?))
+    } else {
+        None
+    };
     let mut m = Measure {
         options,
         progress: &progress,
         rows: Vec::new(),
         notes: Vec::new(),
+        probe_on,
+        probes: Vec::new(),
     };
     // uraid first: it creates the array; raw then reuses the same files
     // (overwriting the array, which is the benchmark's own).
@@ -373,6 +459,8 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
         let stopped = live.stop();
         result?;
         stopped?;
+        // Once stopped: a rebuild still running would slow the probe.
+        m.probe_disk("after uraid")?;
     }
     let mut raw_direct = None;
     if wants(TargetKind::Raw) {
@@ -398,6 +486,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
         for (_, phases) in all_phases(&options.workloads, stripe_bytes) {
             run_phases(&mut m, &access, &run, &phases)?;
         }
+        m.probe_disk("after raw")?;
     }
     if wants(TargetKind::Nbdkit) {
         if Nbdkit::installed() {
@@ -445,6 +534,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
         },
     );
     let mut notes = m.notes;
+    notes.extend(probe_note(&m.probes));
     for g in goals.iter().filter(|g| !g.met) {
         notes.push(format!(
             "target missed: {} ({:.2}, needs {:.2})",
@@ -472,6 +562,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
         rows,
         goals,
         notes,
+        disk_probes: m.probes,
     })
 }
 
@@ -491,6 +582,8 @@ fn measure_uraid(
         size_bytes: live.engine.size_bytes(),
     };
     access.prefill(options.verify.then_some(SALT_URAID), options.seed)?;
+    access.flush()?;
+    m.probe_disk("before uraid")?;
     let phases = all_phases(&options.workloads, live.stripe_data_bytes());
     let sweep: Vec<Option<String>> = match &options.sweep {
         None => vec![None],
@@ -571,5 +664,35 @@ fn machine() -> Machine {
             .trim()
             .to_string(),
         memory_gib: (memory_kib / 1048576.0 * 10.0).round() / 10.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probes(iops: &[f64]) -> Vec<DiskProbe> {
+        let when = ["before uraid", "after uraid", "after raw"];
+        iops.iter()
+            .zip(when)
+            .map(|(&iops, when)| DiskProbe { when, iops })
+            .collect()
+    }
+
+    #[test]
+    fn the_probe_note_says_whether_the_disk_held_its_speed() {
+        assert_eq!(
+            probe_note(&probes(&[70_000.0])),
+            None,
+            "one probe compares nothing"
+        );
+        let steady = probe_note(&probes(&[70_000.0, 80_000.0, 75_000.0])).unwrap();
+        assert!(steady.contains("70000 before uraid, 80000 after uraid, 75000 after raw"));
+        assert!(steady.contains("steady"), "{steady}");
+        // 1.2 exactly still holds; past it does not.
+        let edge = probe_note(&probes(&[50_000.0, 60_000.0])).unwrap();
+        assert!(edge.contains("steady"), "{edge}");
+        let drifted = probe_note(&probes(&[30_000.0, 75_000.0, 70_000.0])).unwrap();
+        assert!(drifted.contains("changed 2.50x") && drifted.contains("do not hold"));
     }
 }

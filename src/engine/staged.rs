@@ -165,6 +165,17 @@ fn write_mirrored_row<'e>(
     if let Some(mapped) = mapped {
         for ((n, targets), maps) in strips.iter().zip(mapped) {
             write_mapped_copies(*n, targets, &maps, data)?;
+            // A copy whose mapping met a bus error is not on its member.
+            let errors = maps
+                .iter()
+                .zip(targets)
+                .map(|(m, t)| {
+                    m.check().err().map(|e| {
+                        crate::member::io_error(t.member().name(), "write", t.offset(), *n, e)
+                    })
+                })
+                .collect();
+            view.settle_writes(targets, errors)?;
         }
         return Ok(Some(&counters.mapped));
     }
@@ -261,6 +272,22 @@ fn write_parity_row(view: &View, map: &StripeMap, data: &mut dyn StagedWrite) ->
     }
     let window: Range<usize> = 0..strip;
     view.engine.parity_cache.drop_window(map.stripe, &window);
+    drop(slices);
+    // A strip whose mapping met a bus error is not on its member: the
+    // member fails, as for any write error.
+    for (place, (member, at)) in places.iter().zip(&regions) {
+        if let Err(e) = member.mapped().expect("checked").check() {
+            let e = crate::member::io_error(member.name(), "write", *at, strip, e);
+            view.engine
+                .fail_member_if(place.member, Some(member), &format!("write error: {e}"));
+            if !view.engine.runnable() {
+                return Err(io::Error::other(format!(
+                    "array failed: member {} lost on write ({e})",
+                    place.member
+                )));
+            }
+        }
+    }
     result.map(|()| true)
 }
 

@@ -2777,3 +2777,62 @@ fn a_staged_write_settles_failures_as_a_plain_write() {
         }
     }
 }
+
+/// A member in memory is mapped, and its reads and writes are copies
+/// through the mapping. When another process cuts its file short, the
+/// copies meet a bus error: the member must fail as for an I/O error and
+/// the array go on from its redundancy (raid6), or the reads fail (raid0),
+/// never the process.
+#[test]
+fn a_member_in_memory_cut_short_fails_the_member_not_the_process() {
+    for (level, layout, disks) in [
+        (Level::Raid6, Some("left-symmetric"), 5),
+        (Level::Raid0, None, 3),
+    ] {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let paths = make_array(dir.path(), level, layout, disks, 64);
+        let engine =
+            Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+        let image = hammer(&engine, 2, 200, 11);
+        // The whole image once more, so that every unit of every member is
+        // written (and read from here on through the mappings).
+        engine.write(0, &image, false).unwrap();
+        let victim = &paths[1];
+        let table = engine.table();
+        let member = &table.entry(1).unwrap().slot.member;
+        assert!(
+            member.mapped().is_some(),
+            "{level}: a member in memory is mapped"
+        );
+        drop(table);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(victim)
+            .unwrap()
+            .set_len(4096)
+            .unwrap();
+        let mut back = vec![0u8; image.len()];
+        let read = engine.read(0, &mut back);
+        match level {
+            Level::Raid6 => {
+                read.unwrap();
+                assert!(back == image, "{level}: read back from redundancy");
+                assert_eq!(
+                    state_of(&engine, victim),
+                    Some(DeviceState::Faulty),
+                    "{level}: the member cut short is failed"
+                );
+                // Writes go on, degraded, and read back.
+                let mut image = image;
+                hammer_onto(&engine, 2, 100, 12, &mut image);
+                engine.read(0, &mut back).unwrap();
+                assert!(back == image, "{level}: degraded writes");
+            }
+            _ => {
+                let e = read.expect_err("raid0 has no redundancy");
+                assert!(!e.to_string().is_empty());
+            }
+        }
+        engine.shutdown().unwrap();
+    }
+}

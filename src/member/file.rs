@@ -355,12 +355,22 @@ impl Member for FileMember {
 
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()> {
         check_io(self, offset_bytes, buf.len() as u64)?;
+        if let Some(read) = self.mapped.as_ref().and_then(|m| m.read(offset_bytes, buf)) {
+            return read.map_err(|e| io_error(&self.name, "read", offset_bytes, buf.len(), e));
+        }
         self.read_exact_at(buf, offset_bytes)
             .map_err(|e| io_error(&self.name, "read", offset_bytes, buf.len(), e))
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
         check_io(self, offset_bytes, buf.len() as u64)?;
+        if let Some(written) = self
+            .mapped
+            .as_ref()
+            .and_then(|m| m.write(offset_bytes, buf))
+        {
+            return written.map_err(|e| io_error(&self.name, "write", offset_bytes, buf.len(), e));
+        }
         self.write_all_at(buf, offset_bytes)
             .map_err(|e| io_error(&self.name, "write", offset_bytes, buf.len(), e))
     }

@@ -102,7 +102,8 @@ impl ReadCache {
     /// a habit of it, [`LONE_HABIT`] such reads in a row, so that
     /// read-ahead should serve it. A read declined by the server's path
     /// for this and then read by the engine is noted twice; by then the
-    /// habit is made, and a second note does not change it.
+    /// habit is made, and a second lone note keeps it (one with company
+    /// meanwhile ends it, and the read is then read without read-ahead).
     pub(super) fn lone_stream(&self, lone: bool) -> bool {
         if !lone {
             self.lone_streak.store(0, Ordering::Relaxed);

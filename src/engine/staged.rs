@@ -122,6 +122,13 @@ impl Engine {
 /// write will meet the same error and settle it).
 fn reserved<'t>(target: &'t WriteTarget, len: usize) -> Option<&'t Mapped> {
     let mapped = target.member().mapped()?;
+    // A mapping that met a bus error takes the store all the same (into
+    // the file's pages that are left, or anonymous ones past its end), and
+    // its check then fails the member. The splice path instead would write
+    // the file and grow it back over what was cut.
+    if mapped.faulted() {
+        return Some(mapped);
+    }
     mapped.reserve(target.offset(), len as u64).ok()?;
     Some(mapped)
 }
@@ -164,7 +171,14 @@ fn write_mirrored_row<'e>(
         .collect();
     if let Some(mapped) = mapped {
         for ((n, targets), maps) in strips.iter().zip(mapped) {
-            write_mapped_copies(*n, targets, &maps, data)?;
+            let copied = write_mapped_copies(*n, targets, &maps, data);
+            if copied.is_err() {
+                // The kernel's stores into a page past a file's end fail
+                // with EFAULT and mark nothing: find such pages.
+                for (m, t) in maps.iter().zip(targets) {
+                    m.touch(t.offset(), *n);
+                }
+            }
             // A copy whose mapping met a bus error is not on its member.
             let errors = maps
                 .iter()
@@ -176,6 +190,7 @@ fn write_mirrored_row<'e>(
                 })
                 .collect();
             view.settle_writes(targets, errors)?;
+            copied?;
         }
         return Ok(Some(&counters.mapped));
     }
@@ -276,7 +291,12 @@ fn write_parity_row(view: &View, map: &StripeMap, data: &mut dyn StagedWrite) ->
     // A strip whose mapping met a bus error is not on its member: the
     // member fails, as for any write error.
     for (place, (member, at)) in places.iter().zip(&regions) {
-        if let Err(e) = member.mapped().expect("checked").check() {
+        let mapped = member.mapped().expect("checked");
+        if result.is_err() {
+            // As for mirrored rows: the kernel's EFAULT marks nothing.
+            mapped.touch(*at, strip);
+        }
+        if let Err(e) = mapped.check() {
             let e = crate::member::io_error(member.name(), "write", *at, strip, e);
             view.engine
                 .fail_member_if(place.member, Some(member), &format!("write error: {e}"));

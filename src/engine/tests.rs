@@ -2781,19 +2781,21 @@ fn a_staged_write_settles_failures_as_a_plain_write() {
 /// A member in memory is mapped, and its reads and writes are copies
 /// through the mapping. When another process cuts its file short, the
 /// copies meet a bus error: the member must fail as for an I/O error and
-/// the array go on from its redundancy (raid6), or the reads fail (raid0),
-/// never the process.
+/// the array go on from its redundancy (raid6, raid1), or the reads fail
+/// (raid0), never the process. Writes right after the cut come over NBD,
+/// so that staged rows (stored into the mappings in place) meet it too.
 #[test]
 fn a_member_in_memory_cut_short_fails_the_member_not_the_process() {
-    for (level, layout, disks) in [
-        (Level::Raid6, Some("left-symmetric"), 5),
-        (Level::Raid0, None, 3),
+    for (level, layout, disks, chunk) in [
+        (Level::Raid6, Some("left-symmetric"), 5, 64),
+        (Level::Raid1, None, 2, 0),
+        (Level::Raid0, None, 3, 64),
     ] {
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
-        let paths = make_array(dir.path(), level, layout, disks, 64);
+        let paths = make_array(dir.path(), level, layout, disks, chunk);
         let engine =
             Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
-        let image = hammer(&engine, 2, 200, 11);
+        let mut image = hammer(&engine, 2, 200, 11);
         // The whole image once more, so that every unit of every member is
         // written (and read from here on through the mappings).
         engine.write(0, &image, false).unwrap();
@@ -2812,27 +2814,36 @@ fn a_member_in_memory_cut_short_fails_the_member_not_the_process() {
             .set_len(4096)
             .unwrap();
         let mut back = vec![0u8; image.len()];
-        let read = engine.read(0, &mut back);
-        match level {
-            Level::Raid6 => {
-                read.unwrap();
-                assert!(back == image, "{level}: read back from redundancy");
-                assert_eq!(
-                    state_of(&engine, victim),
-                    Some(DeviceState::Faulty),
-                    "{level}: the member cut short is failed"
-                );
-                // Writes go on, degraded, and read back.
-                let mut image = image;
-                hammer_onto(&engine, 2, 100, 12, &mut image);
-                engine.read(0, &mut back).unwrap();
-                assert!(back == image, "{level}: degraded writes");
-            }
-            _ => {
-                let e = read.expect_err("raid0 has no redundancy");
-                assert!(!e.to_string().is_empty());
-            }
+        if level == Level::Raid0 {
+            let e = engine
+                .read(0, &mut back)
+                .expect_err("raid0 has no redundancy");
+            assert!(!e.to_string().is_empty());
+            engine.shutdown().unwrap();
+            continue;
         }
+        let (server, socket) = serve_in(dir.path(), &engine);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+        let before = server.staged_writes();
+        pipelined_writes(&socket, &mut image, &mut rng);
+        assert!(
+            server.staged_writes() > before,
+            "{level}: no write was staged"
+        );
+        engine.read(0, &mut back).unwrap();
+        assert!(back == image, "{level}: read back from redundancy");
+        assert_eq!(
+            state_of(&engine, victim),
+            Some(DeviceState::Faulty),
+            "{level}: the member cut short is failed"
+        );
+        // The cut member was not grown back over what was cut.
+        assert_eq!(std::fs::metadata(victim).unwrap().len(), 4096);
+        // Writes go on, degraded, and read back.
+        hammer_onto(&engine, 2, 100, 12, &mut image);
+        engine.read(0, &mut back).unwrap();
+        assert!(back == image, "{level}: degraded writes");
+        server.shutdown();
         engine.shutdown().unwrap();
     }
 }

@@ -381,6 +381,11 @@ impl Member for FileMember {
 
     fn discard(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
         check_io(self, offset_bytes, len_bytes)?;
+        // Forgotten first: a read through the mapping between the punch and
+        // this would load from the hole and make tmpfs allocate its page.
+        if let Some(mapped) = &self.mapped {
+            mapped.forget(offset_bytes, len_bytes);
+        }
         let fd = self.file.as_raw_fd();
         // SAFETY: the ioctl reads two u64 from the array, which lives across the
         // call; fallocate takes plain integers.
@@ -399,9 +404,6 @@ impl Member for FileMember {
         };
         if rc != 0 {
             return Err(annotate(&self.name, io::Error::last_os_error()));
-        }
-        if let Some(mapped) = &self.mapped {
-            mapped.forget(offset_bytes, len_bytes);
         }
         Ok(())
     }

@@ -12,7 +12,8 @@
 //! `fallocate`, which fails with ENOSPC like a write would, once per
 //! `UNIT` and remembered. A punched hole (a discard) forgets its units.
 //!
-//! Small reads and writes go through the mapping too (`read`, `write`):
+//! The member's reads and writes go through the mapping too (`read`,
+//! `write`):
 //! a copy instead of a system call, a page-cache lookup and, for a write,
 //! the file's lock, which every writer of a member takes in turn (a raid6
 //! small write is three member writes). Members in memory went from
@@ -127,6 +128,29 @@ impl Mapped {
         Ok(())
     }
 
+    /// Loads a byte of every page of `[offset, offset + len)`, so that a
+    /// page past the file's end meets its bus error and marks the mapping:
+    /// for a store the kernel made (a `read` from a pipe into the
+    /// mapping), which gets EFAULT there instead, unmarked.
+    pub fn touch(&self, offset: u64, len: usize) {
+        assert!(offset
+            .checked_add(len as u64)
+            .is_some_and(|end| end <= self.len));
+        let mut byte = 0u8;
+        let mut at = offset;
+        while at < offset + len as u64 {
+            // SAFETY: inside the mapping (asserted); memcpy as in `read`.
+            unsafe {
+                libc::memcpy(
+                    (&mut byte as *mut u8).cast(),
+                    self.map.as_ptr().add(at as usize).cast(),
+                    1,
+                )
+            };
+            at = (at / 4096 + 1) * 4096;
+        }
+    }
+
     /// Copies `buf.len()` bytes at `offset` out of the mapping, where every
     /// unit they touch is reserved; `None` otherwise (read them with
     /// `pread`).
@@ -144,12 +168,14 @@ impl Mapped {
             return None;
         }
         // SAFETY: inside the mapping (asserted), which lives as long as
-        // `self`; a raw copy, so no reference to bytes a writer may be
-        // storing to exists (see the module's note on order).
+        // `self`. The copy is libc's memcpy, opaque to the compiler as
+        // pread's copy in the kernel was: a staged write may be storing to
+        // the same bytes through its slice (see the module's note on
+        // order), and no Rust access here races it.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.map.as_ptr().add(offset as usize),
-                buf.as_mut_ptr(),
+            libc::memcpy(
+                buf.as_mut_ptr().cast(),
+                self.map.as_ptr().add(offset as usize).cast(),
                 buf.len(),
             )
         };
@@ -166,11 +192,11 @@ impl Mapped {
         }
         self.reserve(offset, buf.len() as u64).ok()?;
         // SAFETY: inside the mapping (asserted by reserve) and reserved, so
-        // the stores cannot fault for want of pages; a raw copy, as above.
+        // the stores cannot fault for want of pages; memcpy, as above.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                buf.as_ptr(),
-                self.map.as_mut_ptr().add(offset as usize),
+            libc::memcpy(
+                self.map.as_mut_ptr().add(offset as usize).cast(),
+                buf.as_ptr().cast(),
                 buf.len(),
             )
         };
@@ -197,7 +223,17 @@ impl Mapped {
             let start = unit * UNIT;
             let n = UNIT.min(self.len - start);
             // SAFETY: fallocate on a descriptor that is open (see `fd`).
-            let rc = unsafe { libc::fallocate(self.fd, 0, start as libc::off_t, n as libc::off_t) };
+            // KEEP_SIZE: a member never grows; if its file was cut short
+            // under the array, this must not grow it back over a hole
+            // where reads would find zeros instead of a bus error.
+            let rc = unsafe {
+                libc::fallocate(
+                    self.fd,
+                    libc::FALLOC_FL_KEEP_SIZE,
+                    start as libc::off_t,
+                    n as libc::off_t,
+                )
+            };
             if rc != 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -218,8 +254,10 @@ impl Mapped {
     ///
     /// # Safety
     /// The range must be reserved, and nothing else in the process may
-    /// use it while the slice lives (the engine holds the row's lock; the
-    /// member's other I/O goes through the kernel, not through memory).
+    /// store to it while the slice lives (the engine holds the row's
+    /// lock). Reads of it may run meanwhile: `read` copies with libc's
+    /// memcpy, which the compiler cannot see into, as it could not see
+    /// into `pread`; what they get is old or new bytes.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice_mut(&self, offset: u64, len: usize) -> &mut [u8] {
         assert!(offset

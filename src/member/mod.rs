@@ -75,8 +75,9 @@ pub trait Member: Send + Sync {
         false
     }
 
-    /// The member's bytes mapped into the process, where writes may land
-    /// in place (`mapped::Mapped`): writable files on tmpfs or ramfs.
+    /// The member's bytes mapped into the process, where staged writes
+    /// land in place and the member's own reads and writes are copies
+    /// (`mapped::Mapped`): writable files on tmpfs or ramfs.
     /// Wrappers must say no, as for `raw_io`.
     fn mapped(&self) -> Option<&mapped::Mapped> {
         None

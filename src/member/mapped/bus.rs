@@ -67,8 +67,8 @@ impl Registration {
                 .compare_exchange(0, CLAIMED, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
-                slot.len.store(len, Ordering::Relaxed);
-                slot.faulted.store(false, Ordering::Relaxed);
+                slot.len.store(len, Ordering::Release);
+                slot.faulted.store(false, Ordering::SeqCst);
                 // The range becomes visible to the handler whole.
                 slot.base.store(base, Ordering::Release);
                 return Some(Registration(index));
@@ -80,7 +80,7 @@ impl Registration {
     /// Whether a bus error has hit the mapping: what it holds from then on
     /// is not the file's.
     pub(super) fn faulted(&self) -> bool {
-        SLOTS[self.0].faulted.load(Ordering::Acquire)
+        SLOTS[self.0].faulted.load(Ordering::SeqCst)
     }
 }
 
@@ -119,15 +119,23 @@ extern "C" fn on_bus_error(
     context: *mut libc::c_void,
 ) {
     // SAFETY: the kernel passes a valid siginfo with SA_SIGINFO.
-    let address = unsafe { (*info).si_addr() } as usize;
-    for slot in &SLOTS {
+    let (code, address) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
+    // A SIGBUS sent by a process (kill, sigqueue) is not a fault here.
+    let fault = code > 0;
+    for slot in SLOTS.iter().filter(|_| fault) {
         let base = slot.base.load(Ordering::Acquire);
         if base == 0 || base == CLAIMED || address < base {
             continue;
         }
-        if address - base >= slot.len.load(Ordering::Relaxed) {
+        let len = slot.len.load(Ordering::Acquire);
+        // The slot could have been released and claimed again between the
+        // two loads: then its base and length are not one mapping's.
+        if slot.base.load(Ordering::Acquire) != base || address - base >= len {
             continue;
         }
+        // Marked before the page is replaced: a copy on another thread
+        // that reads the new page's zeros must find the mark when it checks.
+        slot.faulted.store(true, Ordering::SeqCst);
         let page_bytes = PAGE_BYTES.load(Ordering::Relaxed);
         let page = address & !(page_bytes - 1);
         // SAFETY: the page lies in a mapping this process made and still
@@ -148,7 +156,6 @@ extern "C" fn on_bus_error(
             // SAFETY: abort is async-signal-safe.
             unsafe { libc::abort() };
         }
-        slot.faulted.store(true, Ordering::Release);
         return;
     }
     pass_on(signal, info, context);
@@ -157,8 +164,9 @@ extern "C" fn on_bus_error(
 /// A bus error that is not in a member's mapping: what would have happened
 /// without this module.
 fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
-    let previous = PREVIOUS.get().expect("installed before any mapping");
-    let handler = previous.sa_sigaction;
+    // Unset only while the handler is being installed, before any mapping
+    // exists: then there was no fault of ours to tell apart either.
+    let handler = PREVIOUS.get().map_or(libc::SIG_DFL, |p| p.sa_sigaction);
     if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
         // Back to the default, and the faulting instruction runs again: the
         // process ends with SIGBUS (ignoring it would loop forever).
@@ -166,6 +174,7 @@ fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::
         unsafe { libc::signal(libc::SIGBUS, libc::SIG_DFL) };
         return;
     }
+    let previous = PREVIOUS.get().expect("a handler was there, so it was kept");
     if previous.sa_flags & libc::SA_SIGINFO != 0 {
         // SAFETY: a handler installed with SA_SIGINFO has this signature.
         let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =

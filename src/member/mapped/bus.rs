@@ -158,20 +158,34 @@ extern "C" fn on_bus_error(
         }
         return;
     }
-    pass_on(signal, info, context);
+    pass_on(signal, info, context, fault);
 }
 
 /// A bus error that is not in a member's mapping: what would have happened
 /// without this module.
-fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
+fn pass_on(
+    signal: libc::c_int,
+    info: *mut libc::siginfo_t,
+    context: *mut libc::c_void,
+    fault: bool,
+) {
     // Unset only while the handler is being installed, before any mapping
     // exists: then there was no fault of ours to tell apart either.
     let handler = PREVIOUS.get().map_or(libc::SIG_DFL, |p| p.sa_sigaction);
+    if handler == libc::SIG_IGN && !fault {
+        return;
+    }
     if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
         // Back to the default, and the faulting instruction runs again: the
-        // process ends with SIGBUS (ignoring it would loop forever).
-        // SAFETY: resetting a disposition is async-signal-safe.
-        unsafe { libc::signal(libc::SIGBUS, libc::SIG_DFL) };
+        // process ends with SIGBUS (ignoring it would loop forever). A sent
+        // signal is sent again, to be delivered once this handler returns.
+        // SAFETY: resetting a disposition and raise are async-signal-safe.
+        unsafe {
+            libc::signal(libc::SIGBUS, libc::SIG_DFL);
+            if !fault {
+                libc::raise(libc::SIGBUS);
+            }
+        }
         return;
     }
     let previous = PREVIOUS.get().expect("a handler was there, so it was kept");

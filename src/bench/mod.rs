@@ -127,19 +127,21 @@ pub struct Report {
     pub disk_probes: Vec<DiskProbe>,
 }
 
-/// One reading of the disk's speed: [`PROBE_PHASE`] on the raw members.
+/// One reading of the disk's speed on the raw members: 4K random reads or
+/// writes, 4 jobs × 8 deep, for [`PROBE_SECONDS`].
 #[derive(Debug, Serialize)]
 pub struct DiskProbe {
     /// "before uraid", "after uraid", "after raw".
     pub when: &'static str,
+    /// "read" or "write".
+    pub op: &'static str,
     pub iops: f64,
 }
 
-/// How much the disk's probes may differ (the fastest over the slowest)
-/// before the report says that ratios against raw do not hold.
+/// How much the disk's probes of one kind may differ (the fastest over the
+/// slowest) before the report says that ratios against raw do not hold.
 pub const PROBE_DRIFT_MAX: f64 = 1.2;
-/// The probe: 4K random reads, 4 jobs × 8 deep (the randread workload),
-/// measured for this long after a short warm-up.
+/// How long a probe is measured, after a short warm-up.
 const PROBE_SECONDS: f64 = 1.0;
 const PROBE_WARMUP_SECONDS: f64 = 0.25;
 
@@ -187,21 +189,30 @@ impl Measure<'_> {
         }
     }
 
-    /// Reads the disk's speed now, if it is probed. Why: on a disk that
-    /// other tenants share (a cloud VM's), speed drifts by half or more
-    /// within minutes, and uraid's phases run minutes before raw's; the
-    /// probes before and after each say whether comparing them holds.
-    /// Reads only, so the array's data is safe while it is served.
-    fn probe_disk(&mut self, when: &'static str) {
+    /// Reads the disk's speed now, if it is probed, and with `writes` its
+    /// write speed too. Why: on a disk that other tenants share (a cloud
+    /// VM's), speed drifts by half or more within minutes, and uraid's
+    /// phases run minutes before raw's; probes before and after each say
+    /// whether comparing them holds. Writes only where the members' bytes
+    /// are no longer wanted: after uraid's array is stopped (raw's prefill
+    /// overwrites them next) and after raw's phases. Reads and writes
+    /// drift apart: one run's raw random writes fell to a third while its
+    /// reads held.
+    fn probe_disk(&mut self, when: &'static str, writes: bool) {
         let Some(raw) = self.probe_on.clone() else {
             return;
         };
         self.progress.set_message(format!("disk probe {when}"));
-        let phase = Workload::Randread
+        let read = Workload::Randread
             .phases(1 << 20)
             .into_iter()
             .next()
             .expect("randread has a phase");
+        let write = Phase {
+            name: "probe-write".into(),
+            op: Op::Write,
+            ..read.clone()
+        };
         let limits = generator::Limits {
             warmup: std::time::Duration::from_secs_f64(PROBE_WARMUP_SECONDS),
             measure: std::time::Duration::from_secs_f64(PROBE_SECONDS),
@@ -210,40 +221,57 @@ impl Measure<'_> {
             verify_salt: None,
             seed: self.options.seed,
         };
-        // A failed probe costs the run its verdict on drift, not its rows.
-        match generator::run_phase(&Access::Files(raw), &phase, limits, data) {
-            Ok(outcome) => {
-                let iops = outcome.ops as f64 / outcome.seconds.max(f64::EPSILON);
-                self.probes.push(DiskProbe { when, iops });
+        let phases = [("read", read), ("write", write)];
+        for (op, phase) in phases.iter().take(if writes { 2 } else { 1 }) {
+            // A failed probe costs the run its verdict on drift, not its rows.
+            match generator::run_phase(&Access::Files(raw.clone()), phase, limits, data) {
+                Ok(outcome) => {
+                    let iops = outcome.ops as f64 / outcome.seconds.max(f64::EPSILON);
+                    self.probes.push(DiskProbe { when, op, iops });
+                }
+                Err(e) => self.note(format!("disk probe {op} {when} failed: {e}")),
             }
-            Err(e) => self.note(format!("disk probe {when} failed: {e}")),
         }
     }
 }
 
 /// The note on the disk's probes: their figures, and whether the disk
-/// held its speed (within [`PROBE_DRIFT_MAX`]) through the run.
+/// held its read and its write speed (each within [`PROBE_DRIFT_MAX`])
+/// through the run.
 fn probe_note(probes: &[DiskProbe]) -> Option<String> {
-    if probes.len() < 2 {
+    let mut parts = Vec::new();
+    let mut drifted = Vec::new();
+    for op in ["read", "write"] {
+        let of_op: Vec<&DiskProbe> = probes.iter().filter(|p| p.op == op).collect();
+        if of_op.len() < 2 {
+            continue;
+        }
+        let figures: Vec<String> = of_op
+            .iter()
+            .map(|p| format!("{:.0} {}", p.iops, p.when))
+            .collect();
+        parts.push(format!("{op} {}", figures.join(", ")));
+        let fastest = of_op.iter().map(|p| p.iops).fold(0.0, f64::max);
+        let slowest = of_op.iter().map(|p| p.iops).fold(f64::INFINITY, f64::min);
+        let drift = fastest / slowest.max(f64::EPSILON);
+        if drift > PROBE_DRIFT_MAX {
+            drifted.push(format!("{op} speed changed {drift:.2}x"));
+        }
+    }
+    if parts.is_empty() {
         return None;
     }
-    let figures: Vec<String> = probes
-        .iter()
-        .map(|p| format!("{:.0} {}", p.iops, p.when))
-        .collect();
-    let fastest = probes.iter().map(|p| p.iops).fold(0.0, f64::max);
-    let slowest = probes.iter().map(|p| p.iops).fold(f64::INFINITY, f64::min);
-    let drift = fastest / slowest.max(f64::EPSILON);
-    let verdict = if drift <= PROBE_DRIFT_MAX {
+    let verdict = if drifted.is_empty() {
         format!("steady (within {:.0} %)", (PROBE_DRIFT_MAX - 1.0) * 100.0)
     } else {
         format!(
-            "the disk's speed changed {drift:.2}x during the run: ratios against raw do not hold, run again"
+            "the disk's {} during the run: ratios against raw do not hold, run again",
+            drifted.join(" and its ")
         )
     };
     Some(format!(
-        "disk probe (4K random read, 4 x QD8, raw members, IOPS): {}; {verdict}",
-        figures.join(", ")
+        "disk probe (4K random, 4 x QD8, raw members, IOPS): {}; {verdict}",
+        parts.join("; ")
     ))
 }
 
@@ -472,7 +500,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
         result?;
         stopped?;
         // Once stopped: a rebuild still running would slow the probe.
-        m.probe_disk("after uraid");
+        m.probe_disk("after uraid", true);
     }
     let mut raw_direct = None;
     if wants(TargetKind::Raw) {
@@ -498,7 +526,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
         for (_, phases) in all_phases(&options.workloads, stripe_bytes) {
             run_phases(&mut m, &access, &run, &phases)?;
         }
-        m.probe_disk("after raw");
+        m.probe_disk("after raw", true);
     }
     if wants(TargetKind::Nbdkit) {
         if Nbdkit::installed() {
@@ -595,7 +623,7 @@ fn measure_uraid(
     };
     access.prefill(options.verify.then_some(SALT_URAID), options.seed)?;
     access.flush()?;
-    m.probe_disk("before uraid");
+    m.probe_disk("before uraid", false);
     let phases = all_phases(&options.workloads, live.stripe_data_bytes());
     let sweep: Vec<Option<String>> = match &options.sweep {
         None => vec![None],
@@ -683,28 +711,40 @@ fn machine() -> Machine {
 mod tests {
     use super::*;
 
-    fn probes(iops: &[f64]) -> Vec<DiskProbe> {
+    fn probes(op: &'static str, iops: &[f64]) -> Vec<DiskProbe> {
         let when = ["before uraid", "after uraid", "after raw"];
         iops.iter()
             .zip(when)
-            .map(|(&iops, when)| DiskProbe { when, iops })
+            .map(|(&iops, when)| DiskProbe { when, op, iops })
             .collect()
     }
 
     #[test]
     fn the_probe_note_says_whether_the_disk_held_its_speed() {
         assert_eq!(
-            probe_note(&probes(&[70_000.0])),
+            probe_note(&probes("read", &[70_000.0])),
             None,
             "one probe compares nothing"
         );
-        let steady = probe_note(&probes(&[70_000.0, 80_000.0, 75_000.0])).unwrap();
-        assert!(steady.contains("70000 before uraid, 80000 after uraid, 75000 after raw"));
+        let steady = probe_note(&probes("read", &[70_000.0, 80_000.0, 75_000.0])).unwrap();
+        assert!(steady.contains("read 70000 before uraid, 80000 after uraid, 75000 after raw"));
         assert!(steady.contains("steady"), "{steady}");
         // 1.2 exactly still holds; past it does not.
-        let edge = probe_note(&probes(&[50_000.0, 60_000.0])).unwrap();
+        let edge = probe_note(&probes("read", &[50_000.0, 60_000.0])).unwrap();
         assert!(edge.contains("steady"), "{edge}");
-        let drifted = probe_note(&probes(&[30_000.0, 75_000.0, 70_000.0])).unwrap();
-        assert!(drifted.contains("changed 2.50x") && drifted.contains("do not hold"));
+        let drifted = probe_note(&probes("read", &[30_000.0, 75_000.0, 70_000.0])).unwrap();
+        assert!(drifted.contains("read speed changed 2.50x") && drifted.contains("do not hold"));
+        // Reads steady, writes not: the writes decide.
+        let mut both = probes("read", &[70_000.0, 72_000.0, 71_000.0]);
+        both.extend(probes("write", &[50_000.0, 150_000.0]));
+        let note = probe_note(&both).unwrap();
+        assert!(
+            note.contains("write 50000 before uraid, 150000 after uraid"),
+            "{note}"
+        );
+        assert!(
+            note.contains("write speed changed 3.00x") && !note.contains("read speed"),
+            "{note}"
+        );
     }
 }

@@ -678,17 +678,26 @@ impl View<'_> {
                     "write error on the replacement",
                 );
             } else {
-                self.engine.fail_member_if(
-                    role,
-                    Some(&target.member),
-                    &format!("write error: {source}"),
-                );
-                if !self.engine.runnable() {
-                    return Err(io::Error::other(format!(
-                        "array failed: member {role} lost on write ({source})"
-                    )));
-                }
+                self.fail_on_write(role, &target.member, &source)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Fails `member` in `role` for a write error; an error when the array
+    /// cannot run without it.
+    pub(super) fn fail_on_write(
+        &self,
+        role: usize,
+        member: &MemberRef,
+        source: &io::Error,
+    ) -> io::Result<()> {
+        self.engine
+            .fail_member_if(role, Some(member), &format!("write error: {source}"));
+        if !self.engine.runnable() {
+            return Err(io::Error::other(format!(
+                "array failed: member {role} lost on write ({source})"
+            )));
         }
         Ok(())
     }

@@ -298,14 +298,7 @@ fn write_parity_row(view: &View, map: &StripeMap, data: &mut dyn StagedWrite) ->
         }
         if let Err(e) = mapped.check() {
             let e = crate::member::io_error(member.name(), "write", *at, strip, e);
-            view.engine
-                .fail_member_if(place.member, Some(member), &format!("write error: {e}"));
-            if !view.engine.runnable() {
-                return Err(io::Error::other(format!(
-                    "array failed: member {} lost on write ({e})",
-                    place.member
-                )));
-            }
+            view.fail_on_write(place.member, member, &e)?;
         }
     }
     result.map(|()| true)

@@ -103,7 +103,7 @@ impl Mapped {
                 if (unit * UNIT + UNIT).min(self.len) > hole {
                     break;
                 }
-                self.reserved[(unit / 64) as usize].fetch_or(1 << (unit % 64), Ordering::AcqRel);
+                self.mark_reserved(unit);
             }
             if hole <= at {
                 return;
@@ -207,6 +207,10 @@ impl Mapped {
         offset / UNIT..(offset + len).div_ceil(UNIT)
     }
 
+    fn mark_reserved(&self, unit: u64) {
+        self.reserved[(unit / 64) as usize].fetch_or(1 << (unit % 64), Ordering::AcqRel);
+    }
+
     fn is_reserved(&self, unit: u64) -> bool {
         self.reserved[(unit / 64) as usize].load(Ordering::Acquire) & (1 << (unit % 64)) != 0
     }
@@ -237,7 +241,7 @@ impl Mapped {
             if rc != 0 {
                 return Err(io::Error::last_os_error());
             }
-            self.reserved[(unit / 64) as usize].fetch_or(1 << (unit % 64), Ordering::AcqRel);
+            self.mark_reserved(unit);
         }
         Ok(())
     }

@@ -22,6 +22,10 @@ use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// The parity a read-modify-write reads around its window while the parity
+/// cache has room (see [`View::parity_span`]).
+const PARITY_PREFETCH_BYTES: usize = 64 * 1024;
+
 fn lost(what: String) -> io::Error {
     io::Error::other(what)
 }
@@ -443,10 +447,13 @@ impl Engine {
         logged: bool,
     ) -> io::Result<()> {
         for &(at, bytes) in parts {
+            // A retry follows a read error: it reads no more than it needs.
+            let mut first = true;
             self.with_retries(map.stripe, true, |view| {
                 let mut piece = Engine::piece(map.clone(), at, bytes.len(), bytes);
                 piece.logged = logged;
-                view.write_piece(&piece)
+                let prefetch = std::mem::replace(&mut first, false);
+                view.write_piece(&piece, prefetch)
             })?;
         }
         Ok(())
@@ -905,7 +912,8 @@ impl View<'_> {
         Ok(())
     }
 
-    fn write_piece(&self, piece: &Piece) -> io::Result<()> {
+    /// Writes one piece of a row. `prefetch`: see [`View::plan_parity_write`].
+    fn write_piece(&self, piece: &Piece, prefetch: bool) -> io::Result<()> {
         let map = &piece.map;
         if map.p.is_none() {
             // Mirrors and stripes without parity: every present copy.
@@ -949,7 +957,7 @@ impl View<'_> {
             self.engine.journal_done(ticket);
             return written;
         }
-        let mut plan = self.plan_parity_write(piece);
+        let mut plan = self.plan_parity_write(piece, prefetch);
         self.read_places(&mut plan.reads())?;
         self.compute_parity(&mut plan)?;
         let ticket = self.log_rows(piece, self.journal_rows(piece, Some(&plan)))?;
@@ -985,9 +993,9 @@ impl View<'_> {
         let base = map.p.expect("a parity level").member_sector;
         let parity: Vec<&[u8]> = match plan {
             Some(plan) => {
-                let mut v = vec![&plan.p[..]];
+                let mut v = vec![plan.p_window()];
                 if map.q.is_some() {
-                    v.push(&plan.q[..]);
+                    v.push(plan.q_window());
                 }
                 v
             }
@@ -1057,8 +1065,14 @@ impl View<'_> {
     /// less (md's rmw_level), parity still hot from the last write filled
     /// in. Nothing is read or written yet, so that the stripe workers can
     /// send the reads and writes of many plans as one batch each.
-    /// At least one parity member must be present.
-    pub(super) fn plan_parity_write<'p, 'a>(&self, piece: &'p Piece<'a>) -> ParityWrite<'p, 'a> {
+    /// At least one parity member must be present. `prefetch` lets a
+    /// read-modify-write that finds no parity hot read the parity of its
+    /// neighbouring rows too (see [`View::parity_span`]).
+    pub(super) fn plan_parity_write<'p, 'a>(
+        &self,
+        piece: &'p Piece<'a>,
+        prefetch: bool,
+    ) -> ParityWrite<'p, 'a> {
         let map = &piece.map;
         assert!(map.p.is_some(), "a parity write on a level without parity");
         let p_place = map.p.filter(|p| self.present(p));
@@ -1099,9 +1113,13 @@ impl View<'_> {
                 1 => rmw_reads < rcw_reads,
                 _ => rmw_reads <= rcw_reads,
             };
-        let sized = |place: Option<Place>| {
-            AlignedBuf::zeroed(if place.is_some() { window.len() } else { 0 })
+        let span = if rmw && prefetch && hot_parity == 0 {
+            self.parity_span(map, &window)
+        } else {
+            window.clone()
         };
+        let sized =
+            |place: Option<Place>| AlignedBuf::zeroed(if place.is_some() { span.len() } else { 0 });
         let mut plan = ParityWrite {
             piece,
             lost,
@@ -1119,11 +1137,15 @@ impl View<'_> {
             p_hot: false,
             q_hot: false,
             touched,
+            span,
         };
         if rmw {
             // Parity still hot from the last write of this window is not read.
-            plan.p_hot = p_place.is_some() && hot.get(map.stripe, &window, Which::P, &mut plan.p);
-            plan.q_hot = q_place.is_some() && hot.get(map.stripe, &window, Which::Q, &mut plan.q);
+            let at = plan.in_span();
+            plan.p_hot = p_place.is_some()
+                && hot.get(map.stripe, &window, Which::P, &mut plan.p[at.clone()]);
+            plan.q_hot =
+                q_place.is_some() && hot.get(map.stripe, &window, Which::Q, &mut plan.q[at]);
             plan.old = plan
                 .touched
                 .iter()
@@ -1159,7 +1181,9 @@ impl View<'_> {
             for (&i, delta) in plan.touched.iter().zip(plan.old.iter_mut()) {
                 let r = piece.ranges[i].clone();
                 syndrome.xor_into(delta, piece.new_bytes(i));
-                let at = r.start - window.start..r.end - window.start;
+                // The parity buffers cover the span read, the window and
+                // maybe its neighbours.
+                let at = r.start - plan.span.start..r.end - plan.span.start;
                 if plan.p_place.is_some() {
                     syndrome.xor_into(&mut plan.p[at.clone()], delta);
                 }
@@ -1209,14 +1233,53 @@ impl View<'_> {
             hot.drop_window(map.stripe, window);
             return;
         }
-        let capacity = self.engine.tunables.stripe_cache_size() as usize;
-        let p = plan.p_place.map(|_| &plan.p[..]);
-        let q = plan.q_place.map(|_| &plan.q[..]);
-        if map.p.is_some() {
-            hot.put(map.stripe, window, Which::P, p, capacity);
+        let capacity = self.engine.parity_cache_rows();
+        // The neighbours' parity read with the window's is the members'
+        // (this writer holds the stripe's lock): kept as read, and the
+        // window's as written.
+        let span = &plan.span;
+        let parts = [
+            span.start..window.start,
+            window.clone(),
+            window.end..span.end,
+        ];
+        for part in parts.into_iter().filter(|part| !part.is_empty()) {
+            let at = part.start - span.start..part.end - span.start;
+            let p = plan.p_place.map(|_| &plan.p[at.clone()]);
+            let q = plan.q_place.map(|_| &plan.q[at]);
+            if map.p.is_some() {
+                hot.put(map.stripe, &part, Which::P, p, capacity);
+            }
+            if map.q.is_some() {
+                hot.put(map.stripe, &part, Which::Q, q, capacity);
+            }
         }
-        if map.q.is_some() {
-            hot.put(map.stripe, window, Which::Q, q, capacity);
+    }
+
+    /// The bytes of the parity strips a read-modify-write of `window`
+    /// reads when no parity of it is hot: `PARITY_PREFETCH_BYTES` around
+    /// it while the parity cache has room for them, else the window alone.
+    ///
+    /// A random writer over an array whose parity fits in the cache
+    /// (stripe_cache_size at md's 32768 keeps 512 MiB of P and Q for 8
+    /// members) would otherwise need one miss per 4 KiB row to fill it: a
+    /// 64 KiB read costs the disk about what a 4 KiB one does and fills
+    /// sixteen rows. Once the cache is full it fills no faster than it
+    /// evicts, so a writer whose parity does not fit reads what md reads.
+    fn parity_span(&self, map: &StripeMap, window: &Range<usize>) -> Range<usize> {
+        const PAGE: usize = super::tuning::STRIPE_CACHE_PAGE;
+        let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
+        let aligned = window.start.is_multiple_of(PAGE) && window.end.is_multiple_of(PAGE);
+        let span = window.start / PARITY_PREFETCH_BYTES * PARITY_PREFETCH_BYTES
+            ..(window.end.div_ceil(PARITY_PREFETCH_BYTES) * PARITY_PREFETCH_BYTES).min(strip_bytes);
+        let room = self
+            .engine
+            .parity_cache
+            .has_room(span.len() / PAGE, self.engine.parity_cache_rows());
+        if aligned && room && span.len() <= self.engine.max_member_io() {
+            span
+        } else {
+            window.clone()
         }
     }
 }
@@ -1245,6 +1308,10 @@ pub(super) struct ParityWrite<'p, 'a> {
     /// Old parity that came from the parity cache, not to be read.
     p_hot: bool,
     q_hot: bool,
+    /// The bytes of the parity strips that `p` and `q` cover: the window,
+    /// or more around it when the plan reads neighbouring parity for the
+    /// cache (read-modify-write only).
+    span: Range<usize>,
 }
 
 impl ParityWrite<'_, '_> {
@@ -1260,10 +1327,10 @@ impl ParityWrite<'_, '_> {
                 reads.push((&map.data[i].copies[0], piece.ranges[i].start, &mut buf[..]));
             }
             if let (Some(place), false) = (&self.p_place, self.p_hot) {
-                reads.push((place, window.start, &mut self.p[..]));
+                reads.push((place, self.span.start, &mut self.p[..]));
             }
             if let (Some(place), false) = (&self.q_place, self.q_hot) {
-                reads.push((place, window.start, &mut self.q[..]));
+                reads.push((place, self.span.start, &mut self.q[..]));
             }
             return reads;
         }
@@ -1296,12 +1363,29 @@ impl ParityWrite<'_, '_> {
             .collect();
         let start = piece.window.start;
         if let Some(place) = &self.p_place {
-            writes.push((place, start, &self.p[..]));
+            writes.push((place, start, self.p_window()));
         }
         if let Some(place) = &self.q_place {
-            writes.push((place, start, &self.q[..]));
+            writes.push((place, start, self.q_window()));
         }
         writes
+    }
+
+    /// The new P of the window (the buffer may cover more, see `span`).
+    fn p_window(&self) -> &[u8] {
+        &self.p[self.in_span()]
+    }
+
+    /// The new Q of the window.
+    fn q_window(&self) -> &[u8] {
+        &self.q[self.in_span()]
+    }
+
+    /// Where the window lies in the parity buffers.
+    fn in_span(&self) -> Range<usize> {
+        let window = &self.piece.window;
+        debug_assert!(self.span.start <= window.start && window.end <= self.span.end);
+        window.start - self.span.start..window.end - self.span.start
     }
 }
 

@@ -653,6 +653,16 @@ impl Engine {
         }
     }
 
+    /// Rows of hot parity the parity cache may hold. stripe_cache_size
+    /// counts md's stripe heads, a page per member each (md's memory is
+    /// PAGE × members × stripe_cache_size); a row of hot parity is only
+    /// its parity pages, so the same memory holds more of them.
+    fn parity_cache_rows(&self) -> usize {
+        let members = self.geometry.raid_disks();
+        let per_row = self.geometry.level().parity_members().max(1);
+        self.tunables.stripe_cache_size() as usize * members / per_row
+    }
+
     /// The stripe cache's occupancy and counters.
     pub fn cache_report(&self) -> CacheReport {
         let mut report = self

@@ -6,8 +6,10 @@
 //! A sequential writer smaller than a row walks the strips of a row one
 //! after another over the same window: the first strip's write leaves the
 //! window's parity here, and every later strip reads only its own old
-//! data. The pool is sized by stripe_cache_size: one entry holds one 4 KiB
-//! page of P and of Q of one stripe.
+//! data. The pool is sized by stripe_cache_size in md's memory: md's entry
+//! is a page per member, this one holds one 4 KiB page of P and of Q of
+//! one stripe, so the same memory holds members / 2 as many (raid6;
+//! members on raid5).
 //!
 //! Coherence rests on one rule: every write of a stripe piece, under the
 //! stripe lock, replaces the pages of its window with what it wrote (or
@@ -218,6 +220,11 @@ impl ParityCache {
                 order.retain(|key| pages.contains_key(key));
             }
         }
+    }
+
+    /// Whether `pages` more rows fit among `capacity` without evicting.
+    pub(super) fn has_room(&self, pages: usize, capacity: usize) -> bool {
+        self.held.load(Ordering::Relaxed) + pages <= capacity
     }
 
     /// Forgets the pages `window` touches.

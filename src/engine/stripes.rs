@@ -360,7 +360,7 @@ impl Engine {
         let mut plans: Vec<Option<ParityWrite>> = pieces
             .iter()
             .zip(&views)
-            .map(|(piece, view)| piece.as_ref().map(|p| view.plan_parity_write(p)))
+            .map(|(piece, view)| piece.as_ref().map(|p| view.plan_parity_write(p, true)))
             .collect();
         let max = self.max_member_io();
         // Every read of the round in one batch; a row with a failed read

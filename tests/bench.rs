@@ -109,6 +109,21 @@ fn every_workload_state_and_target_is_reported() {
         .map(|r| r["target"].as_str().unwrap())
         .collect();
     assert_eq!(mix, ["raw"]);
+    // uraid's random writes run again with md's largest stripe cache, in
+    // every state, and the knob is set back after.
+    for state in ["healthy", "degraded", "rebuilding"] {
+        let settings: Vec<Option<&str>> = rows
+            .iter()
+            .filter(|r| r["target"] == "uraid" && r["state"] == state && r["phase"] == "randwrite")
+            .map(|r| r["setting"].as_str())
+            .collect();
+        assert_eq!(settings, [None, Some("stripe_cache_size=32768")], "{state}");
+    }
+    let in_force = report["array"]["tunables"].as_array().unwrap();
+    assert!(
+        in_force.contains(&serde_json::json!(["stripe_cache_size", "256"])),
+        "{in_force:?}"
+    );
     // Members on a disk: its speed is probed before and after each of the
     // targets compared, and the report says whether it held.
     let probes = report["disk_probes"].as_array().unwrap();

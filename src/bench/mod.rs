@@ -293,7 +293,13 @@ struct TargetRun<'a> {
     background: &'a dyn Fn() -> Option<String>,
     /// The stripe cache's (full, partial) rows written so far.
     rows_written: &'a dyn Fn() -> Option<(u64, u64)>,
+    /// Sets a knob of the target and returns the value it had (None: the
+    /// target has no knobs; its phases with a setting are skipped).
+    knob: Option<&'a SetKnob<'a>>,
 }
+
+/// Sets a knob (key, value) and returns the value it had.
+type SetKnob<'a> = dyn Fn(&str, &str) -> Result<String, String> + 'a;
 
 fn run_phases(
     m: &mut Measure,
@@ -303,7 +309,17 @@ fn run_phases(
 ) -> Result<(), String> {
     let verify_salt = m.options.verify.then_some(run.salt);
     for phase in phases {
-        if phase.raw_only && !matches!(access, Access::Files(_)) {
+        // A phase with a setting measures what the setting adds to a
+        // parity array; a sweep of that knob measures it already.
+        let swept = |key: &str| m.options.sweep.as_ref().is_some_and(|(k, _)| k == key);
+        let knob = match phase.setting {
+            Some((key, _)) if swept(key) || !m.options.spec.level.has_parity() => None,
+            Some(setting) => run.knob.map(|set| (set, setting)),
+            None => None,
+        };
+        if (phase.raw_only && !matches!(access, Access::Files(_)))
+            || (phase.setting.is_some() && knob.is_none())
+        {
             m.progress.inc(1);
             continue;
         }
@@ -318,6 +334,10 @@ fn run_phases(
             access.flush()?;
             (run.drop_caches)()?;
         }
+        let restore = match knob {
+            Some((set, (key, value))) => Some((set, key, set(key, value)?)),
+            None => None,
+        };
         let rows_before = (run.rows_written)();
         let target_before = (run.cpu)();
         let data = DataMode {
@@ -332,7 +352,11 @@ fn run_phases(
                 phase.workload.name(),
                 phase.name
             )
-        })?;
+        });
+        if let Some((set, key, before)) = restore {
+            set(key, &before)?;
+        }
+        let outcome = outcome?;
         let client_in_target = if run.in_process {
             outcome.cpu_client_seconds
         } else {
@@ -350,10 +374,15 @@ fn run_phases(
                 phase.name
             ));
         }
+        let setting = match (run.setting, phase.setting) {
+            (swept, None) => swept.map(String::from),
+            (None, Some((key, value))) => Some(format!("{key}={value}")),
+            (Some(swept), Some((key, value))) => Some(format!("{swept}, {key}={value}")),
+        };
         let context = RowContext {
             target: run.name,
             state: run.state,
-            setting: run.setting,
+            setting: setting.as_deref(),
             cpu_target_s: target_cpu,
             background: (run.background)(),
             rows_written: rows_before
@@ -522,6 +551,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
             drop_caches: &drop,
             background: &|| None,
             rows_written: &|| None,
+            knob: None,
         };
         for (_, phases) in all_phases(&options.workloads, stripe_bytes) {
             run_phases(&mut m, &access, &run, &phases)?;
@@ -553,6 +583,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
                 drop_caches: &|| Ok(()),
                 background: &|| None,
                 rows_written: &|| None,
+                knob: None,
             };
             for (_, phases) in all_phases(&options.workloads, stripe_bytes) {
                 run_phases(&mut m, &access, &run, &phases)?;
@@ -664,6 +695,7 @@ fn measure_uraid(
                     drop_caches: &drop,
                     background: &background,
                     rows_written: &|| Some(tunables::row_counters(&live_ref.engine)),
+                    knob: Some(&|key, value| tunables::swap(&live_ref.engine, key, value)),
                 };
                 run_phases(m, &access, &run, workload_phases)?;
             }

@@ -12,6 +12,17 @@ pub fn set(engine: &Engine, key: &str, value: &str) -> Result<(), String> {
         .map_err(|e| format!("{key}={value}: {e}"))
 }
 
+/// Sets one knob and returns the value it had, to be set back.
+pub fn swap(engine: &Engine, key: &str, value: &str) -> Result<String, String> {
+    let before = list(engine)
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v)
+        .ok_or_else(|| format!("{key}: no such knob"))?;
+    set(engine, key, value)?;
+    Ok(before)
+}
+
 /// Every knob and its value in force, for the report.
 pub fn list(engine: &Engine) -> Vec<(String, String)> {
     engine.tunables()

@@ -57,6 +57,11 @@ pub struct Phase {
     /// A reference measured on the raw members only, not a job for the
     /// array (the read-modify-write mix that bounds random writes).
     pub raw_only: bool,
+    /// A knob uraid runs this phase with, set back afterwards: the phase
+    /// measures what that setting adds, so it is uraid's only (the raw
+    /// members and nbdkit have no such knob) and a parity array's (the
+    /// only knob so used is the stripe cache's).
+    pub setting: Option<(&'static str, &'static str)>,
 }
 
 impl Phase {
@@ -64,6 +69,10 @@ impl Phase {
         self.jobs * self.depth_per_job
     }
 }
+
+/// md's largest stripe cache, the setting fio-randwrite measures again
+/// with (its row is the randwrite row with this setting).
+pub const CACHE_MAX: (&str, &str) = ("stripe_cache_size", "32768");
 
 /// The most requests a job keeps in flight: uraid's NBD server admits 64
 /// per connection, and more per job would only queue in the socket.
@@ -116,6 +125,7 @@ impl Workload {
             depth_per_job,
             drop_caches_before: false,
             raw_only: false,
+            setting: None,
         };
         use Op::*;
         use Pattern::*;
@@ -125,9 +135,15 @@ impl Workload {
             // each). What the raw members do under that mix, a sixth of it,
             // is what bounds raid6 where reads and writes cost the device
             // differently; the raw write rate alone assumes they cost the
-            // same.
+            // same. The same writes again with md's largest stripe cache
+            // say how far above that bound the cache gets (hot parity
+            // spares two of the three reads).
             Workload::FioRandwrite => vec![
                 phase("randwrite", Write, Random, 4096, 4, 32),
+                Phase {
+                    setting: Some(CACHE_MAX),
+                    ..phase("randwrite", Write, Random, 4096, 4, 32)
+                },
                 Phase {
                     raw_only: true,
                     ..phase("rmw-mix", Mixed, Random, 4096, 4, 32)
@@ -211,6 +227,7 @@ mod tests {
         for w in Workload::ALL {
             for p in w.phases(384 << 10) {
                 assert_eq!(p.op == Op::Mixed, p.raw_only, "{}", p.name);
+                assert!(!(p.raw_only && p.setting.is_some()), "{}", p.name);
             }
         }
     }

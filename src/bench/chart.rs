@@ -178,7 +178,17 @@ fn draw_bars(area: &Area, rows: &[Row]) -> Result<(), String> {
 }
 
 fn draw_sweep(area: &Area, rows: &[Row], key: &str) -> Result<(), String> {
-    let swept: Vec<&Row> = rows.iter().filter(|r| r.setting.is_some()).collect();
+    // The sweep's own rows: a phase with a knob of its own under a sweep
+    // of another knob names both, and is not a point of this curve.
+    let prefix = format!("{key}=");
+    let swept: Vec<&Row> = rows
+        .iter()
+        .filter(|r| {
+            r.setting
+                .as_deref()
+                .is_some_and(|s| s.starts_with(&prefix) && !s.contains(", "))
+        })
+        .collect();
     let values = unique(swept.iter().filter_map(|r| r.setting.clone()));
     let max_mb = swept.iter().map(|r| r.mb_per_s).fold(1.0, f64::max);
     let mut chart = ChartBuilder::on(area)

@@ -353,10 +353,14 @@ fn run_phases(
                 phase.name
             )
         });
-        if let Some((set, key, before)) = restore {
-            set(key, &before)?;
-        }
+        let restored = match restore {
+            Some((set, key, before)) => set(key, &before),
+            None => Ok(String::new()),
+        };
+        // The phase's own failure first: a knob that cannot be set back is
+        // the lesser news.
         let outcome = outcome?;
+        restored?;
         let client_in_target = if run.in_process {
             outcome.cpu_client_seconds
         } else {

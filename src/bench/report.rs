@@ -232,7 +232,7 @@ pub fn goals(rows: &[Row], array: &ArrayFacts) -> Vec<Goal> {
         });
         if let (Some(cached), Some(raw)) = (cached, find("raw", "-", "fio-randwrite", "randwrite"))
         {
-            add_cache_max(&mut goals, cached, raw);
+            add_cache_max(&mut goals, &cache_max, cached, raw);
         }
     }
     goals
@@ -248,14 +248,13 @@ fn randwrite_goal(goals: &mut [Goal]) -> Option<&mut Goal> {
 /// Says, beside the random-write target, how far the same writes get with
 /// md's largest stripe cache (the issue asks how far above the bound the
 /// cache gets). The target itself is judged at the array's own setting.
-fn add_cache_max(goals: &mut [Goal], cached: &Row, raw: &Row) {
+fn add_cache_max(goals: &mut [Goal], setting: &str, cached: &Row, raw: &Row) {
     let Some(goal) = randwrite_goal(goals).filter(|_| raw.iops > 0.0) else {
         return;
     };
     let ratio = cached.iops / (raw.iops / 6.0);
     goal.detail.push_str(&format!(
-        "; with {}: uraid {:.0} IOPS, {ratio:.2} of raw / 6",
-        cached.setting.as_deref().unwrap_or("a larger stripe cache"),
+        "; with {setting}: uraid {:.0} IOPS, {ratio:.2} of raw / 6",
         cached.iops,
     ));
     goal.cache_max_ratio = Some(ratio);

@@ -435,20 +435,23 @@ impl Engine {
         }
         let _guard = self.locks.lock(map.stripe);
         let _in_flight = self.bitmap_start_write(map.stripe)?;
-        self.write_parts_locked(map, parts, logged)
+        self.write_parts_locked(map, parts, logged, true)
     }
 
     /// Writes parts of one row, one piece at a time with retries; the
     /// caller holds the row's lock and has marked it in the bitmap.
+    /// `prefetch`: its first try may read neighbouring parity for the cache
+    /// (see [`View::plan_parity_write`]); a retry, which follows a read
+    /// error, reads no more than it needs.
     pub(super) fn write_parts_locked(
         &self,
         map: &StripeMap,
         parts: &[(usize, &[u8])],
         logged: bool,
+        prefetch: bool,
     ) -> io::Result<()> {
         for &(at, bytes) in parts {
-            // A retry follows a read error: it reads no more than it needs.
-            let mut first = true;
+            let mut first = prefetch;
             self.with_retries(map.stripe, true, |view| {
                 let mut piece = Engine::piece(map.clone(), at, bytes.len(), bytes);
                 piece.logged = logged;
@@ -1140,8 +1143,10 @@ impl View<'_> {
             span,
         };
         if rmw {
-            // Parity still hot from the last write of this window is not read.
+            // Parity still hot from the last write of this window is not
+            // read. (A span wider than the window means none was hot.)
             let at = plan.in_span();
+            debug_assert!(plan.span == window || hot_parity == 0);
             plan.p_hot = p_place.is_some()
                 && hot.get(map.stripe, &window, Which::P, &mut plan.p[at.clone()]);
             plan.q_hot =
@@ -1215,8 +1220,9 @@ impl View<'_> {
         Ok(())
     }
 
-    /// After a plan's writes: the parity it wrote stays hot; parity whose
-    /// member is absent, or a failed write, leaves nothing behind.
+    /// After a plan's writes: the parity it wrote stays hot, and the
+    /// neighbours' parity it read with it (see `parity_span`); parity
+    /// whose member is absent, or a failed write, leaves nothing behind.
     pub(super) fn keep_parity(&self, plan: &ParityWrite, ok: bool) {
         let (map, window) = (&plan.piece.map, &plan.piece.window);
         let hot = &self.engine.parity_cache;
@@ -1257,12 +1263,15 @@ impl View<'_> {
     }
 
     /// The bytes of the parity strips a read-modify-write of `window`
-    /// reads when no parity of it is hot: `PARITY_PREFETCH_BYTES` around
-    /// it while the parity cache has room for them, else the window alone.
+    /// reads when no parity of it is hot: the `PARITY_PREFETCH_BYTES`
+    /// aligned block(s) that hold it, within its strip and no larger than
+    /// max_sectors_kb, while the parity cache has room for them; else the
+    /// window alone (and always for a window not in whole pages).
     ///
     /// A random writer over an array whose parity fits in the cache
-    /// (stripe_cache_size at md's 32768 keeps 512 MiB of P and Q for 8
-    /// members) would otherwise need one miss per 4 KiB row to fill it: a
+    /// (stripe_cache_size at md's 32768 holds 131,072 rows for 8 members:
+    /// 512 MiB of each parity strip's bytes, 1 GiB of memory as md would
+    /// use) would otherwise need one miss per 4 KiB row to fill it: a
     /// 64 KiB read costs the disk about what a 4 KiB one does and fills
     /// sixteen rows. Once the cache is full it fills no faster than it
     /// evicts, so a writer whose parity does not fit reads what md reads.
@@ -1299,8 +1308,9 @@ pub(super) struct ParityWrite<'p, 'a> {
     /// Reconstruct-write: lost strips to rebuild first.
     need_rebuild: Vec<usize>,
     whole: bool,
-    /// The parity members present, and the parity over the window: old
-    /// then new for read-modify-write, new for reconstruct-write.
+    /// The parity members present, and the parity over `span`: old then
+    /// new for read-modify-write (new only over the window), new for
+    /// reconstruct-write.
     p_place: Option<Place>,
     q_place: Option<Place>,
     p: AlignedBuf,

@@ -353,6 +353,11 @@ impl Engine {
         };
         let map = self.geometry.stripe(stripe);
         let _guard = (!locked).then(|| self.locks.lock(stripe));
+        // The strip is rewritten from redundancy: parity kept hot for the
+        // stripe may no longer be what its member holds (a stripe whose
+        // parity disagreed with its data, not yet resynced).
+        self.parity_cache
+            .drop_stripe(stripe, map.strip_sectors as usize * SECTOR_BYTES as usize);
         // md's fix_read_error reads the rewritten sectors back: a sector
         // the drive could not remap still fails, and then so does the member.
         let result = others

@@ -581,6 +581,11 @@ impl Engine {
         if before.write_policy != after.write_policy {
             self.cache.wake_workers();
         }
+        // A smaller pool lets go of its hot parity at once rather than as
+        // later writes evict it (what is dropped is only read again).
+        if after.stripe_cache_size < before.stripe_cache_size {
+            self.parity_cache.clear();
+        }
         if before != after {
             self.events
                 .push("SettingChanged", "", &format!("{key}={value}"));

@@ -11,10 +11,16 @@
 //! one stripe, so the same memory holds members / 2 as many (raid6;
 //! members on raid5).
 //!
+//! A read-modify-write that finds nothing hot may also keep the parity of
+//! the rows around its window, read from the members with its own (see
+//! `View::parity_span`): the pool fills a row per page read, not per miss.
+//!
 //! Coherence rests on one rule: every write of a stripe piece, under the
 //! stripe lock, replaces the pages of its window with what it wrote (or
-//! drops them where a parity member is absent), and the background job
-//! drops a stripe's pages before it touches the stripe. Pages are whole
+//! drops them where a parity member is absent), pages kept that it did not
+//! write are what the members held under that same lock, and the background
+//! job (and a read error's correction) drops a stripe's pages before it
+//! touches the stripe. Pages are whole
 //! 4 KiB pages; a window that is not page aligned is neither read from
 //! nor stored here.
 
@@ -222,7 +228,9 @@ impl ParityCache {
         }
     }
 
-    /// Whether `pages` more rows fit among `capacity` without evicting.
+    /// Whether `pages` more entries (a page of P and of Q each) fit among
+    /// `capacity` in all; the shards evict on their own, so one that is
+    /// fuller than the rest may still evict a little.
     pub(super) fn has_room(&self, pages: usize, capacity: usize) -> bool {
         self.held.load(Ordering::Relaxed) + pages <= capacity
     }

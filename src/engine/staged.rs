@@ -110,7 +110,7 @@ impl Engine {
             counters.copied.fetch_add(1, Ordering::Relaxed);
             let mut bytes = AlignedBuf::zeroed(range.len());
             data.into_memory(&mut bytes)?;
-            engine.write_parts_locked(&map, &[(in_stripe, &bytes)], false)
+            engine.write_parts_locked(&map, &[(in_stripe, &bytes)], false, true)
         });
         self.reads.write_done(offset..offset + len as u64);
         result

@@ -459,7 +459,8 @@ impl Engine {
         for (k, result) in results.iter_mut().enumerate() {
             if result.is_none() {
                 self.stripes.rows_alone.fetch_add(1, Ordering::Relaxed);
-                *result = Some(self.write_parts_locked(&maps[k], &parts[k], jobs[k].logged));
+                // Some rows come here after a failed read: none prefetches.
+                *result = Some(self.write_parts_locked(&maps[k], &parts[k], jobs[k].logged, false));
             }
         }
         results

@@ -143,6 +143,24 @@ fn every_workload_state_and_target_is_reported() {
     } else {
         assert!(probes.is_empty(), "no probe in memory: {probes:?}");
     }
+    // How busy the members' disk was: for uraid and raw on a disk that
+    // /proc/diskstats counts, never for nbdkit's memory nor in memory.
+    let on_disk = report["array"]["members_on"] == "disk";
+    for r in rows {
+        let busy = r["disk_busy"].as_f64();
+        if r["target"] == "nbdkit" || !on_disk {
+            assert!(busy.is_none(), "{r}");
+        } else if let Some(busy) = busy {
+            assert!((0.0..=1.0).contains(&busy), "{r}");
+        }
+    }
+    if on_disk && std::fs::read_to_string("/proc/diskstats").is_ok_and(|s| !s.is_empty()) {
+        assert!(
+            rows.iter()
+                .any(|r| r["target"] == "raw" && r["disk_busy"].as_f64().is_some()),
+            "no busy share on a disk"
+        );
+    }
     assert_eq!(report["array"]["level"], "raid6");
     assert_eq!(report["array"]["stripe_data_bytes"], 2 * 64 * 1024);
     assert!(report["goals"].as_array().is_some());

@@ -9,12 +9,14 @@
 //! One module per concern: `workload` (the jobs), `generator` (the
 //! closed-loop load), `nbd_client`, `targets` (raw files, nbdkit, CPU
 //! time), `array` (the array under test and its states), `tunables` (the
-//! engine's knobs, behind an adapter), `report` (rows, ratios, issue #5's
-//! targets, table), `chart` (SVG).
+//! engine's knobs, behind an adapter), `diskbusy` (how busy the members'
+//! disk was), `report` (rows, ratios, issue #5's targets, table), `chart`
+//! (SVG).
 
 pub mod array;
 pub mod buffers;
 pub mod chart;
+pub mod diskbusy;
 pub mod generator;
 pub mod nbd_client;
 pub mod parity;
@@ -180,6 +182,9 @@ struct Measure<'a> {
     /// The raw members to probe the disk's speed on, when it is probed.
     probe_on: Option<Arc<RawStripes>>,
     probes: Vec<DiskProbe>,
+    /// The disks that hold the members (none in memory): how busy they
+    /// were goes beside uraid's and raw's rows.
+    disks: Vec<diskbusy::Device>,
 }
 
 impl Measure<'_> {
@@ -296,6 +301,9 @@ struct TargetRun<'a> {
     /// Sets a knob of the target and returns the value it had (None: the
     /// target has no knobs; its phases with a setting are skipped).
     knob: Option<&'a SetKnob<'a>>,
+    /// Whether the target's I/O goes to the member files (uraid's and
+    /// raw's, not nbdkit's memory): their disk's busy share is recorded.
+    on_members: bool,
 }
 
 /// Sets a knob (key, value) and returns the value it had.
@@ -340,6 +348,11 @@ fn run_phases(
         };
         let rows_before = (run.rows_written)();
         let target_before = (run.cpu)();
+        let busy = if run.on_members {
+            diskbusy::Busy::start(&m.disks)
+        } else {
+            None
+        };
         let data = DataMode {
             verify_salt,
             seed: m.options.seed,
@@ -353,6 +366,7 @@ fn run_phases(
                 phase.name
             )
         });
+        let disk_busy = busy.and_then(|b| b.share(&m.disks));
         let restored = match restore {
             Some((set, key, before)) => set(key, &before),
             None => Ok(String::new()),
@@ -392,6 +406,7 @@ fn run_phases(
             rows_written: rows_before
                 .zip((run.rows_written)())
                 .map(|(b, a)| (a.0 - b.0, a.1 - b.1)),
+            disk_busy,
         };
         m.rows.push(Row::new(context, phase, &outcome));
         if phase.op != Op::Read {
@@ -511,6 +526,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
         notes: Vec::new(),
         probe_on,
         probes: Vec::new(),
+        disks: diskbusy::devices_of(&paths),
     };
     // uraid first: it creates the array; raw then reuses the same files
     // (overwriting the array, which is the benchmark's own).
@@ -556,6 +572,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
             background: &|| None,
             rows_written: &|| None,
             knob: None,
+            on_members: true,
         };
         for (_, phases) in all_phases(&options.workloads, stripe_bytes) {
             run_phases(&mut m, &access, &run, &phases)?;
@@ -588,6 +605,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
                 background: &|| None,
                 rows_written: &|| None,
                 knob: None,
+                on_members: false,
             };
             for (_, phases) in all_phases(&options.workloads, stripe_bytes) {
                 run_phases(&mut m, &access, &run, &phases)?;
@@ -700,6 +718,7 @@ fn measure_uraid(
                     background: &background,
                     rows_written: &|| Some(tunables::row_counters(&live_ref.engine)),
                     knob: Some(&|key, value| tunables::swap(&live_ref.engine, key, value)),
+                    on_members: true,
                 };
                 run_phases(m, &access, &run, workload_phases)?;
             }

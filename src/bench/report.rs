@@ -45,6 +45,9 @@ pub struct Row {
     /// reconstruct-write).
     pub full_rows: Option<u64>,
     pub partial_rows: Option<u64>,
+    /// The share of the phase the members' disk had a request in flight
+    /// (uraid and raw on a disk; see `diskbusy`).
+    pub disk_busy: Option<f64>,
     pub ratio_uraid_raw: Option<f64>,
     pub ratio_uraid_nbdkit: Option<f64>,
 }
@@ -58,6 +61,7 @@ pub struct RowContext<'a> {
     pub background: Option<String>,
     /// (full, partial) rows written during the phase.
     pub rows_written: Option<(u64, u64)>,
+    pub disk_busy: Option<f64>,
 }
 
 impl Row {
@@ -88,6 +92,7 @@ impl Row {
             background: context.background,
             full_rows: context.rows_written.map(|r| r.0),
             partial_rows: context.rows_written.map(|r| r.1),
+            disk_busy: context.disk_busy,
             ratio_uraid_raw: None,
             ratio_uraid_nbdkit: None,
         }
@@ -213,6 +218,12 @@ pub fn goals(rows: &[Row], array: &ArrayFacts) -> Vec<Goal> {
         memory_goals(&mut vs, array.level, array.devices);
     } else {
         disk_goals(&mut vs, raid6, n, &find);
+        if let (Some(uraid), Some(raw)) = (
+            find("uraid", "healthy", "randread", "randread"),
+            find("raw", "-", "randread", "randread"),
+        ) {
+            add_disk_busy(&mut goals, uraid, raw);
+        }
         if let (Some(uraid), Some(mix)) = (
             find("uraid", "healthy", "fio-randwrite", "randwrite"),
             find("raw", "-", "fio-randwrite", "rmw-mix"),
@@ -236,6 +247,27 @@ pub fn goals(rows: &[Row], array: &ArrayFacts) -> Vec<Goal> {
         }
     }
     goals
+}
+
+/// Says, beside the disk random-read target, how busy the members' disk
+/// was in uraid's phase and in raw's: at the same queue depth a target
+/// whose requests reach the disk in bursts leaves it idle in between
+/// (docs/BENCHMARKS.md, session 11), and this is where that shows.
+fn add_disk_busy(goals: &mut [Goal], uraid: &Row, raw: &Row) {
+    let (Some(goal), Some(u), Some(r)) = (
+        goals
+            .iter_mut()
+            .find(|g| g.name.starts_with("4K randread QD32 vs min")),
+        uraid.disk_busy,
+        raw.disk_busy,
+    ) else {
+        return;
+    };
+    goal.detail.push_str(&format!(
+        "; the members' disk was busy {:.0} % of uraid's phase, {:.0} % of raw's",
+        u * 100.0,
+        r * 100.0
+    ));
 }
 
 /// The raid6 random-write target, if this run has it.
@@ -385,12 +417,12 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 pub fn table(rows: &[Row], goals: &[Goal], notes: &[String]) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "{:<7} {:<10} {:<23} {:<13} {:<9} {:>7} {:>4} {:>10} {:>9} {:>8} {:>8} {:>8} {:>9} {:>6} {:>6} {:>6} {:>6}\n",
-        "target", "state", "setting", "workload", "phase", "bs", "qd", "IOPS", "MB/s", "p50us", "p90us", "p99us", "p99.9us", "cpu_c", "cpu_t", "/raw", "/nbdk"
+        "{:<7} {:<10} {:<23} {:<13} {:<9} {:>7} {:>4} {:>10} {:>9} {:>8} {:>8} {:>8} {:>9} {:>6} {:>6} {:>5} {:>6} {:>6}\n",
+        "target", "state", "setting", "workload", "phase", "bs", "qd", "IOPS", "MB/s", "p50us", "p90us", "p99us", "p99.9us", "cpu_c", "cpu_t", "busy", "/raw", "/nbdk"
     ));
     for r in rows {
         out.push_str(&format!(
-            "{:<7} {:<10} {:<23} {:<13} {:<9} {:>7} {:>4} {:>10.0} {:>9.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>6.2} {:>6} {:>6} {:>6}\n",
+            "{:<7} {:<10} {:<23} {:<13} {:<9} {:>7} {:>4} {:>10.0} {:>9.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>6.2} {:>6} {:>5} {:>6} {:>6}\n",
             r.target,
             r.state,
             r.setting.as_deref().unwrap_or("-"),
@@ -406,11 +438,13 @@ pub fn table(rows: &[Row], goals: &[Goal], notes: &[String]) -> String {
             r.latency_us_p999,
             r.cpu_client_s,
             opt(r.cpu_target_s, 2),
+            r.disk_busy
+                .map_or("-".into(), |b| format!("{:.0}%", b * 100.0)),
             opt(r.ratio_uraid_raw, 2),
             opt(r.ratio_uraid_nbdkit, 2),
         ));
     }
-    out.push_str("MB/s = 10^6 bytes/s of client data; latency submit to completion; cpu_c/cpu_t = CPU seconds of the load generator / of the target.\n");
+    out.push_str("MB/s = 10^6 bytes/s of client data; latency submit to completion; cpu_c/cpu_t = CPU seconds of the load generator / of the target; busy = share of the phase the members' disk had a request in flight.\n");
     if !goals.is_empty() {
         out.push_str("\nissue #5 targets:\n");
         for g in goals {
@@ -468,6 +502,7 @@ mod tests {
             background: None,
             full_rows: None,
             partial_rows: None,
+            disk_busy: None,
             ratio_uraid_raw: None,
             ratio_uraid_nbdkit: None,
         }
@@ -541,6 +576,22 @@ mod tests {
         assert!(
             goal.detail
                 .contains("with stripe_cache_size=32768: uraid 240 IOPS, 2.40 of raw / 6"),
+            "{}",
+            goal.detail
+        );
+        // How busy the disk was goes beside the random-read target when
+        // both phases measured it.
+        let mut busy = rows.clone();
+        busy[0].disk_busy = Some(1.0);
+        busy[2].disk_busy = Some(0.81);
+        let disk_busy = goals(&busy, &facts(false));
+        let goal = disk_busy
+            .iter()
+            .find(|g| g.name.starts_with("4K randread QD32 vs min"))
+            .unwrap();
+        assert!(
+            goal.detail
+                .contains("disk was busy 81 % of uraid's phase, 100 % of raw's"),
             "{}",
             goal.detail
         );

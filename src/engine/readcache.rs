@@ -18,7 +18,7 @@
 //! Memory is bounded by stripe_cache_size × 4 KiB × data members, the same
 //! memory md's stripe cache would take.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -45,20 +45,109 @@ const RECENT: usize = 16;
 /// many reads without read-ahead, once.
 pub(super) const LONE_HABIT: u32 = 4;
 
-struct Extent {
-    start: u64,
-    bytes: Vec<u8>,
+/// Cached bytes: extents that never overlap, found by their start, and
+/// evicted oldest first. Lookups and writes cost a logarithm of the count,
+/// not a scan: at stripe_cache_size 32768 the cache holds up to 196,608
+/// extents of 4 KiB for 8 members, and a scan under the lock on every read
+/// took random reads from 100,000 IOPS to 5,500.
+#[derive(Default)]
+struct Extents {
+    by_start: BTreeMap<u64, Extent>,
+    /// (start, age) of every extent kept, oldest first. An entry whose
+    /// extent has gone (dropped by a write, replaced) is skipped when it
+    /// comes up, and the queue is compacted when such entries outnumber
+    /// the live ones.
+    order: VecDeque<(u64, u64)>,
+    next_age: u64,
+    /// Bytes held.
+    held: usize,
 }
 
-impl Extent {
-    fn range(&self) -> Range<u64> {
-        self.start..self.start + self.bytes.len() as u64
+struct Extent {
+    bytes: Vec<u8>,
+    age: u64,
+}
+
+impl Extents {
+    /// The extent holding `offset`, if any: the one starting last at or
+    /// before it, since extents do not overlap.
+    fn holding(&self, offset: u64) -> Option<(u64, &Extent)> {
+        let (&start, e) = self.by_start.range(..=offset).next_back()?;
+        (start + e.bytes.len() as u64 > offset).then_some((start, e))
+    }
+
+    /// Starts of the extents that overlap `range`, last first.
+    fn overlapping(&self, range: &Range<u64>) -> Vec<u64> {
+        self.by_start
+            .range(..range.end)
+            .rev()
+            .take_while(|(&start, e)| start + e.bytes.len() as u64 > range.start)
+            .map(|(&start, _)| start)
+            .collect()
+    }
+
+    fn remove(&mut self, start: u64) {
+        let e = self
+            .by_start
+            .remove(&start)
+            .expect("removing an extent held");
+        self.held -= e.bytes.len();
+    }
+
+    /// Keeps `bytes` at `start`: an extent holding all of them already
+    /// wins (its bytes are the same: no write has touched them since it
+    /// was kept, or it would be gone); an extent reaching into them from
+    /// before is cut short; any other overlapping extent is dropped.
+    fn insert(&mut self, start: u64, bytes: Vec<u8>, capacity: usize) {
+        let range = start..start + bytes.len() as u64;
+        if self
+            .holding(start)
+            .is_some_and(|(s, e)| s + e.bytes.len() as u64 >= range.end)
+        {
+            return;
+        }
+        for old in self.overlapping(&range) {
+            if old < start {
+                let e = self.by_start.get_mut(&old).expect("just found");
+                let keep = (start - old) as usize;
+                self.held -= e.bytes.len() - keep;
+                e.bytes.truncate(keep);
+            } else {
+                self.remove(old);
+            }
+        }
+        let age = self.next_age;
+        self.next_age += 1;
+        self.held += bytes.len();
+        self.by_start.insert(start, Extent { bytes, age });
+        self.order.push_back((start, age));
+        while self.held > capacity {
+            let (oldest, age) = self.order.pop_front().expect("bytes held are in the queue");
+            if self.by_start.get(&oldest).is_some_and(|e| e.age == age) {
+                self.remove(oldest);
+            }
+        }
+        if self.order.len() > 2 * self.by_start.len() + 64 {
+            let live = &self.by_start;
+            self.order
+                .retain(|(start, age)| live.get(start).is_some_and(|e| e.age == *age));
+        }
+    }
+
+    /// Drops every extent that overlaps `range`.
+    fn drop_overlapping(&mut self, range: &Range<u64>) {
+        for old in self.overlapping(range) {
+            self.remove(old);
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = Extents::default();
     }
 }
 
 pub(super) struct ReadCache {
-    /// Oldest first; few extents, so a scan is cheap.
-    extents: Mutex<VecDeque<Extent>>,
+    extents: Mutex<Extents>,
     /// Bumped when a write starts and when it ends.
     generation: AtomicU64,
     recent_ends: [AtomicU64; RECENT],
@@ -77,7 +166,7 @@ pub(super) struct ReadCache {
 impl ReadCache {
     pub(super) fn new() -> ReadCache {
         ReadCache {
-            extents: Mutex::new(VecDeque::new()),
+            extents: Mutex::new(Extents::default()),
             generation: AtomicU64::new(0),
             recent_ends: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
             recent_next: AtomicU64::new(0),
@@ -134,12 +223,11 @@ impl ReadCache {
         let extents = self.extents.lock().unwrap();
         let end = offset + buf.len() as u64;
         let found = extents
-            .iter()
-            .rev()
-            .find(|e| e.start <= offset && e.range().end >= end);
+            .holding(offset)
+            .filter(|(start, e)| start + e.bytes.len() as u64 >= end);
         match found {
-            Some(e) => {
-                let at = (offset - e.start) as usize;
+            Some((start, e)) => {
+                let at = (offset - start) as usize;
                 buf.copy_from_slice(&e.bytes[at..at + buf.len()]);
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 true
@@ -167,15 +255,8 @@ impl ReadCache {
         if self.generation.load(Ordering::SeqCst) != generation {
             return;
         }
-        let new = start..start + bytes.len() as u64;
-        extents.retain(|e| !(e.range().start >= new.start && e.range().end <= new.end));
-        extents.push_back(Extent { start, bytes });
-        let mut held: usize = extents.iter().map(|e| e.bytes.len()).sum();
-        while held > capacity {
-            let old = extents.pop_front().expect("over capacity means not empty");
-            held -= old.bytes.len();
-        }
-        self.count.store(extents.len(), Ordering::SeqCst);
+        extents.insert(start, bytes, capacity);
+        self.count.store(extents.by_start.len(), Ordering::SeqCst);
     }
 
     /// A write to `range` begins: extents being read now must not be kept.
@@ -193,8 +274,8 @@ impl ReadCache {
         }
         let mut extents = self.extents.lock().unwrap();
         self.generation.fetch_add(1, Ordering::SeqCst);
-        extents.retain(|e| e.range().end <= range.start || e.range().start >= range.end);
-        self.count.store(extents.len(), Ordering::SeqCst);
+        extents.drop_overlapping(&range);
+        self.count.store(extents.by_start.len(), Ordering::SeqCst);
     }
 
     /// Drops everything (the benchmark's "drop caches", a reconfiguration).
@@ -206,12 +287,7 @@ impl ReadCache {
     }
 
     pub(super) fn held_bytes(&self) -> usize {
-        self.extents
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|e| e.bytes.len())
-            .sum()
+        self.extents.lock().unwrap().held
     }
 }
 
@@ -241,6 +317,88 @@ mod tests {
         // A finished write drops what it overlaps.
         c.write_done(100_000..100_001);
         assert!(!c.lookup(100_000, &mut buf));
+    }
+
+    /// Random reads kept, writes and lookups against a model of the
+    /// array's bytes: a hit always returns the bytes the array holds,
+    /// what is held never exceeds the capacity, the count of extents the
+    /// write path checks stays right, and bytes just kept are found.
+    #[test]
+    fn lookups_always_return_what_the_array_holds() {
+        use rand::{Rng, SeedableRng};
+        const SPACE: u64 = 1 << 20;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut model: Vec<u8> = (0..SPACE).map(|i| (i % 251) as u8).collect();
+        let c = ReadCache::new();
+        let capacity = 64 << 10;
+        let (mut hits, mut version) = (0, 0u8);
+        for _ in 0..20_000 {
+            let start = rng.gen_range(0..SPACE / 512) * 512;
+            let len = (rng.gen_range(1..=32u64) * 512).min(SPACE - start);
+            let range = start as usize..(start + len) as usize;
+            match rng.gen_range(0..10) {
+                0..=3 => {
+                    let g = c.generation();
+                    c.insert(start, model[range.clone()].to_vec(), g, capacity);
+                    let mut buf = vec![0; len as usize];
+                    assert!(c.lookup(start, &mut buf), "bytes just kept are found");
+                    assert_eq!(buf, model[range]);
+                }
+                4 => {
+                    version = version.wrapping_add(1);
+                    c.write_begins();
+                    model[range].fill(version);
+                    c.write_done(start..start + len);
+                }
+                _ => {
+                    let mut buf = vec![0; len as usize];
+                    if c.lookup(start, &mut buf) {
+                        assert_eq!(buf, model[range], "a hit returns the array's bytes");
+                        hits += 1;
+                    }
+                }
+            }
+            let extents = c.extents.lock().unwrap();
+            assert!(extents.held <= capacity);
+            let sum: usize = extents.by_start.values().map(|e| e.bytes.len()).sum();
+            assert_eq!(extents.held, sum);
+            assert_eq!(c.count.load(Ordering::SeqCst), extents.by_start.len());
+            let mut end = 0;
+            for (&start, e) in &extents.by_start {
+                assert!(start >= end, "extents do not overlap");
+                end = start + e.bytes.len() as u64;
+            }
+            assert!(extents.order.len() <= 2 * extents.by_start.len() + 65);
+        }
+        assert!(hits > 100, "the cache served some reads ({hits})");
+    }
+
+    /// A read inside a kept extent does not replace it, and one reaching
+    /// into it from before cuts it short.
+    #[test]
+    fn overlapping_extents_are_cut_not_stacked() {
+        let c = ReadCache::new();
+        let g = c.generation();
+        c.insert(0, vec![1; 16384], g, 1 << 20);
+        c.insert(4096, vec![1; 4096], g, 1 << 20);
+        assert_eq!(
+            c.held_bytes(),
+            16384,
+            "a read inside an extent adds nothing"
+        );
+        c.insert(8192, vec![1; 16384], g, 1 << 20);
+        assert_eq!(
+            c.held_bytes(),
+            8192 + 16384,
+            "the first extent is cut at 8192"
+        );
+        let mut buf = vec![0; 4096];
+        assert!(c.lookup(0, &mut buf) && c.lookup(20480, &mut buf));
+        // Eviction takes the oldest, the cut one first.
+        c.insert(1 << 20, vec![2; 16384], g, 32768);
+        assert!(!c.lookup(0, &mut buf));
+        assert!(c.lookup(20480, &mut buf));
+        assert!(c.held_bytes() <= 32768);
     }
 
     #[test]

@@ -84,7 +84,33 @@ fn json_names_every_implementation_in_every_cell() {
                 results.len(),
                 implementations.len() + usize::from(isal_loaded)
             );
+            // Our best over ISA-L's, from the same medians.
+            let best = &cell["best_vs_isal"][op];
+            if isal_loaded {
+                let name = best["implementation"].as_str().expect("best's name");
+                let gbps = |n: &str| results[n]["median_gbps"].as_f64().unwrap();
+                let fastest = implementations.iter().map(|n| gbps(n)).fold(0.0, f64::max);
+                assert_eq!(gbps(name), fastest, "{op}: {name} is the fastest");
+                let ratio = best["ratio"].as_f64().expect("ratio");
+                assert!((ratio - fastest / gbps("isa-l")).abs() < 0.01, "{op}");
+            } else {
+                assert!(best.is_null(), "{op}: no ratio without ISA-L");
+            }
         }
+    }
+    // The target's verdict lists exactly the ratios below 1.
+    if isal_loaded {
+        let missed = report["target"]["missed"].as_array().expect("missed");
+        let below: usize = cells
+            .iter()
+            .flat_map(|c| {
+                ["gen_pq", "recover_two"].map(|op| c["best_vs_isal"][op]["ratio"].as_f64().unwrap())
+            })
+            .filter(|r| *r < 1.0)
+            .count();
+        assert_eq!(missed.len(), below);
+    } else {
+        assert!(report["target"].is_null());
     }
 }
 

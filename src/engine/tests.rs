@@ -2952,3 +2952,103 @@ fn a_member_in_memory_cut_short_fails_the_member_not_the_process() {
         engine.shutdown().unwrap();
     }
 }
+
+/// md's rmw_level decides which old bytes a small write reads, and
+/// max_sectors_kb how big each member I/O may be. raid6 of 6 members (4
+/// data strips): a 4 KiB write into one strip reads its old data and P
+/// and Q by read-modify-write (3 reads) or the other 3 strips by
+/// reconstruct-write (3 reads, a tie); of 8 members, 3 against 5.
+#[test]
+fn member_io_follows_rmw_level_and_max_sectors_kb() {
+    use std::collections::BTreeSet;
+    for (disks, level, rmw) in [
+        (6, "0", false),
+        (6, "1", false), // a tie goes to reconstruct-write
+        (6, "2", true),
+        (8, "0", false),
+        (8, "1", true),
+        (8, "2", true),
+    ] {
+        let (array, wrappers) = faulty_array(Level::Raid6, disks, 0);
+        let engine = Engine::start(array, EngineOptions::default()).unwrap();
+        engine.set_tunable("rmw_level", level).unwrap();
+        engine.set_tunable("read_ahead", "0").unwrap();
+        let counts = || -> Vec<(u64, u64, u64)> {
+            wrappers
+                .iter()
+                .map(|w| {
+                    let c = w.counters();
+                    (c.reads, c.read_bytes, c.writes)
+                })
+                .collect()
+        };
+        let strip = 8 << 10;
+        let data_strips = disks - 2;
+        let stripes = engine.size_bytes() as usize / (strip * data_strips);
+        let mut image = vec![0u8; engine.size_bytes() as usize];
+        // Stripes far apart, each written once, so that no parity is hot
+        // and no write looks sequential.
+        for s in (0..stripes).step_by(7).take(8) {
+            let map = engine.geometry.stripe(s as u64);
+            let i = s % data_strips;
+            let at = s * strip * data_strips + i * strip + 4096;
+            let data: Vec<u8> = (0..4096).map(|k| (k as usize * 7 + s) as u8).collect();
+            engine.drop_caches().unwrap();
+            let before = counts();
+            engine.write(at as u64, &data, false).unwrap();
+            image[at..at + 4096].copy_from_slice(&data);
+            let after = counts();
+            let read: BTreeSet<usize> = (0..disks).filter(|&m| after[m].0 > before[m].0).collect();
+            let written: BTreeSet<usize> =
+                (0..disks).filter(|&m| after[m].2 > before[m].2).collect();
+            let role = |p: &crate::geometry::Place| p.member;
+            let target = role(&map.data[i].copies[0]);
+            let parity: BTreeSet<usize> =
+                [map.p.unwrap(), map.q.unwrap()].iter().map(role).collect();
+            let others: BTreeSet<usize> = (0..data_strips)
+                .filter(|&k| k != i)
+                .map(|k| role(&map.data[k].copies[0]))
+                .collect();
+            let expected_reads: BTreeSet<usize> = if rmw {
+                parity.iter().copied().chain([target]).collect()
+            } else {
+                others
+            };
+            assert_eq!(
+                read, expected_reads,
+                "{disks} members, rmw_level {level}, stripe {s}: members read"
+            );
+            let expected_writes: BTreeSet<usize> = parity.iter().copied().chain([target]).collect();
+            assert_eq!(
+                written, expected_writes,
+                "{disks} members, rmw_level {level}"
+            );
+        }
+        // max_sectors_kb: a read of one whole strip (8 KiB, one member)
+        // goes out in member reads of at most the limit.
+        engine.set_tunable("max_sectors_kb", "4").unwrap();
+        let before = counts();
+        let mut buf = vec![0u8; strip];
+        let at = strip * data_strips; // stripe 1, strip 0: one member
+        engine.read(at as u64, &mut buf).unwrap();
+        assert_eq!(buf, image[at..at + strip]);
+        let after = counts();
+        let reads: u64 = (0..disks).map(|m| after[m].0 - before[m].0).sum();
+        let bytes: u64 = (0..disks).map(|m| after[m].1 - before[m].1).sum();
+        assert_eq!(bytes, strip as u64, "one strip read");
+        assert_eq!(reads, (strip / 4096) as u64, "in 4 KiB member reads");
+        // And a write of a whole row: every member write at most 4 KiB.
+        let before = counts();
+        let row: Vec<u8> = (0..strip * data_strips).map(|k| k as u8).collect();
+        engine.write(0, &row, false).unwrap();
+        let after = counts();
+        for m in 0..disks {
+            assert_eq!(
+                after[m].2 - before[m].2,
+                (strip / 4096) as u64,
+                "member {m}: a strip written in 4 KiB pieces"
+            );
+        }
+        engine.shutdown().unwrap();
+    }
+}

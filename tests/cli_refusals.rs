@@ -500,3 +500,20 @@ fn journal_refusals() {
         refused(&args, &array, "the array has a write journal");
     }
 }
+
+/// `--set help` lists the knobs on its own, without the devices and
+/// options a real create, serve or manage needs (the README points to it).
+#[test]
+fn set_help_lists_the_knobs_alone() {
+    for command in [
+        &["create", "--set", "help"][..],
+        &["serve", "--set=help"],
+        &["manage", "--set", "help"],
+    ] {
+        let out = uraid_ok(command);
+        let text = String::from_utf8_lossy(&out.stdout);
+        for knob in ["stripe_cache_size", "read_ahead", "rmw_level", "fast_path"] {
+            assert!(text.contains(knob), "{command:?}: {knob} missing:\n{text}");
+        }
+    }
+}

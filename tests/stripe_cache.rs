@@ -322,6 +322,13 @@ fn knobs_are_saved_set_live_shown_and_checked() {
         detail_text.contains("stripe_cache_size : 8192"),
         "detail does not show the knobs:\n{detail_text}"
     );
+    // And the parity code the server computes with, and why that one.
+    let parity = detail["parity"].as_str().expect("parity shown");
+    assert!(parity.contains("URAID_PARITY"), "{parity}");
+    assert!(
+        detail_text.contains(&format!("parity : {parity}")),
+        "{detail_text}"
+    );
     served.stop();
     // Changes made live are saved with the array.
     let served = serve(dir.path(), &[], &m);

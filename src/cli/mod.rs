@@ -88,6 +88,13 @@ enum Command {
 pub type CliResult = Result<(), String>;
 
 pub fn main() -> i32 {
+    // `--set help` lists the knobs, before clap would ask for the devices
+    // and options a real create, serve or manage needs.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if asks_for_knob_list(&args) {
+        let _ = tuning::print_help();
+        return 0;
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -135,5 +142,37 @@ pub fn main() -> i32 {
             eprintln!("uraid: {message}");
             1
         }
+    }
+}
+
+/// Whether the command line is `create`, `serve` or `manage` with
+/// `--set help` (or `--set=help`) among its arguments.
+fn asks_for_knob_list(args: &[String]) -> bool {
+    let takes_knobs = matches!(
+        args.first().map(String::as_str),
+        Some("create" | "serve" | "manage")
+    );
+    takes_knobs
+        && (args.windows(2).any(|w| w[0] == "--set" && w[1] == "help")
+            || args.iter().any(|a| a == "--set=help"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::asks_for_knob_list;
+
+    #[test]
+    fn set_help_is_found_whatever_else_is_missing() {
+        let yes =
+            |line: &str| asks_for_knob_list(&line.split(' ').map(String::from).collect::<Vec<_>>());
+        assert!(yes("create --set help"));
+        assert!(yes("serve d0 --set=help"));
+        assert!(yes("manage --set help --control x"));
+        assert!(!yes("create --set read_ahead=help"));
+        assert!(
+            !yes("bench --set help"),
+            "bench's --set is not a stored knob"
+        );
+        assert!(!yes("create --name help --set stripe_cache_size=512"));
     }
 }

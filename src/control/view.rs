@@ -52,6 +52,10 @@ pub struct DetailView {
     /// The knobs in force on a served array (stripe_cache_size, ...).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty", default)]
     pub tuning: std::collections::BTreeMap<String, String>,
+    /// The parity implementation a served raid4/5/6 computes with, and
+    /// how it was chosen (md prints its choice in the kernel log).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub parity: Option<String>,
 }
 
 fn device_numbers(path: &str) -> (u32, u32) {
@@ -218,6 +222,15 @@ impl DetailView {
             }),
             devices: rows,
             tuning: array.tuning.iter().cloned().collect(),
+            // Only the serving process knows what it runs.
+            parity: (array.serving && array.level.has_parity()).then(|| {
+                let how = if std::env::var_os(crate::parity::ENV_VAR).is_some() {
+                    "forced by URAID_PARITY"
+                } else {
+                    "the fastest in a start-up benchmark; URAID_PARITY overrides"
+                };
+                format!("{} ({how})", crate::parity::default_impl().name())
+            }),
         }
     }
 
@@ -330,6 +343,9 @@ impl DetailView {
                 if let Some(value) = self.tuning.get(*key) {
                     let _ = writeln!(o, "{key:>22} : {value}");
                 }
+            }
+            if let Some(parity) = &self.parity {
+                let _ = writeln!(o, "{:>22} : {parity}", "parity");
             }
         }
         o

@@ -898,7 +898,14 @@ mod tests {
             for (name, detected) in expect {
                 assert_eq!(names.contains(&name), detected, "{name}");
             }
+            let gfni_avx2 = is_x86_feature_detected!("gfni") && is_x86_feature_detected!("avx2");
+            assert_eq!(names.contains(&"gfni-avx2"), gfni_avx2);
         }
+        // NEON is part of every ARMv8-A CPU: on aarch64 (run under
+        // qemu-user by tests/cross/aarch64-parity) the tests above and
+        // below must have run it.
+        #[cfg(target_arch = "aarch64")]
+        assert!(names.contains(&"neon"), "{names:?}");
     }
 
     #[test]

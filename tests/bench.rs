@@ -219,6 +219,50 @@ fn json_to_stdout_keeps_it_parseable() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("randread"));
 }
 
+/// A sweep's chart: the curve per phase with the raw members' figure
+/// beside it, and no empty panel for workloads the run did not have.
+#[test]
+fn a_sweep_charts_its_curve_against_the_raw_members() {
+    let dir = common::scratch("bench-sweep");
+    let chart = dir.path().join("sweep.svg");
+    let out = uraid()
+        .args(["bench", "--dir"])
+        .arg(dir.path())
+        .args([
+            "--level",
+            "raid6",
+            "--devices",
+            "4",
+            "--size",
+            "8M",
+            "--chunk",
+            "64K",
+            "--seconds",
+            "0.02",
+            "--warmup",
+            "0",
+            "--workload",
+            "seq-1m",
+            "--targets",
+            "uraid,raw",
+            "--sweep",
+            "stripe_cache_size=256,1024",
+            "--chart",
+        ])
+        .arg(&chart)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert!(svg.contains("MB/s vs stripe_cache_size (uraid; dashed: the raw members)"));
+    assert!(svg.contains("healthy seq-1m write") && svg.contains("healthy seq-1m read"));
+    assert!(!svg.contains("queue depth"), "an empty queue-depth panel");
+}
+
 #[test]
 fn refusals_are_one_line_and_touch_nothing() {
     let dir = common::scratch("bench-refuse");

@@ -37,14 +37,20 @@ fn err(e: impl std::fmt::Display) -> String {
 }
 
 pub fn write_svg(path: &Path, rows: &[Row], sweep_key: Option<&str>) -> Result<(), String> {
-    let panels = 2 + u32::from(sweep_key.is_some());
+    // Only the panels the run has rows for (an empty panel with an empty
+    // legend box only puzzles the reader); the bars always, as the frame.
+    let queue_depth = rows.iter().any(|r| r.workload == "randread-qd");
+    let panels = 1 + u32::from(queue_depth) + u32::from(sweep_key.is_some());
     let root = SVGBackend::new(path, (WIDTH_PX, PANEL_HEIGHT_PX * panels)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let areas = root.split_evenly((panels as usize, 1));
-    draw_queue_depth(&areas[0], rows)?;
-    draw_bars(&areas[1], rows)?;
+    let mut area = areas.iter();
+    if queue_depth {
+        draw_queue_depth(area.next().expect("counted"), rows)?;
+    }
+    draw_bars(area.next().expect("counted"), rows)?;
     if let Some(key) = sweep_key {
-        draw_sweep(&areas[2], rows, key)?;
+        draw_sweep(area.next().expect("counted"), rows, key)?;
     }
     root.present().map_err(err)
 }
@@ -190,10 +196,26 @@ fn draw_sweep(area: &Area, rows: &[Row], key: &str) -> Result<(), String> {
         })
         .collect();
     let values = unique(swept.iter().filter_map(|r| r.setting.clone()));
-    let max_mb = swept.iter().map(|r| r.mb_per_s).fold(1.0, f64::max);
+    // The raw members under the same workloads, run once: flat dashed
+    // lines that the curve reads against.
+    let phase_of = |r: &Row| format!("{} {}", r.workload, r.phase);
+    let swept_phases = unique(swept.iter().map(|r| phase_of(r)));
+    let raw: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.target == "raw" && swept_phases.contains(&phase_of(r)))
+        .collect();
+    let max_mb = swept
+        .iter()
+        .chain(&raw)
+        .map(|r| r.mb_per_s)
+        .fold(1.0, f64::max);
     let mut chart = ChartBuilder::on(area)
-        .caption(format!("MB/s vs {key} (uraid)"), ("sans-serif", 20))
+        .caption(
+            format!("MB/s vs {key} (uraid; dashed: the raw members)"),
+            ("sans-serif", 20),
+        )
         .margin(10)
+        .margin_right(40)
         .x_label_area_size(35)
         .y_label_area_size(70)
         .build_cartesian_2d(0f64..(values.len().max(2) - 1) as f64, 0f64..max_mb * 1.1)
@@ -230,6 +252,19 @@ fn draw_sweep(area: &Area, rows: &[Row], key: &str) -> Result<(), String> {
             .map_err(err)?
             .label(line.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        // The same phase on the raw members, in the line's colour.
+        let phase = line.split_once(' ').map_or(line.as_str(), |(_, p)| p);
+        if let Some(r) = raw.iter().find(|r| phase_of(r) == phase) {
+            let end = (values.len().max(2) - 1) as f64;
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(0.0, r.mb_per_s), (end, r.mb_per_s)],
+                    8,
+                    6,
+                    color.stroke_width(1),
+                ))
+                .map_err(err)?;
+        }
     }
     legend(&mut chart, SeriesLabelPosition::UpperRight)
 }

@@ -47,7 +47,7 @@ impl WritePolicy {
     }
 }
 
-/// Every knob by name, with what it means; `manage --set help` prints this.
+/// Every knob by name, with what it means; `--set help` prints this.
 pub const KNOBS: &[(&str, &str)] = &[
     (
         "stripe_cache_size",
@@ -55,7 +55,8 @@ pub const KNOBS: &[(&str, &str)] = &[
     ),
     (
         "read_ahead",
-        "read-ahead in 512-byte sectors on sequential reads, as `blockdev --setra` (0 = off)",
+        "read-ahead in 512-byte sectors on sequential reads, as `blockdev --setra` (0 = off); \
+         what is read ahead is kept in the stripe cache's memory, so at most half of it is read",
     ),
     (
         "max_sectors_kb",

@@ -5,8 +5,38 @@ mod common;
 
 use common::{uraid, uraid_refused};
 use std::path::Path;
+use std::process::Command;
 use uraid::bench::nbd_client::NbdSync;
 use uraid::bench::targets::Nbdkit;
+
+/// `uraid bench` on tiny members in `dir` (64 KiB chunks, no warm-up):
+/// these tests check what is reported, never how fast.
+fn bench_tiny(dir: &Path, level: &str, devices: &str, size: &str, seconds: &str) -> Command {
+    let mut command = uraid();
+    command.args(["bench", "--dir"]).arg(dir).args([
+        "--level",
+        level,
+        "--devices",
+        devices,
+        "--size",
+        size,
+        "--chunk",
+        "64K",
+        "--seconds",
+        seconds,
+        "--warmup",
+        "0",
+    ]);
+    command
+}
+
+/// Runs `command`, which must succeed.
+fn succeeded(command: &mut Command) -> std::process::Output {
+    let out = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    out
+}
 
 const WORKLOADS: [&str; 7] = [
     "fio-randwrite",
@@ -23,22 +53,8 @@ fn every_workload_state_and_target_is_reported() {
     let dir = common::scratch("bench-all");
     let json = dir.path().join("report.json");
     let chart = dir.path().join("chart.svg");
-    let out = uraid()
-        .args(["bench", "--dir"])
-        .arg(dir.path())
+    let out = bench_tiny(dir.path(), "raid6", "4", "8M", "0.03")
         .args([
-            "--level",
-            "raid6",
-            "--devices",
-            "4",
-            "--chunk",
-            "64K",
-            "--size",
-            "8M",
-            "--seconds",
-            "0.03",
-            "--warmup",
-            "0",
             "--state",
             "healthy,degraded,rebuilding",
             "--verify",
@@ -183,36 +199,14 @@ fn every_workload_state_and_target_is_reported() {
 #[test]
 fn json_to_stdout_keeps_it_parseable() {
     let dir = common::scratch("bench-stdout");
-    let out = uraid()
-        .args(["bench", "--dir"])
-        .arg(dir.path())
-        .args([
-            "--level",
-            "raid5",
-            "--devices",
-            "3",
-            "--size",
-            "4M",
-            "--chunk",
-            "64K",
-            "--seconds",
-            "0.02",
-            "--warmup",
-            "0",
-            "--workload",
-            "randread",
-            "--targets",
-            "uraid,raw",
-            "--json",
-            "-",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = succeeded(bench_tiny(dir.path(), "raid5", "3", "4M", "0.02").args([
+        "--workload",
+        "randread",
+        "--targets",
+        "uraid,raw",
+        "--json",
+        "-",
+    ]));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = report["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2);
@@ -225,37 +219,12 @@ fn json_to_stdout_keeps_it_parseable() {
 fn a_sweep_charts_its_curve_against_the_raw_members() {
     let dir = common::scratch("bench-sweep");
     let chart = dir.path().join("sweep.svg");
-    let out = uraid()
-        .args(["bench", "--dir"])
-        .arg(dir.path())
-        .args([
-            "--level",
-            "raid6",
-            "--devices",
-            "4",
-            "--size",
-            "8M",
-            "--chunk",
-            "64K",
-            "--seconds",
-            "0.02",
-            "--warmup",
-            "0",
-            "--workload",
-            "seq-1m",
-            "--targets",
-            "uraid,raw",
-            "--sweep",
-            "stripe_cache_size=256,1024",
-            "--chart",
-        ])
-        .arg(&chart)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let sweep = "--workload seq-1m --targets uraid,raw --sweep stripe_cache_size=256,1024";
+    succeeded(
+        bench_tiny(dir.path(), "raid6", "4", "8M", "0.02")
+            .args(sweep.split(' '))
+            .arg("--chart")
+            .arg(&chart),
     );
     let svg = std::fs::read_to_string(&chart).unwrap();
     assert!(svg.contains("MB/s vs stripe_cache_size (uraid; dashed: the raw members)"));

@@ -338,11 +338,17 @@ impl StripeCache {
                     if whole || !(gather || write_back) {
                         return Offer::Direct;
                     }
-                    let used = self.entries_in_use.load(Ordering::SeqCst);
-                    if used + entries > capacity {
+                    // Checked and taken in one step: writers to rows of
+                    // other shards reserve at the same time, and a check
+                    // apart from the add let them overshoot the pool.
+                    let reserved = self.entries_in_use.fetch_update(
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                        |used| (used + entries <= capacity).then_some(used + entries),
+                    );
+                    if reserved.is_err() {
                         return Offer::Direct;
                     }
-                    self.entries_in_use.fetch_add(entries, Ordering::SeqCst);
                     self.batches.fetch_add(1, Ordering::SeqCst);
                     let batch = Arc::new(Batch {
                         stripe,

@@ -3052,3 +3052,50 @@ fn member_io_follows_rmw_level_and_max_sectors_kb() {
         engine.shutdown().unwrap();
     }
 }
+
+/// The stripe cache never holds more than stripe_cache_size entries,
+/// however many writers open batches at once: 16 threads of write-back
+/// partial-row writes at the smallest size md allows (17 entries: 8
+/// batches of 2 on 8 KiB chunks), sampled all along, then read back.
+#[test]
+fn the_stripe_cache_never_holds_more_than_its_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = make_array(dir.path(), Level::Raid6, Some("left-symmetric"), 6, 8);
+    let options = EngineOptions {
+        accept_data_loss: true,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::start(assemble(&paths, true).unwrap(), options).unwrap();
+    engine.set_tunable("stripe_cache_size", "17").unwrap();
+    engine.set_tunable("write_policy", "write-back").unwrap();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (engine, done) = (engine.clone(), done.clone());
+        std::thread::spawn(move || {
+            let (mut peak, mut samples) = (0, 0u64);
+            while !done.load(Ordering::SeqCst) {
+                let report = engine.cache_report();
+                assert!(
+                    report.entries_in_use <= report.capacity,
+                    "{} entries in a cache of {}",
+                    report.entries_in_use,
+                    report.capacity
+                );
+                peak = peak.max(report.entries_in_use);
+                samples += 1;
+            }
+            (peak, samples)
+        })
+    };
+    let image = hammer(&engine, 16, 60, 21);
+    done.store(true, Ordering::SeqCst);
+    let (peak, samples) = sampler.join().unwrap();
+    assert!(
+        peak > 0 && samples > 10,
+        "the cache was used ({peak} at most, {samples} samples)"
+    );
+    let mut back = vec![0u8; image.len()];
+    engine.read(0, &mut back).unwrap();
+    assert!(back == image, "the writes read back");
+    engine.shutdown().unwrap();
+}

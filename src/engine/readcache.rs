@@ -111,7 +111,9 @@ impl Extents {
                 let e = self.by_start.get_mut(&old).expect("just found");
                 let keep = (start - old) as usize;
                 self.held -= e.bytes.len() - keep;
+                // The memory too, not only the count: the bound is memory.
                 e.bytes.truncate(keep);
+                e.bytes.shrink_to_fit();
             } else {
                 self.remove(old);
             }
@@ -127,6 +129,12 @@ impl Extents {
                 self.remove(oldest);
             }
         }
+        self.compact();
+    }
+
+    /// Forgets the ages of extents that are gone once they outnumber the
+    /// live ones, so that the queue stays within twice the map.
+    fn compact(&mut self) {
         if self.order.len() > 2 * self.by_start.len() + 64 {
             let live = &self.by_start;
             self.order
@@ -139,6 +147,7 @@ impl Extents {
         for old in self.overlapping(range) {
             self.remove(old);
         }
+        self.compact();
     }
 
     fn clear(&mut self) {
@@ -252,10 +261,15 @@ impl ReadCache {
             return;
         }
         let mut extents = self.extents.lock().unwrap();
-        if self.generation.load(Ordering::SeqCst) != generation {
-            return;
+        // Announced before the generation is checked: a write that ends
+        // after the check (its bytes may be missing from what was read)
+        // then sees a count and drops this extent under the lock; one that
+        // ended before it moved the generation, and the bytes are refused.
+        self.count
+            .store(extents.by_start.len() + 1, Ordering::SeqCst);
+        if self.generation.load(Ordering::SeqCst) == generation {
+            extents.insert(start, bytes, capacity);
         }
-        extents.insert(start, bytes, capacity);
         self.count.store(extents.by_start.len(), Ordering::SeqCst);
     }
 
@@ -266,14 +280,15 @@ impl ReadCache {
 
     /// A write to `range` is on the members: drop what it overlaps.
     pub(super) fn write_done(&self, range: Range<u64>) {
+        // The generation moves first, then the count is read: an insert
+        // that checked the generation before it moved had announced
+        // itself in the count by then (see `insert`).
+        self.generation.fetch_add(1, Ordering::SeqCst);
         if self.count.load(Ordering::SeqCst) == 0 {
-            // Nothing held (the usual case): no lock on the write path. An
-            // insert racing with this write sees the generation move.
-            self.generation.fetch_add(1, Ordering::SeqCst);
+            // Nothing held (the usual case): no lock on the write path.
             return;
         }
         let mut extents = self.extents.lock().unwrap();
-        self.generation.fetch_add(1, Ordering::SeqCst);
         extents.drop_overlapping(&range);
         self.count.store(extents.by_start.len(), Ordering::SeqCst);
     }
@@ -368,7 +383,7 @@ mod tests {
                 assert!(start >= end, "extents do not overlap");
                 end = start + e.bytes.len() as u64;
             }
-            assert!(extents.order.len() <= 2 * extents.by_start.len() + 65);
+            assert!(extents.order.len() <= 2 * extents.by_start.len() + 64);
         }
         assert!(hits > 100, "the cache served some reads ({hits})");
     }

@@ -517,3 +517,19 @@ fn set_help_lists_the_knobs_alone() {
         }
     }
 }
+
+/// A path that is not UTF-8 is a path like any other: a one-line error
+/// for a missing device, never a panic of the argument reader.
+#[test]
+fn arguments_need_not_be_utf8() {
+    use std::os::unix::ffi::OsStrExt;
+    let out = uraid()
+        .arg("examine")
+        .arg(std::ffi::OsStr::from_bytes(b"/nonexistent/\xff"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

@@ -62,9 +62,6 @@ pub struct CreateArgs {
 }
 
 pub fn run(args: &CreateArgs) -> CliResult {
-    if args.tuning.help_requested() {
-        return super::tuning::print_help();
-    }
     let level =
         level_from_name(&args.level).ok_or_else(|| format!("unknown level '{}'", args.level))?;
     let bitmap_chunk = args

@@ -59,9 +59,6 @@ pub struct ManageArgs {
 }
 
 pub fn run(args: &ManageArgs) -> CliResult {
-    if args.tuning.help_requested() {
-        return super::tuning::print_help();
-    }
     // One change per command, as mdadm --manage takes one; the knobs
     // (several at once) are one change.
     let other = [

@@ -89,9 +89,12 @@ pub type CliResult = Result<(), String>;
 
 pub fn main() -> i32 {
     // `--set help` lists the knobs, before clap would ask for the devices
-    // and options a real create, serve or manage needs.
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    // and options a real create, serve or manage needs. (Arguments as the
+    // system gives them: a path need not be UTF-8.)
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     if asks_for_knob_list(&args) {
+        // SAFETY: as below; a list piped into `head` ends quietly.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
         let _ = tuning::print_help();
         return 0;
     }
@@ -147,9 +150,9 @@ pub fn main() -> i32 {
 
 /// Whether the command line is `create`, `serve` or `manage` with
 /// `--set help` (or `--set=help`) among its arguments.
-fn asks_for_knob_list(args: &[String]) -> bool {
+fn asks_for_knob_list(args: &[std::ffi::OsString]) -> bool {
     let takes_knobs = matches!(
-        args.first().map(String::as_str),
+        args.first().and_then(|a| a.to_str()),
         Some("create" | "serve" | "manage")
     );
     takes_knobs
@@ -164,7 +167,7 @@ mod tests {
     #[test]
     fn set_help_is_found_whatever_else_is_missing() {
         let yes =
-            |line: &str| asks_for_knob_list(&line.split(' ').map(String::from).collect::<Vec<_>>());
+            |line: &str| asks_for_knob_list(&line.split(' ').map(Into::into).collect::<Vec<_>>());
         assert!(yes("create --set help"));
         assert!(yes("serve d0 --set=help"));
         assert!(yes("manage --set help --control x"));

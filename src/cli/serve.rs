@@ -62,9 +62,6 @@ fn wait_for_stop_signal(set: &libc::sigset_t) -> i32 {
 }
 
 pub fn run(args: &ServeArgs) -> CliResult {
-    if args.tuning.help_requested() {
-        return super::tuning::print_help();
-    }
     let signals = block_stop_signals();
     let mut members = open_members(&args.devices, !args.read_only).map_err(|e| e.to_string())?;
     let mut injectors = Vec::new();

@@ -57,11 +57,6 @@ impl TuningArgs {
         Ok(out)
     }
 
-    /// `--set help`: the caller prints [`print_help`] and stops.
-    pub fn help_requested(&self) -> bool {
-        self.set.iter().any(|s| s == "help")
-    }
-
     /// The settings given, unchecked.
     pub fn pairs(&self) -> Result<Vec<(String, String)>, String> {
         let named = [

@@ -13,6 +13,7 @@
 //! with the reference, so no work can be skipped and ISA-L provably computes
 //! the same bytes as uraid.
 
+use crate::member::AlignedBuf;
 use crate::parity::{self, gf, recover_two_data, Scalar, Syndrome};
 use crate::units::parse_size_bytes;
 use rand::{Rng, SeedableRng};
@@ -126,64 +127,41 @@ impl Plan {
     }
 }
 
-/// A buffer whose first byte is page aligned, as the engine's are (O_DIRECT
-/// members, pages of members in memory) and as md's pages are; ISA-L's
-/// pq_gen needs 64 bytes. The placement matters: with 64-byte alignment,
-/// where malloc put each block changed a kernel's speed by up to a third
-/// from one run to the next (4 x 4K: 53 to 81 GB/s), as blocks happened
-/// to share or not share L1 sets and 4 KiB alias bits. Page-aligned
-/// blocks all share them, as they do in the engine.
-struct Aligned {
-    storage: Vec<u8>,
-    offset: usize,
-    len: usize,
-}
-
-const ALIGN: usize = 4096;
-
-impl Aligned {
-    fn zeroed(len: usize) -> Aligned {
-        let storage = vec![0u8; len + ALIGN];
-        let offset = storage.as_ptr().align_offset(ALIGN);
-        assert!(offset < ALIGN);
-        Aligned {
-            storage,
-            offset,
-            len,
-        }
-    }
-    fn as_slice(&self) -> &[u8] {
-        &self.storage[self.offset..self.offset + self.len]
-    }
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.storage[self.offset..self.offset + self.len]
-    }
-}
+// Every buffer is a page-aligned `AlignedBuf`, as the engine's are
+// (O_DIRECT members, pages of members in memory) and as md's pages are;
+// ISA-L's pq_gen needs 64 bytes. The placement matters: with 64-byte
+// alignment, where malloc put each block changed a kernel's speed by up
+// to a third from one run to the next (4 x 4K: 53 to 81 GB/s), as blocks
+// happened to share or not share L1 sets and 4 KiB alias bits.
+// Page-aligned blocks all share them, as they do in the engine.
 
 /// One geometry's buffers: random data, its reference P and Q (from
 /// [`Scalar`], with md's exponents 0..n-1, which are also ISA-L's).
 struct Stripe {
-    data: Vec<Aligned>,
+    data: Vec<AlignedBuf>,
     exps: Vec<u8>,
-    p: Aligned,
-    q: Aligned,
+    p: AlignedBuf,
+    q: AlignedBuf,
     chunk_bytes: usize,
 }
 
 impl Stripe {
     fn new(data_members: usize, chunk_bytes: usize) -> Stripe {
         let mut rng = rand::rngs::StdRng::seed_from_u64(data_members as u64 * chunk_bytes as u64);
-        let data: Vec<Aligned> = (0..data_members)
+        let data: Vec<AlignedBuf> = (0..data_members)
             .map(|_| {
-                let mut block = Aligned::zeroed(chunk_bytes);
-                rng.fill(block.as_mut_slice());
+                let mut block = AlignedBuf::zeroed(chunk_bytes);
+                rng.fill(&mut block[..]);
                 block
             })
             .collect();
         let exps: Vec<u8> = (0..data_members as u8).collect();
-        let (mut p, mut q) = (Aligned::zeroed(chunk_bytes), Aligned::zeroed(chunk_bytes));
-        let slices: Vec<&[u8]> = data.iter().map(Aligned::as_slice).collect();
-        Scalar.gen_pq(&slices, &exps, p.as_mut_slice(), q.as_mut_slice());
+        let (mut p, mut q) = (
+            AlignedBuf::zeroed(chunk_bytes),
+            AlignedBuf::zeroed(chunk_bytes),
+        );
+        let slices: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
+        Scalar.gen_pq(&slices, &exps, &mut p[..], &mut q[..]);
         Stripe {
             data,
             exps,
@@ -194,7 +172,7 @@ impl Stripe {
     }
 
     fn slices(&self) -> Vec<&[u8]> {
-        self.data.iter().map(Aligned::as_slice).collect()
+        self.data.iter().map(|b| &b[..]).collect()
     }
 
     /// The data bytes one operation covers.
@@ -295,12 +273,12 @@ fn measure_cell(stripe: &Stripe, plan: &Plan, isal: Option<&isal::Isal>) -> Resu
         .filter(|k| *k != x && *k != y)
         .map(|k| stripe.exps[k])
         .collect();
-    let (p_ref, q_ref) = (stripe.p.as_slice(), stripe.q.as_slice());
+    let (p_ref, q_ref) = (&stripe.p[..], &stripe.q[..]);
 
     // One set of output buffers per contestant, checked after timing.
     let n_out = plan.impls.len() + usize::from(isal.is_some());
-    let mut outputs: Vec<[Aligned; 2]> = (0..n_out)
-        .map(|_| [Aligned::zeroed(len), Aligned::zeroed(len)])
+    let mut outputs: Vec<[AlignedBuf; 2]> = (0..n_out)
+        .map(|_| [AlignedBuf::zeroed(len), AlignedBuf::zeroed(len)])
         .collect();
     let mut isal_gen = isal.map(|lib| lib.pq_gen_job(&data, len));
     let isal_decode = isal
@@ -321,8 +299,8 @@ fn measure_cell(stripe: &Stripe, plan: &Plan, isal: Option<&isal::Isal>) -> Resu
         for (imp, [p, q]) in plan.impls.iter().zip(ours.iter_mut()) {
             let (data, exps) = (&data, &stripe.exps);
             runs.push(Box::new(move || {
-                imp.gen_pq(black_box(data), exps, p.as_mut_slice(), q.as_mut_slice());
-                black_box((p.as_slice().as_ptr(), q.as_slice().as_ptr()));
+                imp.gen_pq(black_box(data), exps, &mut p[..], &mut q[..]);
+                black_box((p.as_ptr(), q.as_ptr()));
             }));
         }
         if let (Some(lib), Some(job)) = (isal, isal_gen.as_mut()) {
@@ -336,8 +314,8 @@ fn measure_cell(stripe: &Stripe, plan: &Plan, isal: Option<&isal::Isal>) -> Resu
     };
     for (name, [p, q]) in names.iter().zip(&outputs) {
         if *name != ISAL_NAME {
-            check_same(name, "P", p.as_slice(), p_ref, stripe)?;
-            check_same(name, "Q", q.as_slice(), q_ref, stripe)?;
+            check_same(name, "P", &p[..], p_ref, stripe)?;
+            check_same(name, "Q", &q[..], q_ref, stripe)?;
         }
     }
     if let Some(job) = &isal_gen {
@@ -361,21 +339,17 @@ fn measure_cell(stripe: &Stripe, plan: &Plan, isal: Option<&isal::Isal>) -> Resu
                     q_ref,
                     exps[x],
                     exps[y],
-                    out_x.as_mut_slice(),
-                    out_y.as_mut_slice(),
+                    &mut out_x[..],
+                    &mut out_y[..],
                 );
-                black_box((out_x.as_slice().as_ptr(), out_y.as_slice().as_ptr()));
+                black_box((out_x.as_ptr(), out_y.as_ptr()));
             }));
         }
         if let (Some(decoder), Some([out_x, out_y])) = (isal_decode.as_ref(), theirs.first_mut()) {
             let mut sources: Vec<&[u8]> = present.clone();
             sources.extend([p_ref, q_ref]);
             runs.push(Box::new(move || {
-                decoder.decode(
-                    black_box(&sources),
-                    out_x.as_mut_slice(),
-                    out_y.as_mut_slice(),
-                );
+                decoder.decode(black_box(&sources), &mut out_x[..], &mut out_y[..]);
             }));
         }
         let mut refs: Vec<&mut dyn FnMut()> = runs
@@ -385,29 +359,16 @@ fn measure_cell(stripe: &Stripe, plan: &Plan, isal: Option<&isal::Isal>) -> Resu
         time_interleaved(&mut refs, plan.per_contestant)
     };
     for (name, [out_x, out_y]) in names.iter().zip(&outputs) {
-        check_same(
-            name,
-            "recovered data member 0",
-            out_x.as_slice(),
-            data[x],
-            stripe,
-        )?;
-        check_same(
-            name,
-            "recovered data member 1",
-            out_y.as_slice(),
-            data[y],
-            stripe,
-        )?;
+        check_same(name, "recovered data member 0", &out_x[..], data[x], stripe)?;
+        check_same(name, "recovered data member 1", &out_y[..], data[y], stripe)?;
     }
 
     // Memory copy of the same byte count, from one contiguous buffer.
-    let src = Aligned::zeroed(stripe.data_bytes());
-    let mut dst = Aligned::zeroed(stripe.data_bytes());
+    let src = AlignedBuf::zeroed(stripe.data_bytes());
+    let mut dst = AlignedBuf::zeroed(stripe.data_bytes());
     let mut copy = || {
-        dst.as_mut_slice()
-            .copy_from_slice(black_box(src.as_slice()));
-        black_box(dst.as_slice().as_ptr());
+        dst.copy_from_slice(black_box(&src[..]));
+        black_box(dst.as_ptr());
     };
     let memcpy = time_interleaved(&mut [&mut copy as &mut dyn FnMut()], plan.per_contestant)[0];
 
@@ -631,7 +592,7 @@ fn machine_json() -> Value {
 
 /// Intel ISA-L, loaded at run time so that uraid does not depend on it.
 mod isal {
-    use super::{gf, Aligned};
+    use super::{gf, AlignedBuf};
     use libloading::Library;
     use std::os::raw::{c_int, c_uchar, c_void};
 
@@ -689,12 +650,12 @@ mod isal {
         /// Buffers for pq_gen over `data`: its own P and Q, and the pointer
         /// array it takes (data..., P, Q).
         pub fn pq_gen_job(&self, data: &[&[u8]], len: usize) -> PqGenJob {
-            let mut p = Aligned::zeroed(len);
-            let mut q = Aligned::zeroed(len);
+            let mut p = AlignedBuf::zeroed(len);
+            let mut q = AlignedBuf::zeroed(len);
             let mut pointers: Vec<*mut c_void> =
                 data.iter().map(|d| d.as_ptr() as *mut c_void).collect();
-            pointers.push(p.as_mut_slice().as_mut_ptr().cast());
-            pointers.push(q.as_mut_slice().as_mut_ptr().cast());
+            pointers.push(p.as_mut_ptr().cast());
+            pointers.push(q.as_mut_ptr().cast());
             PqGenJob {
                 pointers,
                 len,
@@ -766,16 +727,16 @@ mod isal {
     pub struct PqGenJob {
         pointers: Vec<*mut c_void>,
         len: usize,
-        _p: Aligned,
-        _q: Aligned,
+        _p: AlignedBuf,
+        _q: AlignedBuf,
     }
 
     impl PqGenJob {
         pub fn p(&self) -> &[u8] {
-            self._p.as_slice()
+            &self._p[..]
         }
         pub fn q(&self) -> &[u8] {
-            self._q.as_slice()
+            &self._q[..]
         }
     }
 

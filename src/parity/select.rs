@@ -84,18 +84,23 @@ const BENCH_TRIES: usize = 3;
 /// The implementation with the highest throughput on P+Q generation plus
 /// two-data recovery (the work of a write and of a degraded read).
 fn fastest() -> &'static dyn Syndrome {
-    let blocks: Vec<Vec<u8>> = (0..BENCH_DATA)
-        .map(|k| {
-            (0..BENCH_BLOCK_BYTES)
-                .map(|i| (i * 31 + k * 7) as u8)
-                .collect()
-        })
-        .collect();
-    let data: Vec<&[u8]> = blocks.iter().map(Vec::as_slice).collect();
+    // Every block page aligned, as the engine's buffers are: where malloc
+    // happens to put blocks changes a kernel's speed by up to a third
+    // (docs/BENCHMARKS.md, session 12), and the choice must not hang on it.
+    const PAGE: usize = 4096;
+    let blocks = BENCH_DATA + 4; // the data, P, Q, and two recovered
+    let mut arena = vec![0u8; blocks * BENCH_BLOCK_BYTES + PAGE];
+    let skip = arena.as_ptr().align_offset(PAGE);
+    let mut chunks = arena[skip..skip + blocks * BENCH_BLOCK_BYTES].chunks_mut(BENCH_BLOCK_BYTES);
+    let mut data_blocks: Vec<&mut [u8]> = chunks.by_ref().take(BENCH_DATA).collect();
+    for (k, block) in data_blocks.iter_mut().enumerate() {
+        for (i, byte) in block.iter_mut().enumerate() {
+            *byte = (i * 31 + k * 7) as u8;
+        }
+    }
+    let data: Vec<&[u8]> = data_blocks.into_iter().map(|b| &*b).collect();
     let exps: Vec<u8> = (0..BENCH_DATA as u8).collect();
-    let mut p = vec![0u8; BENCH_BLOCK_BYTES];
-    let mut q = vec![0u8; BENCH_BLOCK_BYTES];
-    let (mut x, mut y) = (vec![0u8; BENCH_BLOCK_BYTES], vec![0u8; BENCH_BLOCK_BYTES]);
+    let [p, q, x, y] = [(); 4].map(|_| chunks.next().expect("four more blocks"));
     let mut best: Option<(&'static dyn Syndrome, Duration)> = None;
     for imp in implementations() {
         let round = |p: &mut [u8], q: &mut [u8], x: &mut [u8], y: &mut [u8]| {
@@ -111,7 +116,7 @@ fn fastest() -> &'static dyn Syndrome {
             // the whole try before its first round (then 0 rounds divided
             // the time by zero and uraid panicked at start).
             loop {
-                round(&mut p, &mut q, &mut x, &mut y);
+                round(p, q, x, y);
                 rounds += 1;
                 if start.elapsed() >= BENCH_TIME_PER_TRY {
                     break;

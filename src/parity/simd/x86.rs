@@ -251,10 +251,10 @@ simd_entries!(Gfni256Set, "gfni-avx2", Gfni256, 4, "avx2,gfni");
 // GFNI at 512 bits walks eight vectors (512 bytes) of every block per
 // group: page-aligned blocks all share L1 sets, and the longer run per
 // block keeps more lines in flight. Measured against four on this
-// project's Zen 4 (docs/BENCHMARKS.md, session 12): 8 x 4K 0.96 of ISA-L
-// to 1.01 and 1.05, 14 x 4K 1.23 to 1.51 and 1.59; 4 data members within
-// the run-to-run noise (4 x 4K 1.09 to 1.01 and 0.92, where memcpy moves
-// as much). It has 32 registers for the 24 (P, Q, data) it needs.
+// project's Zen 4 (docs/BENCHMARKS.md, sessions 12 and 13), gen P+Q over
+// ISA-L: 4 x 64K 1.15 against 0.99, 14 x 4K 1.59-1.70 against 1.43; four
+// is ahead at 8 x 4K (1.44-1.51 against 1.31), both are above ISA-L
+// everywhere. It has 32 registers for the 24 (P, Q, data) it needs.
 simd_entries!(Gfni512Set, "gfni", Gfni512, 8, "avx512f,avx512bw,gfni");
 
 // SAFETY (all five): these values are only handed out by `detected`, after

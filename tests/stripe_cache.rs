@@ -329,6 +329,17 @@ fn knobs_are_saved_set_live_shown_and_checked() {
         detail_text.contains(&format!("parity : {parity}")),
         "{detail_text}"
     );
+    // read_ahead fetches at most half the stripe cache's memory: at 17
+    // entries of 4 data strips that is 17 x 4 KiB x 4 / 2 = 272 sectors,
+    // and detail shows that value in force beside the 512 set.
+    manage_ok(&served.control, &["--stripe-cache-size", "17"]);
+    let read_ahead = served.detail_json()["tuning"]["read_ahead"].clone();
+    assert_eq!(
+        read_ahead, "272 (set 512; at most half the stripe cache)",
+        "{read_ahead}"
+    );
+    manage_ok(&served.control, &["--stripe-cache-size", "8192"]);
+    assert_eq!(served.detail_json()["tuning"]["read_ahead"], "512");
     served.stop();
     // Changes made live are saved with the array.
     let served = serve(dir.path(), &[], &m);

@@ -14,7 +14,11 @@ pub fn set(engine: &Engine, key: &str, value: &str) -> Result<(), String> {
 
 /// Sets one knob and returns the value it had, to be set back.
 pub fn swap(engine: &Engine, key: &str, value: &str) -> Result<String, String> {
-    let before = list(engine)
+    // The values as set, not as `list` shows them: read_ahead in force
+    // may carry a note that `set` would refuse.
+    let before = engine
+        .tuning()
+        .pairs()
         .into_iter()
         .find(|(k, _)| k == key)
         .map(|(_, v)| v)

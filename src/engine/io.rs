@@ -228,16 +228,14 @@ impl Engine {
         if self.reads.lookup(offset, buf) {
             return Ok(());
         }
-        let capacity = t.stripe_cache_size() as usize
-            * super::tuning::STRIPE_CACHE_PAGE
-            * self.row.data_strips;
+        let capacity = self.read_cache_bytes();
         let generation = self.reads.generation();
         // Read-ahead serves a client that reads a stream one request at a
         // time (dd, a single-threaded reader); one that keeps reads in
         // flight is its own read-ahead, and fetching more would read twice.
         // Half the cache at most, so that what is fetched stays.
         let extra = if lone_stream {
-            read_ahead.min(capacity as u64 / 2)
+            read_ahead.min(self.read_ahead_cap_bytes())
         } else {
             0
         };
@@ -255,6 +253,20 @@ impl Engine {
         buf.copy_from_slice(&ahead[..len]);
         self.reads.insert(offset, ahead, generation, capacity);
         Ok(())
+    }
+
+    /// What the read cache may hold: the stripe cache's pages over the
+    /// data strips of a row, md's memory for stripe_cache_size.
+    fn read_cache_bytes(&self) -> usize {
+        self.tunables.stripe_cache_size() as usize
+            * super::tuning::STRIPE_CACHE_PAGE
+            * self.row.data_strips
+    }
+
+    /// The most one read-ahead fetches: half the read cache, so that what
+    /// is fetched stays until it is read.
+    pub(super) fn read_ahead_cap_bytes(&self) -> u64 {
+        self.read_cache_bytes() as u64 / 2
     }
 
     /// Where the bytes of a read lie on the members, for a server that

@@ -695,8 +695,21 @@ impl Engine {
     }
 
     /// Every knob in force, as (name, value).
+    /// The knobs as `detail` shows them: each value in force. read_ahead
+    /// is capped at half the read cache (see `read_cached`); where the cap
+    /// bites, the value in force comes first and the value set after it.
     pub fn tunables(&self) -> Vec<(String, String)> {
-        self.tunables.values().pairs()
+        let mut pairs = self.tunables.values().pairs();
+        let set = self.tunables.read_ahead_sectors() as u64;
+        let cap = self.read_ahead_cap_bytes() / SECTOR_BYTES;
+        if set > cap {
+            for (key, value) in pairs.iter_mut() {
+                if key == "read_ahead" {
+                    *value = format!("{cap} (set {set}; at most half the stripe cache)");
+                }
+            }
+        }
+        pairs
     }
 
     pub fn tuning(&self) -> tuning::TuningValues {

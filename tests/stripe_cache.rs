@@ -345,4 +345,26 @@ fn knobs_are_saved_set_live_shown_and_checked() {
     let served = serve(dir.path(), &[], &m);
     assert_eq!(served.detail_json()["tuning"]["stripe_cache_size"], "8192");
     served.stop();
+    // Offline, detail shows what a server would start with, and says so.
+    let mut args = vec!["detail"];
+    args.extend(m.iter().copied());
+    let offline = String::from_utf8_lossy(&uraid_ok(&args).stdout).to_string();
+    assert!(
+        offline.contains("Tuning (uraid, saved; applied when served):")
+            && offline.contains("stripe_cache_size : 8192")
+            && offline.contains("fast_path : off"),
+        "{offline}"
+    );
+    // A settings file that is not one leaves detail working, without knobs.
+    for entry in std::fs::read_dir(&config).unwrap() {
+        std::fs::write(entry.unwrap().path(), "not json").unwrap();
+    }
+    let out = uraid_ok(&args);
+    let offline = String::from_utf8_lossy(&out.stdout);
+    assert!(!offline.contains("Tuning"), "{offline}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("saved settings not shown"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

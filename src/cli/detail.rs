@@ -2,9 +2,11 @@
 //! (--control) or from the members' superblocks (offline).
 
 use super::text::hostname;
+use super::tuning::{values_for_serve, TuningArgs};
 use super::CliResult;
 use crate::array::assemble;
 use crate::control::{self, view::DetailView, Request};
+use crate::engine::tuning::TuningValues;
 use crate::engine::Snapshot;
 use std::path::{Path, PathBuf};
 
@@ -24,7 +26,23 @@ pub fn run(control_socket: Option<&Path>, devices: &[PathBuf], json: bool) -> Cl
         }
         (None, false) => {
             let array = assemble(devices, false).map_err(|e| e.to_string())?;
-            let view = DetailView::from_snapshot(&Snapshot::from_assembled(&array));
+            let mut view = DetailView::from_snapshot(&Snapshot::from_assembled(&array));
+            // Not served, so nothing is in force: show what `serve` would
+            // start with, md's defaults and the settings saved with the array.
+            let defaults = TuningValues::defaults(array.geometry.stripe(0).data_sectors());
+            // A settings file that cannot be read does not hide the array.
+            match values_for_serve(
+                &array.sb.uuid_string(),
+                defaults,
+                &TuningArgs::default(),
+                crate::array::has_journal_feature(&array.sb),
+            ) {
+                Ok((values, _)) => {
+                    view.tuning = values.pairs().into_iter().collect();
+                    view.tuning_saved = true;
+                }
+                Err(e) => eprintln!("uraid: saved settings not shown: {e}"),
+            }
             (
                 view.text(&hostname()),
                 serde_json::to_value(&view).expect("serializable"),

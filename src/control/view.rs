@@ -52,6 +52,11 @@ pub struct DetailView {
     /// The knobs in force on a served array (stripe_cache_size, ...).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty", default)]
     pub tuning: std::collections::BTreeMap<String, String>,
+    /// The knobs are those a server would start with (md's defaults and
+    /// the settings saved with the array), not values in force: detail of
+    /// an array that is not served.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub tuning_saved: bool,
     /// The parity implementation a served raid4/5/6 computes with, and
     /// how it was chosen (md prints its choice in the kernel log).
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -222,6 +227,7 @@ impl DetailView {
             }),
             devices: rows,
             tuning: array.tuning.iter().cloned().collect(),
+            tuning_saved: false,
             // Only the serving process knows what it runs.
             parity: (array.serving && array.level.has_parity()).then(|| {
                 let how = if std::env::var_os(crate::parity::ENV_VAR).is_some() {
@@ -338,7 +344,12 @@ impl DetailView {
         // After mdadm's part, which stays as mdadm prints it: the knobs that
         // md keeps in sysfs and a controller shows per virtual disk.
         if !self.tuning.is_empty() {
-            let _ = writeln!(o, "\n    Tuning (uraid):");
+            let heading = if self.tuning_saved {
+                "Tuning (uraid, saved; applied when served)"
+            } else {
+                "Tuning (uraid)"
+            };
+            let _ = writeln!(o, "\n    {heading}:");
             for (key, _) in crate::engine::tuning::KNOBS {
                 if let Some(value) = self.tuning.get(*key) {
                     let _ = writeln!(o, "{key:>22} : {value}");

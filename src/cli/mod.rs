@@ -87,7 +87,34 @@ enum Command {
 /// A command's failure: one line for the user.
 pub type CliResult = Result<(), String>;
 
+/// Keeps memory that threads free for their next buffers.
+///
+/// glibc gives the top of a thread's heap back to the kernel once more
+/// than 128 KiB is free there, and serves allocations above a threshold
+/// with mmap; every request and parity buffer then faults in fresh pages
+/// that the kernel zeroes first. Profiled on raid6 random writes in
+/// memory, that zeroing (`clear_page_erms`) was 9 % of the CPU. With both
+/// thresholds raised, freed memory is kept and reused: the heap stays at
+/// its peak, which the stripe cache and the request limits bound.
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        /// glibc's largest mmap threshold on 64-bit (4 MiB x sizeof(long)):
+        /// every request below the server's 32 MiB payload limit comes
+        /// from the heap.
+        const MMAP_THRESHOLD: libc::c_int = 32 << 20;
+        const TRIM_THRESHOLD: libc::c_int = 256 << 20;
+        // SAFETY: mallopt only changes allocator parameters; it is called
+        // before this process starts any thread.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD);
+        }
+    }
+}
+
 pub fn main() -> i32 {
+    keep_freed_memory();
     // `--set help` lists the knobs, before clap would ask for the devices
     // and options a real create, serve or manage needs. (Arguments as the
     // system gives them: a path need not be UTF-8.)

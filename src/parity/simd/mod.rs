@@ -171,22 +171,21 @@ impl<V: Vector> Plan<V> {
     unsafe fn fill(&mut self, data: &[&[u8]], exps: Option<&[u8]>) {
         assert!(data.len() <= gf::ORDER);
         assert_eq!(self.len, 0, "a plan is filled once");
-        let plan = self;
         match exps {
             _ if data.is_empty() => {}
             None => {
                 for block in data {
-                    plan.push(block, 0);
+                    self.push(block, 0);
                 }
             }
             Some(exps) if is_consecutive(exps) => {
                 // md's usual layouts (and DDF's without a gap): Horner visits
                 // the blocks from the last, each step a multiplication by g.
                 for block in data.iter().rev() {
-                    plan.push(block, 0);
+                    self.push(block, 0);
                 }
                 if exps[0] != 0 {
-                    plan.final_mul = Some(V::prepare(gf::pow2(exps[0])));
+                    self.final_mul = Some(V::prepare(gf::pow2(exps[0])));
                 }
             }
             Some(exps) => {
@@ -194,17 +193,17 @@ impl<V: Vector> Plan<V> {
                 for &(k, shift) in horner.steps() {
                     let mut mul = 0;
                     if shift > 1 {
-                        plan.muls.push(V::prepare(gf::pow2(shift)));
-                        mul = plan.muls.len() as u8;
+                        self.muls.push(V::prepare(gf::pow2(shift)));
+                        mul = self.muls.len() as u8;
                     }
-                    plan.push(data[k as usize], mul);
+                    self.push(data[k as usize], mul);
                 }
                 if horner.final_shift != 0 {
-                    plan.final_mul = Some(V::prepare(gf::pow2(horner.final_shift)));
+                    self.final_mul = Some(V::prepare(gf::pow2(horner.final_shift)));
                 }
             }
         }
-        assert_eq!(plan.len, data.len());
+        assert_eq!(self.len, data.len());
     }
 
     #[inline(always)]

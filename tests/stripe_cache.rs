@@ -368,3 +368,104 @@ fn knobs_are_saved_set_live_shown_and_checked() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn write_back_consent_is_saved_and_a_refused_command_changes_nothing() {
+    let config = config_dir();
+    let dir = scratch("cache-consent");
+    let members = raid6(dir.path(), &[]);
+    let m: Vec<&str> = members.iter().map(String::as_str).collect();
+
+    // A command refused for any of its settings grants nothing, not even
+    // the permission to write back that it carried.
+    let served = serve(dir.path(), &[], &m);
+    let uuid = served.detail_json()["uuid"].as_str().unwrap().to_string();
+    let path = config.join(format!("{uuid}.json"));
+    let why = manage_refused(
+        &served.control,
+        &[
+            "--write-policy",
+            "write-back",
+            "--i-accept-data-loss",
+            "--set",
+            "colour=blue",
+        ],
+    );
+    assert!(why.contains("colour"), "{why}");
+    manage_refused(&served.control, &["--write-policy", "write-back"]);
+    // One knob given twice is refused, not left to the order of the flags.
+    let why = manage_refused(
+        &served.control,
+        &[
+            "--stripe-cache-size",
+            "200",
+            "--set",
+            "stripe_cache_size=100",
+        ],
+    );
+    assert!(why.contains("twice"), "{why}");
+    assert_eq!(served.detail_json()["tuning"]["stripe_cache_size"], "256");
+    served.stop();
+
+    // Write-back set live on a server started with consent is saved with
+    // that consent: the next plain serve starts with it.
+    let served = serve(dir.path(), &["--i-accept-data-loss"], &m);
+    manage_ok(&served.control, &["--write-policy", "write-back"]);
+    served.stop();
+    let served = serve(dir.path(), &[], &m);
+    let detail = served.detail_json();
+    assert_eq!(detail["tuning"]["write_policy"], "write-back", "{detail}");
+    served.stop();
+
+    // Saved write-back that nothing protects any more (edited here) does
+    // not stop the array: it writes through and serve says so.
+    let mut saved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    saved["accept_data_loss"] = false.into();
+    std::fs::write(&path, saved.to_string()).unwrap();
+    let served = serve(dir.path(), &[], &m);
+    let detail = served.detail_json();
+    assert_eq!(
+        detail["tuning"]["write_policy"], "write-through",
+        "{detail}"
+    );
+    let said = served.stop();
+    assert!(said.contains("writing through"), "{said}");
+    // Consent given to this run brings it back.
+    let served = serve(dir.path(), &["--i-accept-data-loss"], &m);
+    assert_eq!(served.detail_json()["tuning"]["write_policy"], "write-back");
+    served.stop();
+
+    // On a read-only server a command with write_policy is refused whole:
+    // the stripe cache size it also carried is not applied either.
+    let served = serve(dir.path(), &["--read-only"], &m);
+    let before = served.detail_json()["tuning"]["stripe_cache_size"].clone();
+    manage_refused(
+        &served.control,
+        &[
+            "--stripe-cache-size",
+            "512",
+            "--write-policy",
+            "write-through",
+        ],
+    );
+    assert_eq!(served.detail_json()["tuning"]["stripe_cache_size"], before);
+    served.stop();
+
+    // Offline, detail shows read-ahead as a server would cap it: at 17
+    // entries of 4 data strips, half the cache is 272 sectors.
+    std::fs::remove_file(&path).unwrap();
+    let served = serve(dir.path(), &[], &m);
+    manage_ok(
+        &served.control,
+        &["--stripe-cache-size", "17", "--read-ahead", "512"],
+    );
+    served.stop();
+    let mut args = vec!["detail"];
+    args.extend(m.iter().copied());
+    let offline = String::from_utf8_lossy(&uraid_ok(&args).stdout).to_string();
+    assert!(
+        offline.contains("read_ahead : 272 (set 512; at most half the stripe cache)"),
+        "{offline}"
+    );
+}

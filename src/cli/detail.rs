@@ -38,7 +38,8 @@ pub fn run(control_socket: Option<&Path>, devices: &[PathBuf], json: bool) -> Cl
                 crate::array::has_journal_feature(&array.sb),
             ) {
                 Ok((values, _)) => {
-                    view.tuning = values.pairs().into_iter().collect();
+                    let data_strips = array.geometry.stripe(0).data.len();
+                    view.tuning = values.shown(data_strips).into_iter().collect();
                     view.tuning_saved = true;
                 }
                 Err(e) => eprintln!("uraid: saved settings not shown: {e}"),

@@ -17,7 +17,7 @@ pub struct TuningArgs {
     /// write-through (ack when on the members) or write-back (ack from cache; needs --i-accept-data-loss).
     #[arg(long, value_name = "POLICY")]
     pub write_policy: Option<String>,
-    /// Keep data read or written in the stripe cache for later reads: on or off.
+    /// Keep data read in the stripe cache for later reads (small random reads on the fast path bypass it): on or off.
     #[arg(long, value_name = "on|off")]
     pub read_cache: Option<String>,
     /// Send small random reads straight to their member (over NBD, on the connection's io_uring): on or off.
@@ -77,6 +77,13 @@ impl TuningArgs {
             let (k, v) = split_setting(text)?;
             out.push((k.to_string(), v.to_string()));
         }
+        // Two values for one knob would leave the one in force to the
+        // order of the flags: refused rather than guessed.
+        for (i, (k, v)) in out.iter().enumerate() {
+            if let Some((_, w)) = out[..i].iter().find(|(old, _)| old == k) {
+                return Err(format!("{k} given twice ({w} and {v})"));
+            }
+        }
         Ok(out)
     }
 
@@ -104,8 +111,15 @@ pub fn values_for_serve(
 ) -> Result<(TuningValues, bool), String> {
     let stored = saved::load(uuid)?;
     let accept = stored.accept_data_loss || args.i_accept_data_loss;
-    let mut values = saved::apply(defaults, &stored, journaled)?;
-    for (k, v) in args.settings(&values, journaled)? {
+    let given = args.pairs()?;
+    let (mut values, warnings) = saved::apply(defaults, &stored, accept || journaled)?;
+    // A saved write policy that this run sets anew needs no warning.
+    if !given.iter().any(|(k, _)| k == "write_policy") {
+        for warning in warnings {
+            eprintln!("uraid: {warning}");
+        }
+    }
+    for (k, v) in given {
         values.set(&k, &v, accept || journaled)?;
     }
     Ok((values, accept))

@@ -266,7 +266,8 @@ impl Engine {
     /// The most one read-ahead fetches: half the read cache, so that what
     /// is fetched stays until it is read.
     pub(super) fn read_ahead_cap_bytes(&self) -> u64 {
-        self.read_cache_bytes() as u64 / 2
+        let entries = self.tunables.stripe_cache_size();
+        super::tuning::read_ahead_cap_sectors(entries, self.row.data_strips) * SECTOR_BYTES
     }
 
     /// Where the bytes of a read lie on the members, for a server that

@@ -600,20 +600,33 @@ impl Engine {
         settings: &[(String, String)],
         accept_data_loss: bool,
     ) -> Result<String, String> {
-        if accept_data_loss {
-            self.tunables.allow_write_back();
-        }
+        // Everything is checked before anything changes: a refused command
+        // leaves the knobs, and the permission to write back, as they were.
+        let allowed = accept_data_loss || self.tunables.write_back_allowed();
         let mut check = self.tunables.values();
         for (k, v) in settings {
-            check.set(k, v, self.tunables.write_back_allowed())?;
+            if self.read_only && k == "write_policy" {
+                return Err("the array is served read-only".into());
+            }
+            check.set(k, v, allowed)?;
+        }
+        if accept_data_loss {
+            self.tunables.allow_write_back();
         }
         for (k, v) in settings {
             self.set_tunable(k, v)?;
         }
         let uuid = self.array.lock().unwrap().sb.uuid_string();
+        // Saved write-back is saved with the consent that allowed it (this
+        // command's, or the server's --i-accept-data-loss), so that the
+        // next `serve` may start with it; a journal needs none.
+        let write_back = settings.iter().any(|(k, _)| k == "write_policy")
+            && check.write_policy == tuning::WritePolicy::WriteBack;
+        let consent = accept_data_loss
+            || (write_back && self.journal.is_none() && self.tunables.write_back_allowed());
         // In force already; a settings folder that cannot be written only
         // means they will not outlive this run, which the reply says.
-        let saved = tuning::saved::save_changes(&uuid, settings, accept_data_loss);
+        let saved = tuning::saved::save_changes(&uuid, settings, consent);
         let now = self.tunables.values().pairs();
         let shown: Vec<String> = settings
             .iter()
@@ -694,22 +707,10 @@ impl Engine {
         Ok(())
     }
 
-    /// Every knob in force, as (name, value).
-    /// The knobs as `detail` shows them: each value in force. read_ahead
-    /// is capped at half the read cache (see `read_cached`); where the cap
-    /// bites, the value in force comes first and the value set after it.
+    /// The knobs as `detail` shows them: each value in force (see
+    /// [`tuning::TuningValues::shown`]).
     pub fn tunables(&self) -> Vec<(String, String)> {
-        let mut pairs = self.tunables.values().pairs();
-        let set = self.tunables.read_ahead_sectors() as u64;
-        let cap = self.read_ahead_cap_bytes() / SECTOR_BYTES;
-        if set > cap {
-            for (key, value) in pairs.iter_mut() {
-                if key == "read_ahead" {
-                    *value = format!("{cap} (set {set}; at most half the stripe cache)");
-                }
-            }
-        }
-        pairs
+        self.tunables.values().shown(self.row.data_strips)
     }
 
     pub fn tuning(&self) -> tuning::TuningValues {

@@ -68,7 +68,7 @@ pub const KNOBS: &[(&str, &str)] = &[
     ),
     (
         "read_cache",
-        "on: keep what was read or written in the stripe cache for later reads; off: do not",
+        "on: keep what is read in the stripe cache for later reads (not small random reads while fast_path is on: those bypass the cache); off: do not",
     ),
     (
         "fast_path",
@@ -194,6 +194,37 @@ impl TuningValues {
             ("group_thread_cnt".into(), self.group_thread_cnt.to_string()),
         ]
     }
+
+    /// The most one read-ahead fetches, in sectors, for an array whose
+    /// rows have `data_strips` data strips: half the read cache (the
+    /// stripe cache's pages over the data strips, md's memory for
+    /// stripe_cache_size), so that what is fetched stays until it is read.
+    pub fn read_ahead_cap_sectors(&self, data_strips: usize) -> u64 {
+        read_ahead_cap_sectors(self.stripe_cache_size, data_strips)
+    }
+
+    /// The knobs as `detail` shows them: each value in force. Where the
+    /// cap on read-ahead bites, the value in force comes first and the
+    /// value set after it.
+    pub fn shown(&self, data_strips: usize) -> Vec<(String, String)> {
+        let mut pairs = self.pairs();
+        let set = self.read_ahead as u64;
+        let cap = self.read_ahead_cap_sectors(data_strips);
+        if set > cap {
+            for (key, value) in pairs.iter_mut() {
+                if key == "read_ahead" {
+                    *value = format!("{cap} (set {set}; at most half the stripe cache)");
+                }
+            }
+        }
+        pairs
+    }
+}
+
+/// See [`TuningValues::read_ahead_cap_sectors`].
+pub fn read_ahead_cap_sectors(stripe_cache_size: u32, data_strips: usize) -> u64 {
+    let cache = stripe_cache_size as u64 * STRIPE_CACHE_PAGE as u64 * data_strips as u64;
+    cache / 2 / crate::units::SECTOR_BYTES
 }
 
 /// Parses `key=value`.
@@ -411,19 +442,40 @@ pub mod saved {
         }
     }
 
-    /// The values in force from defaults and saved settings.
-    /// `journaled`: the array has a write journal, which protects
-    /// write-back.
+    /// The values in force from defaults and saved settings, and what was
+    /// not applied. `protected`: write-back is allowed (a journal, or
+    /// --i-accept-data-loss saved or given now). Saved write-back that
+    /// nothing protects any more (the journal is gone, the file was
+    /// edited) falls back to write-through with a warning, as a
+    /// controller's cache does when its battery fails: the array still
+    /// starts. Any other bad value is an error naming the file.
     pub fn apply(
         defaults: TuningValues,
         saved: &Saved,
-        journaled: bool,
-    ) -> Result<TuningValues, String> {
+        protected: bool,
+    ) -> Result<(TuningValues, Vec<String>), String> {
         let mut values = defaults;
+        let mut warnings = Vec::new();
+        let protected = protected || saved.accept_data_loss;
         for (k, v) in &saved.settings {
-            values.set(k, v, saved.accept_data_loss || journaled)?;
+            if let Err(e) = values.set(k, v, protected) {
+                let mut unprotected = values;
+                if k == "write_policy" && unprotected.set(k, v, true).is_ok() {
+                    warnings.push(format!(
+                        "saved write_policy={v} not applied (no journal, and \
+                         --i-accept-data-loss not given): writing through"
+                    ));
+                    continue;
+                }
+                return Err(format!("{}: saved {k}: {e}", path_hint()));
+            }
         }
-        Ok(values)
+        Ok((values, warnings))
+    }
+
+    /// The settings folder, for messages (the file is named by UUID).
+    fn path_hint() -> String {
+        format!("settings in {}", dir().display())
     }
 }
 
@@ -487,12 +539,27 @@ mod tests {
         saved::merge(&mut s, &[("read_ahead".into(), "64".into())]);
         saved::merge(&mut s, &[("read_ahead".into(), "128".into())]);
         assert_eq!(s.settings.len(), 1);
-        let v = saved::apply(TuningValues::defaults(8), &s, false).unwrap();
+        let (v, warnings) = saved::apply(TuningValues::defaults(8), &s, false).unwrap();
         assert_eq!(v.read_ahead, 128);
+        assert!(warnings.is_empty());
+        // Saved write-back that nothing protects: write-through, a warning.
         s.settings
             .push(("write_policy".into(), "write-back".into()));
-        assert!(saved::apply(TuningValues::defaults(8), &s, false).is_err());
+        let (v, warnings) = saved::apply(TuningValues::defaults(8), &s, false).unwrap();
+        assert_eq!(v.write_policy, WritePolicy::WriteThrough);
+        assert_eq!(v.read_ahead, 128);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("writing through"), "{warnings:?}");
+        // Protected by what is given now, or by what was saved.
+        let (v, warnings) = saved::apply(TuningValues::defaults(8), &s, true).unwrap();
+        assert_eq!(v.write_policy, WritePolicy::WriteBack);
+        assert!(warnings.is_empty());
         s.accept_data_loss = true;
-        assert!(saved::apply(TuningValues::defaults(8), &s, false).is_ok());
+        let (v, _) = saved::apply(TuningValues::defaults(8), &s, false).unwrap();
+        assert_eq!(v.write_policy, WritePolicy::WriteBack);
+        // Any other bad value stops the start, with a message.
+        s.settings.push(("stripe_cache_size".into(), "5".into()));
+        let e = saved::apply(TuningValues::defaults(8), &s, true).unwrap_err();
+        assert!(e.contains("stripe_cache_size"), "{e}");
     }
 }

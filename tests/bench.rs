@@ -117,6 +117,22 @@ fn every_workload_state_and_target_is_reported() {
         .map(|r| r["queue_depth"].as_u64().unwrap())
         .collect();
     assert_eq!(qd, [1, 2, 4, 8, 16, 32, 64, 128]);
+    // Every rebuilding phase starts during a rebuild (one is started again
+    // before a phase if the last finished), and one that outlived its
+    // rebuild is named in the notes.
+    let notes = report["notes"].as_array().unwrap();
+    for r in rows.iter().filter(|r| r["state"] == "rebuilding") {
+        let background = r["background"].as_str().unwrap_or("none");
+        assert!(background.starts_with("recovery"), "{r}");
+        if background.ends_with("finished") {
+            let named = notes.iter().any(|n| {
+                let n = n.as_str().unwrap();
+                n.contains("rebuild did not run for the whole phase")
+                    && n.contains(r["phase"].as_str().unwrap())
+            });
+            assert!(named, "{r}\n{notes:?}");
+        }
+    }
     // The read-modify-write mix is measured on the raw members only, as
     // the reference beside the random-write target.
     let mix: Vec<&str> = rows

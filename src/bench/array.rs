@@ -237,9 +237,9 @@ impl LiveArray {
         Ok(())
     }
 
-    /// Before each workload of the rebuilding state: if the last rebuild
-    /// finished, start another, so that every workload runs during one.
-    pub fn keep_rebuilding(&mut self) -> Result<(), String> {
+    /// Before each phase of the rebuilding state: if the last rebuild
+    /// finished, start another, so that every phase runs during one.
+    pub fn keep_rebuilding(&self) -> Result<(), String> {
         if self.state == State::Rebuilding && !self.rebuild_running() {
             self.fail_and_remove()?;
             self.add_back()?;

@@ -35,7 +35,8 @@ pub struct Outcome {
     pub seconds: f64,
     /// Request latencies in ns, submit to completion.
     pub latency_ns: Histogram<u64>,
-    /// CPU time of the generator's own threads (client side).
+    /// CPU time of the generator's own threads (client side) in the
+    /// measured window (each from its first measured completion).
     pub cpu_client_seconds: f64,
 }
 
@@ -79,6 +80,10 @@ struct Recorder {
     latency_ns: Histogram<u64>,
     ops: u64,
     bytes: u64,
+    /// The thread's CPU time when its first measured request completed:
+    /// its CPU is counted from there, as the requests are (the warm-up's
+    /// CPU is not the measured requests').
+    cpu_at_window: Option<f64>,
 }
 
 impl Recorder {
@@ -87,12 +92,28 @@ impl Recorder {
             latency_ns: Histogram::new_with_bounds(1, LATENCY_NS_MAX, 3).expect("valid bounds"),
             ops: 0,
             bytes: 0,
+            cpu_at_window: None,
+        }
+    }
+
+    /// The thread's CPU seconds in the measured window, given its CPU time
+    /// now (at its end).
+    fn window_cpu(result: &Result<Recorder, String>, now: f64) -> f64 {
+        match result {
+            Ok(Recorder {
+                cpu_at_window: Some(at),
+                ..
+            }) => (now - at).max(0.0),
+            _ => 0.0,
         }
     }
 
     fn record(&mut self, window: &Window, submitted: Instant, completed: Instant, bytes: u64) {
         if submitted < window.measure_from {
             return;
+        }
+        if self.cpu_at_window.is_none() {
+            self.cpu_at_window = Some(thread_cpu_seconds());
         }
         let ns = completed.duration_since(submitted).as_nanos() as u64;
         self.latency_ns.saturating_record(ns.max(1));
@@ -165,11 +186,14 @@ fn lane_rng(seed: u64, job: u32, lane: u32) -> rand::rngs::StdRng {
 }
 
 /// Runs one phase against a target.
+/// Runs one phase; `at_window` is called once the warm-up is over, when
+/// the measured window opens (the caller samples the target's CPU there).
 pub fn run_phase(
     access: &Access,
     phase: &Phase,
     limits: Limits,
     data: DataMode,
+    at_window: &(dyn Fn() + Sync),
 ) -> Result<Outcome, String> {
     let size_bytes = access.size_bytes();
     let offsets: Vec<Arc<Offsets>> = (0..phase.jobs)
@@ -185,6 +209,10 @@ pub fn run_phase(
     });
     let client_cpu = Arc::new(Mutex::new(0.0f64));
     let results: Vec<Result<Recorder, String>> = std::thread::scope(|scope| {
+        scope.spawn(move || {
+            std::thread::sleep(measure_from.saturating_duration_since(Instant::now()));
+            at_window();
+        });
         let mut handles = Vec::new();
         for (job, offsets) in offsets.iter().enumerate() {
             let job = job as u32;
@@ -220,10 +248,10 @@ pub fn run_phase(
                             window.clone(),
                         );
                         handles.push(scope.spawn(move || {
-                            let cpu_start = thread_cpu_seconds();
                             let result =
                                 file_lane(&files, phase, &offsets, data, job, lane, &window);
-                            *cpu.lock().unwrap() += thread_cpu_seconds() - cpu_start;
+                            *cpu.lock().unwrap() +=
+                                Recorder::window_cpu(&result, thread_cpu_seconds());
                             result
                         }));
                     }
@@ -337,9 +365,8 @@ impl NbdJob<'_> {
     /// in each freed slot and sends them (small ones together). The cookie
     /// of a request is its slot.
     fn run(&self) -> Result<Recorder, String> {
-        let cpu_start = thread_cpu_seconds();
         let result = self.drive();
-        *self.cpu.lock().unwrap() += thread_cpu_seconds() - cpu_start;
+        *self.cpu.lock().unwrap() += Recorder::window_cpu(&result, thread_cpu_seconds());
         result
     }
 

@@ -229,7 +229,7 @@ impl Measure<'_> {
         let phases = [("read", read), ("write", write)];
         for (op, phase) in phases.iter().take(if writes { 2 } else { 1 }) {
             // A failed probe costs the run its verdict on drift, not its rows.
-            match generator::run_phase(&Access::Files(raw.clone()), phase, limits, data) {
+            match generator::run_phase(&Access::Files(raw.clone()), phase, limits, data, &|| {}) {
                 Ok(outcome) => {
                     let iops = outcome.ops as f64 / outcome.seconds.max(f64::EPSILON);
                     self.probes.push(DiskProbe { when, op, iops });
@@ -288,7 +288,7 @@ struct TargetRun<'a> {
     salt: u64,
     /// CPU seconds so far of the process that serves the target (None:
     /// raw files, whose I/O runs in the client's threads).
-    cpu: &'a dyn Fn() -> Option<f64>,
+    cpu: &'a (dyn Fn() -> Option<f64> + Sync),
     /// Whether that process is this one, whose client threads' CPU is then
     /// not the target's.
     in_process: bool,
@@ -296,6 +296,10 @@ struct TargetRun<'a> {
     drop_caches: &'a dyn Fn() -> Result<(), String>,
     /// The background job, for the rebuilding state.
     background: &'a dyn Fn() -> Option<String>,
+    /// Run before each phase: in the rebuilding state, starts a rebuild
+    /// again if the last one has finished, so that every phase runs
+    /// during one.
+    prepare: &'a dyn Fn() -> Result<(), String>,
     /// The stripe cache's (full, partial) rows written so far.
     rows_written: &'a dyn Fn() -> Option<(u64, u64)>,
     /// Sets a knob of the target and returns the value it had (None: the
@@ -346,8 +350,14 @@ fn run_phases(
             Some((set, (key, value))) => Some((set, key, set(key, value)?)),
             None => None,
         };
+        (run.prepare)()?;
+        let background_before = (run.background)();
         let rows_before = (run.rows_written)();
+        // The target's CPU is counted from the measured window's start, as
+        // its requests are; from here if that sample is missing.
         let target_before = (run.cpu)();
+        let target_at_window = std::sync::Mutex::new(None);
+        let at_window = || *target_at_window.lock().unwrap() = (run.cpu)();
         let busy = if run.on_members {
             diskbusy::Busy::start(&m.disks)
         } else {
@@ -357,15 +367,16 @@ fn run_phases(
             verify_salt,
             seed: m.options.seed,
         };
-        let outcome = generator::run_phase(access, phase, m.options.limits, data).map_err(|e| {
-            format!(
-                "{} {} {} {}: {e}",
-                run.name,
-                run.state,
-                phase.workload.name(),
-                phase.name
-            )
-        });
+        let outcome = generator::run_phase(access, phase, m.options.limits, data, &at_window)
+            .map_err(|e| {
+                format!(
+                    "{} {} {} {}: {e}",
+                    run.name,
+                    run.state,
+                    phase.workload.name(),
+                    phase.name
+                )
+            });
         let disk_busy = busy.and_then(|b| b.share(&m.disks));
         let restored = match restore {
             Some((set, key, before)) => set(key, &before),
@@ -380,6 +391,7 @@ fn run_phases(
         } else {
             0.0
         };
+        let target_before = target_at_window.into_inner().unwrap().or(target_before);
         let target_cpu = target_before
             .zip((run.cpu)())
             .map(|(before, after)| (after - before - client_in_target).max(0.0));
@@ -392,6 +404,27 @@ fn run_phases(
                 phase.name
             ));
         }
+        // A rebuilding row must have run during a rebuild from start to
+        // end; one that did not says so rather than pass for one.
+        let background_after = (run.background)();
+        let background = match (&background_before, &background_after) {
+            (None, None) => None,
+            (Some(b), Some(a)) => Some(format!("{b} .. {a}")),
+            (Some(b), None) => Some(format!("{b} .. finished")),
+            (None, Some(a)) => Some(format!("started .. {a}")),
+        };
+        if run.state == array::State::Rebuilding.name()
+            && (background_before.is_none() || background_after.is_none())
+        {
+            m.note(format!(
+                "{} rebuilding {} {}: the rebuild did not run for the whole phase ({}); \
+                 its figures are partly those of an array not rebuilding",
+                run.name,
+                phase.workload.name(),
+                phase.name,
+                background.as_deref().unwrap_or("none")
+            ));
+        }
         let setting = match (run.setting, phase.setting) {
             (swept, None) => swept.map(String::from),
             (None, Some((key, value))) => Some(format!("{key}={value}")),
@@ -402,7 +435,7 @@ fn run_phases(
             state: run.state,
             setting: setting.as_deref(),
             cpu_target_s: target_cpu,
-            background: (run.background)(),
+            background,
             rows_written: rows_before
                 .zip((run.rows_written)())
                 .map(|(b, a)| (a.0 - b.0, a.1 - b.1)),
@@ -559,6 +592,8 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
             m.note("the raw member files do not take O_DIRECT here: raw I/O is buffered".into());
         }
         let access = Access::Files(raw);
+        m.progress
+            .set_message("raw: filling the target before its phases");
         access.prefill(options.verify.then_some(SALT_RAW), options.seed)?;
         let drop = || targets::drop_file_caches(&paths);
         let run = TargetRun {
@@ -570,6 +605,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
             in_process: false,
             drop_caches: &drop,
             background: &|| None,
+            prepare: &|| Ok(()),
             rows_written: &|| None,
             knob: None,
             on_members: true,
@@ -592,6 +628,8 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
                 export: String::new(),
                 size_bytes: size,
             };
+            m.progress
+                .set_message("nbdkit: filling the target before its phases");
             access.prefill(options.verify.then_some(SALT_NBDKIT), options.seed)?;
             let cpu = || nbdkit.cpu_seconds().ok();
             let run = TargetRun {
@@ -603,6 +641,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
                 in_process: false,
                 drop_caches: &|| Ok(()),
                 background: &|| None,
+                prepare: &|| Ok(()),
                 rows_written: &|| None,
                 knob: None,
                 on_members: false,
@@ -618,16 +657,21 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
     let mut rows = m.rows;
     report::fill_ratios(&mut rows);
     let level = options.spec.level.to_string();
-    let goals = report::goals(
-        &rows,
-        &report::ArrayFacts {
-            level: &level,
-            devices: paths.len() as u32,
-            in_memory: on_tmpfs(&paths[0]),
-        },
-    );
+    let facts = report::ArrayFacts {
+        level: &level,
+        devices: paths.len() as u32,
+        in_memory: on_tmpfs(&paths[0]),
+    };
+    let goals = report::goals(&rows, &facts);
     let mut notes = m.notes;
     notes.extend(probe_note(&m.probes));
+    let unevaluated = report::unevaluated(&rows, &facts);
+    if !unevaluated.is_empty() {
+        notes.push(format!(
+            "targets not evaluated by this run: {}",
+            unevaluated.join("; ")
+        ));
+    }
     for g in goals.iter().filter(|g| !g.met) {
         notes.push(format!(
             "target missed: {} ({:.2}, needs {:.2})",
@@ -674,6 +718,8 @@ fn measure_uraid(
         export: array::EXPORT_NAME.to_string(),
         size_bytes: live.engine.size_bytes(),
     };
+    m.progress
+        .set_message("uraid: filling the target before its phases");
     access.prefill(options.verify.then_some(SALT_URAID), options.seed)?;
     access.flush()?;
     m.probe_disk("before uraid", false);
@@ -691,6 +737,10 @@ fn measure_uraid(
             _ => None,
         };
         for &state in &options.states {
+            m.progress.set_message(format!(
+                "uraid: entering the {} state (a rebuild to healthy runs unthrottled)",
+                state.name()
+            ));
             if let Err(e) = live.enter(state) {
                 m.note(format!("state {} skipped: {e}", state.name()));
                 m.progress
@@ -698,7 +748,6 @@ fn measure_uraid(
                 continue;
             }
             for (_, workload_phases) in &phases {
-                live.keep_rebuilding()?;
                 let engine = live.engine.clone();
                 let drop = || {
                     tunables::drop_engine_caches(&engine)?;
@@ -716,6 +765,7 @@ fn measure_uraid(
                     in_process: true,
                     drop_caches: &drop,
                     background: &background,
+                    prepare: &|| live_ref.keep_rebuilding(),
                     rows_written: &|| Some(tunables::row_counters(&live_ref.engine)),
                     knob: Some(&|key, value| tunables::swap(&live_ref.engine, key, value)),
                     on_members: true,

@@ -158,6 +158,17 @@ pub struct ArrayFacts<'a> {
 /// disk on a run on disk (a disk target read off a memory run says
 /// nothing, and the reverse).
 pub fn goals(rows: &[Row], array: &ArrayFacts) -> Vec<Goal> {
+    evaluate(rows, array).0
+}
+
+/// The targets of issue #5 that apply to this run's array and medium but
+/// that it has no rows for, each with what it needs: a run says what it
+/// did not check rather than stay silent about it.
+pub fn unevaluated(rows: &[Row], array: &ArrayFacts) -> Vec<String> {
+    evaluate(rows, array).1
+}
+
+fn evaluate(rows: &[Row], array: &ArrayFacts) -> (Vec<Goal>, Vec<String>) {
     let find = |target: &str, state: &str, workload: &str, phase: &str| {
         rows.iter().find(|r| {
             r.target == target
@@ -168,6 +179,7 @@ pub fn goals(rows: &[Row], array: &ArrayFacts) -> Vec<Goal> {
         })
     };
     let mut goals = Vec::new();
+    let mut missing = Vec::new();
     let mut vs = |name: String,
                   state: &str,
                   workload: &str,
@@ -179,6 +191,9 @@ pub fn goals(rows: &[Row], array: &ArrayFacts) -> Vec<Goal> {
             find("uraid", state, workload, phase),
             find(base, "-", workload, phase),
         ) else {
+            missing.push(format!(
+                "{name} (needs --workload {workload} with uraid in state {state}, and {base} in --targets)"
+            ));
             return;
         };
         if b.iops <= 0.0 {
@@ -246,7 +261,7 @@ pub fn goals(rows: &[Row], array: &ArrayFacts) -> Vec<Goal> {
             add_cache_max(&mut goals, &cache_max, cached, raw);
         }
     }
-    goals
+    (goals, missing)
 }
 
 /// Says, beside the disk random-read target, how busy the members' disk
@@ -543,6 +558,18 @@ mod tests {
         assert!(name.contains("nbdkit"), "{name}");
         let (_, measured, met) = by_name(&disk, "raid6 4K randwrite").unwrap();
         assert!((measured - 1.5).abs() < 1e-9 && met);
+        // What these rows cannot judge is named, with what it needs; what
+        // they judge is not.
+        let memory_left = unevaluated(&rows, &facts(true));
+        assert_eq!(memory_left.len(), 1, "{memory_left:?}");
+        assert!(
+            memory_left[0].starts_with("raid6 (6 members) full-stripe seq write")
+                && memory_left[0].contains("--workload seq-stripe"),
+            "{memory_left:?}"
+        );
+        let disk_left = unevaluated(&rows, &facts(false));
+        assert_eq!(disk_left.len(), 1, "{disk_left:?}");
+        assert!(disk_left[0].starts_with("raid6 seq write"), "{disk_left:?}");
         // With the raw members' read-modify-write mix measured, the target
         // is unchanged and the mix's bound is given beside it.
         let mut mixed = rows.clone();

@@ -6,9 +6,14 @@
 //! members' bytes only (data members × chunk), as md's raid6 benchmark does.
 //!
 //! Timing: every contestant of one cell (geometry and operation) is warmed up,
-//! then measured in samples taken in turn (ours, ISA-L, memcpy, ours, ...), so
-//! that the machine's noise falls on all of them alike. The table shows each
-//! contestant's median sample; the JSON has the best as well. Outputs pass
+//! then measured in samples taken in turn (ours, ISA-L, ours, ...), so that
+//! the machine's noise falls on all of them alike; memcpy, a yardstick that
+//! no verdict rests on, is timed after them the same way. The table shows
+//! each contestant's median sample; the JSON has the best as well.
+//!
+//! The target's verdict judges the implementation the engine runs (chosen
+//! at start, `parity::default_impl`), not the best of each cell: an array
+//! computes with that one alone. The best is shown beside it. Outputs pass
 //! through `std::hint::black_box`, and after timing every output is compared
 //! with the reference, so no work can be skipped and ISA-L provably computes
 //! the same bytes as uraid.
@@ -415,6 +420,25 @@ fn best_vs_isal(list: &Timings, bytes: usize) -> Option<(&'static str, f64)> {
     Some((name, best / gbps(theirs)))
 }
 
+/// The implementation the engine runs (`parity::default_impl`), and its
+/// speed over ISA-L's in one operation of a cell: what issue #5's target
+/// judges, since an array computes with that one alone. None if it was
+/// not measured (`--impl` left it out) or ISA-L was not loaded.
+fn selected_vs_isal(list: &Timings, bytes: usize) -> Option<(&'static str, f64)> {
+    let gbps = |t: &Timing| Timing::gbps(t.median_s, bytes);
+    let (_, theirs) = list.iter().find(|(n, _)| *n == ISAL_NAME)?;
+    let selected = parity::default_impl().name();
+    let (name, ours) = list.iter().find(|(n, _)| *n == selected)?;
+    Some((name, gbps(ours) / gbps(theirs)))
+}
+
+/// What the target judges in one operation of a cell: the selected
+/// implementation when it was measured, else (an `--impl` list without
+/// it) the best of those measured.
+fn judged_vs_isal(list: &Timings, bytes: usize) -> Option<(&'static str, f64)> {
+    selected_vs_isal(list, bytes).or_else(|| best_vs_isal(list, bytes))
+}
+
 /// Each implementation's timing of one operation, by name.
 type Timings = [(&'static str, Timing)];
 
@@ -465,9 +489,14 @@ impl Report {
                         (key.to_string(), json!({"implementation": name, "ratio": ratio}))
                     })
                 }).collect::<serde_json::Map<_, _>>(),
+                "judged_vs_isal": operations(c).iter().filter_map(|(_, key, list)| {
+                    judged_vs_isal(list, c.data_bytes).map(|(name, ratio)| {
+                        (key.to_string(), json!({"implementation": name, "ratio": ratio}))
+                    })
+                }).collect::<serde_json::Map<_, _>>(),
             })).collect::<Vec<_>>(),
             "target": self.isal.is_ok().then(|| json!({
-                "goal": TARGET,
+                "goal": self.target(),
                 "missed": self.misses().iter().map(|(label, op, ratio)| json!({
                     "geometry": label, "operation": op, "ratio": ratio,
                 })).collect::<Vec<_>>(),
@@ -475,12 +504,29 @@ impl Report {
         })
     }
 
-    /// The cells and operations where our best is slower than ISA-L.
+    /// Issue #5's parity target as this run judges it.
+    fn target(&self) -> String {
+        let selected = parity::default_impl().name();
+        if self.impls.contains(&selected) {
+            format!(
+                "the implementation uraid runs ({selected}, selected at start) at least as fast \
+                 as ISA-L in every geometry and operation"
+            )
+        } else {
+            format!(
+                "the best implementation measured at least as fast as ISA-L in every geometry \
+                 and operation (the one uraid runs, {selected}, was left out by --impl)"
+            )
+        }
+    }
+
+    /// The cells and operations where the judged implementation (see
+    /// [`judged_vs_isal`]) is slower than ISA-L.
     fn misses(&self) -> Vec<(String, &'static str, f64)> {
         let mut missed = Vec::new();
         for c in &self.cells {
             for (op, _, list) in operations(c) {
-                if let Some((_, ratio)) = best_vs_isal(list, c.data_bytes) {
+                if let Some((_, ratio)) = judged_vs_isal(list, c.data_bytes) {
                     if ratio < 1.0 {
                         missed.push((c.label.clone(), op, ratio));
                     }
@@ -508,6 +554,7 @@ impl Report {
         }
         header.push("memcpy".into());
         if self.isal.is_ok() {
+            header.push("judged/isa-l".into());
             header.push("best/isa-l".into());
         }
         let mut rows = vec![header];
@@ -517,9 +564,12 @@ impl Report {
                 let mut row = vec![c.label.clone(), op.to_string()];
                 row.extend(list.iter().map(|(_, t)| format!("{:.2}", gbps(t))));
                 row.push(format!("{:.2}", gbps(&c.memcpy)));
-                if let Some((best_name, ratio)) = best_vs_isal(list, c.data_bytes) {
+                if let Some((name, ratio)) = judged_vs_isal(list, c.data_bytes) {
                     let miss = if ratio < 1.0 { " MISS" } else { "" };
-                    row.push(format!("{ratio:.2} ({best_name}){miss}"));
+                    row.push(format!("{ratio:.2} ({name}){miss}"));
+                }
+                if let Some((best_name, ratio)) = best_vs_isal(list, c.data_bytes) {
+                    row.push(format!("{ratio:.2} ({best_name})"));
                 }
                 rows.push(row);
             }
@@ -545,15 +595,16 @@ impl Report {
         if self.isal.is_ok() {
             let missed = self.misses();
             let count = 2 * self.cells.len();
+            let target = self.target();
             if missed.is_empty() {
-                println!("target met: {TARGET}, at all {count}");
+                println!("target met: {target}, at all {count}");
             } else {
                 let list: Vec<String> = missed
                     .iter()
                     .map(|(label, op, ratio)| format!("{label} {op} {ratio:.2}"))
                     .collect();
                 println!(
-                    "target missed at {} of {count}: {TARGET} ({})",
+                    "target missed at {} of {count}: {target} ({})",
                     missed.len(),
                     list.join(", ")
                 );
@@ -561,10 +612,6 @@ impl Report {
         }
     }
 }
-
-/// Issue #5's parity target, as the report states it.
-const TARGET: &str =
-    "the best implementation at least as fast as ISA-L in every geometry and operation";
 
 /// The CPU model and the vector features the implementations use, from
 /// /proc/cpuinfo (empty where it cannot be read).

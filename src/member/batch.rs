@@ -196,8 +196,12 @@ const URING: u8 = 1;
 const SYNC: u8 = 2;
 
 /// The process's choice of backend: undecided until a ring is set up or
-/// fails to be. A failure is final: the reasons (ENOSYS, EPERM from seccomp
-/// or the sysctl) do not go away while the process runs.
+/// fails to be. A failure for a reason that does not go away while the
+/// process runs (ENOSYS, EPERM from seccomp or the sysctl, a kernel
+/// without the operations) is final for the process. Any other (ENOMEM
+/// from the locked-memory limit of kernels before 5.12, EMFILE) is this
+/// thread's for now: its next RING_RETRY_BATCHES batches use
+/// pread/pwrite, then it tries again, and other threads keep their rings.
 pub(super) struct Selector {
     state: AtomicU8,
 }
@@ -229,6 +233,14 @@ impl Selector {
         if self.state.load(Ordering::Relaxed) == SYNC {
             return run_sync(ops);
         }
+        let waiting = RING_RETRY_IN.with(|n| {
+            let left = n.get();
+            n.set(left.saturating_sub(1));
+            left > 0
+        });
+        if waiting {
+            return run_sync(ops);
+        }
         match uring::run(ops, make_ring) {
             Ok(results) => {
                 let _ = self.state.compare_exchange(
@@ -240,14 +252,45 @@ impl Selector {
                 results
             }
             // No op has been started: the setup failed before any.
-            Err(e) => {
+            Err(e) if setup_failure_is_final(&e) => {
                 if self.state.swap(SYNC, Ordering::Relaxed) != SYNC {
                     eprintln!("uraid: io_uring is unavailable ({e}); member I/O uses pread/pwrite");
                 }
                 run_sync(ops)
             }
+            Err(e) => {
+                RING_RETRY_IN.with(|n| n.set(RING_RETRY_BATCHES));
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    eprintln!(
+                        "uraid: a thread could not set up its io_uring ({e}); its member I/O \
+                         uses pread/pwrite until a later try succeeds"
+                    )
+                });
+                run_sync(ops)
+            }
         }
     }
+}
+
+/// Batches a thread runs with pread/pwrite after its ring could not be
+/// set up for a passing reason, before it tries again (a setup is a few
+/// system calls; trying at every batch would cost more than the I/O).
+const RING_RETRY_BATCHES: u32 = 256;
+
+thread_local! {
+    /// Batches this thread still runs without a ring (see RING_RETRY_BATCHES).
+    static RING_RETRY_IN: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether a ring's setup failed for a reason the process cannot outlive:
+/// no io_uring in the kernel, forbidden (seccomp, kernel.io_uring_disabled),
+/// or without the operations uraid needs.
+fn setup_failure_is_final(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOSYS) | Some(libc::EPERM) | Some(libc::EACCES) | Some(libc::EOPNOTSUPP)
+    ) || e.kind() == io::ErrorKind::Unsupported
 }
 
 /// URAID_IO, read once: `uring`, `sync`, or unset/empty for the automatic

@@ -484,6 +484,39 @@ fn a_ring_that_cannot_be_set_up_falls_back_for_good() {
 }
 
 #[test]
+fn a_ring_that_cannot_be_set_up_for_now_is_tried_again_later() {
+    // ENOMEM (the locked-memory limit of older kernels) is this thread's
+    // trouble for now: its batches go through pread/pwrite, the process
+    // does not give up io_uring, and the thread tries again later.
+    std::thread::spawn(|| {
+        let selector = Selector::new();
+        let setups = AtomicU32::new(0);
+        let refuse = || -> io::Result<Ring> {
+            setups.fetch_add(1, Ordering::SeqCst);
+            Err(io::Error::from_raw_os_error(libc::ENOMEM))
+        };
+        let dir = tempfile::tempdir_in("/tmp").unwrap();
+        let paths = member_files(dir.path(), 1, MEMBER_BYTES);
+        let member = open(&paths[0], CacheMode::Direct);
+        let data = AlignedBuf::copy_from(&[7u8; 4096]);
+        let rounds = RING_RETRY_BATCHES + 2;
+        for _ in 0..rounds {
+            let mut ops = vec![IoOp::write(&member, 0, &data)];
+            assert!(selector.run(&mut ops, &refuse).iter().all(|r| r.is_ok()));
+        }
+        assert_eq!(std::fs::read(&paths[0]).unwrap()[..4096], data[..]);
+        assert_eq!(
+            setups.load(Ordering::SeqCst),
+            2,
+            "tried, waited, tried again"
+        );
+        assert_eq!(selector.current(), Backend::Uring, "not given up for good");
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
 fn a_ring_that_can_be_set_up_is_used() {
     std::thread::spawn(|| {
         let selector = Selector::new();

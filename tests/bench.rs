@@ -151,6 +151,13 @@ fn every_workload_state_and_target_is_reported() {
             .collect();
         assert_eq!(settings, [None, Some("stripe_cache_size=32768")], "{state}");
     }
+    let parity_impl = report["array"]["parity_impl"].as_str().unwrap();
+    assert!(
+        uraid::parity::implementations()
+            .iter()
+            .any(|i| i.name() == parity_impl),
+        "{parity_impl}"
+    );
     let in_force = report["array"]["tunables"].as_array().unwrap();
     assert!(
         in_force.contains(&serde_json::json!(["stripe_cache_size", "256"])),

@@ -109,6 +109,9 @@ pub struct ArrayReport {
     pub raw_direct: Option<bool>,
     /// The engine's tunables in force (empty until the engine has them).
     pub tunables: Vec<(String, String)>,
+    /// The parity implementation the engine computed with (chosen at
+    /// start by a short benchmark, or URAID_PARITY): runs may differ.
+    pub parity_impl: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -691,6 +694,7 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
             members_on: members_on.to_string(),
             raw_direct,
             tunables: tunables_in_force,
+            parity_impl: crate::parity::default_impl().name().to_string(),
         },
         seconds_per_phase: options.limits.measure.as_secs_f64(),
         warmup_seconds: options.limits.warmup.as_secs_f64(),

@@ -9,7 +9,12 @@ pub enum Workload {
     FioRandwrite,
     /// Seed 001's iozone run: 128K records, write, rewrite, read, reread.
     IozoneSeq,
-    /// Seed 003's dd runs: 16K blocks, write then read, caches dropped before each.
+    /// Seed 003's dd runs: 16K blocks, write then read, caches dropped
+    /// before each. The requests reach the array one at a time, as
+    /// `dd iflag=direct oflag=direct` sends them: the bench has no page
+    /// cache, so the seed's buffered dd's write-behind is not there, and
+    /// its read-ahead is uraid's own (read_ahead, which the seed tunes as
+    /// the md device's `blockdev --setra`); the raw members get none.
     DdSeq,
     /// Seed 002's figure 5: 4K random read as the queue depth goes 1..128.
     RandreadQd,

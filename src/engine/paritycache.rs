@@ -15,6 +15,10 @@
 //! the rows around its window, read from the members with its own (see
 //! `View::parity_span`): the pool fills a row per page read, not per miss.
 //!
+//! Eviction is CLOCK (second chance): a page read or written again since
+//! eviction last passed it goes to the back of the queue instead, so
+//! parity in use stays while pages used once flow through.
+//!
 //! Coherence rests on one rule: every write of a stripe piece, under the
 //! stripe lock, replaces the pages of its window with what it wrote (or
 //! drops them where a parity member is absent), pages kept that it did not
@@ -44,6 +48,10 @@ pub(super) enum Which {
 struct Pages {
     p: Option<Box<[u8]>>,
     q: Option<Box<[u8]>>,
+    /// Used (read, or written again) since eviction last passed it: it
+    /// gets a second chance (CLOCK, an approximation of least recently
+    /// used that costs a flag, not a reordering per use).
+    referenced: bool,
 }
 
 impl Pages {
@@ -63,7 +71,8 @@ impl Pages {
 #[derive(Default)]
 struct Shard {
     pages: HashMap<(u64, u64), Pages>,
-    /// Insertion order, for eviction (may hold keys already gone).
+    /// The eviction queue: keys in insertion order, a used one moved to
+    /// the back when eviction reaches it (may hold keys already gone).
     order: VecDeque<(u64, u64)>,
     /// Pages evicted or dropped, reused for the next ones: a random
     /// writer puts two pages and evicts two per write, and an allocation
@@ -158,10 +167,10 @@ impl ParityCache {
         };
         for (k, page) in pages.enumerate() {
             let mut shard = self.shard(stripe, page).lock().unwrap();
-            let found = shard
-                .pages
-                .get_mut(&(stripe, page))
-                .and_then(|p| p.slot(which).as_ref());
+            let found = shard.pages.get_mut(&(stripe, page)).and_then(|p| {
+                p.referenced = true;
+                p.slot(which).as_ref()
+            });
             match found {
                 Some(bytes) => out[k * PAGE..(k + 1) * PAGE].copy_from_slice(bytes),
                 None => {
@@ -199,7 +208,13 @@ impl ParityCache {
                 spare,
             } = &mut *guard;
             let existed = pages.contains_key(&(stripe, page));
-            let slot = pages.entry((stripe, page)).or_default().slot(which);
+            let entry = pages.entry((stripe, page)).or_default();
+            // Written again while kept: in use. A new page joins the back
+            // of the queue unused, and the pass below never takes the page
+            // it has just put (the next write of its window, a sequential
+            // writer's next strip, must find it).
+            entry.referenced |= existed;
+            let slot = entry.slot(which);
             match (bytes.map(|b| &b[k * PAGE..(k + 1) * PAGE]), slot.as_mut()) {
                 (Some(new), Some(kept)) => kept.copy_from_slice(new),
                 (Some(new), None) => *slot = Some(Shard::page_of(spare, new)),
@@ -213,13 +228,25 @@ impl ParityCache {
                 order.push_back((stripe, page));
                 self.held.fetch_add(1, Ordering::Relaxed);
             }
+            // Each pass over a used page clears its flag, and every page
+            // held has a place in the queue, so this ends within two
+            // rounds of it.
             while pages.len() > per_shard {
                 let Some(old) = order.pop_front() else {
                     break;
                 };
-                if let Some(evicted) = pages.remove(&old) {
-                    self.held.fetch_sub(1, Ordering::Relaxed);
-                    Shard::recycle(spare, evicted.held());
+                match pages.get_mut(&old) {
+                    None => {}
+                    Some(_) if old == (stripe, page) => order.push_back(old),
+                    Some(kept) if kept.referenced => {
+                        kept.referenced = false;
+                        order.push_back(old);
+                    }
+                    Some(_) => {
+                        let evicted = pages.remove(&old).expect("found above");
+                        self.held.fetch_sub(1, Ordering::Relaxed);
+                        Shard::recycle(spare, evicted.held());
+                    }
                 }
             }
             if order.len() > 4 * per_shard + 16 {
@@ -322,6 +349,27 @@ mod tests {
         }
         c.clear();
         assert_eq!(c.held.load(Ordering::Relaxed), 0);
+    }
+
+    /// Parity in use stays while a stream of new pages passes through:
+    /// eviction takes pages nobody used since it last passed them.
+    #[test]
+    fn a_page_in_use_outlives_a_stream_of_new_ones() {
+        let c = ParityCache::new();
+        let capacity = 4 * SHARDS;
+        let hot = [5u8; PAGE];
+        c.put(1, &(0..PAGE), Which::P, Some(&hot), capacity);
+        let mut out = [0u8; PAGE];
+        for s in 100..5_100u64 {
+            c.put(s, &(0..PAGE), Which::P, Some(&[1; PAGE]), capacity);
+            if s % 4 == 0 {
+                assert!(c.get(1, &(0..PAGE), Which::P, &mut out), "evicted at {s}");
+                assert_eq!(out, hot);
+            }
+        }
+        // The pool kept its size meanwhile.
+        let held: usize = c.shards.iter().map(|s| s.lock().unwrap().pages.len()).sum();
+        assert!(held <= capacity, "{held} pages held");
     }
 
     /// The count that lets a drop on an empty cache skip the locks stays

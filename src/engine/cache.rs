@@ -28,6 +28,7 @@
 //! it first. So a later write never lands under an earlier one.
 
 use super::tuning::STRIPE_CACHE_PAGE;
+use crate::member::AlignedBuf;
 use std::collections::HashMap;
 use std::io;
 use std::ops::Range;
@@ -64,8 +65,10 @@ pub(super) struct Batch {
 }
 
 struct BatchState {
-    /// The row's data bytes, written where `covered` says.
-    buf: Arc<Vec<u8>>,
+    /// The row's data bytes, written where `covered` says. Page aligned,
+    /// as O_DIRECT members take them: a row written out goes to the
+    /// members from here without a bounce copy.
+    buf: Arc<AlignedBuf>,
     /// Disjoint, sorted byte ranges of `buf` holding new data.
     covered: Vec<Range<usize>>,
     created: Instant,
@@ -353,7 +356,7 @@ impl StripeCache {
                     let batch = Arc::new(Batch {
                         stripe,
                         state: Mutex::new(BatchState {
-                            buf: Arc::new(vec![0u8; row_bytes]),
+                            buf: Arc::new(AlignedBuf::zeroed(row_bytes)),
                             covered: Vec::new(),
                             created: Instant::now(),
                             last_join: Instant::now(),
@@ -640,7 +643,7 @@ mod tests {
     #[test]
     fn covered_ranges_merge() {
         let mut s = BatchState {
-            buf: Arc::new(vec![0; 100]),
+            buf: Arc::new(AlignedBuf::zeroed(100)),
             covered: Vec::new(),
             created: Instant::now(),
             last_join: Instant::now(),

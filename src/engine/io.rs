@@ -842,9 +842,11 @@ impl View<'_> {
         map: &StripeMap,
         window: Range<usize>,
         lost: &[usize],
-    ) -> io::Result<Vec<Vec<u8>>> {
+    ) -> io::Result<Vec<AlignedBuf>> {
         let len = window.len();
-        let mut strips = vec![vec![0u8; len]; map.data.len()];
+        let mut strips: Vec<AlignedBuf> = (0..map.data.len())
+            .map(|_| AlignedBuf::zeroed(len))
+            .collect();
         let mut reads = Vec::new();
         for (i, (strip, buf)) in map.data.iter().zip(strips.iter_mut()).enumerate() {
             if lost.contains(&i) {
@@ -868,7 +870,7 @@ impl View<'_> {
         &self,
         map: &StripeMap,
         window: Range<usize>,
-        strips: &mut [Vec<u8>],
+        strips: &mut [AlignedBuf],
         lost: &[usize],
     ) -> io::Result<()> {
         if lost.is_empty() {
@@ -892,9 +894,12 @@ impl View<'_> {
         let q = q.map(|(_, buf)| buf);
         let present: Vec<usize> = (0..map.data.len()).filter(|i| !lost.contains(i)).collect();
         let present_exps: Vec<u8> = present.iter().map(|&i| map.data[i].q_exponent).collect();
-        let mut outputs: Vec<Vec<u8>> = lost.iter().map(|_| vec![0u8; window.len()]).collect();
+        let mut outputs: Vec<AlignedBuf> = lost
+            .iter()
+            .map(|_| AlignedBuf::zeroed(window.len()))
+            .collect();
         {
-            let present_data: Vec<&[u8]> = present.iter().map(|&i| strips[i].as_slice()).collect();
+            let present_data: Vec<&[u8]> = present.iter().map(|&i| &strips[i][..]).collect();
             let syndrome = self.engine.syndrome;
             match (lost, &mut outputs[..], &p, &q) {
                 ([_], [x], Some(p), _) => {
@@ -1178,7 +1183,9 @@ impl View<'_> {
                 plan.need_rebuild = plan.lost.clone();
             }
             if !plan.whole {
-                plan.strips = vec![vec![0u8; window.len()]; map.data.len()];
+                plan.strips = (0..map.data.len())
+                    .map(|_| AlignedBuf::zeroed(window.len()))
+                    .collect();
             }
         }
         plan
@@ -1221,7 +1228,7 @@ impl View<'_> {
                 plan.strips[i][r.start - window.start..r.end - window.start]
                     .copy_from_slice(piece.new_bytes(i));
             }
-            plan.strips.iter().map(Vec::as_slice).collect()
+            plan.strips.iter().map(|s| &s[..]).collect()
         };
         match map.q {
             None => syndrome.gen_p(&views, &mut plan.p),
@@ -1317,7 +1324,7 @@ pub(super) struct ParityWrite<'p, 'a> {
     /// Read-modify-write: the old bytes of each touched strip's range.
     old: Vec<AlignedBuf>,
     /// Reconstruct-write: every strip's window (none when `whole`).
-    strips: Vec<Vec<u8>>,
+    strips: Vec<AlignedBuf>,
     /// Reconstruct-write: lost strips to rebuild first.
     need_rebuild: Vec<usize>,
     whole: bool,

@@ -13,6 +13,7 @@ use crate::array::{
     write_array_state_failing, Assembled, Cleanliness, DeviceState, Slot, SuperblockError,
 };
 use crate::geometry::{Place, StripeMap};
+use crate::member::AlignedBuf;
 use crate::units::SECTOR_BYTES;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -422,7 +423,7 @@ impl View<'_> {
                                 map.stripe
                             ))
                         })?;
-                    let mut buf = vec![0u8; strip_bytes];
+                    let mut buf = AlignedBuf::zeroed(strip_bytes);
                     self.read_place(source, 0, &mut buf)?;
                     write(place, &buf)?;
                 }
@@ -433,15 +434,17 @@ impl View<'_> {
             .filter(|&i| !map.data[i].copies.iter().any(|c| self.present(c)))
             .collect();
         let strips = self.read_window(map, 0..strip_bytes, &lost)?;
-        let views: Vec<&[u8]> = strips.iter().map(Vec::as_slice).collect();
+        let views: Vec<&[u8]> = strips.iter().map(|s| &s[..]).collect();
         for (i, strip) in map.data.iter().enumerate() {
             if strip.copies[0].member == role {
                 write(&strip.copies[0], &strips[i])?;
             }
         }
         if map.p.is_some_and(|p| p.member == role) || map.q.is_some_and(|q| q.member == role) {
-            let mut p = vec![0u8; strip_bytes];
-            let mut q = vec![0u8; strip_bytes];
+            // Aligned, as the strips read above: O_DIRECT members take
+            // them without a bounce copy.
+            let mut p = AlignedBuf::zeroed(strip_bytes);
+            let mut q = AlignedBuf::zeroed(strip_bytes);
             let syndrome = self.engine.syndrome;
             match map.q {
                 None => syndrome.gen_p(&views, &mut p),
@@ -474,7 +477,7 @@ fn places_of(map: &StripeMap, role: usize) -> Vec<&Place> {
 
 /// Reads back what `target` holds for `role` in stripe `map`.
 fn read_back(map: &StripeMap, role: usize, target: &MemberEntry) -> io::Result<()> {
-    let mut buf = vec![0u8; (map.strip_sectors * SECTOR_BYTES) as usize];
+    let mut buf = AlignedBuf::zeroed((map.strip_sectors * SECTOR_BYTES) as usize);
     for place in places_of(map, role) {
         let at = target.slot.data_offset_bytes + place.member_sector * SECTOR_BYTES;
         target

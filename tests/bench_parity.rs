@@ -236,3 +236,41 @@ fn uraid_parity_forces_the_implementation() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["selected"], "scalar");
 }
+
+/// The verdict is about the implementation uraid runs: with it forced to
+/// scalar and only another one measured, there is nothing to judge, and
+/// the report says so rather than judge the other.
+#[test]
+fn without_the_implementation_uraid_runs_the_target_is_not_judged() {
+    let Some(other) = uraid::parity::implementations()
+        .iter()
+        .map(|i| i.name())
+        .find(|n| *n != "scalar")
+    else {
+        eprintln!("this CPU runs no SIMD implementation: nothing to leave out");
+        return;
+    };
+    let args = [
+        "bench",
+        "parity",
+        "--seconds",
+        "0.01",
+        "--data",
+        "3",
+        "--chunk",
+        "4K",
+        "--impl",
+        other,
+    ];
+    let forced = [("URAID_PARITY", "scalar")];
+    let json = uraid(&[&args[..], &["--json"]].concat(), &forced);
+    assert!(json.status.success());
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(report["selected"], "scalar");
+    assert!(report["target"].is_null(), "{}", report["target"]);
+    let text = String::from_utf8(uraid(&args, &forced).stdout).unwrap();
+    if report["isal"]["loaded"] == true {
+        assert!(text.contains("target not judged"), "{text}");
+    }
+    assert!(!text.contains("target met"), "{text}");
+}

@@ -393,6 +393,12 @@ fn write_back_consent_is_saved_and_a_refused_command_changes_nothing() {
     );
     assert!(why.contains("colour"), "{why}");
     manage_refused(&served.control, &["--write-policy", "write-back"]);
+    // Consent given with other knobs only is consent to nothing.
+    manage_ok(
+        &served.control,
+        &["--read-ahead", "256", "--i-accept-data-loss"],
+    );
+    manage_refused(&served.control, &["--write-policy", "write-back"]);
     // One knob given twice is refused, not left to the order of the flags.
     let why = manage_refused(
         &served.control,

@@ -36,7 +36,7 @@ pub struct Outcome {
     /// Request latencies in ns, submit to completion.
     pub latency_ns: Histogram<u64>,
     /// CPU time of the generator's own threads (client side) in the
-    /// measured window (each from its first measured completion).
+    /// measured window (each from its first submission in it).
     pub cpu_client_seconds: f64,
 }
 
@@ -80,9 +80,9 @@ struct Recorder {
     latency_ns: Histogram<u64>,
     ops: u64,
     bytes: u64,
-    /// The thread's CPU time when its first measured request completed:
-    /// its CPU is counted from there, as the requests are (the warm-up's
-    /// CPU is not the measured requests').
+    /// The thread's CPU time when it first submitted in the measured
+    /// window: its CPU is counted from there, as the requests are (the
+    /// warm-up's CPU is not the measured requests').
     cpu_at_window: Option<f64>,
 }
 
@@ -112,9 +112,6 @@ impl Recorder {
         if submitted < window.measure_from {
             return;
         }
-        if self.cpu_at_window.is_none() {
-            self.cpu_at_window = Some(thread_cpu_seconds());
-        }
         let ns = completed.duration_since(submitted).as_nanos() as u64;
         self.latency_ns.saturating_record(ns.max(1));
         self.ops += 1;
@@ -124,6 +121,15 @@ impl Recorder {
         window
             .last_completion_ns
             .fetch_max(since, Ordering::Relaxed);
+    }
+
+    /// Called as requests are submitted: at the first one in the measured
+    /// window, the thread's CPU time is taken (its CPU counts from there,
+    /// as the target's does from the window's opening).
+    fn note_submitted(&mut self, window: &Window, at: Instant) {
+        if self.cpu_at_window.is_none() && at >= window.measure_from {
+            self.cpu_at_window = Some(thread_cpu_seconds());
+        }
     }
 
     fn merge(&mut self, other: Recorder) {
@@ -301,6 +307,7 @@ fn file_lane(
     let mut buf = AlignedBuf::zeroed(len);
     loop {
         let submitted = Instant::now();
+        recorder.note_submitted(window, submitted);
         if !window.keep_going(submitted) {
             return Ok(recorder);
         }
@@ -444,6 +451,7 @@ impl NbdJob<'_> {
                 busy[slot] = true;
                 in_flight += 1;
             }
+            recorder.note_submitted(self.window, Instant::now());
             conn.flush().map_err(|e| format!("NBD send: {e}"))?;
             conn.receive().map_err(|e| format!("NBD receive: {e}"))?;
             while let Some(reply) = conn.next_reply().map_err(|e| format!("NBD receive: {e}"))? {

@@ -349,11 +349,12 @@ fn run_phases(
             access.flush()?;
             (run.drop_caches)()?;
         }
+        // Before the knob is set: a failed restart must not leave it set.
+        (run.prepare)()?;
         let restore = match knob {
             Some((set, (key, value))) => Some((set, key, set(key, value)?)),
             None => None,
         };
-        (run.prepare)()?;
         let background_before = (run.background)();
         let rows_before = (run.rows_written)();
         // The target's CPU is counted from the measured window's start, as

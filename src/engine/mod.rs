@@ -610,7 +610,11 @@ impl Engine {
             }
             check.set(k, v, allowed)?;
         }
-        if accept_data_loss {
+        let write_back = settings.iter().any(|(k, _)| k == "write_policy")
+            && check.write_policy == tuning::WritePolicy::WriteBack;
+        // Consent counts only for what it was given for: a command that
+        // sets no write-back grants nothing, for this run or the next.
+        if accept_data_loss && write_back {
             self.tunables.allow_write_back();
         }
         for (k, v) in settings {
@@ -619,11 +623,11 @@ impl Engine {
         let uuid = self.array.lock().unwrap().sb.uuid_string();
         // Saved write-back is saved with the consent that allowed it (this
         // command's, or the server's --i-accept-data-loss), so that the
-        // next `serve` may start with it; a journal needs none.
-        let write_back = settings.iter().any(|(k, _)| k == "write_policy")
-            && check.write_policy == tuning::WritePolicy::WriteBack;
-        let consent = accept_data_loss
-            || (write_back && self.journal.is_none() && self.tunables.write_back_allowed());
+        // next `serve` may start with it; a journal needs none, and one
+        // saved for a journaled array would outlive the journal.
+        let consent = write_back
+            && self.journal.is_none()
+            && (accept_data_loss || self.tunables.write_back_allowed());
         // In force already; a settings folder that cannot be written only
         // means they will not outlive this run, which the reply says.
         let saved = tuning::saved::save_changes(&uuid, settings, consent);

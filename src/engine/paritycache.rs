@@ -52,6 +52,10 @@ struct Pages {
     /// gets a second chance (CLOCK, an approximation of least recently
     /// used that costs a flag, not a reordering per use).
     referenced: bool,
+    /// Its place in the eviction queue: an entry there with another tag
+    /// is left from an earlier life of the key (dropped, then put again)
+    /// and is discarded when it comes up.
+    tag: u64,
 }
 
 impl Pages {
@@ -71,9 +75,12 @@ impl Pages {
 #[derive(Default)]
 struct Shard {
     pages: HashMap<(u64, u64), Pages>,
-    /// The eviction queue: keys in insertion order, a used one moved to
-    /// the back when eviction reaches it (may hold keys already gone).
-    order: VecDeque<(u64, u64)>,
+    /// The eviction queue: (key, tag) in insertion order, a used page
+    /// moved to the back when eviction reaches it. Entries whose key is
+    /// gone or holds another tag are stale and discarded.
+    order: VecDeque<((u64, u64), u64)>,
+    /// The next tag (see `Pages::tag`).
+    next_tag: u64,
     /// Pages evicted or dropped, reused for the next ones: a random
     /// writer puts two pages and evicts two per write, and an allocation
     /// and a free each (malloc's bookkeeping) cost more than the copy.
@@ -206,14 +213,22 @@ impl ParityCache {
                 pages,
                 order,
                 spare,
+                next_tag,
             } = &mut *guard;
-            let existed = pages.contains_key(&(stripe, page));
-            let entry = pages.entry((stripe, page)).or_default();
-            // Written again while kept: in use. A new page joins the back
-            // of the queue unused, and the pass below never takes the page
-            // it has just put (the next write of its window, a sequential
-            // writer's next strip, must find it).
-            entry.referenced |= existed;
+            let key = (stripe, page);
+            let existed = pages.contains_key(&key);
+            let entry = pages.entry(key).or_default();
+            if !existed {
+                entry.tag = *next_tag;
+                *next_tag += 1;
+            }
+            let tag = entry.tag;
+            // Written again while kept: in use (the same parity, not P
+            // then Q of one write). A new page joins the back of the queue
+            // unused, and the pass below never takes the page it has just
+            // put (the next write of its window, a sequential writer's
+            // next strip, must find it).
+            entry.referenced |= entry.slot(which).is_some();
             let slot = entry.slot(which);
             match (bytes.map(|b| &b[k * PAGE..(k + 1) * PAGE]), slot.as_mut()) {
                 (Some(new), Some(kept)) => kept.copy_from_slice(new),
@@ -225,22 +240,23 @@ impl ParityCache {
                 }
             }
             if !existed {
-                order.push_back((stripe, page));
+                order.push_back((key, tag));
                 self.held.fetch_add(1, Ordering::Relaxed);
             }
             // Each pass over a used page clears its flag, and every page
             // held has a place in the queue, so this ends within two
             // rounds of it.
             while pages.len() > per_shard {
-                let Some(old) = order.pop_front() else {
+                let Some((old, old_tag)) = order.pop_front() else {
                     break;
                 };
                 match pages.get_mut(&old) {
+                    Some(kept) if kept.tag != old_tag => {}
                     None => {}
-                    Some(_) if old == (stripe, page) => order.push_back(old),
+                    Some(_) if old == key => order.push_back((old, old_tag)),
                     Some(kept) if kept.referenced => {
                         kept.referenced = false;
-                        order.push_back(old);
+                        order.push_back((old, old_tag));
                     }
                     Some(_) => {
                         let evicted = pages.remove(&old).expect("found above");
@@ -249,8 +265,12 @@ impl ParityCache {
                     }
                 }
             }
-            if order.len() > 4 * per_shard + 16 {
-                order.retain(|key| pages.contains_key(key));
+            // Stale entries (dropped pages) are discarded as they come up;
+            // when they outnumber the live ones three to one, at once. Live
+            // entries are one per page, so this keeps the queue within
+            // 4 x pages + 16.
+            if order.len() > 4 * pages.len() + 16 {
+                order.retain(|(k, t)| pages.get(k).is_some_and(|p| p.tag == *t));
             }
         }
     }
@@ -370,6 +390,48 @@ mod tests {
         // The pool kept its size meanwhile.
         let held: usize = c.shards.iter().map(|s| s.lock().unwrap().pages.len()).sum();
         assert!(held <= capacity, "{held} pages held");
+    }
+
+    /// On raid6 a write puts P and then Q of one page: that is one use,
+    /// not two; writing the page again is the second.
+    #[test]
+    fn p_then_q_of_one_write_is_one_use() {
+        let c = ParityCache::new();
+        let page = [3u8; PAGE];
+        let referenced = |c: &ParityCache| {
+            let shard = c.shard(9, 0).lock().unwrap();
+            shard.pages[&(9, 0)].referenced
+        };
+        c.put(9, &(0..PAGE), Which::P, Some(&page), 1024);
+        c.put(9, &(0..PAGE), Which::Q, Some(&page), 1024);
+        assert!(!referenced(&c));
+        c.put(9, &(0..PAGE), Which::P, Some(&page), 1024);
+        assert!(referenced(&c));
+    }
+
+    /// A page dropped and put again, over and over (whole-row writes and
+    /// the background job drop pages), leaves stale entries in the queue;
+    /// they are discarded, so the queue stays within its bound.
+    #[test]
+    fn the_eviction_queue_stays_bounded_under_drops() {
+        let c = ParityCache::new();
+        let page = [4u8; PAGE];
+        let mut out = [0u8; PAGE];
+        for round in 0..20_000u64 {
+            c.put(7, &(0..PAGE), Which::P, Some(&page), 4 * SHARDS);
+            assert!(c.get(7, &(0..PAGE), Which::P, &mut out));
+            c.drop_window(7, &(0..PAGE));
+            c.put(1_000 + round, &(0..PAGE), Which::P, Some(&page), 4 * SHARDS);
+        }
+        for shard in c.shards.iter() {
+            let shard = shard.lock().unwrap();
+            assert!(
+                shard.order.len() <= 4 * shard.pages.len() + 16 + 1,
+                "{} entries for {} pages",
+                shard.order.len(),
+                shard.pages.len()
+            );
+        }
     }
 
     /// The count that lets a drop on an empty cache skip the locks stays

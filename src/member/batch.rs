@@ -197,8 +197,9 @@ const SYNC: u8 = 2;
 
 /// The process's choice of backend: undecided until a ring is set up or
 /// fails to be. A failure for a reason that does not go away while the
-/// process runs (ENOSYS, EPERM from seccomp or the sysctl, a kernel
-/// without the operations) is final for the process. Any other (ENOMEM
+/// process runs (ENOSYS, EPERM from seccomp or the sysctl, EINVAL from a
+/// kernel before the probe, a kernel without the operations) is final for
+/// the process. Any other (ENOMEM
 /// from the locked-memory limit of kernels before 5.12, EMFILE) is this
 /// thread's for now: its next RING_RETRY_BATCHES batches use
 /// pread/pwrite, then it tries again, and other threads keep their rings.
@@ -289,7 +290,13 @@ thread_local! {
 fn setup_failure_is_final(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        Some(libc::ENOSYS) | Some(libc::EPERM) | Some(libc::EACCES) | Some(libc::EOPNOTSUPP)
+        Some(libc::ENOSYS)
+            | Some(libc::EPERM)
+            | Some(libc::EACCES)
+            | Some(libc::EOPNOTSUPP)
+            // io_uring_setup's parameters or the probe (Linux 5.6) refused:
+            // the kernel is what it is.
+            | Some(libc::EINVAL)
     ) || e.kind() == io::ErrorKind::Unsupported
 }
 

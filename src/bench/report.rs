@@ -366,6 +366,10 @@ fn memory_goals(
         0.90,
         1.0,
     );
+    // An array without redundancy has no state with a member missing.
+    if level == "raid0" || level == "linear" {
+        return;
+    }
     vs(
         "4K randread QD32 one member missing vs nbdkit memory".into(),
         "degraded",
@@ -566,6 +570,17 @@ mod tests {
             memory_left[0].starts_with("raid6 (6 members) full-stripe seq write")
                 && memory_left[0].contains("--workload seq-stripe"),
             "{memory_left:?}"
+        );
+        // An array without redundancy has no degraded target to miss.
+        let raid0 = ArrayFacts {
+            level: "raid0",
+            devices: 6,
+            in_memory: true,
+        };
+        let raid0_left = unevaluated(&rows, &raid0);
+        assert!(
+            raid0_left.iter().all(|t| !t.contains("missing")),
+            "{raid0_left:?}"
         );
         let disk_left = unevaluated(&rows, &facts(false));
         assert_eq!(disk_left.len(), 1, "{disk_left:?}");

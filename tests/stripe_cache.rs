@@ -356,9 +356,13 @@ fn knobs_are_saved_set_live_shown_and_checked() {
         "{offline}"
     );
     // A settings file that is not one leaves detail working, without knobs.
-    for entry in std::fs::read_dir(&config).unwrap() {
-        std::fs::write(entry.unwrap().path(), "not json").unwrap();
-    }
+    // Only this array's: the other tests of this process share the folder.
+    let mut json_args = args.clone();
+    json_args.push("--json");
+    let offline_json: serde_json::Value =
+        serde_json::from_slice(&uraid_ok(&json_args).stdout).unwrap();
+    let uuid = offline_json["uuid"].as_str().unwrap();
+    std::fs::write(config.join(format!("{uuid}.json")), "not json").unwrap();
     let out = uraid_ok(&args);
     let offline = String::from_utf8_lossy(&out.stdout);
     assert!(!offline.contains("Tuning"), "{offline}");

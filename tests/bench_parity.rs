@@ -134,23 +134,21 @@ fn json_names_every_implementation_in_every_cell() {
     }
 }
 
+/// A one-cell run, as short as a measurement can be.
+const ONE_CELL: [&str; 8] = [
+    "bench",
+    "parity",
+    "--seconds",
+    "0.01",
+    "--data",
+    "3",
+    "--chunk",
+    "4K",
+];
+
 #[test]
 fn table_has_a_row_per_geometry_and_operation() {
-    let out = uraid(
-        &[
-            "bench",
-            "parity",
-            "--seconds",
-            "0.01",
-            "--data",
-            "3",
-            "--chunk",
-            "4K",
-            "--impl",
-            "scalar",
-        ],
-        &[],
-    );
+    let out = uraid(&[&ONE_CELL[..], &["--impl", "scalar"]].concat(), &[]);
     assert!(
         out.status.success(),
         "{}",
@@ -250,18 +248,7 @@ fn without_the_implementation_uraid_runs_the_target_is_not_judged() {
         eprintln!("this CPU runs no SIMD implementation: nothing to leave out");
         return;
     };
-    let args = [
-        "bench",
-        "parity",
-        "--seconds",
-        "0.01",
-        "--data",
-        "3",
-        "--chunk",
-        "4K",
-        "--impl",
-        other,
-    ];
+    let args = [&ONE_CELL[..], &["--impl", other]].concat();
     let forced = [("URAID_PARITY", "scalar")];
     let json = uraid(&[&args[..], &["--json"]].concat(), &forced);
     assert!(json.status.success());

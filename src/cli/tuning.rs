@@ -40,10 +40,9 @@ pub struct TuningArgs {
 
 impl TuningArgs {
     /// The settings given, as (key, value) in a fixed order, each checked
-    /// against `base` so that a bad one is refused before anything changes.
-    /// The settings given, checked against `base`; `journaled` says the
-    /// array has a write journal, which protects write-back as
-    /// --i-accept-data-loss consents to its risk.
+    /// against `base` so that a bad one is refused before anything changes;
+    /// `journaled` says the array has a write journal, which protects
+    /// write-back as --i-accept-data-loss consents to its risk.
     pub fn settings(
         &self,
         base: &TuningValues,

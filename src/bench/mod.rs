@@ -666,10 +666,9 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
         devices: paths.len() as u32,
         in_memory: on_tmpfs(&paths[0]),
     };
-    let goals = report::goals(&rows, &facts);
+    let (goals, unevaluated) = report::evaluate(&rows, &facts);
     let mut notes = m.notes;
     notes.extend(probe_note(&m.probes));
-    let unevaluated = report::unevaluated(&rows, &facts);
     if !unevaluated.is_empty() {
         notes.push(format!(
             "targets not evaluated by this run: {}",

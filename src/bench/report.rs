@@ -168,7 +168,9 @@ pub fn unevaluated(rows: &[Row], array: &ArrayFacts) -> Vec<String> {
     evaluate(rows, array).1
 }
 
-fn evaluate(rows: &[Row], array: &ArrayFacts) -> (Vec<Goal>, Vec<String>) {
+/// The targets checked ([`goals`]) and those left unjudged
+/// ([`unevaluated`]), in one pass.
+pub fn evaluate(rows: &[Row], array: &ArrayFacts) -> (Vec<Goal>, Vec<String>) {
     let find = |target: &str, state: &str, workload: &str, phase: &str| {
         rows.iter().find(|r| {
             r.target == target

@@ -450,6 +450,14 @@ fn a_member_that_panics_mid_batch_unwinds_after_the_ring_is_drained() {
     run_with(Backend::Uring, &mut ops);
 }
 
+/// A ring setup that always fails with `errno`, counting its tries.
+fn refusing_setup(setups: &AtomicU32, errno: i32) -> impl Fn() -> io::Result<Ring> + '_ {
+    move || {
+        setups.fetch_add(1, Ordering::SeqCst);
+        Err(io::Error::from_raw_os_error(errno))
+    }
+}
+
 #[test]
 fn a_ring_that_cannot_be_set_up_falls_back_for_good() {
     // A fresh thread: its ring does not exist yet, so the failing setup is
@@ -457,10 +465,7 @@ fn a_ring_that_cannot_be_set_up_falls_back_for_good() {
     std::thread::spawn(|| {
         let selector = Selector::new();
         let setups = AtomicU32::new(0);
-        let refuse = || -> io::Result<Ring> {
-            setups.fetch_add(1, Ordering::SeqCst);
-            Err(io::Error::from_raw_os_error(libc::ENOSYS))
-        };
+        let refuse = refusing_setup(&setups, libc::ENOSYS);
         let dir = tempfile::tempdir_in("/tmp").unwrap();
         let paths = member_files(dir.path(), 2, MEMBER_BYTES);
         let members: Vec<FileMember> = paths.iter().map(|p| open(p, CacheMode::Direct)).collect();
@@ -491,10 +496,7 @@ fn a_ring_that_cannot_be_set_up_for_now_is_tried_again_later() {
     std::thread::spawn(|| {
         let selector = Selector::new();
         let setups = AtomicU32::new(0);
-        let refuse = || -> io::Result<Ring> {
-            setups.fetch_add(1, Ordering::SeqCst);
-            Err(io::Error::from_raw_os_error(libc::ENOMEM))
-        };
+        let refuse = refusing_setup(&setups, libc::ENOMEM);
         let dir = tempfile::tempdir_in("/tmp").unwrap();
         let paths = member_files(dir.path(), 1, MEMBER_BYTES);
         let member = open(&paths[0], CacheMode::Direct);

@@ -199,27 +199,6 @@ struct Prepared {
     image: PathBuf,
 }
 
-/// The lines of `mdadm --examine` that uraid must print identically. The
-/// device line differs (a loop device in the kernel) and so may the
-/// "(local to host ...)" note, which depends on the host's name.
-fn comparable(examine: &str) -> Vec<String> {
-    examine
-        .lines()
-        .skip_while(|l| !l.contains("Magic :"))
-        .filter(|l| !l.contains("Name :"))
-        .map(|l| match l.find(" (local to host") {
-            Some(at) => l[..at].to_string(),
-            None => l.trim_end().to_string(),
-        })
-        // 0.90 disk tables name the device by its major:minor, which only
-        // resolves inside the kernel that had those loop devices.
-        .map(|l| match l.find("   /dev/") {
-            Some(at) if l.contains(" sync") || l.contains(" spare") => l[..at].to_string(),
-            _ => l,
-        })
-        .collect()
-}
-
 /// Stops the array, saves mdadm --examine of its first member (through the
 /// loop device: mdadm cannot open hostfs files directly) and detaches.
 fn cleanup(examine_to: &std::path::Path) -> String {
@@ -303,7 +282,7 @@ fn kernel_reads_what_uraid_wrote() {
                 .unwrap_or_default();
         let ours = uraid_ok(&["examine", p.members[0].to_str().unwrap()]);
         let ours = String::from_utf8_lossy(&ours.stdout).to_string();
-        if comparable(&kernel_examine) != comparable(&ours) {
+        if examine_comparable(&kernel_examine) != examine_comparable(&ours) {
             failures.push(format!(
                 "{name}: examine differs\n--- mdadm\n{kernel_examine}\n--- uraid\n{ours}"
             ));
@@ -399,7 +378,7 @@ fn uraid_reads_what_the_kernel_wrote() {
                 .unwrap_or_default();
         let ours = uraid_ok(&["examine", members[0]]);
         let ours = String::from_utf8_lossy(&ours.stdout).to_string();
-        if comparable(&kernel_examine) != comparable(&ours) {
+        if examine_comparable(&kernel_examine) != examine_comparable(&ours) {
             failures.push(format!(
                 "{name}: examine differs\n--- mdadm\n{kernel_examine}\n--- uraid\n{ours}"
             ));

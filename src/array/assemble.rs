@@ -3,10 +3,12 @@
 //! (highest events) speaks for the array; devices that fell behind are left
 //! out; roles come from the freshest superblock's role table.
 
+use super::reshape::{self, reshape_removed_disks};
 use super::superblocks::{read_superblock, SuperblockError};
 use super::{Slot, Slots};
 use crate::format::{
     MemberSuper, Role, MD_FEATURE_RAID0_LAYOUT, MD_FEATURE_RECOVERY_OFFSET, MD_FEATURE_REPLACEMENT,
+    MD_FEATURE_RESHAPE_ACTIVE,
 };
 use crate::geometry::{Geometry, GeometryError, GeometryParams, Level};
 use crate::member::{FileMember, MemberRef, OpenOptions};
@@ -257,7 +259,9 @@ pub fn assemble_members(members: Vec<(String, MemberRef)>) -> Result<Assembled, 
         .expect("non-empty");
     let level =
         Level::from_md_number(freshest.level).ok_or(AssembleError::UnknownLevel(freshest.level))?;
-    let raid_disks = freshest.raid_disks as usize;
+    // A shrinking reshape records the new, smaller count; the members of
+    // the old geometry keep their roles until it ends (md's analyze_sbs).
+    let raid_disks = freshest.raid_disks as usize + reshape_removed_disks(&freshest);
 
     let mut slots: Slots = vec![None; raid_disks];
     let mut devices = Vec::new();
@@ -332,15 +336,20 @@ pub fn assemble_members(members: Vec<(String, MemberRef)>) -> Result<Assembled, 
             missing: (0..raid_disks).filter(|r| slots[*r].is_none()).collect(),
         });
     }
-    let geometry = Geometry::new(&GeometryParams {
+    let params = GeometryParams {
         level,
         layout: freshest.layout,
         chunk_sectors: freshest.chunk_sectors as u64,
-        raid_disks: freshest.raid_disks,
+        raid_disks: raid_disks as u32,
         dev_sectors: freshest.size_sectors,
         member_data_sectors,
         raid0_layout_feature: freshest.feature_map & MD_FEATURE_RAID0_LAYOUT != 0,
-    })?;
+    };
+    let geometry = if freshest.has_feature(MD_FEATURE_RESHAPE_ACTIVE) {
+        reshape::reshaping_geometry(&freshest, params, &mut slots, &devices)?
+    } else {
+        Geometry::new(&params)?
+    };
     Ok(Assembled {
         sb: freshest,
         geometry,

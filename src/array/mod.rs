@@ -4,6 +4,7 @@
 mod assemble;
 mod bitmap;
 mod create;
+mod reshape;
 mod resync;
 mod stripe_io;
 mod superblocks;
@@ -18,6 +19,7 @@ pub use create::{
     create, create_full, create_on_members, create_on_members_full, create_on_members_with_bitmap,
     create_with_bitmap, BitmapRequest, CreateError, CreateOptions, MemberSpec,
 };
+pub use reshape::{reshape_backwards, reshape_removed_disks};
 pub use resync::{resync, ResyncReport};
 pub use stripe_io::{StripeError, StripeIo};
 pub use superblocks::{read_superblock, write_superblock, SuperblockError};

@@ -241,7 +241,11 @@ impl<'a> StripeIo<'a> {
             let stripe_start = map.array_sector * SECTOR_BYTES;
             let stripe_bytes = (map.data_sectors() * SECTOR_BYTES) as usize;
             let in_stripe = (at - stripe_start) as usize;
-            let piece = (stripe_bytes - in_stripe).min(len - done);
+            // A stripe that straddles a reshape point maps only its own
+            // side of it: the piece ends at the run's end.
+            let run_end_bytes = self.geometry.run_end(at / SECTOR_BYTES) * SECTOR_BYTES;
+            debug_assert!(run_end_bytes <= stripe_start + stripe_bytes as u64);
+            let piece = ((run_end_bytes - at) as usize).min(len - done);
             scratch.resize(stripe_bytes, 0);
             f(&map, &mut scratch, in_stripe, done..done + piece)?;
             done += piece;

@@ -321,6 +321,7 @@ pub fn examine_text(
                 sb.delta_disks, old, sb.raid_disks
             );
         }
+        reshape_targets(&mut o, sb);
         let _ = writeln!(o);
     }
     let _ = writeln!(o, "    Update Time : {}", ctime(sb.utime_secs));
@@ -682,4 +683,29 @@ pub fn examine_bitmap_text(
         o.push_str(&bitmap_bits_line(node_bits));
     }
     o
+}
+
+/// mdadm --examine's lines for what a reshape changes besides the member
+/// count: level, layout (named in the old level's table), chunk.
+fn reshape_targets(o: &mut String, sb: &MemberSuper) {
+    if sb.new_level != sb.level {
+        let name =
+            Level::from_md_number(sb.new_level).map_or("-unknown-", crate::geometry::level_name);
+        let _ = writeln!(o, "      New Level : {name}");
+    }
+    if sb.new_layout != sb.layout {
+        if let Some(level @ (Level::Raid5 | Level::Raid6 | Level::Raid10)) =
+            Level::from_md_number(sb.level)
+        {
+            let name = layout_name(level, sb.new_layout);
+            let _ = writeln!(
+                o,
+                "     New Layout : {}",
+                name.as_deref().unwrap_or("-unknown-")
+            );
+        }
+    }
+    if sb.new_chunk_sectors != sb.chunk_sectors {
+        let _ = writeln!(o, "  New Chunksize : {}K", sb.new_chunk_sectors / 2);
+    }
 }

@@ -49,6 +49,9 @@ pub struct DetailView {
     /// "Resync Status : N% complete" and friends, while one runs.
     pub sync_status: Option<String>,
     pub devices: Vec<DeviceRow>,
+    /// A reshape in progress, as mdadm --detail shows it.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub reshape: Option<ReshapeDetail>,
     /// The knobs in force on a served array (stripe_cache_size, ...).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty", default)]
     pub tuning: std::collections::BTreeMap<String, String>,
@@ -61,6 +64,83 @@ pub struct DetailView {
     /// how it was chosen (md prints its choice in the kernel log).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub parity: Option<String>,
+}
+
+/// mdadm --detail's lines for a reshape in progress.
+#[derive(serde::Serialize, Debug, Clone)]
+pub struct ReshapeDetail {
+    /// Per-member progress, as /proc/mdstat's reshape line counts it.
+    pub percent_complete: u64,
+    pub position_sectors: u64,
+    pub delta_devices: i32,
+    pub old_raid_devices: u32,
+    pub new_level: Option<String>,
+    pub new_layout: Option<String>,
+    pub new_chunk_kib: Option<u32>,
+}
+
+impl ReshapeDetail {
+    fn new(sb: &crate::format::MemberSuper, level: Level) -> Option<ReshapeDetail> {
+        if !sb.has_feature(crate::format::MD_FEATURE_RESHAPE_ACTIVE) {
+            return None;
+        }
+        let new_level = Level::from_md_number(sb.new_level);
+        let new_disks = sb.raid_disks;
+        let new_data_disks = new_level
+            .map(|l| new_disks as u64 - l.parity_members() as u64)
+            .unwrap_or(1)
+            .max(1);
+        // md counts progress in member sectors: forward from the start,
+        // backward from the end.
+        let per_member = sb.reshape_position_sectors / new_data_disks;
+        let size = sb.size_sectors.max(1);
+        let done = if crate::array::reshape_backwards(sb) {
+            size.saturating_sub(per_member)
+        } else {
+            per_member.min(size)
+        };
+        let level_changes = new_level != Some(level);
+        Some(ReshapeDetail {
+            percent_complete: done * 100 / size,
+            position_sectors: sb.reshape_position_sectors,
+            delta_devices: sb.delta_disks,
+            old_raid_devices: (i64::from(sb.raid_disks) - i64::from(sb.delta_disks)) as u32,
+            new_level: level_changes
+                .then(|| new_level.map_or_else(|| "-unknown-".into(), |l| l.to_string())),
+            new_layout: (level_changes || sb.new_layout != sb.layout)
+                .then(|| new_level.and_then(|l| layout_name(l, sb.new_layout)))
+                .flatten(),
+            new_chunk_kib: (sb.new_chunk_sectors != sb.chunk_sectors)
+                .then_some(sb.new_chunk_sectors / 2),
+        })
+    }
+
+    fn text(&self, o: &mut String) {
+        let _ = writeln!(
+            o,
+            "    Reshape Status : {}% complete",
+            self.percent_complete
+        );
+        if self.delta_devices != 0 {
+            let _ = writeln!(
+                o,
+                "     Delta Devices : {}, ({}->{})",
+                self.delta_devices,
+                self.old_raid_devices,
+                i64::from(self.old_raid_devices) + i64::from(self.delta_devices)
+            );
+        }
+        if let Some(level) = &self.new_level {
+            let _ = writeln!(o, "         New Level : {level}");
+        }
+        if let Some(layout) = &self.new_layout {
+            let _ = writeln!(o, "        New Layout : {layout}");
+        }
+        if let Some(chunk) = self.new_chunk_kib {
+            let _ = writeln!(o, "     New Chunksize : {chunk}K");
+        }
+        let _ = writeln!(o);
+    }
 }
 
 fn device_numbers(path: &str) -> (u32, u32) {
@@ -108,6 +188,12 @@ impl DetailView {
             Some(SyncAction::Resync) => ", resyncing",
             Some(SyncAction::Check | SyncAction::Repair) => ", checking",
             None => "",
+        };
+        let reshape = ReshapeDetail::new(sb, level);
+        let sync_suffix = if reshape.is_some() && sync_suffix.is_empty() {
+            ", reshaping"
+        } else {
+            sync_suffix
         };
         let mut rows = Vec::new();
         for role in 0..raid_disks {
@@ -226,6 +312,7 @@ impl DetailView {
                 )
             }),
             devices: rows,
+            reshape,
             tuning: array.tuning.iter().cloned().collect(),
             tuning_saved: false,
             // Only the serving process knows what it runs.
@@ -298,6 +385,9 @@ impl DetailView {
         let _ = writeln!(o, "Consistency Policy : {}\n", self.consistency_policy);
         if let Some(status) = &self.sync_status {
             let _ = writeln!(o, "     {status}\n");
+        }
+        if let Some(reshape) = &self.reshape {
+            reshape.text(&mut o);
         }
         let local = self
             .name

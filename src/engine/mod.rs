@@ -58,6 +58,8 @@ pub enum EngineError {
     Journal(#[from] JournalError),
     #[error("replaying the write journal: {0}")]
     JournalReplay(std::io::Error),
+    #[error("{0}: uraid does not serve an array mid-reshape yet; let the kernel finish it (mdadm --assemble), or read it offline with uraid copy-out")]
+    Reshaping(String),
     #[error("the {level} array is degraded and was not shut down cleanly: stripes written at the crash may reconstruct wrongly (md refuses to start it too); use --force to start anyway")]
     DirtyDegraded { level: Level },
 }
@@ -144,6 +146,9 @@ impl Engine {
     /// was not shut down cleanly, starts resyncing it in the background.
     pub fn start(mut array: Assembled, options: EngineOptions) -> Result<Arc<Engine>, EngineError> {
         array.require_runnable()?;
+        if let Some(reshaping) = array.geometry.reshaping() {
+            return Err(EngineError::Reshaping(reshaping.describe()));
+        }
         let level = array.level();
         let degraded = !array.missing_roles().is_empty();
         if level.has_parity() && degraded && !array.is_clean() && !options.force {

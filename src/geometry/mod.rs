@@ -17,9 +17,11 @@ mod raid0;
 mod raid1;
 mod raid10;
 mod raid456;
+mod reshape;
 
 pub use layout_names::{layout_from_name, layout_name, level_from_name, level_name};
 pub use raid0::Raid0Layout;
+pub use reshape::{ReshapePoint, Reshaping, Side};
 
 use std::fmt;
 
@@ -174,6 +176,9 @@ pub enum Geometry {
     Raid1(raid1::Raid1),
     Raid456(raid456::Raid456),
     Raid10(raid10::Raid10),
+    /// Part way through a reshape: the old and the new geometry, and the
+    /// point between them.
+    Reshaping(Box<Reshaping>),
 }
 
 /// What a geometry is built from: the superblock's fields.
@@ -222,6 +227,8 @@ impl Geometry {
             Geometry::Raid1(_) => Level::Raid1,
             Geometry::Raid456(g) => g.level(),
             Geometry::Raid10(_) => Level::Raid10,
+            // md reports the old level until the reshape ends.
+            Geometry::Reshaping(g) => g.old().level(),
         }
     }
 
@@ -232,6 +239,7 @@ impl Geometry {
             Geometry::Raid1(g) => g.raid_disks(),
             Geometry::Raid456(g) => g.raid_disks(),
             Geometry::Raid10(g) => g.raid_disks(),
+            Geometry::Reshaping(g) => g.raid_disks(),
         }
     }
 
@@ -243,6 +251,7 @@ impl Geometry {
             Geometry::Raid1(g) => g.array_sectors(),
             Geometry::Raid456(g) => g.array_sectors(),
             Geometry::Raid10(g) => g.array_sectors(),
+            Geometry::Reshaping(g) => g.array_sectors(),
         }
     }
 
@@ -253,6 +262,7 @@ impl Geometry {
             Geometry::Raid1(g) => g.stripe_count(),
             Geometry::Raid456(g) => g.stripe_count(),
             Geometry::Raid10(g) => g.stripe_count(),
+            Geometry::Reshaping(g) => g.stripe_count(),
         }
     }
 
@@ -268,6 +278,7 @@ impl Geometry {
             Geometry::Raid1(g) => g.stripe_of(array_sector),
             Geometry::Raid456(g) => g.stripe_of(array_sector),
             Geometry::Raid10(g) => g.stripe_of(array_sector),
+            Geometry::Reshaping(g) => g.stripe_of(array_sector),
         }
     }
 
@@ -283,6 +294,7 @@ impl Geometry {
             Geometry::Raid1(g) => g.stripe(stripe),
             Geometry::Raid456(g) => g.stripe(stripe),
             Geometry::Raid10(g) => g.stripe(stripe),
+            Geometry::Reshaping(g) => g.stripe(stripe),
         };
         debug_assert!(map.array_sector + map.data_sectors() <= self.array_sectors());
         debug_assert!(map
@@ -305,6 +317,7 @@ impl Geometry {
             Geometry::Raid0(g) => g.locate(array_sector),
             Geometry::Raid456(g) => g.locate(array_sector),
             Geometry::Raid1(_) | Geometry::Raid10(_) => return None,
+            Geometry::Reshaping(g) => g.locate(array_sector)?,
         };
         debug_assert!(located.in_strip_sectors < located.strip_sectors);
         debug_assert!(located.place.member < self.raid_disks());
@@ -320,6 +333,7 @@ impl Geometry {
             Geometry::Raid1(g) => g.raid_disks() - 1,
             Geometry::Raid456(g) => g.level().parity_members(),
             Geometry::Raid10(g) => g.copies() - 1,
+            Geometry::Reshaping(g) => g.max_failed_members(),
         }
     }
 
@@ -328,6 +342,13 @@ impl Geometry {
     /// for raid10. This is where stripe `stripe` starts in that unit.
     pub fn resync_position_sectors(&self, stripe: u64) -> u64 {
         match self {
+            // md resyncs no array while it reshapes (raid5_start_reshape
+            // needs a clean array, and a reshape restarted after a crash
+            // rewrites every stripe it moves), so a reshaping geometry has
+            // no resync unit; the engine never starts a job on one.
+            Geometry::Reshaping(_) => {
+                panic!("a reshaping array has no resync position")
+            }
             Geometry::Raid456(_) | Geometry::Raid1(_) => {
                 let map = self.stripe(stripe.min(self.stripe_count().saturating_sub(1)));
                 if stripe >= self.stripe_count() {
@@ -367,6 +388,28 @@ impl Geometry {
         }
     }
 
+    /// Where the run of array sectors that starts at `array_sector` and is
+    /// mapped by one stripe ends (exclusive): the stripe's end, or for a
+    /// reshaping array the reshape point where a stripe straddles it. I/O
+    /// is split at these ends.
+    pub fn run_end(&self, array_sector: u64) -> u64 {
+        match self {
+            Geometry::Reshaping(g) => g.run_end(array_sector),
+            _ => {
+                let map = self.stripe(self.stripe_of(array_sector));
+                map.array_sector + map.data_sectors()
+            }
+        }
+    }
+
+    /// The reshape in progress, if any.
+    pub fn reshaping(&self) -> Option<&Reshaping> {
+        match self {
+            Geometry::Reshaping(g) => Some(g),
+            _ => None,
+        }
+    }
+
     /// Whether every array sector is still readable with the members marked
     /// missing in `missing` (indexed by role). This is the degradation rule.
     pub fn survives(&self, missing: &[bool]) -> bool {
@@ -377,6 +420,7 @@ impl Geometry {
             Geometry::Raid1(_) => lost < missing.len(),
             Geometry::Raid456(g) => lost <= g.level().parity_members(),
             Geometry::Raid10(g) => g.survives(missing),
+            Geometry::Reshaping(g) => g.survives(missing),
         }
     }
 }

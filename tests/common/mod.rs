@@ -121,6 +121,27 @@ pub fn results(stdout: &str, key: &str) -> std::collections::HashMap<String, Str
         .collect()
 }
 
+/// The lines of `mdadm --examine` that uraid must print identically. The
+/// device line differs (a loop device in the kernel) and so may the
+/// "(local to host ...)" note, which depends on the host's name.
+pub fn examine_comparable(examine: &str) -> Vec<String> {
+    examine
+        .lines()
+        .skip_while(|l| !l.contains("Magic :"))
+        .filter(|l| !l.contains("Name :"))
+        .map(|l| match l.find(" (local to host") {
+            Some(at) => l[..at].to_string(),
+            None => l.trim_end().to_string(),
+        })
+        // 0.90 disk tables name the device by its major:minor, which only
+        // resolves inside the kernel that had those loop devices.
+        .map(|l| match l.find("   /dev/") {
+            Some(at) if l.contains(" sync") || l.contains(" spare") => l[..at].to_string(),
+            _ => l,
+        })
+        .collect()
+}
+
 /// Script lines that attach each file to a loop device in the guest, into
 /// the bash array L (mdadm cannot open hostfs files directly).
 pub fn losetup_lines(files: &[PathBuf]) -> String {

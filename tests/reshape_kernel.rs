@@ -1,0 +1,322 @@
+//! Arrays the Linux kernel's md left part way through a reshape (in
+//! user-mode Linux, tests/kernel/uml-run), read by uraid.
+//!
+//! For each conversion mdadm 4.2 and the kernel run (raid5 and raid6 gaining
+//! a member, raid5 changing its chunk, its layout, and becoming raid6), the
+//! guest creates the array, fills it with a known pattern, starts the
+//! reshape under a low speed limit, overwrites a region while it runs, and
+//! stops the array midway. It then assembles it again read-only, where the
+//! reshape cannot move, and reads every byte: that is what md serves, the
+//! oracle. On the host:
+//!
+//! - `uraid copy-out` reads exactly the kernel's bytes, also with a member
+//!   missing; where mdadm's reshape is sound (a grow) those bytes are the
+//!   pattern with the overwritten region;
+//! - `uraid examine` prints what `mdadm --examine` prints, reshape lines
+//!   included; `uraid detail` says "reshaping" with md's Delta Devices and
+//!   New Layout/Chunksize;
+//! - `uraid serve` refuses the array in one line instead of serving it in
+//!   the wrong geometry.
+
+mod common;
+use common::*;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+
+const MIB: usize = 1 << 20;
+/// Each member's size: small, so that the reshape is seconds long.
+const MEMBER_BYTES: u64 = 48 << 20;
+/// The region written while the reshape runs (array offset and length).
+const DURING_AT: usize = 4 * MIB;
+const DURING_LEN: usize = 2 * MIB;
+
+struct Case {
+    name: &'static str,
+    /// Member files; the first `initial` make the array, the rest are
+    /// added as spares before the grow.
+    members: usize,
+    initial: usize,
+    create: &'static str,
+    grow: &'static str,
+    /// Whether the kernel's reshape, stopped midway, keeps every byte. A
+    /// same-size reshape stopped by `mdadm --stop` does not in the kernel
+    /// this suite boots (6.1 with mdadm 4.2): the region at the reshape
+    /// point reads back data from further on. uraid must read what md
+    /// reads all the same.
+    kernel_keeps_data: bool,
+    delta: i64,
+    new_layout: Option<&'static str>,
+    new_chunk_kib: Option<u64>,
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "r5grow",
+            members: 5,
+            initial: 4,
+            create: "--level=5 --raid-devices=4 --chunk=64",
+            grow: "--raid-devices=5",
+            kernel_keeps_data: true,
+            delta: 1,
+            new_layout: None,
+            new_chunk_kib: None,
+        },
+        Case {
+            name: "r6grow",
+            members: 6,
+            initial: 5,
+            create: "--level=6 --raid-devices=5 --chunk=32 --layout=left-asymmetric",
+            grow: "--raid-devices=6",
+            kernel_keeps_data: true,
+            delta: 1,
+            new_layout: None,
+            new_chunk_kib: None,
+        },
+        Case {
+            name: "r5chunk",
+            members: 4,
+            initial: 4,
+            create: "--level=5 --raid-devices=4 --chunk=64",
+            grow: "--chunk=128",
+            kernel_keeps_data: false,
+            delta: 0,
+            new_layout: None,
+            new_chunk_kib: Some(128),
+        },
+        Case {
+            name: "r5layout",
+            members: 4,
+            initial: 4,
+            create: "--level=5 --raid-devices=4 --chunk=64",
+            grow: "--layout=right-asymmetric",
+            kernel_keeps_data: false,
+            delta: 0,
+            new_layout: Some("right-asymmetric"),
+            new_chunk_kib: None,
+        },
+        Case {
+            name: "r5to6",
+            members: 5,
+            initial: 4,
+            create: "--level=5 --raid-devices=4 --chunk=64",
+            grow: "--level=6 --raid-devices=5",
+            kernel_keeps_data: false,
+            delta: 0,
+            new_layout: Some("left-symmetric"),
+            new_chunk_kib: None,
+        },
+    ]
+}
+
+/// The guest's lines for one case. Prints `SIZE name bytes` and
+/// `POS name sectors`, leaves `name.kernel-examine` and `name.kernel-read`.
+fn guest_lines(case: &Case, dir: &Path, files: &[PathBuf]) -> String {
+    let name = case.name;
+    let d = dir.display();
+    let mut s = format!("echo '== {name}'\n{}", losetup_lines(files));
+    let _ = writeln!(
+        s,
+        "mdadm --create /dev/md0 --run --assume-clean --metadata=1.2 {} \"${{L[@]:0:{}}}\" >{d}/{name}.create 2>&1",
+        case.create, case.initial
+    );
+    s.push_str("sz=$(blockdev --getsize64 /dev/md0)\n");
+    let _ = writeln!(s, "echo \"SIZE {name} $sz\"");
+    let _ = writeln!(
+        s,
+        "dd if={d}/pattern of=/dev/md0 bs=1M count=$((sz >> 20)) oflag=direct status=none"
+    );
+    for spare in case.initial..case.members {
+        let _ = writeln!(s, "mdadm /dev/md0 --add \"${{L[{spare}]}}\" >/dev/null");
+    }
+    // Slow enough to stop midway (uml-run raised the minimum).
+    s.push_str("echo 1000 > /proc/sys/dev/raid/speed_limit_min\n");
+    s.push_str("echo 2000 > /proc/sys/dev/raid/speed_limit_max\n");
+    let _ = writeln!(
+        s,
+        "mdadm --grow /dev/md0 {} >{d}/{name}.grow 2>&1",
+        case.grow
+    );
+    // mdadm's helper for a same-size reshape raises this array's minimum
+    // to 200000 KiB/s (mdadm 4.2); lower it again, twice, in case the
+    // helper wrote it after the first.
+    for pause in ["0.5", "0.5"] {
+        s.push_str("echo 1000 > /sys/block/md0/md/sync_speed_min || true\n");
+        s.push_str("echo 2000 > /sys/block/md0/md/sync_speed_max || true\n");
+        let _ = writeln!(s, "sleep {pause}");
+    }
+    let _ = writeln!(
+        s,
+        "dd if={d}/during of=/dev/md0 bs=1M seek={} count={} oflag=direct conv=notrunc status=none",
+        DURING_AT / MIB,
+        DURING_LEN / MIB
+    );
+    let _ = writeln!(
+        s,
+        "echo \"POS {name} $(cat /sys/block/md0/md/reshape_position)\""
+    );
+    s.push_str("mdadm --stop /dev/md0 >/dev/null\n");
+    let _ = writeln!(
+        s,
+        "mdadm --examine \"${{L[0]}}\" >{d}/{name}.kernel-examine 2>&1"
+    );
+    // Read-only, md does not move the reshape on: what it serves now is
+    // what it would serve had it never stopped.
+    s.push_str("mdadm --assemble --readonly /dev/md0 \"${L[@]}\" >/dev/null\n");
+    let _ = writeln!(
+        s,
+        "dd if=/dev/md0 of={d}/{name}.kernel-read bs=1M iflag=direct status=none"
+    );
+    s.push_str("mdadm --stop /dev/md0 >/dev/null\n");
+    s.push_str("for l in \"${L[@]}\"; do losetup -d \"$l\"; done\n");
+    s
+}
+
+#[test]
+fn kernel_mid_reshape_arrays_read_as_the_kernel_reads_them() {
+    let dir = scratch("reshape-kernel");
+    let dir = dir.path();
+    let pattern = random_bytes(19, 300 * MIB);
+    let during = random_bytes(20, DURING_LEN);
+    std::fs::write(dir.join("pattern"), &pattern).unwrap();
+    std::fs::write(dir.join("during"), &during).unwrap();
+    let cases = cases();
+    let mut script = String::from("export MDADM_NO_SYSTEMCTL=1\n");
+    let mut members = Vec::new();
+    for case in &cases {
+        let files = sparse_files(
+            dir,
+            &format!("{}.", case.name),
+            &vec![MEMBER_BYTES; case.members],
+        );
+        script.push_str(&guest_lines(case, dir, &files));
+        members.push(files);
+    }
+    let out = in_kernel(&script, 400);
+    let sizes = results(&out, "SIZE");
+    let positions = results(&out, "POS");
+
+    for (case, files) in cases.iter().zip(&members) {
+        let name = case.name;
+        let size: usize = sizes[name].parse().unwrap();
+        let kernel_examine =
+            std::fs::read_to_string(dir.join(format!("{name}.kernel-examine"))).unwrap();
+        // Where the stop left it, as md recorded it (KiB in mdadm's text).
+        let position = kernel_examine
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Reshape pos'n : "))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|kib| kib * 2)
+            .unwrap_or_else(|| {
+                panic!(
+                    "{name}: no reshape in progress at the stop ({:?}): {kernel_examine}",
+                    positions.get(name)
+                )
+            });
+        assert!(
+            position > 0 && (position as usize) < size / 512,
+            "{name}: the stop came at {position}, not midway"
+        );
+        let kernel_read = std::fs::read(dir.join(format!("{name}.kernel-read"))).unwrap();
+        assert_eq!(kernel_read.len(), size, "{name}: md serves the old size");
+        let all = paths(files);
+        assert_same_bytes(
+            &copy_out(&all, dir),
+            &kernel_read,
+            &format!("{name}: copy-out"),
+        );
+        let mut expected = pattern[..size].to_vec();
+        expected[DURING_AT..DURING_AT + DURING_LEN].copy_from_slice(&during);
+        let damaged = differing_range(&kernel_read, &expected);
+        if case.kernel_keeps_data {
+            assert_same_bytes(&kernel_read, &expected, &format!("{name}: md's bytes"));
+        } else if let Some(range) = &damaged {
+            // What md lost lies past the point it recorded: rows it had
+            // rewritten in the new geometry after its last checkpoint,
+            // over old rows the record still points to.
+            let at = position as usize * 512;
+            assert!(
+                range.start >= at,
+                "{name}: md's bytes differ at {range:?}, before the reshape point {at}"
+            );
+        }
+        // Without a member, reconstructed in whichever geometry holds the
+        // sector. Rows md left inconsistent reconstruct to other bytes than
+        // md reads from their members, so they are left out.
+        let mask = |bytes: &[u8]| -> Vec<u8> {
+            let mut bytes = bytes.to_vec();
+            if let Some(range) = &damaged {
+                if !case.kernel_keeps_data {
+                    let row = 4 * MIB;
+                    let from = range.start / row * row;
+                    let to = (range.end.div_ceil(row) * row).min(bytes.len());
+                    bytes[from..to].fill(0);
+                }
+            }
+            bytes
+        };
+        for missing in [0, case.members - 1] {
+            let some: Vec<&str> = (0..case.members)
+                .filter(|m| *m != missing)
+                .map(|m| all[m])
+                .collect();
+            assert_same_bytes(
+                &mask(&copy_out(&some, dir)),
+                &mask(&kernel_read),
+                &format!("{name}: copy-out without member {missing}"),
+            );
+        }
+
+        let ours = String::from_utf8(uraid_ok(&["examine", all[0]]).stdout).unwrap();
+        assert_eq!(
+            examine_comparable(&kernel_examine),
+            examine_comparable(&ours),
+            "{name}: examine differs\n--- mdadm\n{kernel_examine}\n--- uraid\n{ours}"
+        );
+
+        let detail = detail_offline(&all);
+        assert!(
+            detail["state"].as_str().unwrap().contains("reshaping"),
+            "{name}: {detail}"
+        );
+        assert_eq!(
+            detail["array_size_kib"].as_u64().unwrap() as usize,
+            size / 1024
+        );
+        let reshape = &detail["reshape"];
+        assert_eq!(
+            reshape["position_sectors"].as_u64(),
+            Some(position),
+            "{name}"
+        );
+        assert_eq!(
+            reshape["delta_devices"].as_i64(),
+            Some(case.delta),
+            "{name}"
+        );
+        assert_eq!(reshape["new_layout"].as_str(), case.new_layout, "{name}");
+        assert_eq!(
+            reshape["new_chunk_kib"].as_u64(),
+            case.new_chunk_kib,
+            "{name}"
+        );
+
+        let sock = format!("unix:{}/{name}.sock", dir.display());
+        let mut serve = vec!["serve", "--nbd", sock.as_str()];
+        serve.extend_from_slice(&all);
+        let refusal = uraid_refused(&serve);
+        assert!(refusal.contains("reshape"), "{name}: {refusal}");
+        // The refusal wrote nothing.
+        let after = String::from_utf8(uraid_ok(&["examine", all[0]]).stdout).unwrap();
+        assert_eq!(ours, after, "{name}: serve changed the superblock");
+    }
+}
+
+/// The span from the first to the last byte where `a` and `b` differ.
+fn differing_range(a: &[u8], b: &[u8]) -> Option<std::ops::Range<usize>> {
+    assert_eq!(a.len(), b.len());
+    let first = a.iter().zip(b).position(|(x, y)| x != y)?;
+    let last = a.iter().zip(b).rposition(|(x, y)| x != y)?;
+    Some(first..last + 1)
+}

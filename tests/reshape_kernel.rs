@@ -22,6 +22,7 @@ mod common;
 use common::*;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 const MIB: usize = 1 << 20;
 /// Each member's size: small, so that the reshape is seconds long.
@@ -319,4 +320,324 @@ fn differing_range(a: &[u8], b: &[u8]) -> Option<std::ops::Range<usize>> {
     let first = a.iter().zip(b).position(|(x, y)| x != y)?;
     let last = a.iter().zip(b).rposition(|(x, y)| x != y)?;
     Some(first..last + 1)
+}
+
+/// One array uraid reshapes, for the kernel to check afterwards.
+struct Grown {
+    name: String,
+    members: Vec<PathBuf>,
+    /// What md must read, the whole new size.
+    expected: PathBuf,
+    /// What /sys/block/md0/md shows once md has it: level, raid_disks,
+    /// chunk_size, layout.
+    shape: String,
+}
+
+/// Creates `level` on `disks` members and `spares` spares with uraid and
+/// fills it with a pattern; returns the members and the pattern.
+fn uraid_array(
+    dir: &Path,
+    name: &str,
+    level: &str,
+    disks: usize,
+    spares: usize,
+    chunk: &str,
+    seed: u64,
+) -> (Vec<PathBuf>, Served, Vec<u8>) {
+    let files = sparse_files(
+        dir,
+        &format!("{name}."),
+        &vec![MEMBER_BYTES; disks + spares],
+    );
+    let all = paths(&files);
+    let disks_arg = disks.to_string();
+    let mut args = vec![
+        "create",
+        "--level",
+        level,
+        "--raid-devices",
+        &disks_arg,
+        "--chunk",
+        chunk,
+        "--assume-clean",
+    ];
+    args.extend_from_slice(&all[..disks]);
+    uraid_ok(&args);
+    let served = serve(dir, &[], &all[..disks]);
+    let size = array_bytes(&all[..disks]) as usize;
+    let pattern = random_bytes(seed, size);
+    let image = dir.join(format!("{name}.image"));
+    std::fs::write(&image, &pattern).unwrap();
+    nbdcopy_in(&image, served.uri());
+    for spare in &all[disks..] {
+        manage_ok(&served.control, &["--add", spare]);
+    }
+    (files, served, pattern)
+}
+
+fn wait_reshaped(served: &Served) -> serde_json::Value {
+    wait_status(
+        &served.control,
+        "the reshape to end",
+        Duration::from_secs(240),
+        |s| {
+            !s["mdstat"].as_str().unwrap_or_default().contains("reshape")
+                && s["detail"]["reshape"].is_null()
+        },
+    )
+}
+
+/// md's view of the new shape, as the guest prints it from sysfs.
+fn shape(level: &str, disks: usize, chunk_kib: u64, layout: u32) -> String {
+    format!("{level} {disks} {} {layout}", chunk_kib * 1024)
+}
+
+/// The expected image at the new size: what was written, zeroes after.
+fn expected_file(dir: &Path, name: &str, mut bytes: Vec<u8>, size: usize) -> PathBuf {
+    assert!(bytes.len() <= size);
+    bytes.resize(size, 0);
+    let path = dir.join(format!("{name}.expected"));
+    std::fs::write(&path, &bytes).unwrap();
+    path
+}
+
+/// uraid reshapes arrays while a client writes and reads through NBD; the
+/// kernel assembles each result: same bytes, the new shape, mismatch_cnt 0.
+/// A reshape uraid was killed in (SIGKILL) is continued by the kernel; one
+/// the kernel stopped midway is continued by `uraid serve`.
+#[test]
+fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
+    let dir = scratch("reshape-serve");
+    let dir = dir.path();
+    let mut grown: Vec<Grown> = Vec::new();
+
+    // Reshapes uraid runs to the end, under a client's writes.
+    type Run = (
+        &'static str,
+        &'static str,
+        usize,
+        usize,
+        &'static str,
+        &'static [&'static str],
+        &'static str,
+    );
+    let runs: [Run; 4] = [
+        (
+            "r5add",
+            "raid5",
+            4,
+            1,
+            "64K",
+            &["--raid-devices", "5"],
+            "raid5 5 64 2",
+        ),
+        (
+            "r6add",
+            "raid6",
+            5,
+            2,
+            "32K",
+            &["--raid-devices", "7"],
+            "raid6 7 32 2",
+        ),
+        (
+            "r5chunk",
+            "raid5",
+            4,
+            0,
+            "64K",
+            &["--chunk", "128K"],
+            "raid5 4 128 2",
+        ),
+        (
+            "r5layout",
+            "raid5",
+            4,
+            0,
+            "64K",
+            &["--layout", "left-asymmetric"],
+            "raid5 4 64 0",
+        ),
+    ];
+    for (i, (name, level, disks, spares, chunk, change, md_shape)) in runs.iter().enumerate() {
+        let (files, served, pattern) =
+            uraid_array(dir, name, level, *disks, *spares, chunk, 100 + i as u64);
+        manage_ok(&served.control, &["--speed-limit-max", "4000"]);
+        let mut grow = vec!["--grow"];
+        grow.extend_from_slice(change);
+        manage_ok(&served.control, &grow);
+        let status = array_status(&served.control);
+        assert!(
+            status["mdstat"].as_str().unwrap().contains("reshape ="),
+            "{name}: {}",
+            status["mdstat"]
+        );
+        // Writes and full reads while the point moves.
+        let image = dir.join(format!("{name}.image"));
+        let patched = nbd_patch(
+            served.uri(),
+            &image,
+            &dir.join(format!("{name}.patched")),
+            7 + i as u64,
+            64 * 1024,
+            256 * 1024,
+            40,
+        );
+        assert_ne!(patched, pattern);
+        manage_ok(&served.control, &["--speed-limit-max", "200000"]);
+        let status = wait_reshaped(&served);
+        let events: Vec<String> = status_events(&status).iter().map(|e| e.0.clone()).collect();
+        assert!(
+            events.iter().any(|e| e == "RebuildFinished"),
+            "{name}: {events:?}"
+        );
+        // A new connection sees the array at its new size.
+        let size = array_bytes(&paths(&files)[..*disks + *spares]) as usize;
+        assert!(size >= patched.len());
+        let back = nbdcopy_out(served.uri(), dir);
+        assert_eq!(
+            back.len(),
+            size,
+            "{name}: a new connection sees the new size"
+        );
+        assert_same_bytes(
+            &back[..patched.len()],
+            &patched,
+            &format!("{name}: after the reshape"),
+        );
+        served.stop();
+        let parts: Vec<&str> = md_shape.split(' ').collect();
+        grown.push(Grown {
+            name: name.to_string(),
+            expected: expected_file(dir, name, patched, size),
+            members: files,
+            shape: shape(
+                parts[0],
+                parts[1].parse().unwrap(),
+                parts[2].parse().unwrap(),
+                parts[3].parse().unwrap(),
+            ),
+        });
+    }
+
+    // A reshape uraid is killed in: the kernel continues it.
+    let (files, served, pattern) = uraid_array(dir, "r5killed", "raid5", 4, 1, "64K", 200);
+    manage_ok(&served.control, &["--speed-limit-max", "2000"]);
+    manage_ok(&served.control, &["--grow", "--raid-devices", "5"]);
+    wait_status(
+        &served.control,
+        "the reshape to move",
+        Duration::from_secs(60),
+        |s| {
+            s["detail"]["reshape"]["position_sectors"]
+                .as_u64()
+                .unwrap_or(0)
+                > 0
+        },
+    );
+    served.kill();
+    let examined = String::from_utf8(uraid_ok(&["examine", paths(&files)[0]]).stdout).unwrap();
+    assert!(examined.contains("Reshape pos'n"), "{examined}");
+    let size = {
+        // The new size: the old one with a fourth data member.
+        pattern.len() / 3 * 4
+    };
+    grown.push(Grown {
+        name: "r5killed".into(),
+        expected: expected_file(dir, "r5killed", pattern, size),
+        members: files,
+        shape: shape("raid5", 5, 64, 2),
+    });
+
+    // A reshape the kernel stopped midway: uraid serve continues it.
+    let kfiles = sparse_files(dir, "kstarted.", &[MEMBER_BYTES; 5]);
+    let kpattern = random_bytes(300, 200 * MIB);
+    std::fs::write(dir.join("kpattern"), &kpattern).unwrap();
+    let d = dir.display();
+    let mut script = format!("export MDADM_NO_SYSTEMCTL=1\n{}", losetup_lines(&kfiles));
+    let _ = writeln!(
+        script,
+        "mdadm --create /dev/md0 --run --assume-clean --metadata=1.2 --level=5 --raid-devices=4 --chunk=64 \"${{L[@]:0:4}}\" >/dev/null 2>&1\n\
+         sz=$(blockdev --getsize64 /dev/md0); echo \"SIZE kstarted $sz\"\n\
+         dd if={d}/kpattern of=/dev/md0 bs=1M count=$((sz >> 20)) oflag=direct status=none\n\
+         mdadm /dev/md0 --add \"${{L[4]}}\" >/dev/null\n\
+         echo 1000 > /proc/sys/dev/raid/speed_limit_min; echo 2000 > /proc/sys/dev/raid/speed_limit_max\n\
+         mdadm --grow /dev/md0 --raid-devices=5 >/dev/null 2>&1\n\
+         sleep 2\n\
+         mdadm --stop /dev/md0 >/dev/null\n\
+         for l in \"${{L[@]}}\"; do losetup -d \"$l\"; done"
+    );
+    let out = in_kernel(&script, 300);
+    let ksize: usize = results(&out, "SIZE")["kstarted"].parse().unwrap();
+    let kall = paths(&kfiles);
+    let served = serve(dir, &[], &kall);
+    let status = wait_reshaped(&served);
+    assert!(
+        status_events(&status)
+            .iter()
+            .any(|e| e.0 == "RebuildFinished"),
+        "uraid did not finish the kernel's reshape"
+    );
+    let back = nbdcopy_out(served.uri(), dir);
+    assert_same_bytes(
+        &back[..ksize],
+        &kpattern[..ksize],
+        "kstarted: finished by uraid",
+    );
+    let new_size = back.len();
+    served.stop();
+    grown.push(Grown {
+        name: "kstarted".into(),
+        expected: expected_file(dir, "kstarted", kpattern[..ksize].to_vec(), new_size),
+        members: kfiles,
+        shape: shape("raid5", 5, 64, 2),
+    });
+
+    // The kernel assembles each: it finishes what is left, reads the same
+    // bytes, has the new shape, and finds parity consistent.
+    let mut script = String::from("export MDADM_NO_SYSTEMCTL=1\n");
+    for g in &grown {
+        let name = &g.name;
+        script.push_str(&losetup_lines(&g.members));
+        let _ = writeln!(
+            script,
+            "mdadm --assemble /dev/md0 --run \"${{L[@]}}\" >{d}/{name}.assemble 2>&1 || echo \"ASSEMBLE {name} failed\"\n\
+             echo 200000 > /proc/sys/dev/raid/speed_limit_max\n\
+             mdadm --wait /dev/md0 >/dev/null 2>&1 || true\n\
+             while grep -q reshape /proc/mdstat; do sleep 0.5; done\n\
+             md=/sys/block/md0/md\n\
+             echo \"SHAPE {name} $(cat $md/level) $(cat $md/raid_disks) $(cat $md/chunk_size) $(cat $md/layout)\"\n\
+             cmp /dev/md0 {} >/dev/null 2>&1 && echo \"CMP {name} same\" || echo \"CMP {name} differs\"\n\
+             echo check > $md/sync_action; sleep 0.2; mdadm --wait /dev/md0 >/dev/null 2>&1 || true\n\
+             while [ \"$(cat $md/sync_action)\" != idle ]; do sleep 0.2; done\n\
+             echo \"MISMATCH {name} $(cat $md/mismatch_cnt)\"\n\
+             mdadm --stop /dev/md0 >/dev/null\n\
+             for l in \"${{L[@]}}\"; do losetup -d \"$l\"; done",
+            g.expected.display()
+        );
+    }
+    let out = in_kernel(&script, 600);
+    let (shapes, cmps, mismatches) = (
+        results(&out, "SHAPE"),
+        results(&out, "CMP"),
+        results(&out, "MISMATCH"),
+    );
+    for g in &grown {
+        let name = &g.name;
+        assert_eq!(
+            shapes.get(name),
+            Some(&g.shape),
+            "{name}: md's shape\n{out}"
+        );
+        assert_eq!(
+            cmps.get(name).map(String::as_str),
+            Some("same"),
+            "{name}: md's bytes\n{out}"
+        );
+        assert_eq!(
+            mismatches.get(name).map(String::as_str),
+            Some("0"),
+            "{name}: md's check\n{out}"
+        );
+    }
 }

@@ -19,7 +19,10 @@ pub use create::{
     create, create_full, create_on_members, create_on_members_full, create_on_members_with_bitmap,
     create_with_bitmap, BitmapRequest, CreateError, CreateOptions, MemberSpec,
 };
-pub use reshape::{reshape_backwards, reshape_removed_disks};
+pub use reshape::{
+    lowest_data_offset, plan_reshape, reshape_backwards, reshape_removed_disks, MemberRoom,
+    ReshapeContext, ReshapePlan, ReshapeRequest,
+};
 pub use resync::{resync, ResyncReport};
 pub use stripe_io::{StripeError, StripeIo};
 pub use superblocks::{read_superblock, write_superblock, SuperblockError};

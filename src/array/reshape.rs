@@ -99,3 +99,179 @@ fn new_data_offset(sb: &MemberSuper) -> Result<u64, AssembleError> {
         )))
     })
 }
+
+/// What a user asks to change (`manage --grow`): the member count, the
+/// chunk, the layout, the level; `None` keeps the current value.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReshapeRequest {
+    pub raid_devices: Option<u32>,
+    pub level: Option<i32>,
+    pub layout: Option<u32>,
+    pub chunk_sectors: Option<u64>,
+}
+
+/// A reshape uraid will run: the new shape and where each member's data
+/// moves to (the same change of data offset on every member, as mdadm's
+/// set_new_data_offset writes it for a grow).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReshapePlan {
+    pub old: GeometryParams,
+    pub new: GeometryParams,
+    /// Added to every member's data offset: negative, the data moves
+    /// towards the superblock into the headroom mdadm leaves at create.
+    pub new_offset_sectors: i64,
+    /// Spares that take the new roles.
+    pub spares_needed: usize,
+}
+
+impl ReshapePlan {
+    pub fn delta_disks(&self) -> i64 {
+        i64::from(self.new.raid_disks) - i64::from(self.old.raid_disks)
+    }
+}
+
+/// The array's state that bears on whether a reshape may start.
+pub struct ReshapeContext<'a> {
+    pub sb: &'a MemberSuper,
+    pub params: GeometryParams,
+    /// The lowest data offset any member could move to (past its
+    /// superblock, bad-block log and bitmap), per member in the array.
+    pub members: Vec<MemberRoom>,
+    pub spares: usize,
+    pub degraded: bool,
+    /// A resync, rebuild, check or replacement is running or owed.
+    pub busy: Option<String>,
+}
+
+/// One member's data offset and the lowest offset its data may start at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemberRoom {
+    pub data_offset_sectors: u64,
+    pub lowest_data_offset_sectors: u64,
+}
+
+/// The lowest sector a 1.1/1.2 member's data may start at: past its
+/// superblock's 36 KiB (md's super_1_allow_new_offset keeps new data
+/// clear of the superblock, the bad-block log and the bitmap).
+pub fn lowest_data_offset(sb: &MemberSuper) -> u64 {
+    let mut lowest = sb.super_offset_sectors + 72;
+    if sb.bblog_offset_sectors > 0 {
+        lowest = lowest.max(
+            (sb.super_offset_sectors as i64 + i64::from(sb.bblog_offset_sectors)) as u64
+                + u64::from(sb.bblog_size_sectors),
+        );
+    }
+    lowest
+}
+
+fn lcm(a: u64, b: u64) -> u64 {
+    fn gcd(a: u64, b: u64) -> u64 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    a / gcd(a, b) * b
+}
+
+/// Checks a reshape request as md and mdadm do and plans it; every refusal
+/// is one line saying why.
+pub fn plan_reshape(ctx: &ReshapeContext, request: &ReshapeRequest) -> Result<ReshapePlan, String> {
+    let old = ctx.params.clone();
+    let level = old.level;
+    if let Some(busy) = &ctx.busy {
+        return Err(format!("cannot reshape while {busy} (md: EBUSY)"));
+    }
+    if !matches!(level, Level::Raid4 | Level::Raid5 | Level::Raid6) {
+        return Err(format!(
+            "uraid reshapes raid4/5/6 arrays; changing a {level} array's shape is not supported yet"
+        ));
+    }
+    if let Some(new_level) = request.level.filter(|l| *l != level.md_number()) {
+        let name = Level::from_md_number(new_level)
+            .map_or("an unknown level".to_string(), |l| l.to_string());
+        return Err(format!(
+            "changing {level} to {name} is not supported by uraid yet (only the member count, chunk and layout of raid4/5/6)"
+        ));
+    }
+    if ctx.sb.feature_map & crate::format::MD_FEATURE_JOURNAL != 0 {
+        return Err("an array with a write journal cannot be reshaped (md refuses it too)".into());
+    }
+    if ctx.sb.feature_map & crate::format::MD_FEATURE_BITMAP_OFFSET != 0 {
+        return Err(
+            "remove the write-intent bitmap first (manage --grow --bitmap none); uraid does not reshape with a bitmap yet".into(),
+        );
+    }
+    if ctx.degraded {
+        return Err("the array is degraded: rebuild it before reshaping".into());
+    }
+    if ctx.sb.metadata == crate::format::Metadata::V0_90
+        || ctx.sb.metadata == crate::format::Metadata::V1_0
+    {
+        return Err(format!(
+            "{} metadata keeps no room before the data, so a reshape needs mdadm's backup file, which uraid does not support yet",
+            ctx.sb.metadata.as_str()
+        ));
+    }
+    let raid_disks = request.raid_devices.unwrap_or(old.raid_disks);
+    if raid_disks < old.raid_disks {
+        return Err(format!(
+            "removing members ({} to {raid_disks}) runs a reshape backwards, which uraid does not support yet",
+            old.raid_disks
+        ));
+    }
+    let new = GeometryParams {
+        layout: request.layout.unwrap_or(old.layout),
+        chunk_sectors: request.chunk_sectors.unwrap_or(old.chunk_sectors),
+        raid_disks,
+        ..old.clone()
+    };
+    if new == old {
+        return Err("nothing to change: the array already has that shape".into());
+    }
+    let new_geometry = Geometry::new(&new).map_err(|e| e.to_string())?;
+    let old_geometry = Geometry::new(&old).map_err(|e| e.to_string())?;
+    if new_geometry.array_sectors() < old_geometry.array_sectors() {
+        return Err(
+            "this change will reduce the size of the array (mdadm refuses it without --array-size)"
+                .into(),
+        );
+    }
+    let spares_needed = (raid_disks - old.raid_disks) as usize;
+    if ctx.spares < spares_needed {
+        return Err(format!(
+            "going from {} to {raid_disks} members needs {spares_needed} spare(s), the array has {}: add them first (manage --add)",
+            old.raid_disks, ctx.spares
+        ));
+    }
+    // mdadm moves the data by the rows both geometries share
+    // (compute_backup_blocks): whole old and new rows fit it, so a row is
+    // never written over its own unread source. Same-count reshapes also
+    // need a move of at least both chunks for the kernel to resume them.
+    let old_dd = u64::from(old.raid_disks) - level.parity_members() as u64;
+    let new_dd = u64::from(raid_disks) - level.parity_members() as u64;
+    let backup_sectors = lcm(old.chunk_sectors * old_dd, new.chunk_sectors * new_dd);
+    let mut shift = backup_sectors / old_dd;
+    if raid_disks == old.raid_disks {
+        shift = shift.max(old.chunk_sectors.max(new.chunk_sectors));
+    }
+    for room in &ctx.members {
+        let free = room
+            .data_offset_sectors
+            .saturating_sub(room.lowest_data_offset_sectors);
+        if free < shift {
+            return Err(format!(
+                "not enough room before the data to reshape without a backup file: {} KiB needed, {} KiB free",
+                shift / 2,
+                free / 2
+            ));
+        }
+    }
+    Ok(ReshapePlan {
+        old,
+        new,
+        new_offset_sectors: -(shift as i64),
+        spares_needed,
+    })
+}

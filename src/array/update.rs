@@ -194,6 +194,7 @@ fn write_once(array: &mut Assembled, state: Cleanliness) -> Result<(), Superbloc
                 sb.recovery_offset_sectors = 0;
             }
         }
+        copy_shape(&array.sb, sb);
         sb.events = array.sb.events;
         sb.utime_secs = array.sb.utime_secs;
         sb.utime_micros = array.sb.utime_micros;
@@ -209,6 +210,23 @@ fn write_once(array: &mut Assembled, state: Cleanliness) -> Result<(), Superbloc
             })?;
     }
     Ok(())
+}
+
+/// The array's shape and reshape state, which every member records alike
+/// (super_1_sync); a member's own data offset and new_offset stay its own.
+fn copy_shape(array: &crate::format::MemberSuper, sb: &mut crate::format::MemberSuper) {
+    const SHAPE_FEATURES: u32 =
+        crate::format::MD_FEATURE_RESHAPE_ACTIVE | crate::format::MD_FEATURE_RESHAPE_BACKWARDS;
+    sb.level = array.level;
+    sb.layout = array.layout;
+    sb.chunk_sectors = array.chunk_sectors;
+    sb.raid_disks = array.raid_disks;
+    sb.feature_map = (sb.feature_map & !SHAPE_FEATURES) | (array.feature_map & SHAPE_FEATURES);
+    sb.reshape_position_sectors = array.reshape_position_sectors;
+    sb.new_level = array.new_level;
+    sb.delta_disks = array.delta_disks;
+    sb.new_layout = array.new_layout;
+    sb.new_chunk_sectors = array.new_chunk_sectors;
 }
 
 /// Flushes every device that is part of the array.

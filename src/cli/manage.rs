@@ -35,9 +35,23 @@ pub struct ManageArgs {
     /// Run a consistency check every DAYS days (fractions allowed; 0 turns it off).
     #[arg(long, value_name = "DAYS")]
     check_period: Option<f64>,
-    /// Change the array's shape; with --bitmap internal|none, add or remove the write-intent bitmap.
-    #[arg(long, requires = "bitmap")]
+    /// Change the array's shape (mdadm --grow): with --raid-devices, --chunk,
+    /// --layout, --level, reshape it while it serves; with --bitmap
+    /// internal|none, add or remove the write-intent bitmap.
+    #[arg(long)]
     grow: bool,
+    /// With --grow: the new number of members, after --add of the spares it needs.
+    #[arg(long, short = 'n', requires = "grow")]
+    raid_devices: Option<u32>,
+    /// With --grow: the new level (raid4, raid5, raid6, ...).
+    #[arg(long, short = 'l', requires = "grow")]
+    level: Option<String>,
+    /// With --grow: the new layout, by mdadm's name (left-symmetric, ...).
+    #[arg(long, short = 'p', requires = "grow")]
+    layout: Option<String>,
+    /// With --grow: the new chunk size (K/M suffixes; a bare number is KiB).
+    #[arg(long, short = 'c', requires = "grow")]
+    chunk: Option<String>,
     /// With --grow: internal or none.
     #[arg(long)]
     bitmap: Option<String>,
@@ -104,7 +118,32 @@ pub fn run(args: &ManageArgs) -> CliResult {
             device: absolute(device),
             with: absolute(with),
         }
+    } else if args.grow
+        && (args.raid_devices.is_some()
+            || args.level.is_some()
+            || args.layout.is_some()
+            || args.chunk.is_some())
+    {
+        if args.bitmap.is_some() {
+            return Err("--bitmap cannot be combined with a reshape in one command".into());
+        }
+        Request::Reshape {
+            raid_devices: args.raid_devices,
+            level: args.level.clone(),
+            layout: args.layout.clone(),
+            chunk_bytes: args
+                .chunk
+                .as_deref()
+                .map(crate::units::parse_size_bytes)
+                .transpose()?,
+        }
     } else if args.grow {
+        if args.bitmap.is_none() {
+            return Err(
+                "--grow needs what to change: --raid-devices, --chunk, --layout, --level or --bitmap"
+                    .into(),
+            );
+        }
         let chunk_bytes = args
             .bitmap_chunk
             .as_deref()

@@ -43,6 +43,13 @@ pub enum Request {
         bitmap: String,
         chunk_bytes: Option<u64>,
     },
+    /// mdadm --grow --raid-devices/--level/--layout/--chunk: a reshape.
+    Reshape {
+        raid_devices: Option<u32>,
+        level: Option<String>,
+        layout: Option<String>,
+        chunk_bytes: Option<u64>,
+    },
     /// mdadm --replace DEV --with NEW.
     Replace {
         device: PathBuf,
@@ -282,6 +289,17 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
                 Err(message) => Reply::Error { message },
             }
         }
+        Request::Reshape {
+            raid_devices,
+            level,
+            layout,
+            chunk_bytes,
+        } => match reshape_request(engine, raid_devices, level, layout, chunk_bytes)
+            .and_then(|request| engine.start_reshape(&request))
+        {
+            Ok(message) => Reply::Done { message },
+            Err(message) => Reply::Error { message },
+        },
         Request::Replace { device, with } => {
             let message = format!("replacing {} with {}", device.display(), with.display());
             done(engine.manage_replace(&device, &with), message)
@@ -289,9 +307,18 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
         Request::SyncAction { action } => match action.as_str() {
             "check" => done(engine.start_scrub(false), "check started".into()),
             "repair" => done(engine.start_scrub(true), "repair started".into()),
+            // md's idle stops a reshape too; uraid keeps it paused until
+            // "reshape" (or the next start) continues it.
+            "idle" if engine.reshape_running() => {
+                engine.pause_reshape();
+                Reply::Done {
+                    message: "reshape paused; --action reshape continues it".into(),
+                }
+            }
             "idle" => done(engine.stop_sync(), "background job stopped".into()),
+            "reshape" => done(engine.continue_reshape(), "reshape continues".into()),
             other => Reply::Error {
-                message: format!("unknown sync action '{other}': check, repair or idle"),
+                message: format!("unknown sync action '{other}': check, repair, idle or reshape"),
             },
         },
         Request::Inject { device, fault } => match engine.inject(&device, &fault) {
@@ -376,4 +403,42 @@ pub fn default_socket_dir() -> PathBuf {
         Some(dir) => PathBuf::from(dir).join("uraid"),
         None => std::env::temp_dir().join(format!("uraid-{}", unsafe { libc::geteuid() })),
     }
+}
+
+/// A reshape request in md's numbers, from the names a user gave.
+fn reshape_request(
+    engine: &Engine,
+    raid_devices: Option<u32>,
+    level: Option<String>,
+    layout: Option<String>,
+    chunk_bytes: Option<u64>,
+) -> Result<crate::array::ReshapeRequest, String> {
+    use crate::geometry::{layout_from_name, level_from_name};
+    let level = level
+        .map(|name| level_from_name(&name).ok_or_else(|| format!("unknown level '{name}'")))
+        .transpose()?;
+    let layout_level = level.unwrap_or_else(|| engine.geometry().level());
+    let layout = layout
+        .map(|name| {
+            layout_from_name(layout_level, &name)
+                .ok_or_else(|| format!("unknown layout '{name}' for {layout_level}"))
+        })
+        .transpose()?;
+    let chunk_sectors = chunk_bytes
+        .map(|bytes| {
+            if bytes < 4096 || !bytes.is_power_of_two() {
+                Err(format!(
+                    "chunk size {bytes} bytes: give a power of two of at least 4K"
+                ))
+            } else {
+                Ok(bytes / 512)
+            }
+        })
+        .transpose()?;
+    Ok(crate::array::ReshapeRequest {
+        raid_devices,
+        level: level.map(|l| l.md_number()),
+        layout,
+        chunk_sectors,
+    })
 }

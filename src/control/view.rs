@@ -187,6 +187,7 @@ impl DetailView {
             Some(SyncAction::Recovery { .. } | SyncAction::Replace { .. }) => ", recovering",
             Some(SyncAction::Resync) => ", resyncing",
             Some(SyncAction::Check | SyncAction::Repair) => ", checking",
+            Some(SyncAction::Reshape) => ", reshaping",
             None => "",
         };
         let reshape = ReshapeDetail::new(sb, level);
@@ -300,17 +301,23 @@ impl DetailView {
             uuid: sb.uuid_string(),
             events: sb.events,
             bitmap,
-            sync_status: array.sync.as_ref().map(|p| {
-                let word = match p.action {
-                    SyncAction::Recovery { .. } | SyncAction::Replace { .. } => "Rebuild",
-                    SyncAction::Resync => "Resync",
-                    SyncAction::Check | SyncAction::Repair => "Check",
-                };
-                format!(
-                    "{word:>7} Status : {}% complete",
-                    p.done_kib * 100 / p.total_kib.max(1)
-                )
-            }),
+            // A reshape's status is in its own block (ReshapeDetail).
+            sync_status: array
+                .sync
+                .as_ref()
+                .filter(|p| p.action != SyncAction::Reshape)
+                .map(|p| {
+                    let word = match p.action {
+                        SyncAction::Recovery { .. } | SyncAction::Replace { .. } => "Rebuild",
+                        SyncAction::Resync => "Resync",
+                        SyncAction::Check | SyncAction::Repair => "Check",
+                        SyncAction::Reshape => "Reshape",
+                    };
+                    format!(
+                        "{word:>7} Status : {}% complete",
+                        p.done_kib * 100 / p.total_kib.max(1)
+                    )
+                }),
             devices: rows,
             reshape,
             tuning: array.tuning.iter().cloned().collect(),

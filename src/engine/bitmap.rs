@@ -130,8 +130,8 @@ impl Engine {
         let Some(bitmap) = self.live_bitmap() else {
             return Ok(None);
         };
-        let range = self.geometry.resync_position_sectors(stripe)
-            ..self.geometry.resync_position_sectors(stripe + 1);
+        let range = self.geometry().resync_position_sectors(stripe)
+            ..self.geometry().resync_position_sectors(stripe + 1);
         let chunks = bitmap.chunks_of(range);
         for c in chunks.clone() {
             bitmap.pending[c as usize].fetch_add(1, Ordering::SeqCst);
@@ -223,8 +223,8 @@ impl Engine {
     pub(super) fn stripe_needs_resync(&self, stripe: u64) -> bool {
         match self.live_bitmap() {
             Some(bitmap) if bitmap.trusted => {
-                let range = self.geometry.resync_position_sectors(stripe)
-                    ..self.geometry.resync_position_sectors(stripe + 1);
+                let range = self.geometry().resync_position_sectors(stripe)
+                    ..self.geometry().resync_position_sectors(stripe + 1);
                 bitmap.any_dirty(range)
             }
             _ => true,
@@ -336,15 +336,15 @@ impl Engine {
                 sb.metadata.as_str()
             ));
         }
-        if !(self.geometry.level().has_parity()
+        if !(self.geometry().level().has_parity()
             || matches!(
-                self.geometry.level(),
+                self.geometry().level(),
                 crate::geometry::Level::Raid1 | crate::geometry::Level::Raid10
             ))
         {
             return Err(format!(
                 "{} has no redundancy for a bitmap to protect",
-                self.geometry.level()
+                self.geometry().level()
             ));
         }
         let sync =

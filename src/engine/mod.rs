@@ -15,6 +15,7 @@ mod manage;
 mod members;
 mod paritycache;
 mod readcache;
+mod reshape;
 mod resync;
 mod schedule;
 mod staged;
@@ -58,7 +59,7 @@ pub enum EngineError {
     Journal(#[from] JournalError),
     #[error("replaying the write journal: {0}")]
     JournalReplay(std::io::Error),
-    #[error("{0}: uraid does not serve an array mid-reshape yet; let the kernel finish it (mdadm --assemble), or read it offline with uraid copy-out")]
+    #[error("{0}")]
     Reshaping(String),
     #[error("the {level} array is degraded and was not shut down cleanly: stripes written at the crash may reconstruct wrongly (md refuses to start it too); use --force to start anyway")]
     DirtyDegraded { level: Level },
@@ -77,7 +78,20 @@ pub struct EngineOptions {
 }
 
 pub struct Engine {
-    geometry: Geometry,
+    /// The array's mapping. It changes only while no request is in
+    /// flight (a reshape moves its point under the write side of
+    /// `reshape_gate`), so a request reads it once per use and never
+    /// sees two mappings.
+    geometry: RwLock<Arc<Geometry>>,
+    /// Held shared by every request while a reshape may be under way, and
+    /// exclusively by the reshape job while it moves rows and the point.
+    reshape_gate: RwLock<()>,
+    /// A reshape is running: requests take only the plain paths (no
+    /// stripe-cache batches, staged writes, extents for the server to
+    /// read itself, or hot parity), whose mapping the gate protects.
+    reshaping: std::sync::atomic::AtomicBool,
+    /// The reshape job, when one runs (engine/reshape.rs).
+    reshape_job: reshape::ReshapeJob,
     /// The members by role; swapped whole when membership changes.
     members: RwLock<Arc<MemberTable>>,
     locks: StripeLocks,
@@ -146,8 +160,9 @@ impl Engine {
     /// was not shut down cleanly, starts resyncing it in the background.
     pub fn start(mut array: Assembled, options: EngineOptions) -> Result<Arc<Engine>, EngineError> {
         array.require_runnable()?;
-        if let Some(reshaping) = array.geometry.reshaping() {
-            return Err(EngineError::Reshaping(reshaping.describe()));
+        let reshaping = array.geometry.reshaping().is_some();
+        if reshaping {
+            reshape::check_resumable(&array).map_err(EngineError::Reshaping)?;
         }
         let level = array.level();
         let degraded = !array.missing_roles().is_empty();
@@ -233,7 +248,10 @@ impl Engine {
         let geometry = array.geometry.clone();
         // A resync is owed from where the last one stopped; md records that
         // point in resync_offset when it shuts down mid-resync.
-        let resync_from = (!array.is_clean() && level.md_number() > 0 && level != Level::Raid0)
+        let resync_owed = !array.is_clean() && level.md_number() > 0 && level != Level::Raid0;
+        // A reshape goes first and rewrites the rows it moves; the resync
+        // owed runs over the new geometry once it ends.
+        let resync_from = (resync_owed && !reshaping)
             .then(|| geometry.stripe_at_resync_position(array.sb.resync_offset_sectors));
         // The bitmap is read before the array is marked active: its bits say
         // which regions a crash may have left out of sync.
@@ -326,9 +344,17 @@ impl Engine {
             table.block_bytes()
         };
         let in_memory = table.in_memory();
-        let geometry_roles = geometry.raid_disks();
+        // Counters for every role the array may come to have: a reshape
+        // adds roles (up to the superblock's table of devices).
+        let geometry_roles = geometry
+            .raid_disks()
+            .max(array.sb.max_dev as usize)
+            .max(array.devices.len());
         let engine = Arc::new(Engine {
-            geometry,
+            geometry: RwLock::new(Arc::new(geometry)),
+            reshape_gate: RwLock::new(()),
+            reshaping: std::sync::atomic::AtomicBool::new(reshaping),
+            reshape_job: reshape::ReshapeJob::default(),
             members: RwLock::new(Arc::new(table)),
             locks: StripeLocks::new(STRIPE_LOCK_SLOTS),
             syndrome: parity::default_impl(),
@@ -379,7 +405,13 @@ impl Engine {
                 .write_bytes(array_sector * SECTOR_BYTES, &page, false)
                 .map_err(EngineError::JournalReplay)?;
         }
-        if let (Some(from), false) = (resync_from, options.read_only) {
+        if reshaping && !options.read_only {
+            engine
+                .reshape_job
+                .resync_after
+                .store(resync_owed, Ordering::SeqCst);
+            engine.resume_reshape();
+        } else if let (Some(from), false) = (resync_from, options.read_only) {
             let next = Arc::new(AtomicU64::new(from));
             SyncWorker::start(&engine, SyncAction::Resync, from, next).expect("no job runs yet");
         } else if !options.read_only {
@@ -389,11 +421,18 @@ impl Engine {
     }
 
     pub fn size_bytes(&self) -> u64 {
-        self.geometry.array_sectors() * SECTOR_BYTES
+        self.geometry().array_sectors() * SECTOR_BYTES
     }
 
-    pub fn geometry(&self) -> &Geometry {
-        &self.geometry
+    /// Held by a request from start to end: a reshape moves rows and its
+    /// point only while no request is in flight.
+    fn request_gate(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.reshape_gate.read().unwrap()
+    }
+
+    /// The mapping now; see the field for when it changes.
+    pub fn geometry(&self) -> Arc<Geometry> {
+        self.geometry.read().unwrap().clone()
     }
 
     /// The largest logical block of any member: requests must be aligned to it.
@@ -455,7 +494,10 @@ impl Engine {
     /// A snapshot of the array for status and detail.
     pub fn snapshot(&self) -> Snapshot {
         let mut snapshot = Snapshot::from_assembled(&self.array.lock().unwrap());
-        snapshot.sync = self.sync.progress(&self.geometry);
+        snapshot.sync = self
+            .sync
+            .progress(&self.geometry())
+            .or_else(|| self.reshape_progress());
         snapshot.read_only = self.read_only;
         snapshot.serving = true;
         snapshot.events = self.events.recent();
@@ -496,7 +538,7 @@ impl Engine {
         if !self.runnable() {
             return;
         }
-        let from = self.geometry.stripe_at_resync_position(offset);
+        let from = self.geometry().stripe_at_resync_position(offset);
         let device = &array.devices[index];
         let next = Arc::new(AtomicU64::new(from));
         let entry = members::MemberEntry {
@@ -521,12 +563,12 @@ impl Engine {
         if self.read_only && repair {
             return Err("the array is served read-only".into());
         }
-        if !self.geometry.level().has_parity()
-            && !matches!(self.geometry.level(), Level::Raid1 | Level::Raid10)
+        if !self.geometry().level().has_parity()
+            && !matches!(self.geometry().level(), Level::Raid1 | Level::Raid10)
         {
             return Err(format!(
                 "{} has no redundancy to check",
-                self.geometry.level()
+                self.geometry().level()
             ));
         }
         let action = if repair {
@@ -685,8 +727,8 @@ impl Engine {
     /// PAGE × members × stripe_cache_size); a row of hot parity is only
     /// its parity pages, so the same memory holds more of them.
     fn parity_cache_rows(&self) -> usize {
-        let members = self.geometry.raid_disks();
-        let per_row = self.geometry.level().parity_members().max(1);
+        let members = self.geometry().raid_disks();
+        let per_row = self.geometry().level().parity_members().max(1);
         self.tunables.stripe_cache_size() as usize * members / per_row
     }
 
@@ -862,6 +904,8 @@ impl Engine {
         // What the cache holds reaches the members before anything stops.
         self.cache.stop.store(true, Ordering::SeqCst);
         self.cache.wake_workers();
+        // A reshape stops between two windows: its point is on disk.
+        self.pause_reshape();
         let written = self.write_out_cache();
         // No job may start from here on: a member failing the last flush
         // must not set off a rebuild that would outlive the stop.
@@ -893,13 +937,13 @@ impl Engine {
         }
         let state = match resume {
             Some((SyncAction::Resync, stripe)) => {
-                Cleanliness::ResyncFrom(self.geometry.resync_position_sectors(stripe))
+                Cleanliness::ResyncFrom(self.geometry().resync_position_sectors(stripe))
             }
             Some((
                 action @ (SyncAction::Recovery { role } | SyncAction::Replace { role }),
                 stripe,
             )) => {
-                let offset = manage::recovery_offset_of(&self.geometry, stripe);
+                let offset = manage::recovery_offset_of(&self.geometry(), stripe);
                 let mut array = self.array.lock().unwrap();
                 manage::set_recovery_offset(&mut array, action, role, offset);
                 Cleanliness::Clean
@@ -1011,9 +1055,9 @@ impl BlockBackend for Engine {
         let min = self.member_block_bytes();
         // The chunk is the largest power of two that maps to one member, so
         // it is the size that avoids splitting (raid1/linear have none).
-        let chunk_bytes = match &self.geometry {
+        let chunk_bytes = match &*self.geometry() {
             Geometry::Raid456(_) | Geometry::Raid10(_) | Geometry::Raid0(_) => {
-                (self.geometry.stripe(0).strip_sectors * SECTOR_BYTES) as u32
+                (self.geometry().stripe(0).strip_sectors * SECTOR_BYTES) as u32
             }
             _ => 64 * 1024,
         };
@@ -1038,6 +1082,7 @@ impl BlockBackend for Engine {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        let _gate = self.request_gate();
         self.check_aligned(offset, buf.len())?;
         self.foreground_ios.fetch_add(1, Ordering::Relaxed);
         self.read_cached(offset, buf)
@@ -1048,6 +1093,7 @@ impl BlockBackend for Engine {
             !self.read_only,
             "the export refuses writes on a read-only array"
         );
+        let _gate = self.request_gate();
         self.check_aligned(offset, data.len())?;
         self.foreground_ios.fetch_add(1, Ordering::Relaxed);
         self.write_bytes(offset, data, fua)?;
@@ -1058,6 +1104,7 @@ impl BlockBackend for Engine {
     }
 
     fn flush(&self) -> std::io::Result<()> {
+        let _gate = self.request_gate();
         self.write_out_cache()?;
         self.flush_members()
     }
@@ -1068,6 +1115,12 @@ impl BlockBackend for Engine {
         len: usize,
         how: crate::export::ExtentUse,
     ) -> Option<Vec<crate::export::FileExtent>> {
+        // The server reads these extents after the call, outside the
+        // gate: while a reshape may move them, it is refused.
+        let _gate = self.request_gate();
+        if self.reshaping.load(Ordering::SeqCst) {
+            return None;
+        }
         self.check_aligned(offset, len).ok()?;
         let extents = self.file_extents(offset, len, how)?;
         self.foreground_ios.fetch_add(1, Ordering::Relaxed);
@@ -1085,6 +1138,7 @@ impl BlockBackend for Engine {
         fua: bool,
         data: &mut dyn crate::export::StagedWrite,
     ) -> Option<std::io::Result<()>> {
+        let _gate = self.request_gate();
         if self.check_aligned(offset, len).is_err() || !self.takes_staged(offset, len) {
             return None;
         }
@@ -1120,3 +1174,5 @@ impl BlockBackend for Engine {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_reshape;

@@ -33,6 +33,9 @@ pub enum SyncAction {
     Check,
     /// Count mismatches and rewrite redundancy where it disagrees.
     Repair,
+    /// Move the array to a new geometry (the reshape job, engine/reshape.rs;
+    /// shown here for status only, it never runs as this worker's job).
+    Reshape,
 }
 
 impl SyncAction {
@@ -43,6 +46,7 @@ impl SyncAction {
             SyncAction::Recovery { .. } | SyncAction::Replace { .. } => "recovery",
             SyncAction::Check => "check",
             SyncAction::Repair => "repair",
+            SyncAction::Reshape => "reshape",
         }
     }
 }
@@ -68,7 +72,8 @@ pub enum Outcome {
 }
 
 pub struct SyncWorker {
-    stripe_count: u64,
+    /// Stripes of the geometry the jobs walk; a reshape's end changes it.
+    stripe_count: AtomicU64,
     action: Mutex<Option<SyncAction>>,
     /// The next stripe to process; shared with a rebuilding member's entry.
     next_stripe: Mutex<Arc<AtomicU64>>,
@@ -90,7 +95,7 @@ pub struct SyncWorker {
 impl SyncWorker {
     pub fn new(stripe_count: u64) -> Arc<SyncWorker> {
         Arc::new(SyncWorker {
-            stripe_count,
+            stripe_count: AtomicU64::new(stripe_count),
             action: Mutex::new(None),
             next_stripe: Mutex::new(Arc::new(AtomicU64::new(stripe_count))),
             first_stripe: AtomicU64::new(0),
@@ -104,6 +109,15 @@ impl SyncWorker {
             speed_limit_min_kib_per_s: AtomicU64::new(SPEED_LIMIT_MIN_KIB_PER_S),
             speed_limit_max_kib_per_s: AtomicU64::new(SPEED_LIMIT_MAX_KIB_PER_S),
         })
+    }
+
+    /// The geometry changed (a reshape ended): jobs walk this many stripes.
+    pub fn set_stripe_count(&self, stripe_count: u64) {
+        self.stripe_count.store(stripe_count, Ordering::SeqCst);
+    }
+
+    fn stripe_count(&self) -> u64 {
+        self.stripe_count.load(Ordering::SeqCst)
     }
 
     /// Marks the next job as guided by the bitmap (re-add).
@@ -128,6 +142,11 @@ impl SyncWorker {
         let mut current = worker.action.lock().unwrap();
         if let Some(running) = *current {
             return Err(format!("a {} is already running", running.word()));
+        }
+        // md runs no resync, recovery or check while a reshape is under
+        // way; they start when it ends.
+        if engine.reshaping.load(Ordering::SeqCst) {
+            return Err("a reshape is in progress".into());
         }
         if worker.closed.load(Ordering::SeqCst) {
             return Err("the array is shutting down".into());
@@ -212,7 +231,7 @@ impl SyncWorker {
         let next = self.next_stripe.lock().unwrap().load(Ordering::SeqCst);
         let first = self.first_stripe.load(Ordering::SeqCst);
         let done_kib = geometry.resync_position_sectors(next) / 2;
-        let total_kib = geometry.resync_position_sectors(self.stripe_count) / 2;
+        let total_kib = geometry.resync_position_sectors(self.stripe_count()) / 2;
         let first_kib = geometry.resync_position_sectors(first) / 2;
         let elapsed = self
             .started
@@ -238,14 +257,24 @@ impl SyncWorker {
 /// md's throttle: the per-member rate since the job started (or since the
 /// last mark) above the maximum sleeps; above the minimum it yields while
 /// foreground I/O is active.
-struct Throttle {
+pub(super) struct Throttle {
     mark: Instant,
     done_kib: u64,
     foreground_seen: u64,
 }
 
 impl Throttle {
-    fn account(&mut self, engine: &Engine, kib: u64) {
+    pub(super) fn new() -> Throttle {
+        Throttle {
+            mark: Instant::now(),
+            done_kib: 0,
+            foreground_seen: 0,
+        }
+    }
+
+    /// Accounts `kib` per member done, and waits while the job runs too
+    /// fast; `stop` ends a wait early.
+    pub(super) fn account(&mut self, engine: &Engine, kib: u64, stop: &AtomicBool) {
         self.done_kib += kib;
         // A 30-second window, as md measures its speed over SYNC_MARKS.
         if self.mark.elapsed() > Duration::from_secs(30) {
@@ -270,7 +299,7 @@ impl Throttle {
                 std::thread::sleep(Duration::from_secs_f64(
                     (wanted - elapsed).clamp(0.001, 0.5),
                 ));
-                if engine.sync.stop.load(Ordering::SeqCst) {
+                if stop.load(Ordering::SeqCst) {
                     return;
                 }
                 continue;
@@ -278,7 +307,7 @@ impl Throttle {
             let foreground = engine.foreground_ios.load(Ordering::Relaxed);
             let busy = foreground != self.foreground_seen;
             self.foreground_seen = foreground;
-            if speed > min as f64 && busy && !engine.sync.stop.load(Ordering::SeqCst) {
+            if speed > min as f64 && busy && !stop.load(Ordering::SeqCst) {
                 // Foreground I/O goes first while the minimum is met.
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
@@ -289,11 +318,7 @@ impl Throttle {
 }
 
 fn run(weak: Weak<Engine>, action: SyncAction) {
-    let mut throttle = Throttle {
-        mark: Instant::now(),
-        done_kib: 0,
-        foreground_seen: 0,
-    };
+    let mut throttle = Throttle::new();
     let mut retries = 0usize;
     let outcome = loop {
         let Some(engine) = weak.upgrade() else { return };
@@ -303,7 +328,7 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
         if worker.stop.load(Ordering::SeqCst) {
             break Outcome::Stopped;
         }
-        if stripe >= worker.stripe_count {
+        if stripe >= worker.stripe_count() {
             break Outcome::Finished {
                 mismatch_sectors: worker.mismatch_sectors.load(Ordering::SeqCst),
             };
@@ -316,7 +341,7 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
             next.store(stripe + 1, Ordering::SeqCst);
             continue;
         }
-        let map = engine.geometry.stripe(stripe);
+        let map = engine.geometry().stripe(stripe);
         let result = {
             let _guard = engine.locks.lock(stripe);
             // The job may rewrite this stripe's parity: none stays hot.
@@ -347,10 +372,11 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                         None => Err(std::io::Error::other("the replacement is gone")),
                     }
                 }
+                SyncAction::Reshape => unreachable!("a reshape is not the sync worker's job"),
                 SyncAction::Resync | SyncAction::Check | SyncAction::Repair => {
                     let slots = engine.in_sync_slots(stripe);
                     resync(
-                        &engine.geometry,
+                        &engine.geometry(),
                         &slots,
                         stripe..stripe + 1,
                         action != SyncAction::Check,
@@ -374,7 +400,11 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                     .mismatch_sectors
                     .fetch_add(mismatches, Ordering::SeqCst);
                 engine.sync_progressed(action, stripe + 1);
-                throttle.account(&engine, map.strip_sectors * SECTOR_BYTES / 1024);
+                throttle.account(
+                    &engine,
+                    map.strip_sectors * SECTOR_BYTES / 1024,
+                    &engine.sync.stop,
+                );
             }
             Err(e) => {
                 // A member's error is handled as on the request path (correct
@@ -382,7 +412,7 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                 // tried again, a bounded number of times.
                 retries += 1;
                 if let Some(role) = super::members::member_of(&e) {
-                    if retries <= engine.geometry.raid_disks() {
+                    if retries <= engine.geometry().raid_disks() {
                         // A replace reads the member it copies: its read
                         // errors are corrected like any other member's.
                         let target = match action {

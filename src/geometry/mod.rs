@@ -269,7 +269,7 @@ impl Geometry {
     /// The stripe holding `array_sector` (which must be below array_sectors()).
     pub fn stripe_of(&self, array_sector: u64) -> u64 {
         assert!(
-            array_sector < self.array_sectors(),
+            array_sector < self.io_sectors(),
             "sector {array_sector} beyond the array"
         );
         match self {
@@ -296,7 +296,7 @@ impl Geometry {
             Geometry::Raid10(g) => g.stripe(stripe),
             Geometry::Reshaping(g) => g.stripe(stripe),
         };
-        debug_assert!(map.array_sector + map.data_sectors() <= self.array_sectors());
+        debug_assert!(map.array_sector + map.data_sectors() <= self.io_sectors());
         debug_assert!(map
             .data
             .iter()
@@ -309,7 +309,7 @@ impl Geometry {
     /// mirrors, whose reads choose among copies.
     pub fn locate(&self, array_sector: u64) -> Option<Located> {
         assert!(
-            array_sector < self.array_sectors(),
+            array_sector < self.io_sectors(),
             "sector {array_sector} beyond the array"
         );
         let located = match self {
@@ -399,6 +399,16 @@ impl Geometry {
                 let map = self.stripe(self.stripe_of(array_sector));
                 map.array_sector + map.data_sectors()
             }
+        }
+    }
+
+    /// The sectors I/O may reach: the array, and during a grow also the
+    /// rows moved past its old end (the reshape job writes them; clients
+    /// see them when it ends).
+    pub fn io_sectors(&self) -> u64 {
+        match self {
+            Geometry::Reshaping(g) => g.extent_sectors(),
+            _ => self.array_sectors(),
         }
     }
 

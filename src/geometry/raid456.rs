@@ -110,6 +110,11 @@ impl Raid456 {
         self.level
     }
 
+    /// md's layout number.
+    pub fn algorithm(&self) -> u32 {
+        self.algorithm
+    }
+
     pub fn raid_disks(&self) -> usize {
         self.raid_disks
     }

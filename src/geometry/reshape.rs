@@ -46,6 +46,9 @@ pub struct Reshaping {
     first_side_stripes: u64,
     second_side_first_stripe: u64,
     array_sectors: u64,
+    /// What the mapping covers: the array, and during a grow also the new
+    /// rows already moved past its end, which only the job writes.
+    extent_sectors: u64,
 }
 
 /// What a [`Reshaping`] is built from, besides the two geometries.
@@ -82,11 +85,19 @@ impl Reshaping {
         // (raid5_size with the fewer data disks, both chunks).
         let array_sectors = old.array_sectors().min(new.array_sectors());
         let position = point.position_sectors;
-        if position > array_sectors {
+        // A grow moves rows past the old end too (zeroes, with their
+        // parity), until the new geometry's end.
+        let limit = old.array_sectors().max(new.array_sectors());
+        if position > limit {
             return Err(GeometryError::Invalid(format!(
-                "reshape position {position} is beyond the array's {array_sectors} sectors"
+                "reshape position {position} is beyond the array's {limit} sectors"
             )));
         }
+        let extent_sectors = if point.backwards {
+            array_sectors
+        } else {
+            array_sectors.max(position.min(new.array_sectors()))
+        };
         // The done side must be whole stripes of the new geometry, or a new
         // stripe would be half written (raid5_run's "reshape_position not
         // on a stripe boundary").
@@ -96,7 +107,7 @@ impl Reshaping {
             }
             new.stripe(new.stripe_of(sector)).array_sector
         };
-        if position < array_sectors && new_stripe_start(position) != position {
+        if position < extent_sectors && new_stripe_start(position) != position {
             return Err(GeometryError::Invalid(format!(
                 "reshape position {position} is not on a stripe boundary of the new geometry"
             )));
@@ -111,16 +122,17 @@ impl Reshaping {
             .map(|r| point.new_offset_sectors[r] - base[r])
             .collect();
         let stripes_below = |g: &Geometry| -> u64 {
-            if position == 0 {
+            let below = position.min(extent_sectors);
+            if below == 0 {
                 0
             } else {
-                g.stripe_of((position - 1).min(g.array_sectors() - 1)) + 1
+                g.stripe_of((below - 1).min(g.array_sectors() - 1)) + 1
             }
         };
         let (first_side_stripes, second_side_first_stripe) = if point.backwards {
             // Old below the point (its last stripe may straddle it), new above.
             let first = stripes_below(&old);
-            let second = if position < array_sectors {
+            let second = if position < extent_sectors {
                 new.stripe_of(position)
             } else {
                 new.stripe_count()
@@ -129,7 +141,7 @@ impl Reshaping {
         } else {
             // New below the point, old from the stripe that holds it.
             let first = stripes_below(&new);
-            let second = if position < array_sectors {
+            let second = if position < extent_sectors {
                 old.stripe_of(position)
             } else {
                 old.stripe_count()
@@ -146,6 +158,7 @@ impl Reshaping {
             first_side_stripes,
             second_side_first_stripe,
             array_sectors,
+            extent_sectors,
         };
         debug_assert!(reshaping.stripe_count() > 0 || array_sectors == 0);
         Ok(reshaping)
@@ -200,13 +213,18 @@ impl Reshaping {
         }
     }
 
-    /// How many of the second side's stripes lie within the array.
+    /// The sectors the mapping covers (see the field).
+    pub fn extent_sectors(&self) -> u64 {
+        self.extent_sectors
+    }
+
+    /// How many of the second side's stripes lie within the mapping.
     fn second_side_stripes(&self) -> u64 {
         let g = self.geometry(self.second_side());
-        if self.position_sectors >= self.array_sectors {
+        if self.position_sectors >= self.extent_sectors {
             return 0;
         }
-        let last = g.stripe_of(self.array_sectors - 1);
+        let last = g.stripe_of(self.extent_sectors - 1);
         last + 1 - self.second_side_first_stripe
     }
 
@@ -296,7 +314,7 @@ impl Reshaping {
         } else {
             map_end
         };
-        end.min(self.array_sectors)
+        end.min(self.extent_sectors)
     }
 
     /// One line for messages: "raid5 reshape from 4 to 5 members, at

@@ -202,7 +202,7 @@ fn handshake(
                     shared,
                     sock,
                     &[&proto::encode_export_name_reply(
-                        export.size,
+                        shared.backend.size_bytes(),
                         flags,
                         no_zeroes,
                     )],
@@ -315,7 +315,7 @@ fn send_export_info(
         sock,
         option,
         proto::REP_INFO,
-        &proto::encode_info_export(export.size, flags),
+        &proto::encode_info_export(shared.backend.size_bytes(), flags),
     )?;
     if request.wants(proto::INFO_NAME) {
         let info = proto::encode_info_string(proto::INFO_NAME, &options.export_name);
@@ -464,8 +464,11 @@ fn transmission(
     log: &Log,
 ) {
     let options = &shared.options;
+    // The size now: an array that grew (a reshape or a size change that
+    // ended) is offered whole to connections made since; one made before
+    // keeps the size it was given, as NBD has no way to tell it.
     let params = TransmissionParams {
-        size: shared.export.size,
+        size: shared.backend.size_bytes(),
         block_sizes: shared.export.block_sizes,
         transmission_flags: shared.export.transmission_flags(structured),
         structured_replies: structured,

@@ -72,9 +72,9 @@ impl Default for ServeOptions {
     }
 }
 
-/// What the server knows about its one export, fixed at `serve` time.
+/// What the server knows about its one export, fixed at `serve` time (its
+/// size is the backend's at each connection: an array can grow).
 pub(crate) struct ExportInfo {
-    pub(crate) size: u64,
     pub(crate) block_sizes: BlockSizes,
     pub(crate) read_only: bool,
     pub(crate) multi_conn: bool,
@@ -345,7 +345,6 @@ pub fn serve(
         );
     }
     let export = ExportInfo {
-        size,
         block_sizes,
         read_only: backend.read_only(),
         multi_conn: backend.multi_conn_safe(),

@@ -1,0 +1,648 @@
+//! The reshape job: moves a served array from one geometry to another while
+//! clients read and write, as md's reshape does, and records its progress in
+//! the superblocks in md's format, so that the kernel can take over a
+//! reshape uraid started and uraid one the kernel started.
+//!
+//! The job moves a *window* of rows at a time, forwards from the start of
+//! the array. Holding the engine's reshape gate exclusively (no request is
+//! in flight), it reads the window through the current geometry (the old
+//! side of the point, reconstructing what a missing member held), moves
+//! the point past the window in memory, writes the window through the
+//! engine again (now the new side: whole rows, fresh parity, at the
+//! members' new data offset), flushes, and records the new point in every
+//! superblock before it lets requests in again. So the point on disk is
+//! always the point requests are mapped by: a crash between two windows
+//! loses nothing, and one during a window redoes it from its old copy,
+//! which the window's writes never touch (below). Requests wait for a
+//! window; between windows they run as usual, on the plain paths (see
+//! `Engine::reshaping`).
+//!
+//! Where the new rows go: every member's data starts earlier by the plan's
+//! shift (mdadm's set_new_data_offset moves the data offset the same way,
+//! into the headroom left at create), so the rows written for a window end
+//! before the old rows the window still needs. A window is cut short where
+//! it would not, which only happens near the start.
+
+use super::resync::{SyncAction, SyncProgress, Throttle};
+use super::{Engine, MemberEntry};
+use crate::array::{
+    lowest_data_offset, plan_reshape, write_array_state, Cleanliness, DeviceState, MemberRoom,
+    ReshapeContext, ReshapePlan, ReshapeRequest,
+};
+use crate::format::{MD_FEATURE_NEW_OFFSET, MD_FEATURE_RESHAPE_ACTIVE};
+use crate::geometry::{Geometry, GeometryParams, ReshapePoint, Reshaping};
+use crate::units::SECTOR_BYTES;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// At most this much array data moves in one window: the time requests
+/// wait for a window, and the superblock writes per byte moved.
+const WINDOW_BYTES_MAX: u64 = 8 << 20;
+
+/// The running job, for status and for stopping it.
+#[derive(Default)]
+pub struct ReshapeJob {
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    started: Mutex<Option<(Instant, u64)>>,
+    /// A resync is owed once the reshape ends (the array stopped uncleanly
+    /// while reshaping): md's recovery_cp survives the reshape.
+    pub(super) resync_after: AtomicBool,
+    last_event_step: AtomicU64,
+}
+
+impl Engine {
+    /// Starts a reshape that `request` asks for (`manage --grow`). Returns
+    /// a line for the user.
+    pub fn start_reshape(self: &Arc<Engine>, request: &ReshapeRequest) -> Result<String, String> {
+        if self.read_only {
+            return Err("the array is served read-only".into());
+        }
+        if self.reshaping.load(Ordering::SeqCst) {
+            return Err("a reshape is already in progress".into());
+        }
+        let plan = {
+            let array = self.array.lock().unwrap();
+            let busy = self
+                .sync
+                .action()
+                .map(|a| format!("a {} runs", a.word()))
+                .or_else(|| {
+                    array
+                        .devices
+                        .iter()
+                        .any(|d| {
+                            matches!(
+                                d.state,
+                                DeviceState::Replacement { .. } | DeviceState::Recovering { .. }
+                            )
+                        })
+                        .then(|| "a member is being rebuilt or replaced".to_string())
+                });
+            let members = array
+                .devices
+                .iter()
+                .filter(|d| matches!(d.state, DeviceState::Active { .. } | DeviceState::Spare))
+                .map(|d| MemberRoom {
+                    data_offset_sectors: d.sb.data_offset_sectors,
+                    lowest_data_offset_sectors: lowest_data_offset(&d.sb),
+                })
+                .collect();
+            let ctx = ReshapeContext {
+                sb: &array.sb,
+                params: params_of(&array.sb, &array.geometry),
+                members,
+                spares: array
+                    .devices
+                    .iter()
+                    .filter(|d| d.state == DeviceState::Spare)
+                    .count(),
+                degraded: !array.missing_roles().is_empty(),
+                busy,
+            };
+            plan_reshape(&ctx, request)?
+        };
+        let gate = self.reshape_gate.write().unwrap();
+        self.enter_reshape_mode()?;
+        let started = self.begin(&plan);
+        drop(gate);
+        if let Err(e) = started {
+            self.reshaping.store(false, Ordering::SeqCst);
+            return Err(e);
+        }
+        self.events.push("RebuildStarted", "", "reshape");
+        self.spawn_reshape()?;
+        Ok(format!(
+            "reshape started: {} to {} members, chunk {}K, layout {}",
+            plan.old.raid_disks,
+            plan.new.raid_disks,
+            plan.new.chunk_sectors / 2,
+            crate::geometry::layout_name(plan.new.level, plan.new.layout)
+                .unwrap_or_else(|| plan.new.layout.to_string())
+        ))
+    }
+
+    /// Requests from here on take the plain paths. Called with the gate
+    /// held exclusively: what the stripe cache holds is written out, hot
+    /// parity forgotten, and reads the server fetches itself are awaited,
+    /// all in the old geometry.
+    fn enter_reshape_mode(&self) -> Result<(), String> {
+        self.reshaping.store(true, Ordering::SeqCst);
+        self.write_out_cache().map_err(|e| e.to_string())?;
+        self.parity_cache.clear();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self
+            .pending_reads
+            .iter()
+            .any(|r| r.load(Ordering::SeqCst) > 0)
+        {
+            if Instant::now() > deadline {
+                self.reshaping.store(false, Ordering::SeqCst);
+                return Err("reads in flight did not finish; try again".into());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// Records the reshape in every superblock (md's raid5_start_reshape:
+    /// spares take the new roles in sync, the point is 0) and switches the
+    /// engine to the two geometries.
+    fn begin(&self, plan: &ReshapePlan) -> Result<(), String> {
+        let mut array = self.array.lock().unwrap();
+        let old_roles = plan.old.raid_disks as usize;
+        let new_roles = plan.new.raid_disks as usize;
+        let mut next_role = old_roles;
+        for device in array.devices.iter_mut() {
+            if next_role < new_roles && device.state == DeviceState::Spare {
+                device.state = DeviceState::Active { role: next_role };
+                next_role += 1;
+            }
+        }
+        assert_eq!(next_role, new_roles, "the plan counted the spares");
+        while array.slots.len() < new_roles {
+            array.slots.push(None);
+        }
+        let shift = plan.new_offset_sectors;
+        let mut slots = array.slots.clone();
+        for device in array.devices.iter_mut() {
+            if matches!(
+                device.state,
+                DeviceState::Active { .. } | DeviceState::Spare
+            ) {
+                device.sb.feature_map |= MD_FEATURE_NEW_OFFSET;
+                device.sb.new_offset_sectors = shift as i32;
+            }
+            if let DeviceState::Active { role } = device.state {
+                slots[role] = Some(super::members::slot_of(device));
+            }
+        }
+        array.slots = slots;
+        let sb = &mut array.sb;
+        sb.feature_map |= MD_FEATURE_RESHAPE_ACTIVE;
+        sb.reshape_position_sectors = 0;
+        sb.new_level = plan.new.level.md_number();
+        sb.delta_disks = plan.delta_disks() as i32;
+        sb.new_layout = plan.new.layout;
+        sb.new_chunk_sectors = plan.new.chunk_sectors as u32;
+        sb.raid_disks = plan.new.raid_disks;
+        let geometry = reshaping_at(&array, plan.old.clone(), plan.new.clone(), 0)?;
+        self.install(&mut array, geometry);
+        write_array_state(&mut array, Cleanliness::Dirty).map_err(|e| e.to_string())
+    }
+
+    /// Makes `geometry` the engine's and the array's, with each member's
+    /// data starting where the geometry's places count from.
+    fn install(&self, array: &mut crate::array::Assembled, geometry: Geometry) {
+        let offsets = base_offsets(array, &geometry);
+        for (role, slot) in array.slots.iter_mut().enumerate() {
+            if let (Some(slot), Some(offset)) = (slot.as_mut(), offsets[role]) {
+                slot.data_offset_bytes = offset * SECTOR_BYTES;
+            }
+        }
+        let slots = array.slots.clone();
+        self.update_table(|table| {
+            table.by_role.resize(slots.len(), None);
+            table.replacing.resize(slots.len(), None);
+            for (role, slot) in slots.iter().enumerate() {
+                table.by_role[role] = slot.clone().map(|slot| MemberEntry {
+                    slot,
+                    rebuilt_below: None,
+                });
+            }
+        });
+        array.geometry = geometry.clone();
+        *self.geometry.write().unwrap() = Arc::new(geometry);
+    }
+
+    fn spawn_reshape(self: &Arc<Engine>) -> Result<(), String> {
+        let job = &self.reshape_job;
+        job.stop.store(false, Ordering::SeqCst);
+        let position = self
+            .geometry()
+            .reshaping()
+            .map_or(0, |r| r.position_sectors());
+        *job.started.lock().unwrap() = Some((Instant::now(), position));
+        let weak: Weak<Engine> = Arc::downgrade(self);
+        let handle = std::thread::Builder::new()
+            .name("uraid-reshape".into())
+            .spawn(move || run(weak))
+            .map_err(|e| e.to_string())?;
+        *job.thread.lock().unwrap() = Some(handle);
+        Ok(())
+    }
+
+    /// Continues a reshape the array was assembled in the middle of (md
+    /// resumes one at every start).
+    pub(super) fn resume_reshape(self: &Arc<Engine>) {
+        let gate = self.reshape_gate.write().unwrap();
+        let entered = self.enter_reshape_mode();
+        drop(gate);
+        if let Err(e) = entered.and_then(|()| self.spawn_reshape()) {
+            self.events.push("SyncFailed", "", &format!("reshape: {e}"));
+            return;
+        }
+        self.events.push("RebuildStarted", "", "reshape");
+    }
+
+    /// Whether the reshape job is running.
+    pub fn reshape_running(&self) -> bool {
+        self.reshape_job
+            .thread
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|t| !t.is_finished())
+    }
+
+    /// Stops the reshape job and waits for it; the point stays where the
+    /// last window left it, in memory and on disk (`--action idle`, and a
+    /// shutdown). Returns whether a job was running.
+    pub fn pause_reshape(&self) -> bool {
+        self.reshape_job.stop.store(true, Ordering::SeqCst);
+        let handle = self.reshape_job.thread.lock().unwrap().take();
+        match handle {
+            Some(handle) if handle.thread().id() != std::thread::current().id() => {
+                let _ = handle.join();
+                true
+            }
+            Some(_) => true,
+            None => false,
+        }
+    }
+
+    /// Starts a paused reshape again (`--action reshape`).
+    pub fn continue_reshape(self: &Arc<Engine>) -> Result<(), String> {
+        if self.geometry().reshaping().is_none() {
+            return Err("no reshape is in progress".into());
+        }
+        if self.reshape_running() {
+            return Err("the reshape is already running".into());
+        }
+        if self.read_only || self.sync.is_closed() {
+            return Err("the array is not writable".into());
+        }
+        self.spawn_reshape()?;
+        self.events.push("RebuildStarted", "", "reshape");
+        Ok(())
+    }
+
+    /// Progress as /proc/mdstat shows it: per member, in KiB.
+    pub(super) fn reshape_progress(&self) -> Option<SyncProgress> {
+        let geometry = self.geometry();
+        let reshaping = geometry.reshaping()?;
+        let new = reshaping.new_geometry();
+        let new_dd = data_disks(new) as u64;
+        let total_kib = new.array_sectors() / new_dd / 2;
+        let done_kib = reshaping.position_sectors() / new_dd / 2;
+        let speed = self
+            .reshape_job
+            .started
+            .lock()
+            .unwrap()
+            .filter(|_| self.reshape_running())
+            .map(|(at, from)| {
+                let moved_kib = (reshaping.position_sectors().saturating_sub(from)) / new_dd / 2;
+                (moved_kib as f64 / at.elapsed().as_secs_f64().max(1e-3)) as u64
+            })
+            .unwrap_or(0);
+        Some(SyncProgress {
+            action: SyncAction::Reshape,
+            done_kib,
+            total_kib,
+            speed_kib_per_s: speed,
+            mismatch_sectors: 0,
+        })
+    }
+
+    /// Moves one window (see the module's comment). Returns false once the
+    /// reshape has ended.
+    fn reshape_window(self: &Arc<Engine>) -> Result<Option<u64>, String> {
+        let _gate = self.reshape_gate.write().unwrap();
+        let geometry = self.geometry();
+        let Some(reshaping) = geometry.reshaping() else {
+            return Ok(None);
+        };
+        let (old, new) = (reshaping.old(), reshaping.new_geometry());
+        let position = reshaping.position_sectors();
+        let end = new.array_sectors();
+        if position >= end {
+            self.finish_reshape()?;
+            return Ok(None);
+        }
+        let next = window_end(reshaping, &self.table_offsets(&geometry))?;
+        debug_assert!(next > position && next <= end);
+        // The window's bytes, read in the old geometry; past the old end
+        // (a grow) there are none, and the new rows hold zeroes there.
+        let len = ((next - position) * SECTOR_BYTES) as usize;
+        let mut data = crate::member::AlignedBuf::zeroed(len);
+        let readable = old.array_sectors().min(next).saturating_sub(position);
+        if readable > 0 {
+            self.read_bytes(
+                position * SECTOR_BYTES,
+                &mut data[..(readable * SECTOR_BYTES) as usize],
+            )
+            .map_err(|e| format!("reading the rows to move: {e}"))?;
+        }
+        self.move_point(next)?;
+        self.parity_cache.clear();
+        if let Err(e) = self.write_bytes(position * SECTOR_BYTES, &data, false) {
+            // The point goes back: the old rows are intact.
+            self.move_point(position)?;
+            return Err(format!("writing the moved rows: {e}"));
+        }
+        self.flush_members()
+            .map_err(|e| format!("flushing the moved rows: {e}"))?;
+        self.checkpoint(next)?;
+        Ok(Some((next - position) / data_disks(new) as u64))
+    }
+
+    /// Each role's data offsets in the old and the new geometry.
+    fn table_offsets(&self, geometry: &Geometry) -> Vec<(u64, u64)> {
+        let array = self.array.lock().unwrap();
+        role_offsets(&array, geometry.raid_disks())
+    }
+
+    /// Puts the in-memory point at `position` (requests are held off).
+    fn move_point(&self, position: u64) -> Result<(), String> {
+        let mut array = self.array.lock().unwrap();
+        let geometry = {
+            let current = self.geometry();
+            let r = current.reshaping().expect("reshaping");
+            reshaping_at(
+                &array,
+                params_of_geometry(r.old(), &array.sb),
+                params_of_geometry(r.new_geometry(), &array.sb),
+                position,
+            )?
+        };
+        array.geometry = geometry.clone();
+        *self.geometry.write().unwrap() = Arc::new(geometry);
+        Ok(())
+    }
+
+    /// Records the point in every superblock (md's reshape_position).
+    fn checkpoint(&self, position: u64) -> Result<(), String> {
+        let mut array = self.array.lock().unwrap();
+        array.sb.reshape_position_sectors = position;
+        write_array_state(&mut array, Cleanliness::Dirty).map_err(|e| e.to_string())
+    }
+
+    /// The last window is in place: the new geometry becomes the array's
+    /// (md_finish_reshape and raid5_finish_reshape).
+    fn finish_reshape(self: &Arc<Engine>) -> Result<(), String> {
+        let mut array = self.array.lock().unwrap();
+        let current = self.geometry();
+        let reshaping = current.reshaping().expect("reshaping");
+        let new_params = params_of_geometry(reshaping.new_geometry(), &array.sb);
+        for device in array.devices.iter_mut() {
+            let sb = &mut device.sb;
+            if sb.feature_map & MD_FEATURE_NEW_OFFSET != 0 {
+                let moved = i64::from(sb.new_offset_sectors);
+                sb.data_offset_sectors = (sb.data_offset_sectors as i64 + moved) as u64;
+                // The data area keeps its end: it grows by what it moved.
+                sb.data_size_sectors = (sb.data_size_sectors as i64 - moved) as u64;
+                sb.feature_map &= !MD_FEATURE_NEW_OFFSET;
+                sb.new_offset_sectors = 0;
+            }
+        }
+        let sb = &mut array.sb;
+        sb.feature_map &= !MD_FEATURE_RESHAPE_ACTIVE;
+        sb.level = new_params.level.md_number();
+        sb.layout = new_params.layout;
+        sb.chunk_sectors = new_params.chunk_sectors as u32;
+        sb.reshape_position_sectors = 0;
+        sb.delta_disks = 0;
+        sb.new_level = sb.level;
+        sb.new_layout = sb.layout;
+        sb.new_chunk_sectors = sb.chunk_sectors;
+        let geometry = Geometry::new(&new_params).map_err(|e| e.to_string())?;
+        self.install(&mut array, geometry);
+        self.sync.set_stripe_count(self.geometry().stripe_count());
+        write_array_state(&mut array, Cleanliness::Dirty).map_err(|e| e.to_string())?;
+        drop(array);
+        self.reshaping.store(false, Ordering::SeqCst);
+        self.events.push("RebuildFinished", "", "reshape");
+        Ok(())
+    }
+
+    /// Events at each fifth, as md's monitor reports a sync's progress.
+    fn reshape_progressed(&self) {
+        let Some(progress) = self.reshape_progress() else {
+            return;
+        };
+        let step = progress.done_kib * 5 / progress.total_kib.max(1);
+        let last = self
+            .reshape_job
+            .last_event_step
+            .swap(step, Ordering::SeqCst);
+        if step > last && (1..5).contains(&step) {
+            self.events
+                .push(&format!("Rebuild{}", step * 20), "", "reshape");
+        }
+    }
+}
+
+fn run(weak: Weak<Engine>) {
+    let mut throttle = Throttle::new();
+    loop {
+        let Some(engine) = weak.upgrade() else { return };
+        let stop = engine.reshape_job.stop.clone();
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        match engine.reshape_window() {
+            Ok(Some(kib_moved)) => {
+                engine.reshape_progressed();
+                throttle.account(&engine, kib_moved / 2, &stop);
+            }
+            Ok(None) => {
+                let resync = engine
+                    .reshape_job
+                    .resync_after
+                    .swap(false, Ordering::SeqCst);
+                if resync {
+                    let next = Arc::new(AtomicU64::new(0));
+                    let _ = super::SyncWorker::start(&engine, SyncAction::Resync, 0, next);
+                } else {
+                    engine.start_recovery_if_possible();
+                }
+                return;
+            }
+            Err(e) => {
+                engine
+                    .events
+                    .push("SyncFailed", "", &format!("reshape stopped: {e}"));
+                return;
+            }
+        }
+    }
+}
+
+fn data_disks(g: &Geometry) -> usize {
+    g.raid_disks() - g.level().parity_members()
+}
+
+/// The parameters a geometry was built from, with the array's sizes.
+fn params_of_geometry(g: &Geometry, sb: &crate::format::MemberSuper) -> GeometryParams {
+    let map = g.stripe(0);
+    GeometryParams {
+        level: g.level(),
+        layout: layout_of(g, sb),
+        chunk_sectors: map.strip_sectors,
+        raid_disks: g.raid_disks() as u32,
+        dev_sectors: sb.size_sectors,
+        member_data_sectors: vec![sb.data_size_sectors; g.raid_disks()],
+        raid0_layout_feature: false,
+    }
+}
+
+fn layout_of(g: &Geometry, sb: &crate::format::MemberSuper) -> u32 {
+    match g {
+        Geometry::Raid456(r) => r.algorithm(),
+        _ => sb.layout,
+    }
+}
+
+/// The array's own parameters now (before a reshape starts).
+fn params_of(sb: &crate::format::MemberSuper, g: &Geometry) -> GeometryParams {
+    GeometryParams {
+        layout: sb.layout,
+        ..params_of_geometry(g, sb)
+    }
+}
+
+/// Each role's data offset in the old and the new geometry, from the
+/// superblock of the device holding it (the array's for an empty role).
+fn role_offsets(array: &crate::array::Assembled, roles: usize) -> Vec<(u64, u64)> {
+    // From the member's own fields: its superblock may not carry
+    // RESHAPE_ACTIVE yet when the reshape is being set up.
+    let of = |sb: &crate::format::MemberSuper| {
+        let new = if sb.feature_map & MD_FEATURE_NEW_OFFSET != 0 {
+            (sb.data_offset_sectors as i64 + i64::from(sb.new_offset_sectors)).max(0) as u64
+        } else {
+            sb.data_offset_sectors
+        };
+        (sb.data_offset_sectors, new)
+    };
+    let mut offsets = vec![of(&array.sb); roles];
+    for device in &array.devices {
+        if let DeviceState::Active { role } = device.state {
+            if role < roles {
+                offsets[role] = of(&device.sb);
+            }
+        }
+    }
+    offsets
+}
+
+/// Where each role's data area starts for `geometry`: the lower of its two
+/// offsets while reshaping.
+fn base_offsets(array: &crate::array::Assembled, geometry: &Geometry) -> Vec<Option<u64>> {
+    let offsets = role_offsets(array, array.slots.len());
+    (0..array.slots.len())
+        .map(|role| {
+            let (old, new) = offsets[role];
+            Some(if geometry.reshaping().is_some() {
+                old.min(new)
+            } else {
+                old
+            })
+        })
+        .collect()
+}
+
+/// The two geometries with the point at `position`.
+fn reshaping_at(
+    array: &crate::array::Assembled,
+    old: GeometryParams,
+    new: GeometryParams,
+    position: u64,
+) -> Result<Geometry, String> {
+    let roles = old.raid_disks.max(new.raid_disks) as usize;
+    let offsets = role_offsets(array, roles);
+    let old = Geometry::new(&old).map_err(|e| e.to_string())?;
+    let new = Geometry::new(&new).map_err(|e| e.to_string())?;
+    let reshaping = Reshaping::new(
+        old,
+        new,
+        ReshapePoint {
+            position_sectors: position,
+            backwards: false,
+            old_offset_sectors: offsets.iter().map(|o| o.0).collect(),
+            new_offset_sectors: offsets.iter().map(|o| o.1).collect(),
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(Geometry::Reshaping(Box::new(reshaping)))
+}
+
+/// The end of the next window from the point: whole units of md's
+/// (the larger chunk across the new data members), at most
+/// WINDOW_BYTES_MAX, and no further than the new rows can go without
+/// reaching the old rows the window still reads (the members' new data
+/// start lies `shift` before the old one).
+fn window_end(reshaping: &Reshaping, offsets: &[(u64, u64)]) -> Result<u64, String> {
+    let (old, new) = (reshaping.old(), reshaping.new_geometry());
+    let position = reshaping.position_sectors();
+    let old_chunk = old.stripe(0).strip_sectors;
+    let new_chunk = new.stripe(0).strip_sectors;
+    let (old_dd, new_dd) = (data_disks(old) as u64, data_disks(new) as u64);
+    let unit = old_chunk.max(new_chunk) * new_dd;
+    let end = new.array_sectors();
+    let most = (WINDOW_BYTES_MAX / SECTOR_BYTES / unit).max(1) * unit;
+    // How far the new data start lies before the old one, the least over
+    // the members: the room the new rows have ahead of the old.
+    let lead = offsets
+        .iter()
+        .map(|(old_offset, new_offset)| old_offset.saturating_sub(*new_offset))
+        .min()
+        .unwrap_or(0);
+    // The first old row the window still reads starts at this member
+    // sector (relative to the old data start).
+    let old_first = position / (old_chunk * old_dd) * old_chunk;
+    let mut next = (position + most).min(end);
+    while next > position {
+        // The new rows of the window end at this member sector (relative
+        // to the new data start).
+        let new_end = next / new_dd;
+        if new_end <= old_first + lead || position >= old.array_sectors() {
+            return Ok(next);
+        }
+        next -= unit.min(next - position);
+    }
+    Err(format!(
+        "the next rows cannot move without overwriting rows not yet moved (at sector {position}): the data offset moved too little"
+    ))
+}
+
+/// Whether uraid can continue the reshape an array was assembled in the
+/// middle of; the reason it cannot otherwise.
+pub(super) fn check_resumable(array: &crate::array::Assembled) -> Result<(), String> {
+    let reshaping = array.geometry.reshaping().expect("reshaping");
+    let why = if reshaping.backwards() {
+        Some("it runs backwards (a shrink, or md chose to), which uraid does not run yet")
+    } else if array.sb.feature_map & MD_FEATURE_NEW_OFFSET == 0 {
+        Some("it keeps its data offset and relies on mdadm's backup file, which uraid does not support")
+    } else if array.sb.feature_map & crate::format::MD_FEATURE_BITMAP_OFFSET != 0 {
+        Some("the array has a write-intent bitmap, which uraid does not reshape with yet")
+    } else if array.devices.iter().any(|d| {
+        matches!(
+            d.state,
+            DeviceState::Recovering { .. } | DeviceState::Replacement { .. }
+        )
+    }) {
+        Some("a member is being rebuilt along with it (a level change), which uraid does not run yet")
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(format!(
+            "{}, but uraid cannot continue it: {why}; let the kernel finish it (mdadm --assemble), or read it offline with uraid copy-out",
+            reshaping.describe()
+        )),
+        None => Ok(()),
+    }
+}

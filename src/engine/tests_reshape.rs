@@ -1,0 +1,162 @@
+//! The reshape job on image files: the array keeps every byte while it
+//! moves to the new geometry under concurrent writes, and ends in md's
+//! format with consistent parity.
+
+use super::*;
+use crate::array::{assemble, create, resync, CreateOptions, MemberSpec, ReshapeRequest};
+use crate::format::Metadata;
+use rand::{Rng, SeedableRng};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// `disks` members and `spares` spares of `member_mib` MiB each.
+fn array_with_spares(
+    dir: &std::path::Path,
+    level: Level,
+    disks: u32,
+    spares: u32,
+    chunk_kib: u64,
+    member_mib: u64,
+) -> Vec<PathBuf> {
+    let paths: Vec<PathBuf> = (0..disks + spares)
+        .map(|i| {
+            let p = dir.join(format!("m{i}"));
+            std::fs::File::create(&p)
+                .unwrap()
+                .set_len(member_mib << 20)
+                .unwrap();
+            p
+        })
+        .collect();
+    let options = CreateOptions {
+        level,
+        raid_disks: disks,
+        chunk_bytes: Some(chunk_kib * 1024),
+        layout: None,
+        metadata: Metadata::V1_2,
+        assume_clean: true,
+        name: "reshape".into(),
+        size_sectors: None,
+        force: false,
+        homehost: None,
+    };
+    let specs: Vec<MemberSpec> = paths.iter().cloned().map(MemberSpec::Device).collect();
+    create(&specs, &options, |_, _| {}).unwrap();
+    paths
+}
+
+fn wait_reshaped(engine: &Arc<Engine>) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while engine.geometry().reshaping().is_some() || engine.snapshot().sync.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "reshape did not end: {:?}",
+            engine.snapshot().events
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn random_image(len: usize, seed: u64) -> Vec<u8> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..len).map(|_| rng.gen()).collect()
+}
+
+/// Every stripe's parity agrees with its data.
+fn assert_consistent(paths: &[PathBuf]) {
+    let array = assemble(paths, false).unwrap();
+    let report = resync(
+        &array.geometry,
+        &array.slots,
+        0..array.geometry.stripe_count(),
+        false,
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(
+        report.mismatch_sectors, 0,
+        "parity disagrees after the reshape"
+    );
+}
+
+#[test]
+fn a_grow_keeps_every_byte_and_ends_in_the_new_geometry() {
+    for (level, disks, chunk_kib, request) in [
+        (
+            Level::Raid5,
+            4,
+            64,
+            ReshapeRequest {
+                raid_devices: Some(5),
+                ..Default::default()
+            },
+        ),
+        (
+            Level::Raid6,
+            5,
+            32,
+            ReshapeRequest {
+                raid_devices: Some(7),
+                ..Default::default()
+            },
+        ),
+        (
+            Level::Raid5,
+            4,
+            64,
+            ReshapeRequest {
+                chunk_sectors: Some(256),
+                ..Default::default()
+            },
+        ),
+        (
+            Level::Raid5,
+            4,
+            64,
+            ReshapeRequest {
+                layout: Some(0),
+                ..Default::default()
+            },
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let spares = request.raid_devices.map_or(0, |n| n - disks);
+        let paths = array_with_spares(dir.path(), level, disks, spares, chunk_kib, 24);
+        let engine =
+            Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+        let old_size = engine.size_bytes() as usize;
+        let mut image = random_image(old_size, 7);
+        engine.write(0, &image, false).unwrap();
+        engine.set_speed_limits(Some(1000), Some(4000));
+        engine.start_reshape(&request).unwrap();
+        // Writes while it moves, on both sides of the point.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        while engine.geometry().reshaping().is_some() {
+            let len = rng.gen_range(1..64) * 512;
+            let at = rng.gen_range(0..(old_size - len) / 512) * 512;
+            let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            engine.write(at as u64, &data, false).unwrap();
+            image[at..at + len].copy_from_slice(&data);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        engine.set_speed_limits(None, Some(200_000));
+        wait_reshaped(&engine);
+        let mut back = vec![0u8; old_size];
+        engine.read(0, &mut back).unwrap();
+        assert!(
+            back == image,
+            "{level} {request:?}: bytes changed by the reshape"
+        );
+        let new_size = engine.size_bytes() as usize;
+        assert!(new_size >= old_size);
+        let mut tail = vec![0u8; new_size - old_size];
+        engine.read(old_size as u64, &mut tail).unwrap();
+        assert!(tail.iter().all(|b| *b == 0), "the grown part reads zeroes");
+        engine.shutdown().unwrap();
+        drop(engine);
+        assert_consistent(&paths);
+        let array = assemble(&paths, false).unwrap();
+        assert!(array.geometry.reshaping().is_none());
+        assert_eq!(array.geometry.array_sectors() as usize * 512, new_size);
+    }
+}

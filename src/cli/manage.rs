@@ -35,9 +35,14 @@ pub struct ManageArgs {
     /// Run a consistency check every DAYS days (fractions allowed; 0 turns it off).
     #[arg(long, value_name = "DAYS")]
     check_period: Option<f64>,
-    /// Change the array's shape; with --bitmap internal|none, add or remove the write-intent bitmap.
-    #[arg(long, requires = "bitmap")]
+    /// Change the array's shape: with --bitmap internal|none, add or remove the
+    /// write-intent bitmap; with --size, change the component size.
+    #[arg(long)]
     grow: bool,
+    /// With --grow: how much of each member the array uses, `max` (all that
+    /// every member holds) or a size (K/M/G suffixes; a bare number is KiB).
+    #[arg(long, requires = "grow", conflicts_with_all = ["bitmap", "bitmap_chunk"])]
+    size: Option<String>,
     /// With --grow: internal or none.
     #[arg(long)]
     bitmap: Option<String>,
@@ -104,7 +109,14 @@ pub fn run(args: &ManageArgs) -> CliResult {
             device: absolute(device),
             with: absolute(with),
         }
+    } else if let (true, Some(size)) = (args.grow, &args.size) {
+        Request::GrowSize {
+            size_sectors: parse_component_size(size)?,
+        }
     } else if args.grow {
+        if args.bitmap.is_none() {
+            return Err("--grow needs --bitmap internal|none or --size max|SIZE".into());
+        }
         let chunk_bytes = args
             .bitmap_chunk
             .as_deref()
@@ -140,6 +152,17 @@ pub fn run(args: &ManageArgs) -> CliResult {
     let message = control::command(&args.control, &request)?;
     eprintln!("uraid: {message}");
     Ok(())
+}
+
+/// `max` (None) or a size as create's --size takes it, in sectors.
+fn parse_component_size(text: &str) -> Result<Option<u64>, String> {
+    if text == "max" {
+        return Ok(None);
+    }
+    match crate::units::parse_size_bytes(text)? {
+        0 => Err("size 0: give max or a size of at least one chunk".into()),
+        bytes => Ok(Some(bytes / crate::units::SECTOR_BYTES)),
+    }
 }
 
 /// The server may run in another directory: send it absolute paths.

@@ -43,6 +43,10 @@ pub enum Request {
         bitmap: String,
         chunk_bytes: Option<u64>,
     },
+    /// mdadm --grow --size: the component size in sectors, or None for max.
+    GrowSize {
+        size_sectors: Option<u64>,
+    },
     /// mdadm --replace DEV --with NEW.
     Replace {
         device: PathBuf,
@@ -282,6 +286,10 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
                 Err(message) => Reply::Error { message },
             }
         }
+        Request::GrowSize { size_sectors } => match engine.grow_size(size_sectors) {
+            Ok(message) => Reply::Done { message },
+            Err(message) => Reply::Error { message },
+        },
         Request::Replace { device, with } => {
             let message = format!("replacing {} with {}", device.display(), with.display());
             done(engine.manage_replace(&device, &with), message)

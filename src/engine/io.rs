@@ -94,8 +94,8 @@ impl Engine {
         while done < len {
             let at = offset + done as u64;
             let map = self
-                .geometry
-                .stripe(self.geometry.stripe_of(at / SECTOR_BYTES));
+                .geometry()
+                .stripe(self.geometry().stripe_of(at / SECTOR_BYTES));
             let stripe_start = map.array_sector * SECTOR_BYTES;
             let stripe_bytes = (map.data_sectors() * SECTOR_BYTES) as usize;
             let in_stripe = (at - stripe_start) as usize;
@@ -182,7 +182,7 @@ impl Engine {
         if len == 0 || end.is_none_or(|end| end > self.size_bytes()) {
             return false;
         }
-        let Some(at) = self.geometry.locate(offset / SECTOR_BYTES) else {
+        let Some(at) = self.geometry().locate(offset / SECTOR_BYTES) else {
             return false;
         };
         let strip_bytes = (at.strip_sectors * SECTOR_BYTES) as usize;
@@ -386,13 +386,13 @@ impl Engine {
     /// for a mirror, the usable copy with the fewest reads in flight
     /// (`pick_copy`). `None` when no copy is usable.
     fn locate_for_read(&self, table: &MemberTable, array_sector: u64) -> Option<Located> {
-        if let Some(located) = self.geometry.locate(array_sector) {
+        if let Some(located) = self.geometry().locate(array_sector) {
             return Some(located);
         }
         // Mirrors: raid1's extent or raid10's chunk is one data strip
         // with its copies, so the stripe map is small.
-        let stripe = self.geometry.stripe_of(array_sector);
-        let map = self.geometry.stripe(stripe);
+        let stripe = self.geometry().stripe_of(array_sector);
+        let map = self.geometry().stripe(stripe);
         let within = array_sector - map.array_sector;
         let data_index = (within / map.strip_sectors) as usize;
         let copies = &map.data.get(data_index)?.copies;
@@ -424,7 +424,7 @@ impl Engine {
         runs: &[Range<usize>],
         buf: &[u8],
     ) -> io::Result<()> {
-        let map = self.geometry.stripe(batch.stripe);
+        let map = self.geometry().stripe(batch.stripe);
         let parts: Vec<(usize, &[u8])> = runs.iter().map(|r| (r.start, &buf[r.clone()])).collect();
         self.write_in_row(&map, &parts, batch.logged())
     }
@@ -486,9 +486,9 @@ impl Engine {
         mut f: impl FnMut(&View) -> io::Result<()>,
     ) -> io::Result<()> {
         let mut last = None;
-        let mut corrected = vec![false; self.geometry.raid_disks()];
+        let mut corrected = vec![false; self.geometry().raid_disks()];
         // Each member is corrected once, then failed: at most two rounds each.
-        for _ in 0..=2 * self.geometry.raid_disks() {
+        for _ in 0..=2 * self.geometry().raid_disks() {
             let view = self.view(stripe);
             match f(&view) {
                 Ok(()) => return Ok(()),
@@ -528,7 +528,7 @@ impl Engine {
     }
 
     fn write_rows(&self, offset: u64, data: &[u8], fua: bool, sequential: bool) -> io::Result<()> {
-        let gather = sequential && self.geometry.level().has_parity();
+        let gather = sequential && self.geometry().level().has_parity();
         let write_back = self.tunables.write_back();
         let capacity = self.tunables.stripe_cache_size() as usize;
         let entries = self.cache_entries_per_row();

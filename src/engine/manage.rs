@@ -201,15 +201,15 @@ impl Engine {
             {
                 return Err(format!("{name} is already a member of this array"));
             }
-            if !self.geometry.level().has_parity()
+            if !self.geometry().level().has_parity()
                 && matches!(
-                    self.geometry.level(),
+                    self.geometry().level(),
                     crate::geometry::Level::Raid0 | crate::geometry::Level::Linear
                 )
             {
                 return Err(format!(
                     "a {} array has no redundancy to rebuild a member from",
-                    self.geometry.level()
+                    self.geometry().level()
                 ));
             }
             let mut sb = array.sb.clone();
@@ -290,7 +290,7 @@ impl Engine {
         }
         let role = role as usize;
         let (_, events_cleared) = bitmap.events();
-        if role >= self.geometry.raid_disks()
+        if role >= self.geometry().raid_disks()
             || self.table().entry(role).is_some()
             || sb.events < events_cleared
         {
@@ -561,7 +561,7 @@ impl Engine {
 
     /// Called by the job after each stripe.
     pub(super) fn sync_progressed(&self, action: SyncAction, next_stripe: u64) {
-        let total = self.geometry.stripe_count().max(1);
+        let total = self.geometry().stripe_count().max(1);
         let before = (next_stripe - 1) * 100 / total;
         let now = next_stripe * 100 / total;
         // mdadm --monitor's RebuildNN events at 20, 40, 60 and 80 percent,
@@ -574,7 +574,7 @@ impl Engine {
                 .push(&format!("Rebuild{step}"), "", action.word());
             if let SyncAction::Recovery { role } | SyncAction::Replace { role } = action {
                 let mut array = self.array.lock().unwrap();
-                let offset = recovery_offset_of(&self.geometry, next_stripe);
+                let offset = recovery_offset_of(self.geometry(), next_stripe);
                 set_recovery_offset(&mut array, action, role, offset);
                 self.write_state(&mut array);
             }

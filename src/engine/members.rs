@@ -143,7 +143,7 @@ impl Engine {
     /// Whether every array sector can still be served by in-sync members.
     pub fn runnable(&self) -> bool {
         let missing: Vec<bool> = self.table().in_sync().iter().map(|s| !s).collect();
-        self.geometry.survives(&missing)
+        self.geometry().survives(&missing)
     }
 
     /// The copy to read from, among those `usable`.
@@ -352,7 +352,7 @@ impl Engine {
             table: Arc::new(table),
             stripe,
         };
-        let map = self.geometry.stripe(stripe);
+        let map = self.geometry().stripe(stripe);
         let _guard = (!locked).then(|| self.locks.lock(stripe));
         // The strip is rewritten from redundancy: parity kept hot for the
         // stripe may no longer be what its member holds (a stripe whose

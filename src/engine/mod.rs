@@ -15,8 +15,10 @@ mod manage;
 mod members;
 mod paritycache;
 mod readcache;
+mod resize;
 mod resync;
 mod schedule;
+mod shape;
 mod staged;
 mod stripes;
 pub mod tuning;
@@ -75,7 +77,8 @@ pub struct EngineOptions {
 }
 
 pub struct Engine {
-    geometry: Geometry,
+    /// md's mapping; replaced whole when the size changes (see shape.rs).
+    geometry: shape::GeometryCell,
     /// The members by role; swapped whole when membership changes.
     members: RwLock<Arc<MemberTable>>,
     locks: StripeLocks,
@@ -137,6 +140,10 @@ pub struct Engine {
     journal_clean: bool,
     /// Every member's bytes are in memory (`MemberTable::in_memory`).
     in_memory: std::sync::atomic::AtomicBool,
+    /// Foreground requests hold it shared; a size change holds it alone,
+    /// so that no request checked against the old bounds runs on past the
+    /// swap (resize.rs).
+    resize_gate: RwLock<()>,
 }
 
 impl Engine {
@@ -323,7 +330,7 @@ impl Engine {
         let in_memory = table.in_memory();
         let geometry_roles = geometry.raid_disks();
         let engine = Arc::new(Engine {
-            geometry,
+            geometry: shape::GeometryCell::new(geometry),
             members: RwLock::new(Arc::new(table)),
             locks: StripeLocks::new(STRIPE_LOCK_SLOTS),
             syndrome: parity::default_impl(),
@@ -361,6 +368,7 @@ impl Engine {
             staged_rows: staged::StagedRows::default(),
             journal,
             journal_clean,
+            resize_gate: RwLock::new(()),
         });
         if !options.read_only {
             engine.start_bitmap_daemon();
@@ -384,11 +392,11 @@ impl Engine {
     }
 
     pub fn size_bytes(&self) -> u64 {
-        self.geometry.array_sectors() * SECTOR_BYTES
+        self.geometry().array_sectors() * SECTOR_BYTES
     }
 
     pub fn geometry(&self) -> &Geometry {
-        &self.geometry
+        self.geometry.get()
     }
 
     /// The largest logical block of any member: requests must be aligned to it.
@@ -407,6 +415,16 @@ impl Engine {
                 std::io::ErrorKind::InvalidInput,
                 format!(
                     "a request of {len} bytes at {offset} is not aligned to the members' {block}-byte blocks"
+                ),
+            ));
+        }
+        // A connection opened before a shrink still knows the old size.
+        if offset.saturating_add(len as u64) > self.size_bytes() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "a request of {len} bytes at {offset} ends past the array's {} bytes",
+                    self.size_bytes()
                 ),
             ));
         }
@@ -450,7 +468,7 @@ impl Engine {
     /// A snapshot of the array for status and detail.
     pub fn snapshot(&self) -> Snapshot {
         let mut snapshot = Snapshot::from_assembled(&self.array.lock().unwrap());
-        snapshot.sync = self.sync.progress(&self.geometry);
+        snapshot.sync = self.sync.progress(self.geometry());
         snapshot.read_only = self.read_only;
         snapshot.serving = true;
         snapshot.events = self.events.recent();
@@ -491,7 +509,7 @@ impl Engine {
         if !self.runnable() {
             return;
         }
-        let from = self.geometry.stripe_at_resync_position(offset);
+        let from = self.geometry().stripe_at_resync_position(offset);
         let device = &array.devices[index];
         let next = Arc::new(AtomicU64::new(from));
         let entry = members::MemberEntry {
@@ -516,12 +534,12 @@ impl Engine {
         if self.read_only && repair {
             return Err("the array is served read-only".into());
         }
-        if !self.geometry.level().has_parity()
-            && !matches!(self.geometry.level(), Level::Raid1 | Level::Raid10)
+        if !self.geometry().level().has_parity()
+            && !matches!(self.geometry().level(), Level::Raid1 | Level::Raid10)
         {
             return Err(format!(
                 "{} has no redundancy to check",
-                self.geometry.level()
+                self.geometry().level()
             ));
         }
         let action = if repair {
@@ -680,8 +698,8 @@ impl Engine {
     /// PAGE × members × stripe_cache_size); a row of hot parity is only
     /// its parity pages, so the same memory holds more of them.
     fn parity_cache_rows(&self) -> usize {
-        let members = self.geometry.raid_disks();
-        let per_row = self.geometry.level().parity_members().max(1);
+        let members = self.geometry().raid_disks();
+        let per_row = self.geometry().level().parity_members().max(1);
         self.tunables.stripe_cache_size() as usize * members / per_row
     }
 
@@ -888,13 +906,13 @@ impl Engine {
         }
         let state = match resume {
             Some((SyncAction::Resync, stripe)) => {
-                Cleanliness::ResyncFrom(self.geometry.resync_position_sectors(stripe))
+                Cleanliness::ResyncFrom(self.geometry().resync_position_sectors(stripe))
             }
             Some((
                 action @ (SyncAction::Recovery { role } | SyncAction::Replace { role }),
                 stripe,
             )) => {
-                let offset = manage::recovery_offset_of(&self.geometry, stripe);
+                let offset = manage::recovery_offset_of(self.geometry(), stripe);
                 let mut array = self.array.lock().unwrap();
                 manage::set_recovery_offset(&mut array, action, role, offset);
                 Cleanliness::Clean
@@ -1006,9 +1024,9 @@ impl BlockBackend for Engine {
         let min = self.member_block_bytes();
         // The chunk is the largest power of two that maps to one member, so
         // it is the size that avoids splitting (raid1/linear have none).
-        let chunk_bytes = match &self.geometry {
+        let chunk_bytes = match self.geometry() {
             Geometry::Raid456(_) | Geometry::Raid10(_) | Geometry::Raid0(_) => {
-                (self.geometry.stripe(0).strip_sectors * SECTOR_BYTES) as u32
+                (self.geometry().stripe(0).strip_sectors * SECTOR_BYTES) as u32
             }
             _ => 64 * 1024,
         };
@@ -1033,6 +1051,7 @@ impl BlockBackend for Engine {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        let _gate = self.resize_gate.read().unwrap();
         self.check_aligned(offset, buf.len())?;
         self.foreground_ios.fetch_add(1, Ordering::Relaxed);
         self.read_cached(offset, buf)
@@ -1043,6 +1062,7 @@ impl BlockBackend for Engine {
             !self.read_only,
             "the export refuses writes on a read-only array"
         );
+        let _gate = self.resize_gate.read().unwrap();
         self.check_aligned(offset, data.len())?;
         self.foreground_ios.fetch_add(1, Ordering::Relaxed);
         self.write_bytes(offset, data, fua)?;
@@ -1063,6 +1083,7 @@ impl BlockBackend for Engine {
         len: usize,
         how: crate::export::ExtentUse,
     ) -> Option<Vec<crate::export::FileExtent>> {
+        let _gate = self.resize_gate.read().unwrap();
         self.check_aligned(offset, len).ok()?;
         let extents = self.file_extents(offset, len, how)?;
         self.foreground_ios.fetch_add(1, Ordering::Relaxed);
@@ -1070,6 +1091,7 @@ impl BlockBackend for Engine {
     }
 
     fn takes_staged_writes(&self, offset: u64, len: usize) -> bool {
+        let _gate = self.resize_gate.read().unwrap();
         self.check_aligned(offset, len).is_ok() && self.takes_staged(offset, len)
     }
 
@@ -1080,6 +1102,7 @@ impl BlockBackend for Engine {
         fua: bool,
         data: &mut dyn crate::export::StagedWrite,
     ) -> Option<std::io::Result<()>> {
+        let _gate = self.resize_gate.read().unwrap();
         if self.check_aligned(offset, len).is_err() || !self.takes_staged(offset, len) {
             return None;
         }

@@ -68,7 +68,9 @@ pub enum Outcome {
 }
 
 pub struct SyncWorker {
-    stripe_count: u64,
+    /// The stripes a job walks: changes with the array's size, never while
+    /// a job runs (a size change is refused then).
+    stripe_count: AtomicU64,
     action: Mutex<Option<SyncAction>>,
     /// The next stripe to process; shared with a rebuilding member's entry.
     next_stripe: Mutex<Arc<AtomicU64>>,
@@ -90,7 +92,7 @@ pub struct SyncWorker {
 impl SyncWorker {
     pub fn new(stripe_count: u64) -> Arc<SyncWorker> {
         Arc::new(SyncWorker {
-            stripe_count,
+            stripe_count: AtomicU64::new(stripe_count),
             action: Mutex::new(None),
             next_stripe: Mutex::new(Arc::new(AtomicU64::new(stripe_count))),
             first_stripe: AtomicU64::new(0),
@@ -104,6 +106,11 @@ impl SyncWorker {
             speed_limit_min_kib_per_s: AtomicU64::new(SPEED_LIMIT_MIN_KIB_PER_S),
             speed_limit_max_kib_per_s: AtomicU64::new(SPEED_LIMIT_MAX_KIB_PER_S),
         })
+    }
+
+    /// The array's size changed: jobs walk `stripe_count` stripes from now.
+    pub fn set_stripe_count(&self, stripe_count: u64) {
+        self.stripe_count.store(stripe_count, Ordering::SeqCst);
     }
 
     /// Marks the next job as guided by the bitmap (re-add).
@@ -212,7 +219,8 @@ impl SyncWorker {
         let next = self.next_stripe.lock().unwrap().load(Ordering::SeqCst);
         let first = self.first_stripe.load(Ordering::SeqCst);
         let done_kib = geometry.resync_position_sectors(next) / 2;
-        let total_kib = geometry.resync_position_sectors(self.stripe_count) / 2;
+        let total_kib =
+            geometry.resync_position_sectors(self.stripe_count.load(Ordering::SeqCst)) / 2;
         let first_kib = geometry.resync_position_sectors(first) / 2;
         let elapsed = self
             .started
@@ -303,7 +311,7 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
         if worker.stop.load(Ordering::SeqCst) {
             break Outcome::Stopped;
         }
-        if stripe >= worker.stripe_count {
+        if stripe >= worker.stripe_count.load(Ordering::SeqCst) {
             break Outcome::Finished {
                 mismatch_sectors: worker.mismatch_sectors.load(Ordering::SeqCst),
             };
@@ -316,7 +324,7 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
             next.store(stripe + 1, Ordering::SeqCst);
             continue;
         }
-        let map = engine.geometry.stripe(stripe);
+        let map = engine.geometry().stripe(stripe);
         let result = {
             let _guard = engine.locks.lock(stripe);
             // The job may rewrite this stripe's parity: none stays hot.
@@ -350,7 +358,7 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                 SyncAction::Resync | SyncAction::Check | SyncAction::Repair => {
                     let slots = engine.in_sync_slots(stripe);
                     resync(
-                        &engine.geometry,
+                        engine.geometry(),
                         &slots,
                         stripe..stripe + 1,
                         action != SyncAction::Check,
@@ -382,7 +390,7 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                 // tried again, a bounded number of times.
                 retries += 1;
                 if let Some(role) = super::members::member_of(&e) {
-                    if retries <= engine.geometry.raid_disks() {
+                    if retries <= engine.geometry().raid_disks() {
                         // A replace reads the member it copies: its read
                         // errors are corrected like any other member's.
                         let target = match action {

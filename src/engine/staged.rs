@@ -63,7 +63,7 @@ impl Engine {
         }
         let table = self.table();
         let mut members = table.by_role.iter().chain(&table.replacing).flatten();
-        if !self.geometry.level().has_parity() {
+        if !self.geometry().level().has_parity() {
             // In memory only: a file system on a disk may lack splice into
             // files, and there the plain path's copy is not what costs.
             return members.all(|e| {

@@ -336,7 +336,7 @@ impl Engine {
         let parts: Vec<Vec<(usize, &[u8])>> = jobs.iter().map(|j| j.parts()).collect();
         let maps: Vec<StripeMap> = jobs
             .iter()
-            .map(|j| self.geometry.stripe(j.stripe))
+            .map(|j| self.geometry().stripe(j.stripe))
             .collect();
         let table = self.table();
         let views: Vec<View> = jobs

@@ -1185,7 +1185,7 @@ fn mirror_reads_stay_on_the_first_copy_until_a_resync_makes_the_copies_agree() {
     let (array, wrappers) = faulty_array(Level::Raid1, 2, 0);
     let engine = Engine::start(array, EngineOptions::default()).unwrap();
     wait_idle(&engine);
-    let map = engine.geometry.stripe(0);
+    let map = engine.geometry().stripe(0);
     let copies = &map.data[0].copies;
     // Member 0 busier: a balanced choice is the second copy.
     engine.pending_reads[0].store(100, Ordering::Relaxed);
@@ -1414,7 +1414,7 @@ fn a_half_rebuilt_member_takes_writes_during_the_resync_after_a_crash() {
     assert!(offset > 0 && !array.is_clean());
     let engine = Engine::start(array, EngineOptions::default()).unwrap();
     // During the resync the member is in the array below its offset...
-    let below = engine.geometry.stripe_at_resync_position(offset);
+    let below = engine.geometry().stripe_at_resync_position(offset);
     let table = engine.table();
     let entry = table
         .entry(1)
@@ -1455,8 +1455,8 @@ fn raid6_check_with_a_data_member_missing_still_checks_q() {
     hammer(&engine, 2, 40, 16);
     engine.flush_members().unwrap();
     // A stripe where the missing member holds data: its Q is corrupted.
-    let map = (0..engine.geometry.stripe_count())
-        .map(|s| engine.geometry.stripe(s))
+    let map = (0..engine.geometry().stripe_count())
+        .map(|s| engine.geometry().stripe(s))
         .find(|m| m.data.iter().any(|d| d.copies[0].member == missing))
         .unwrap();
     let q = map.q.unwrap();
@@ -1621,8 +1621,8 @@ fn small_reads_return_the_written_bytes_in_every_state() {
         let old = engine.table().entry(1).unwrap().slot.clone();
         let mut bytes = vec![0u8; old.member.size_bytes() as usize];
         old.member.read_at(&mut bytes, 0).unwrap();
-        let half = engine.geometry.stripe_count() / 2;
-        let member_sector = engine.geometry.stripe(half).p.unwrap().member_sector;
+        let half = engine.geometry().stripe_count() / 2;
+        let member_sector = engine.geometry().stripe(half).p.unwrap().member_sector;
         bytes[(old.data_offset_bytes + member_sector * 512) as usize..].fill(0xee);
         let copy = crate::member::MemoryMember::new("half", bytes.len() as u64, 512);
         crate::member::Member::write_at(&copy, &bytes, 0).unwrap();
@@ -1788,9 +1788,9 @@ fn reads_of_members_in_memory_are_spliced_or_served_inline_over_nbd() {
             client.flush().unwrap();
             // Role 1 rebuilt up to stripe `half` only: a read of its strip
             // below is spliced, above it is not (it is reconstructed).
-            let half = engine.geometry.stripe_count() / 2;
+            let half = engine.geometry().stripe_count() / 2;
             let strip_of_1 = |stripe: u64| {
-                let map = engine.geometry.stripe(stripe);
+                let map = engine.geometry().stripe(stripe);
                 let i = map
                     .data
                     .iter()
@@ -2002,7 +2002,9 @@ fn small_reads_take_the_fast_path_and_fall_back_when_a_member_fails_them() {
         let victim = if level == Level::Raid10 { 0 } else { 1 };
         let first_copy = |at: usize| {
             let sector = at as u64 / 512;
-            let map = engine.geometry.stripe(engine.geometry.stripe_of(sector));
+            let map = engine
+                .geometry()
+                .stripe(engine.geometry().stripe_of(sector));
             let i = ((sector - map.array_sector) / map.strip_sectors) as usize;
             map.data[i].copies[0].member
         };
@@ -2989,7 +2991,7 @@ fn member_io_follows_rmw_level_and_max_sectors_kb() {
         // Stripes far apart, each written once, so that no parity is hot
         // and no write looks sequential.
         for s in (0..stripes).step_by(7).take(8) {
-            let map = engine.geometry.stripe(s as u64);
+            let map = engine.geometry().stripe(s as u64);
             let i = s % data_strips;
             let at = s * strip * data_strips + i * strip + 4096;
             let data: Vec<u8> = (0..4096).map(|k| (k as usize * 7 + s) as u8).collect();

@@ -72,9 +72,11 @@ impl Default for ServeOptions {
     }
 }
 
-/// What the server knows about its one export, fixed at `serve` time.
+/// What the server knows about its one export, fixed at `serve` time. The
+/// size is not: each connection asks the backend at its handshake, so that
+/// after an array grows a new connection sees the new size (NBD has no
+/// resize; a connection keeps the size it was given).
 pub(crate) struct ExportInfo {
-    pub(crate) size: u64,
     pub(crate) block_sizes: BlockSizes,
     pub(crate) read_only: bool,
     pub(crate) multi_conn: bool,
@@ -345,7 +347,6 @@ pub fn serve(
         );
     }
     let export = ExportInfo {
-        size,
         block_sizes,
         read_only: backend.read_only(),
         multi_conn: backend.multi_conn_safe(),

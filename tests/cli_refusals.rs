@@ -533,3 +533,133 @@ fn arguments_need_not_be_utf8() {
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// `manage --grow --size` on a served array: refused in one line, with the
+/// members as they were (byte for byte while nothing else runs; their size
+/// fields while a rebuild writes them).
+#[test]
+fn grow_size_refusals() {
+    let dir = scratch("refuse-grow-size");
+    let d = dir.path();
+    let size_fields = |members: &[PathBuf]| -> Vec<String> {
+        let mut args = vec!["examine"];
+        args.extend(paths(members));
+        String::from_utf8_lossy(&uraid_ok(&args).stdout)
+            .lines()
+            .filter(|l| l.contains("Dev Size :") || l.contains("Array Size :"))
+            .map(str::to_string)
+            .collect()
+    };
+    let grow_refused = |served: &Served, members: &[PathBuf], size: &str, reason: &str| {
+        let before = digest(members);
+        let said = manage_refused(&served.control, &["--grow", "--size", size]);
+        assert!(
+            said.to_lowercase().contains(&reason.to_lowercase()),
+            "--size {size}: expected '{reason}' in {said:?}"
+        );
+        assert_eq!(before, digest(members), "--size {size} changed a member");
+    };
+
+    let raid0 = create_array(
+        d,
+        "r0-",
+        &["--level", "0", "--raid-devices", "2"],
+        2,
+        16 << 20,
+    );
+    let served = serve(d, &[], &paths(&raid0));
+    grow_refused(&served, &raid0, "max", "cannot change component size");
+    served.stop();
+
+    let far = create_array(
+        d,
+        "far-",
+        &[
+            "--level",
+            "10",
+            "--layout",
+            "f2",
+            "--raid-devices",
+            "4",
+            "--size",
+            "4M",
+        ],
+        4,
+        16 << 20,
+    );
+    let served = serve(d, &[], &paths(&far));
+    grow_refused(&served, &far, "max", "far layouts");
+    served.stop();
+
+    // 1.0 keeps its bitmap at the end, next to the superblock md would move.
+    let v10 = create_array(
+        d,
+        "v10-",
+        &[
+            "--level",
+            "1",
+            "--raid-devices",
+            "2",
+            "--metadata",
+            "1.0",
+            "--size",
+            "4M",
+            "--bitmap",
+            "internal",
+        ],
+        2,
+        16 << 20,
+    );
+    let served = serve(d, &[], &paths(&v10));
+    grow_refused(&served, &v10, "max", "remove the bitmap");
+    served.stop();
+
+    let members = create_array(
+        d,
+        "r5-",
+        &[
+            "--level",
+            "5",
+            "--raid-devices",
+            "4",
+            "--chunk",
+            "64K",
+            "--size",
+            "4M",
+        ],
+        4,
+        16 << 20,
+    );
+    let served = serve(d, &["--read-only"], &paths(&members));
+    grow_refused(&served, &members, "max", "read-only");
+    served.stop();
+
+    let served = serve(d, &[], &paths(&members));
+    grow_refused(&served, &members, "100M", "does not fit every member");
+    grow_refused(&served, &members, "32K", "below the 64 KiB chunk");
+    // Bad strings are refused before the server is asked.
+    grow_refused(&served, &members, "12Q", "invalid size");
+    grow_refused(&served, &members, "0", "give max");
+    let said = manage_refused(&served.control, &["--grow"]);
+    assert!(
+        said.contains("--bitmap") && said.contains("--size"),
+        "{said}"
+    );
+    // A check (md: EBUSY while any sync runs), slowed down to be caught.
+    manage_ok(&served.control, &["--speed-limit-max", "1000"]);
+    manage_ok(&served.control, &["--action", "check"]);
+    grow_refused(&served, &members, "max", "a check is running");
+    manage_ok(&served.control, &["--action", "idle"]);
+    // A rebuild writes its member, so only the size fields are compared.
+    let spare = sparse_files(d, "spare", &[16 << 20]);
+    manage_ok(&served.control, &["--fail", members[1].to_str().unwrap()]);
+    manage_ok(&served.control, &["--remove", members[1].to_str().unwrap()]);
+    manage_ok(&served.control, &["--add", spare[0].to_str().unwrap()]);
+    let mut all = members.clone();
+    all.push(spare[0].clone());
+    let before = size_fields(&all);
+    let said = manage_refused(&served.control, &["--grow", "--size", "max"]);
+    assert!(said.contains("recovery is running"), "{said}");
+    assert_eq!(before, size_fields(&all), "a refused grow changed a size");
+    served.stop();
+}

@@ -1243,3 +1243,92 @@ fn dirty_degraded_array_needs_force() {
     );
     served.stop();
 }
+
+/// A size change reaches new connections only (NBD has no resize): one
+/// opened before a grow keeps the old size and still works; after a
+/// shrink, one opened before is refused past the new end, and the bytes
+/// below it are intact.
+#[test]
+fn size_changes_reach_new_connections_only() {
+    let dir = scratch("serve-size");
+    let members = create_array(
+        dir.path(),
+        "m",
+        &[
+            "--level",
+            "6",
+            "--raid-devices",
+            "5",
+            "--chunk",
+            "64K",
+            "--size",
+            "4M",
+        ],
+        5,
+        16 * MIB,
+    );
+    let served = serve(dir.path(), &[], &paths(&members));
+    let prelude = format!(
+        "import nbd, subprocess\n\
+         def manage(*args):\n    subprocess.run([{uraid:?}, 'manage', '--control', {control:?}, *args], check=True, capture_output=True)\n\
+         def connect():\n    c = nbd.NBD()\n    c.connect_uri(URI)\n    return c\n",
+        uraid = env!("CARGO_BIN_EXE_uraid"),
+        control = served.control.to_str().unwrap(),
+    );
+    let grow = r#"
+h = connect()
+old = h.get_size()
+assert old == 12 << 20, old
+h.pwrite(b"\x5a" * 4096, old - 4096)
+manage("--grow", "--size", "max")
+assert h.get_size() == old
+assert h.pread(4096, old - 4096) == b"\x5a" * 4096
+g = connect()
+new = g.get_size()
+assert new > old, (new, old)
+assert g.pread(4096, old - 4096) == b"\x5a" * 4096
+g.pwrite(b"\xa5" * 4096, new - 4096)
+assert g.pread(4096, new - 4096) == b"\xa5" * 4096
+print(new)
+"#;
+    let out = nbdsh_script(
+        served.uri(),
+        &format!("{prelude}{grow}"),
+        Duration::from_secs(60),
+    );
+    let grown: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    wait_status(
+        &served.control,
+        "the resync of the new region",
+        Duration::from_secs(60),
+        |s| status_whole_and_idle(s),
+    );
+    let shrink = format!(
+        r#"
+h = connect()
+assert h.get_size() == {grown}
+manage("--grow", "--size", "2M")
+s = connect()
+assert s.get_size() == 6 << 20, s.get_size()
+try:
+    h.pwrite(bytes(4096), {grown} - 4096)
+    raise AssertionError("a write past the new end succeeded")
+except nbd.Error:
+    pass
+assert h.pread(4096, 0) == s.pread(4096, 0)
+"#
+    );
+    nbdsh_script(
+        served.uri(),
+        &format!("{prelude}{shrink}"),
+        Duration::from_secs(60),
+    );
+    let status = array_status(&served.control);
+    assert_eq!(status["detail"]["used_dev_size_kib"], 2048, "{status}");
+    served.stop();
+    // The next start serves the size on disk, clean.
+    let served = serve(dir.path(), &[], &paths(&members));
+    let detail = served.detail_json();
+    assert_eq!(detail["array_size_kib"], 6 * 1024, "{detail}");
+    served.stop();
+}

@@ -194,7 +194,7 @@ fn grow_served(dir: &Path, case: &Case, members: &[PathBuf]) -> (PathBuf, u64) {
         &served.control,
         "the resync of the new region",
         Duration::from_secs(120),
-        |s| status_whole_and_idle(s),
+        status_whole_and_idle,
     );
     // A new connection sees the grown array; the old bytes are where they were.
     assert_eq!(nbdinfo_size(served.uri()), array_bytes, "{}", case.name);

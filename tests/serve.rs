@@ -1301,7 +1301,7 @@ print(new)
         &served.control,
         "the resync of the new region",
         Duration::from_secs(60),
-        |s| status_whole_and_idle(s),
+        status_whole_and_idle,
     );
     let shrink = format!(
         r#"

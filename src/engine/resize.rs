@@ -18,11 +18,36 @@ use crate::geometry::{Geometry, GeometryParams, Level};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// A size change that passed every check.
+struct SizePlan {
+    level: Level,
+    new_size: u64,
+    old_size: u64,
+    /// 1.0 or 0.90: the superblock sits past the data, and stays.
+    super_at_end: bool,
+}
+
 impl Engine {
-    /// Sets the component size to `size_sectors`, or to the most every
-    /// member holds (`None`, mdadm's `max`). Everything is checked before
-    /// anything changes: a refusal leaves the array as it was.
-    pub fn grow_size(self: &Arc<Engine>, size_sectors: Option<u64>) -> Result<String, String> {
+    /// Why the size cannot change now, if it cannot: md's EBUSY cases.
+    fn resize_busy(&self) -> Option<String> {
+        if let Some(action) = self.sync.action() {
+            return Some(format!(
+                "a {} is running: the size can change once it has finished (md: EBUSY)",
+                action.word()
+            ));
+        }
+        let table = self.table();
+        if !table.in_sync().iter().all(|s| *s) || table.replacing.iter().any(Option::is_some) {
+            return Some(
+                "a member is missing, being rebuilt or being replaced: the size can change once the array is whole again (md: EBUSY)"
+                    .into(),
+            );
+        }
+        None
+    }
+
+    /// Checks a size change and works out the new size, changing nothing.
+    fn plan_size(&self, size_sectors: Option<u64>) -> Result<SizePlan, String> {
         if self.read_only {
             return Err("the array is served read-only: its size cannot change (md: EROFS)".into());
         }
@@ -38,36 +63,25 @@ impl Engine {
                     .into(),
             );
         }
-        if let Some(action) = self.sync.action() {
-            return Err(format!(
-                "a {} is running: the size can change once it has finished (md: EBUSY)",
-                action.word()
-            ));
+        if let Some(why) = self.resize_busy() {
+            return Err(why);
         }
-        let table = self.table();
-        if !table.in_sync().iter().all(|s| *s) || table.replacing.iter().any(Option::is_some) {
+        if !self.geometry.can_replace() {
             return Err(
-                "a member is missing, being rebuilt or being replaced: the size can change once the array is whole again (md: EBUSY)"
+                "this run of uraid serve has changed the size as often as it can: restart it to change the size again"
                     .into(),
             );
         }
-        // Requests wait here until the swap is done; those in flight finish
-        // first, so nothing runs against a bound that is moving.
-        let _gate = self.resize_gate.write().unwrap();
-        // What the stripe cache holds goes out under the old bounds (before
-        // the array lock, which writing it out takes).
-        self.write_out_cache().map_err(|e| e.to_string())?;
-        let mut array = self.array.lock().unwrap();
-        let sb = array.sb.clone();
+        let array = self.array.lock().unwrap();
+        let sb = &array.sb;
         if sb.level == 10 && (sb.layout >> 8) & 0xff > 1 && sb.layout & 0x10000 == 0 {
             return Err(
                 "raid10 far layouts cannot change size: their copies sit a fraction of the member apart (md: EINVAL)"
                     .into(),
             );
         }
-        let has_bitmap = self.live_bitmap().is_some();
-        let moves_super = !matches!(sb.metadata, Metadata::V1_1 | Metadata::V1_2);
-        if has_bitmap && moves_super {
+        let super_at_end = !matches!(sb.metadata, Metadata::V1_1 | Metadata::V1_2);
+        if self.live_bitmap().is_some() && super_at_end {
             return Err(format!(
                 "a {} array with an internal bitmap cannot change size (md cannot move that bitmap): remove the bitmap (--grow --bitmap none), change the size, add it again",
                 sb.metadata.as_str()
@@ -78,24 +92,16 @@ impl Engine {
         // past its data offset, wherever the device grew; 1.0 and 0.90
         // keep the size their superblock at the end leaves (uraid does not
         // move it). A spare counts with the size its superblock records.
-        let usable = |d: &crate::array::FoundDevice| -> u64 {
-            match d.state {
-                DeviceState::Active { .. } if !moves_super => d
-                    .member
-                    .size_sectors()
-                    .saturating_sub(d.sb.data_offset_sectors)
-                    .max(d.sb.data_size_sectors),
-                _ => d.sb.data_size_sectors,
-            }
-        };
-        let counted = |d: &&crate::array::FoundDevice| {
-            matches!(d.state, DeviceState::Active { .. } | DeviceState::Spare)
-        };
         let room = array
             .devices
             .iter()
-            .filter(counted)
-            .map(usable)
+            .filter_map(|d| match d.state {
+                DeviceState::Active { .. } if !super_at_end => {
+                    Some(member_room(d).max(d.sb.data_size_sectors))
+                }
+                DeviceState::Active { .. } | DeviceState::Spare => Some(d.sb.data_size_sectors),
+                _ => None,
+            })
             .min()
             .ok_or("the array has no members")?;
         let wanted = size_sectors.unwrap_or(room);
@@ -121,13 +127,44 @@ impl Engine {
                 floor / 2
             ));
         }
-        let old_size = sb.size_sectors;
+        Ok(SizePlan {
+            level,
+            new_size,
+            old_size: sb.size_sectors,
+            super_at_end,
+        })
+    }
+
+    /// Sets the component size to `size_sectors`, or to the most every
+    /// member holds (`None`, mdadm's `max`). Everything is checked before
+    /// anything changes: a refusal leaves the array as it was.
+    pub fn grow_size(self: &Arc<Engine>, size_sectors: Option<u64>) -> Result<String, String> {
+        let SizePlan {
+            level,
+            new_size,
+            old_size,
+            super_at_end,
+        } = self.plan_size(size_sectors)?;
         if new_size == old_size {
             return Ok(format!(
                 "the component size is already {} KiB",
                 old_size / 2
             ));
         }
+        // Requests wait here until the swap is done; those in flight finish
+        // first, so nothing runs against a bound that is moving.
+        let _gate = self.resize_gate.write().unwrap();
+        // What the stripe cache holds goes out under the old bounds (before
+        // the array lock, which writing it out takes).
+        self.write_out_cache().map_err(|e| e.to_string())?;
+        let mut array = self.array.lock().unwrap();
+        // A member may have failed since the checks.
+        if let Some(why) = self.resize_busy() {
+            return Err(why);
+        }
+        let sb = array.sb.clone();
+        let chunk = sb.chunk_sectors as u64;
+        let has_bitmap = self.live_bitmap().is_some();
         let old = self.geometry().clone();
         let new = Geometry::new(&GeometryParams {
             level,
@@ -154,11 +191,8 @@ impl Engine {
             d.sb.size_sectors = new_size;
             // md's super_1_rdev_size_change records what a grown 1.1/1.2
             // member now gives: the size asked for, or all of it for max.
-            if growing && !moves_super && matches!(d.state, DeviceState::Active { .. }) {
-                let device_room = d
-                    .member
-                    .size_sectors()
-                    .saturating_sub(d.sb.data_offset_sectors);
+            if growing && !super_at_end && matches!(d.state, DeviceState::Active { .. }) {
+                let device_room = member_room(d);
                 d.sb.data_size_sectors = size_sectors.unwrap_or(device_room).min(device_room);
             }
         }
@@ -206,4 +240,11 @@ impl Engine {
             new.array_sectors() / 2
         ))
     }
+}
+
+/// A 1.1/1.2 member's device past its data offset.
+fn member_room(d: &crate::array::FoundDevice) -> u64 {
+    d.member
+        .size_sectors()
+        .saturating_sub(d.sb.data_offset_sectors)
 }

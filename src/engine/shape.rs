@@ -46,6 +46,11 @@ impl GeometryCell {
             .expect("a slot is published only once set")
     }
 
+    /// Whether another geometry can be taken (see the module notes).
+    pub(super) fn can_replace(&self) -> bool {
+        self.current.load(Ordering::Acquire) + 1 < self.slots.len()
+    }
+
     /// Makes `geometry` the current one. Requests that already hold the
     /// previous one go on with it.
     pub(super) fn replace(&self, geometry: Geometry) -> Result<(), String> {

@@ -1332,3 +1332,70 @@ assert h.pread(4096, 0) == s.pread(4096, 0)
     assert_eq!(detail["array_size_kib"], 6 * 1024, "{detail}");
     served.stop();
 }
+
+/// The seed's scenario: every member replaced by a bigger one while the
+/// array serves (`--replace`), then `--grow --size max` takes the room they
+/// all have; the data stays, the new region is resynced, and the next
+/// start serves the grown array from the new members alone.
+#[test]
+fn bigger_members_then_grow_max() {
+    let dir = scratch("serve-bigger");
+    let old = create_array(
+        dir.path(),
+        "old",
+        &["--level", "5", "--raid-devices", "3", "--chunk", "64K"],
+        3,
+        8 * MIB,
+    );
+    let new = sparse_files(dir.path(), "new", &[16 * MIB; 3]);
+    let served = serve(dir.path(), &[], &paths(&old));
+    let image = dir.path().join("data.img");
+    let size = nbdcopy_out(served.uri(), dir.path()).len();
+    std::fs::write(&image, random_bytes(7, size)).unwrap();
+    nbdcopy_in(&image, served.uri());
+    for (o, n) in old.iter().zip(&new) {
+        manage_ok(
+            &served.control,
+            &[
+                "--replace",
+                o.to_str().unwrap(),
+                "--with",
+                n.to_str().unwrap(),
+            ],
+        );
+        wait_status(
+            &served.control,
+            "the replacement",
+            Duration::from_secs(60),
+            status_whole_and_idle,
+        );
+    }
+    let said = manage_ok(&served.control, &["--grow", "--size", "max"]);
+    assert!(said.contains("resyncing the new region"), "{said}");
+    wait_status(
+        &served.control,
+        "the resync of the new region",
+        Duration::from_secs(60),
+        status_whole_and_idle,
+    );
+    let detail = served.detail_json();
+    // 16 MiB members past mdadm's 1 MiB data offset, in whole 64 KiB chunks.
+    assert_eq!(detail["used_dev_size_kib"], 15 * 1024, "{detail}");
+    let read = nbdcopy_out(served.uri(), dir.path());
+    assert_eq!(read.len() as u64, 2 * 15 * MIB);
+    assert_same_bytes(
+        &read[..size],
+        &std::fs::read(&image).unwrap(),
+        "after the grow",
+    );
+    assert_eq!(array_status(&served.control)["mismatch_cnt"], 0);
+    served.stop();
+    let served = serve(dir.path(), &[], &paths(&new));
+    assert_eq!(served.detail_json()["array_size_kib"], 2 * 15 * 1024);
+    assert_same_bytes(
+        &nbdcopy_out(served.uri(), dir.path())[..size],
+        &std::fs::read(&image).unwrap(),
+        "served again",
+    );
+    served.stop();
+}

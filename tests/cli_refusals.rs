@@ -560,19 +560,20 @@ fn grow_size_refusals() {
         assert_eq!(before, digest(members), "--size {size} changed a member");
     };
 
-    let raid0 = create_array(
-        d,
+    // Refused whatever the size: the level, the layout, the metadata.
+    let refused_as_created = |prefix: &str, options: &[&str], disks: usize, reason: &str| {
+        let members = create_array(d, prefix, options, disks, 16 << 20);
+        let served = serve(d, &[], &paths(&members));
+        grow_refused(&served, &members, "max", reason);
+        served.stop();
+    };
+    refused_as_created(
         "r0-",
         &["--level", "0", "--raid-devices", "2"],
         2,
-        16 << 20,
+        "cannot change component size",
     );
-    let served = serve(d, &[], &paths(&raid0));
-    grow_refused(&served, &raid0, "max", "cannot change component size");
-    served.stop();
-
-    let far = create_array(
-        d,
+    refused_as_created(
         "far-",
         &[
             "--level",
@@ -585,15 +586,10 @@ fn grow_size_refusals() {
             "4M",
         ],
         4,
-        16 << 20,
+        "far layouts",
     );
-    let served = serve(d, &[], &paths(&far));
-    grow_refused(&served, &far, "max", "far layouts");
-    served.stop();
-
     // 1.0 keeps its bitmap at the end, next to the superblock md would move.
-    let v10 = create_array(
-        d,
+    refused_as_created(
         "v10-",
         &[
             "--level",
@@ -608,11 +604,8 @@ fn grow_size_refusals() {
             "internal",
         ],
         2,
-        16 << 20,
+        "remove the bitmap",
     );
-    let served = serve(d, &[], &paths(&v10));
-    grow_refused(&served, &v10, "max", "remove the bitmap");
-    served.stop();
 
     let members = create_array(
         d,

@@ -28,85 +28,67 @@ struct Case {
     disks: usize,
     /// The argument of --grow --size.
     grow_to: &'static str,
+    /// The chunk of an internal bitmap, if the array has one.
+    bitmap_chunk: Option<&'static str>,
 }
+
+const R5: &[&str] = &["--level", "5", "--chunk", "64K", "--size", "8M"];
+const R6: &[&str] = &["--level", "6", "--chunk", "64K", "--size", "8M"];
+const R1: &[&str] = &["--level", "1", "--size", "8M"];
 
 const CASES: [Case; 7] = [
     Case {
         name: "r1",
-        create: &["--level", "1", "--size", "8M"],
+        create: R1,
         disks: 2,
         grow_to: "max",
+        bitmap_chunk: None,
     },
     Case {
         name: "r5",
-        create: &["--level", "5", "--chunk", "64K", "--size", "8M"],
+        create: R5,
         disks: 4,
         grow_to: "max",
+        bitmap_chunk: None,
     },
     // An explicit size: md records it as the grown members' data size.
     Case {
         name: "r6",
-        create: &["--level", "6", "--chunk", "64K", "--size", "8M"],
+        create: R6,
         disks: 5,
         grow_to: "16M",
+        bitmap_chunk: None,
     },
     Case {
         name: "r10",
         create: &["--level", "10", "--chunk", "64K", "--size", "8M"],
         disks: 4,
         grow_to: "max",
+        bitmap_chunk: None,
     },
     // 4 KiB bitmap chunks over 8 MiB fill one sector of bits: grown to
     // about three times that, the chunk doubles twice (md_bitmap_resize).
     Case {
         name: "r5b",
-        create: &[
-            "--level",
-            "5",
-            "--chunk",
-            "64K",
-            "--size",
-            "8M",
-            "--bitmap",
-            "internal",
-            "--bitmap-chunk",
-            "4K",
-        ],
+        create: R5,
         disks: 4,
         grow_to: "max",
+        bitmap_chunk: Some("4K"),
     },
     Case {
         name: "r6b",
-        create: &[
-            "--level",
-            "6",
-            "--chunk",
-            "64K",
-            "--size",
-            "8M",
-            "--bitmap",
-            "internal",
-            "--bitmap-chunk",
-            "4K",
-        ],
+        create: R6,
         disks: 5,
         grow_to: "max",
+        bitmap_chunk: Some("4K"),
     },
     // A bitmap whose chunk still fits after the grow keeps it.
     Case {
         name: "r1b",
-        create: &[
-            "--level",
-            "1",
-            "--size",
-            "8M",
-            "--bitmap",
-            "internal",
-            "--bitmap-chunk",
-            "64K",
-        ],
+        create: R1,
         disks: 2,
         grow_to: "max",
+        bitmap_chunk: Some("64K"),
     },
 ];
 
@@ -232,26 +214,23 @@ fn grown_arrays_match_the_kernel() {
         let mut options: Vec<&str> = case.create.to_vec();
         let disks = case.disks.to_string();
         options.extend(["--raid-devices", &disks]);
-        let grown = create_array(
-            dir.path(),
-            &format!("{}-g", case.name),
-            &options,
-            case.disks,
-            MEMBER_BYTES,
-        );
-        let twin = create_array(
-            dir.path(),
-            &format!("{}-t", case.name),
-            &options,
-            case.disks,
-            MEMBER_BYTES,
-        );
+        if let Some(chunk) = case.bitmap_chunk {
+            options.extend(["--bitmap", "internal", "--bitmap-chunk", chunk]);
+        }
+        let [grown, twin] = ["g", "t"].map(|side| {
+            create_array(
+                dir.path(),
+                &format!("{}-{side}", case.name),
+                &options,
+                case.disks,
+                MEMBER_BYTES,
+            )
+        });
         let (image, component_kib) = grow_served(dir.path(), case, &grown);
         let uraid_fields = size_fields(&grown[0]);
-        let bitmap = case.create.contains(&"--bitmap");
         assert_eq!(
             uraid_fields.len(),
-            if bitmap { 4 } else { 2 },
+            if case.bitmap_chunk.is_some() { 4 } else { 2 },
             "{}: examine lacks size fields: {uraid_fields:?}",
             case.name
         );

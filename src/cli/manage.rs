@@ -1,6 +1,7 @@
 //! `uraid manage`: change a running array through its control socket, as
 //! mdadm --manage and md's sysfs knobs do: fail, remove and add members,
-//! start a check or repair, set the rebuild speed limits.
+//! start a check or repair, set the rebuild speed limits; and, as mdadm
+//! --grow, add or remove the bitmap and change the component size.
 
 use super::CliResult;
 use crate::control::{self, Request};

@@ -178,6 +178,22 @@ impl Engine {
         .map_err(|e| e.to_string())?;
         let growing = new_size > old_size;
 
+        let state = self.active_state();
+        // md's order, which keeps every moment after a crash assemblable:
+        // first each grown 1.1/1.2 member records what it now gives
+        // (super_1_rdev_size_change: the size asked for, or all of it for
+        // max), then the bitmap is resized, then the size changes. A
+        // member never says the array is bigger than its own data size.
+        if growing && !super_at_end {
+            for d in array.devices.iter_mut() {
+                if matches!(d.state, DeviceState::Active { .. }) {
+                    let device_room = member_room(d);
+                    d.sb.data_size_sectors = size_sectors.unwrap_or(device_room).min(device_room);
+                }
+            }
+            self.write_state_locked(&mut array, state)
+                .map_err(|e| e.to_string())?;
+        }
         if has_bitmap {
             let sync_end = new.resync_position_sectors(new.stripe_count());
             self.resize_bitmap(&array, sync_end)?;
@@ -189,12 +205,6 @@ impl Engine {
             )
         }) {
             d.sb.size_sectors = new_size;
-            // md's super_1_rdev_size_change records what a grown 1.1/1.2
-            // member now gives: the size asked for, or all of it for max.
-            if growing && !super_at_end && matches!(d.state, DeviceState::Active { .. }) {
-                let device_room = member_room(d);
-                d.sb.data_size_sectors = size_sectors.unwrap_or(device_room).min(device_room);
-            }
         }
         array.sb.size_sectors = new_size;
         array.geometry = new.clone();
@@ -207,7 +217,6 @@ impl Engine {
         if growing && matches!(level, Level::Raid1 | Level::Raid10) {
             self.mirrors_in_sync.store(false, Ordering::SeqCst);
         }
-        let state = self.active_state();
         self.write_state_locked(&mut array, state)
             .map_err(|e| e.to_string())?;
         drop(array);

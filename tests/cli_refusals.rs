@@ -533,3 +533,201 @@ fn arguments_need_not_be_utf8() {
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// `manage --grow --size` on a served array: refused in one line, with the
+/// members as they were (byte for byte while nothing else runs; their size
+/// fields while a rebuild writes them).
+#[test]
+fn grow_size_refusals() {
+    let dir = scratch("refuse-grow-size");
+    let d = dir.path();
+    let size_fields = |members: &[PathBuf]| -> Vec<String> {
+        let mut args = vec!["examine"];
+        args.extend(paths(members));
+        String::from_utf8_lossy(&uraid_ok(&args).stdout)
+            .lines()
+            .filter(|l| l.contains("Dev Size :") || l.contains("Array Size :"))
+            .map(str::to_string)
+            .collect()
+    };
+    let grow_refused = |served: &Served, members: &[PathBuf], size: &str, reason: &str| {
+        let before = digest(members);
+        let said = manage_refused(&served.control, &["--grow", "--size", size]);
+        assert!(
+            said.to_lowercase().contains(&reason.to_lowercase()),
+            "--size {size}: expected '{reason}' in {said:?}"
+        );
+        assert_eq!(before, digest(members), "--size {size} changed a member");
+    };
+
+    // Refused whatever the size: the level, the layout, the metadata.
+    let refused_as_created = |prefix: &str, options: &[&str], disks: usize, reason: &str| {
+        let members = create_array(d, prefix, options, disks, 16 << 20);
+        let served = serve(d, &[], &paths(&members));
+        grow_refused(&served, &members, "max", reason);
+        served.stop();
+    };
+    refused_as_created(
+        "r0-",
+        &["--level", "0", "--raid-devices", "2"],
+        2,
+        "cannot change component size",
+    );
+    refused_as_created(
+        "far-",
+        &[
+            "--level",
+            "10",
+            "--layout",
+            "f2",
+            "--raid-devices",
+            "4",
+            "--size",
+            "4M",
+        ],
+        4,
+        "far layouts",
+    );
+    // 1.0 keeps its bitmap at the end, next to the superblock md would move.
+    refused_as_created(
+        "v10-",
+        &[
+            "--level",
+            "1",
+            "--raid-devices",
+            "2",
+            "--metadata",
+            "1.0",
+            "--size",
+            "4M",
+            "--bitmap",
+            "internal",
+        ],
+        2,
+        "remove the bitmap",
+    );
+
+    let members = create_array(
+        d,
+        "r5-",
+        &[
+            "--level",
+            "5",
+            "--raid-devices",
+            "4",
+            "--chunk",
+            "64K",
+            "--size",
+            "4M",
+        ],
+        4,
+        16 << 20,
+    );
+    let served = serve(d, &["--read-only"], &paths(&members));
+    grow_refused(&served, &members, "max", "read-only");
+    served.stop();
+
+    let served = serve(d, &[], &paths(&members));
+    grow_refused(&served, &members, "100M", "does not fit every member");
+    grow_refused(&served, &members, "32K", "below the 64 KiB chunk");
+    // Bad strings are refused before the server is asked.
+    grow_refused(&served, &members, "12Q", "invalid size");
+    grow_refused(&served, &members, "0", "give max");
+    let said = manage_refused(&served.control, &["--grow"]);
+    assert!(
+        said.contains("--bitmap") && said.contains("--size"),
+        "{said}"
+    );
+    // A check (md: EBUSY while any sync runs), slowed down to be caught.
+    manage_ok(&served.control, &["--speed-limit-max", "1000"]);
+    manage_ok(&served.control, &["--action", "check"]);
+    grow_refused(&served, &members, "max", "a check is running");
+    manage_ok(&served.control, &["--action", "idle"]);
+    // A rebuild writes its member, so only the size fields are compared.
+    let spare = sparse_files(d, "spare", &[16 << 20]);
+    manage_ok(&served.control, &["--fail", members[1].to_str().unwrap()]);
+    manage_ok(&served.control, &["--remove", members[1].to_str().unwrap()]);
+    manage_ok(&served.control, &["--add", spare[0].to_str().unwrap()]);
+    let mut all = members.clone();
+    all.push(spare[0].clone());
+    let before = size_fields(&all);
+    let said = manage_refused(&served.control, &["--grow", "--size", "max"]);
+    assert!(said.contains("recovery is running"), "{said}");
+    assert_eq!(before, size_fields(&all), "a refused grow changed a size");
+    served.stop();
+}
+
+/// `manage --grow` asking for a reshape uraid cannot or may not run:
+/// refused in one line, every member (spares too) byte for byte as it was.
+#[test]
+fn reshape_refusals() {
+    let dir = scratch("refuse-reshape");
+    let d = dir.path();
+    let reshape_refused = |served: &Served, members: &[PathBuf], grow: &[&str], reason: &str| {
+        let before = digest(members);
+        let mut args = vec!["--grow"];
+        args.extend_from_slice(grow);
+        let said = manage_refused(&served.control, &args);
+        assert!(
+            said.to_lowercase().contains(&reason.to_lowercase()),
+            "{grow:?}: expected '{reason}' in {said:?}"
+        );
+        assert_eq!(before, digest(members), "{grow:?} changed a member");
+    };
+    let r5 = ["--level", "5", "--raid-devices", "4", "--chunk", "64K"];
+    let members = create_array(d, "r5-", &r5, 4, 16 << 20);
+    let served = serve(d, &[], &paths(&members));
+    reshape_refused(&served, &members, &["--raid-devices", "5"], "needs 1 spare");
+    reshape_refused(&served, &members, &["--raid-devices", "3"], "backwards");
+    reshape_refused(&served, &members, &["--level", "6"], "not supported");
+    reshape_refused(
+        &served,
+        &members,
+        &["--layout", "sideways"],
+        "unknown layout",
+    );
+    reshape_refused(&served, &members, &["--chunk", "3K"], "power of two");
+    reshape_refused(&served, &members, &["--chunk", "64K"], "nothing to change");
+    // A check runs (md: EBUSY), slowed down to be caught.
+    manage_ok(&served.control, &["--speed-limit-max", "1000"]);
+    manage_ok(&served.control, &["--action", "check"]);
+    reshape_refused(&served, &members, &["--chunk", "128K"], "a check runs");
+    manage_ok(&served.control, &["--action", "idle"]);
+    served.stop();
+
+    let served = serve(d, &["--read-only"], &paths(&members));
+    reshape_refused(&served, &members, &["--chunk", "128K"], "read-only");
+    served.stop();
+
+    let refused_as_created = |prefix: &str, options: &[&str], grow: &[&str], reason: &str| {
+        let members = create_array(d, prefix, options, 4, 16 << 20);
+        let served = serve(d, &[], &paths(&members));
+        reshape_refused(&served, &members, grow, reason);
+        served.stop();
+    };
+    refused_as_created(
+        "r1-",
+        &["--level", "1", "--raid-devices", "4"],
+        &["--raid-devices", "3"],
+        "raid4/5/6",
+    );
+    refused_as_created(
+        "bitmap-",
+        &[
+            "--level",
+            "5",
+            "--raid-devices",
+            "4",
+            "--bitmap",
+            "internal",
+        ],
+        &["--chunk", "128K"],
+        "remove the write-intent bitmap",
+    );
+    refused_as_created(
+        "v10-",
+        &["--level", "5", "--raid-devices", "4", "--metadata", "1.0"],
+        &["--chunk", "128K"],
+        "backup file",
+    );
+}

@@ -538,10 +538,33 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
     served.kill();
     let examined = String::from_utf8(uraid_ok(&["examine", paths(&files)[0]]).stdout).unwrap();
     assert!(examined.contains("Reshape pos'n"), "{examined}");
-    let size = {
-        // The new size: the old one with a fourth data member.
-        pattern.len() / 3 * 4
-    };
+    // The new size: the old one with a fourth data member.
+    let size = pattern.len() / 3 * 4;
+    // uraid resumes it too, on a copy: the next serve finishes it.
+    let copies: Vec<PathBuf> = files
+        .iter()
+        .map(|f| {
+            let copy = f.with_extension("copy");
+            std::fs::copy(f, &copy).unwrap();
+            copy
+        })
+        .collect();
+    let resumed = serve(dir, &[], &paths(&copies));
+    let status = wait_reshaped(&resumed);
+    assert!(
+        status_events(&status)
+            .iter()
+            .any(|e| e.0 == "RebuildFinished"),
+        "uraid did not finish the reshape it was killed in"
+    );
+    let back = nbdcopy_out(resumed.uri(), dir);
+    assert_eq!(back.len(), size);
+    assert_same_bytes(
+        &back[..pattern.len()],
+        &pattern,
+        "r5killed: resumed by uraid",
+    );
+    resumed.stop();
     grown.push(Grown {
         name: "r5killed".into(),
         expected: expected_file(dir, "r5killed", pattern, size),

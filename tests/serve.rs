@@ -1243,3 +1243,159 @@ fn dirty_degraded_array_needs_force() {
     );
     served.stop();
 }
+
+/// A size change reaches new connections only (NBD has no resize): one
+/// opened before a grow keeps the old size and still works; after a
+/// shrink, one opened before is refused past the new end, and the bytes
+/// below it are intact.
+#[test]
+fn size_changes_reach_new_connections_only() {
+    let dir = scratch("serve-size");
+    let members = create_array(
+        dir.path(),
+        "m",
+        &[
+            "--level",
+            "6",
+            "--raid-devices",
+            "5",
+            "--chunk",
+            "64K",
+            "--size",
+            "4M",
+        ],
+        5,
+        16 * MIB,
+    );
+    let served = serve(dir.path(), &[], &paths(&members));
+    let prelude = format!(
+        "import nbd, subprocess\n\
+         def manage(*args):\n    subprocess.run([{uraid:?}, 'manage', '--control', {control:?}, *args], check=True, capture_output=True)\n\
+         def connect():\n    c = nbd.NBD()\n    c.connect_uri(URI)\n    return c\n",
+        uraid = env!("CARGO_BIN_EXE_uraid"),
+        control = served.control.to_str().unwrap(),
+    );
+    let grow = r#"
+h = connect()
+old = h.get_size()
+assert old == 12 << 20, old
+h.pwrite(b"\x5a" * 4096, old - 4096)
+manage("--grow", "--size", "max")
+assert h.get_size() == old
+assert h.pread(4096, old - 4096) == b"\x5a" * 4096
+g = connect()
+new = g.get_size()
+assert new > old, (new, old)
+assert g.pread(4096, old - 4096) == b"\x5a" * 4096
+g.pwrite(b"\xa5" * 4096, new - 4096)
+assert g.pread(4096, new - 4096) == b"\xa5" * 4096
+print(new)
+"#;
+    let out = nbdsh_script(
+        served.uri(),
+        &format!("{prelude}{grow}"),
+        Duration::from_secs(60),
+    );
+    let grown: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    wait_status(
+        &served.control,
+        "the resync of the new region",
+        Duration::from_secs(60),
+        status_whole_and_idle,
+    );
+    let shrink = format!(
+        r#"
+h = connect()
+assert h.get_size() == {grown}
+manage("--grow", "--size", "2M")
+s = connect()
+assert s.get_size() == 6 << 20, s.get_size()
+try:
+    h.pwrite(bytes(4096), {grown} - 4096)
+    raise AssertionError("a write past the new end succeeded")
+except nbd.Error:
+    pass
+assert h.pread(4096, 0) == s.pread(4096, 0)
+"#
+    );
+    nbdsh_script(
+        served.uri(),
+        &format!("{prelude}{shrink}"),
+        Duration::from_secs(60),
+    );
+    let status = array_status(&served.control);
+    assert_eq!(status["detail"]["used_dev_size_kib"], 2048, "{status}");
+    served.stop();
+    // The next start serves the size on disk, clean.
+    let served = serve(dir.path(), &[], &paths(&members));
+    let detail = served.detail_json();
+    assert_eq!(detail["array_size_kib"], 6 * 1024, "{detail}");
+    served.stop();
+}
+
+/// The seed's scenario: every member replaced by a bigger one while the
+/// array serves (`--replace`), then `--grow --size max` takes the room they
+/// all have; the data stays, the new region is resynced, and the next
+/// start serves the grown array from the new members alone.
+#[test]
+fn bigger_members_then_grow_max() {
+    let dir = scratch("serve-bigger");
+    let old = create_array(
+        dir.path(),
+        "old",
+        &["--level", "5", "--raid-devices", "3", "--chunk", "64K"],
+        3,
+        8 * MIB,
+    );
+    let new = sparse_files(dir.path(), "new", &[16 * MIB; 3]);
+    let served = serve(dir.path(), &[], &paths(&old));
+    let image = dir.path().join("data.img");
+    let size = nbdcopy_out(served.uri(), dir.path()).len();
+    std::fs::write(&image, random_bytes(7, size)).unwrap();
+    nbdcopy_in(&image, served.uri());
+    for (o, n) in old.iter().zip(&new) {
+        manage_ok(
+            &served.control,
+            &[
+                "--replace",
+                o.to_str().unwrap(),
+                "--with",
+                n.to_str().unwrap(),
+            ],
+        );
+        wait_status(
+            &served.control,
+            "the replacement",
+            Duration::from_secs(60),
+            status_whole_and_idle,
+        );
+    }
+    let said = manage_ok(&served.control, &["--grow", "--size", "max"]);
+    assert!(said.contains("resyncing the new region"), "{said}");
+    wait_status(
+        &served.control,
+        "the resync of the new region",
+        Duration::from_secs(60),
+        status_whole_and_idle,
+    );
+    let detail = served.detail_json();
+    // 16 MiB members past mdadm's 1 MiB data offset, in whole 64 KiB chunks.
+    assert_eq!(detail["used_dev_size_kib"], 15 * 1024, "{detail}");
+    let read = nbdcopy_out(served.uri(), dir.path());
+    assert_eq!(read.len() as u64, 2 * 15 * MIB);
+    assert_same_bytes(
+        &read[..size],
+        &std::fs::read(&image).unwrap(),
+        "after the grow",
+    );
+    assert_eq!(array_status(&served.control)["mismatch_cnt"], 0);
+    served.stop();
+    let served = serve(dir.path(), &[], &paths(&new));
+    assert_eq!(served.detail_json()["array_size_kib"], 2 * 15 * 1024);
+    assert_same_bytes(
+        &nbdcopy_out(served.uri(), dir.path())[..size],
+        &std::fs::read(&image).unwrap(),
+        "served again",
+    );
+    served.stop();
+}

@@ -1,6 +1,7 @@
 //! `uraid manage`: change a running array through its control socket, as
 //! mdadm --manage and md's sysfs knobs do: fail, remove and add members,
-//! start a check or repair, set the rebuild speed limits.
+//! start a check or repair, set the rebuild speed limits; and, as mdadm
+//! --grow, add or remove the bitmap and change the component size.
 
 use super::CliResult;
 use crate::control::{self, Request};
@@ -36,10 +37,15 @@ pub struct ManageArgs {
     #[arg(long, value_name = "DAYS")]
     check_period: Option<f64>,
     /// Change the array's shape (mdadm --grow): with --raid-devices, --chunk,
-    /// --layout, --level, reshape it while it serves; with --bitmap
-    /// internal|none, add or remove the write-intent bitmap.
+    /// --layout, --level, reshape it while it serves; with --size, change the
+    /// component size; with --bitmap internal|none, add or remove the
+    /// write-intent bitmap.
     #[arg(long)]
     grow: bool,
+    /// With --grow: how much of each member the array uses, `max` (all that
+    /// every member holds) or a size (K/M/G suffixes; a bare number is KiB).
+    #[arg(long, requires = "grow", conflicts_with_all = ["bitmap", "bitmap_chunk", "raid_devices", "level", "layout", "chunk"])]
+    size: Option<String>,
     /// With --grow: the new number of members, after --add of the spares it needs.
     #[arg(long, short = 'n', requires = "grow")]
     raid_devices: Option<u32>,
@@ -118,6 +124,10 @@ pub fn run(args: &ManageArgs) -> CliResult {
             device: absolute(device),
             with: absolute(with),
         }
+    } else if let (true, Some(size)) = (args.grow, &args.size) {
+        Request::GrowSize {
+            size_sectors: parse_component_size(size)?,
+        }
     } else if args.grow
         && (args.raid_devices.is_some()
             || args.level.is_some()
@@ -140,7 +150,7 @@ pub fn run(args: &ManageArgs) -> CliResult {
     } else if args.grow {
         if args.bitmap.is_none() {
             return Err(
-                "--grow needs what to change: --raid-devices, --chunk, --layout, --level or --bitmap"
+                "--grow needs what to change: --raid-devices, --chunk, --layout, --level, --size or --bitmap"
                     .into(),
             );
         }
@@ -179,6 +189,17 @@ pub fn run(args: &ManageArgs) -> CliResult {
     let message = control::command(&args.control, &request)?;
     eprintln!("uraid: {message}");
     Ok(())
+}
+
+/// `max` (None) or a size as create's --size takes it, in sectors.
+fn parse_component_size(text: &str) -> Result<Option<u64>, String> {
+    if text == "max" {
+        return Ok(None);
+    }
+    match crate::units::parse_size_bytes(text)? {
+        0 => Err("size 0: give max or a size of at least one chunk".into()),
+        bytes => Ok(Some(bytes / crate::units::SECTOR_BYTES)),
+    }
 }
 
 /// The server may run in another directory: send it absolute paths.

@@ -50,6 +50,10 @@ pub enum Request {
         layout: Option<String>,
         chunk_bytes: Option<u64>,
     },
+    /// mdadm --grow --size: the component size in sectors, or None for max.
+    GrowSize {
+        size_sectors: Option<u64>,
+    },
     /// mdadm --replace DEV --with NEW.
     Replace {
         device: PathBuf,
@@ -297,6 +301,10 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
         } => match reshape_request(engine, raid_devices, level, layout, chunk_bytes)
             .and_then(|request| engine.start_reshape(&request))
         {
+            Ok(message) => Reply::Done { message },
+            Err(message) => Reply::Error { message },
+        },
+        Request::GrowSize { size_sectors } => match engine.grow_size(size_sectors) {
             Ok(message) => Reply::Done { message },
             Err(message) => Reply::Error { message },
         },

@@ -294,6 +294,34 @@ fn bitmap_daemon(weak: Weak<Engine>, mine: Weak<LiveBitmap>) {
 }
 
 impl Engine {
+    /// The array's size changed: the bitmap now covers `sync_size_sectors`
+    /// (md's resync unit), resized as md_bitmap_resize does (see
+    /// [`crate::format::bitmap::resized`]), written to every member and
+    /// taken live; the old one's daemon ends. Called with requests held
+    /// and the array locked, so no write races the swap.
+    pub(super) fn resize_bitmap(
+        self: &Arc<Engine>,
+        array: &Assembled,
+        sync_size_sectors: u64,
+    ) -> Result<(), String> {
+        let Some(old) = self.live_bitmap() else {
+            return Ok(());
+        };
+        let (bsb, bits) = {
+            let state = old.state.lock().unwrap();
+            crate::format::bitmap::resized(&state.0, &state.1, sync_size_sectors)
+        };
+        write_everywhere(array, &bsb, &bits).map_err(|e| e.to_string())?;
+        let mut live = LiveBitmap::load(array).ok_or("the resized bitmap does not read back")?;
+        // Trusted as the one it replaces was: the bits carried over are
+        // the same bits.
+        live.trusted = old.trusted;
+        old.stop.store(true, Ordering::SeqCst);
+        *self.bitmap.write().unwrap() = Some(Arc::new(live));
+        self.start_bitmap_daemon();
+        Ok(())
+    }
+
     /// `uraid manage --grow --bitmap internal|none` on a live array, as seed
     /// 001 does around a rebuild. Adding writes a bitmap with every bit set
     /// (the daemon clears quiet regions, as md does for a new bitmap) into

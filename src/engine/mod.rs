@@ -16,6 +16,7 @@ mod members;
 mod paritycache;
 mod readcache;
 mod reshape;
+mod resize;
 mod resync;
 mod schedule;
 mod staged;
@@ -83,8 +84,9 @@ pub struct Engine {
     /// `reshape_gate`), so a request reads it once per use and never
     /// sees two mappings.
     geometry: RwLock<Arc<Geometry>>,
-    /// Held shared by every request while a reshape may be under way, and
-    /// exclusively by the reshape job while it moves rows and the point.
+    /// Held shared by every request from start to end, and exclusively by
+    /// whatever changes the geometry: the reshape job while it moves rows
+    /// and the point, a size change while it swaps the bounds (resize.rs).
     reshape_gate: RwLock<()>,
     /// A reshape is running: requests take only the plain paths (no
     /// stripe-cache batches, staged writes, extents for the server to
@@ -451,6 +453,16 @@ impl Engine {
                 std::io::ErrorKind::InvalidInput,
                 format!(
                     "a request of {len} bytes at {offset} is not aligned to the members' {block}-byte blocks"
+                ),
+            ));
+        }
+        // A connection opened before a shrink still knows the old size.
+        if offset.saturating_add(len as u64) > self.size_bytes() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "a request of {len} bytes at {offset} ends past the array's {} bytes",
+                    self.size_bytes()
                 ),
             ));
         }
@@ -1128,6 +1140,7 @@ impl BlockBackend for Engine {
     }
 
     fn takes_staged_writes(&self, offset: u64, len: usize) -> bool {
+        let _gate = self.request_gate();
         self.check_aligned(offset, len).is_ok() && self.takes_staged(offset, len)
     }
 

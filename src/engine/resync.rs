@@ -72,7 +72,8 @@ pub enum Outcome {
 }
 
 pub struct SyncWorker {
-    /// Stripes of the geometry the jobs walk; a reshape's end changes it.
+    /// The stripes a job walks: changes with the array's size or at the
+    /// end of a reshape, never while a job runs.
     stripe_count: AtomicU64,
     action: Mutex<Option<SyncAction>>,
     /// The next stripe to process; shared with a rebuilding member's entry.
@@ -111,7 +112,8 @@ impl SyncWorker {
         })
     }
 
-    /// The geometry changed (a reshape ended): jobs walk this many stripes.
+    /// The array's size or shape changed: jobs walk `stripe_count` stripes
+    /// from now.
     pub fn set_stripe_count(&self, stripe_count: u64) {
         self.stripe_count.store(stripe_count, Ordering::SeqCst);
     }

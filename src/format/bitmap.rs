@@ -368,6 +368,42 @@ impl BitmapSuper {
     }
 }
 
+/// The bitmap of an array whose size (md's resync unit) becomes
+/// `sync_size_sectors`, as md_bitmap_resize makes it: the room is what the
+/// bitmap was given (`sectors_reserved`, or, as mdadm leaves it 0, the
+/// sectors the bitmap takes now), the chunk is kept if the new bits fit
+/// that room and doubled until they do otherwise. A set bit stays set over
+/// the sectors it covered, and every chunk of a grown region is set: md
+/// marks the new space as needing a resync. The room is recorded in
+/// `sectors_reserved`, as md's bitmap update writes it.
+pub fn resized(bsb: &BitmapSuper, bits: &Bitmap, sync_size_sectors: u64) -> (BitmapSuper, Bitmap) {
+    let room_sectors = match bsb.sectors_reserved {
+        0 => bsb.area_bytes().div_ceil(512),
+        reserved => u64::from(reserved),
+    };
+    let mut chunk_bytes = u64::from(bsb.chunk_bytes);
+    while area_bytes(sync_size_sectors, chunk_bytes) > room_sectors * 512 {
+        chunk_bytes *= 2;
+    }
+    let mut new_sb = bsb.clone();
+    new_sb.sync_size_sectors = sync_size_sectors;
+    new_sb.chunk_bytes = u32::try_from(chunk_bytes).expect("a bitmap chunk fits in 32 bits");
+    new_sb.sectors_reserved = u32::try_from(room_sectors).expect("the bitmap room fits in 32 bits");
+    let mut new_bits = Bitmap::new(new_sb.chunks(), false);
+    for chunk in bits.dirty_chunks() {
+        let covered = bsb.chunk_range_sectors(chunk);
+        for c in new_sb.chunks_touching(covered) {
+            new_bits.set(c);
+        }
+    }
+    if sync_size_sectors > bsb.sync_size_sectors {
+        for c in new_sb.chunks_touching(bsb.sync_size_sectors..sync_size_sectors) {
+            new_bits.set(c);
+        }
+    }
+    (new_sb, new_bits)
+}
+
 /// Number of bits for `sync_size_sectors` at `chunk_bytes` per bit (mdadm's
 /// `bitmap_bits`, the kernel's DIV_ROUND_UP of sectors by chunk sectors).
 pub fn bit_count(sync_size_sectors: u64, chunk_bytes: u64) -> u64 {
@@ -689,6 +725,41 @@ mod tests {
         let sb = sample();
         assert_eq!(sb.chunks(), 1);
         assert_eq!(sb.reserved_bytes(), 4096);
+    }
+
+    #[test]
+    fn resizing_keeps_the_chunk_while_it_fits_and_marks_the_new_region() {
+        // 64 MiB chunks over 1 GiB: 16 bits, well inside one sector.
+        let bsb = BitmapSuper::new([7; 16], 5, 2 << 20, 64 << 20);
+        let mut bits = Bitmap::new(bsb.chunks(), false);
+        bits.set(3);
+        let (grown, grown_bits) = resized(&bsb, &bits, 4 << 20);
+        assert_eq!(grown.chunk_bytes, 64 << 20);
+        assert_eq!(grown.sectors_reserved, 1);
+        assert_eq!(grown_bits.chunks(), 32);
+        let dirty: Vec<u64> = grown_bits.dirty_chunks().collect();
+        assert_eq!(dirty, [3].into_iter().chain(16..32).collect::<Vec<_>>());
+        // A shrink keeps what was set and marks nothing new.
+        let (shrunk, shrunk_bits) = resized(&bsb, &bits, 1 << 20);
+        assert_eq!(shrunk.chunk_bytes, 64 << 20);
+        assert_eq!(shrunk_bits.dirty_chunks().collect::<Vec<_>>(), [3]);
+    }
+
+    #[test]
+    fn resizing_doubles_the_chunk_until_the_bits_fit_their_room() {
+        // 4 KiB chunks over 8 MiB: 2048 bits, 256 + 256 bytes = 1 sector.
+        let bsb = BitmapSuper::new([7; 16], 5, 16 << 10, 4096);
+        let mut bits = Bitmap::new(bsb.chunks(), false);
+        bits.set(2047);
+        // Four times the size needs 1 KiB of bits: the chunk doubles twice.
+        let (grown, grown_bits) = resized(&bsb, &bits, 64 << 10);
+        assert_eq!(grown.chunk_bytes, 16384);
+        assert!(grown.area_bytes() <= 512);
+        assert_eq!(grown_bits.chunks(), 2048);
+        // The old last chunk (sector 16376..16384) now lies in chunk 511.
+        assert!(grown_bits.get(511));
+        assert!(!grown_bits.get(510));
+        assert!((512..2048).all(|c| grown_bits.get(c)));
     }
 
     #[test]

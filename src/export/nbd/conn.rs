@@ -92,7 +92,9 @@ pub(crate) fn run(shared: Arc<Shared>, sock: Sock, id: u64, peer: String) {
     let sock = Arc::new(sock);
     let mut reader = SockReader::new(&sock, shared.wake_fd());
     match handshake(&shared, &sock, &mut reader) {
-        Ok(Some(structured)) => transmission(&shared, &sock, reader, structured, &log),
+        Ok(Some((structured, size))) => {
+            transmission(&shared, &sock, reader, structured, size, &log)
+        }
         Ok(None) => {}
         // A client that leaves, or a server that stops, is not worth a log
         // line; a liveness probe (connect, then close) looks exactly so.
@@ -137,13 +139,16 @@ fn send_option_reply(
 }
 
 /// Negotiates until the client enters transmission (returns whether it
-/// negotiated structured replies), aborts (returns `None`), or breaks the
+/// negotiated structured replies, and the export size it was given), aborts (returns `None`), or breaks the
 /// protocol.
 fn handshake(
     shared: &Shared,
     sock: &Sock,
     reader: &mut SockReader,
-) -> Result<Option<bool>, ConnError> {
+) -> Result<Option<(bool, u64)>, ConnError> {
+    // Read once: what the client is told is what the connection enforces,
+    // even if the array's size changes during the handshake.
+    let size = shared.backend.size_bytes();
     let deadline = shared.options.handshake_timeout.map(|t| Instant::now() + t);
     let offered = proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES;
     send(shared, sock, &[&proto::encode_greeting(offered)])?;
@@ -201,13 +206,9 @@ fn handshake(
                 send(
                     shared,
                     sock,
-                    &[&proto::encode_export_name_reply(
-                        shared.backend.size_bytes(),
-                        flags,
-                        no_zeroes,
-                    )],
+                    &[&proto::encode_export_name_reply(size, flags, no_zeroes)],
                 )?;
-                return Ok(Some(structured));
+                return Ok(Some((structured, size)));
             }
             proto::OPT_ABORT => {
                 // The client may already have closed; a failed ACK is fine.
@@ -255,7 +256,7 @@ fn handshake(
                     )?;
                     continue;
                 }
-                send_export_info(shared, sock, option, &request, structured)?;
+                send_export_info(shared, sock, option, &request, structured, size)?;
                 if option == proto::OPT_GO
                     && options.require_block_size
                     && !request.wants(proto::INFO_BLOCK_SIZE)
@@ -266,7 +267,7 @@ fn handshake(
                 }
                 send_option_reply(shared, sock, option, proto::REP_ACK, &[])?;
                 if option == proto::OPT_GO {
-                    return Ok(Some(structured));
+                    return Ok(Some((structured, size)));
                 }
             }
             proto::OPT_STRUCTURED_REPLY => {
@@ -306,6 +307,7 @@ fn send_export_info(
     option: u32,
     request: &InfoRequest,
     structured: bool,
+    size: u64,
 ) -> Result<(), ConnError> {
     let export = &shared.export;
     let options = &shared.options;
@@ -315,7 +317,7 @@ fn send_export_info(
         sock,
         option,
         proto::REP_INFO,
-        &proto::encode_info_export(shared.backend.size_bytes(), flags),
+        &proto::encode_info_export(size, flags),
     )?;
     if request.wants(proto::INFO_NAME) {
         let info = proto::encode_info_string(proto::INFO_NAME, &options.export_name);
@@ -461,6 +463,7 @@ fn transmission(
     sock: &Arc<Sock>,
     reader: SockReader,
     structured: bool,
+    size: u64,
     log: &Log,
 ) {
     let options = &shared.options;
@@ -468,7 +471,7 @@ fn transmission(
     // ended) is offered whole to connections made since; one made before
     // keeps the size it was given, as NBD has no way to tell it.
     let params = TransmissionParams {
-        size: shared.backend.size_bytes(),
+        size,
         block_sizes: shared.export.block_sizes,
         transmission_flags: shared.export.transmission_flags(structured),
         structured_replies: structured,

@@ -72,8 +72,10 @@ impl Default for ServeOptions {
     }
 }
 
-/// What the server knows about its one export, fixed at `serve` time (its
-/// size is the backend's at each connection: an array can grow).
+/// What the server knows about its one export, fixed at `serve` time. The
+/// size is not: each connection asks the backend at its handshake, so that
+/// after an array grows a new connection sees the new size (NBD has no
+/// resize; a connection keeps the size it was given).
 pub(crate) struct ExportInfo {
     pub(crate) block_sizes: BlockSizes,
     pub(crate) read_only: bool,

@@ -12,7 +12,7 @@ use crate::geometry::Geometry;
 use crate::member::{FileMember, MemberRef, OpenOptions};
 use crate::units::SECTOR_BYTES;
 use std::path::Path;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Records how far the job `action` has rebuilt `role`, on the device it
@@ -495,7 +495,13 @@ impl Engine {
     /// md's hot spare: with a role missing and a spare present (and no other
     /// job running), rebuild the role onto the spare.
     pub(super) fn start_recovery_if_possible(self: &Arc<Engine>) {
-        if self.read_only || self.sync.action().is_some() || self.sync.is_closed() {
+        // md recovers nothing while it reshapes; the reshape's end calls
+        // this again.
+        if self.read_only
+            || self.sync.action().is_some()
+            || self.sync.is_closed()
+            || self.reshaping.load(Ordering::SeqCst)
+        {
             return;
         }
         // A member left half-rebuilt goes first: it is part way there.

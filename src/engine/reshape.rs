@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 /// At most this much array data moves in one window: the time requests
 /// wait for a window, and the superblock writes per byte moved.
-const WINDOW_BYTES_MAX: u64 = 8 << 20;
+const WINDOW_BYTES_MAX: u64 = 4 << 20;
 
 /// The running job, for status and for stopping it.
 #[derive(Default)]

@@ -79,6 +79,30 @@ fn assert_consistent(paths: &[PathBuf]) {
     );
 }
 
+/// One random write of up to `max_sectors`, applied to `image` too.
+fn write_random(
+    engine: &Engine,
+    rng: &mut rand::rngs::StdRng,
+    image: &mut [u8],
+    max_sectors: usize,
+) {
+    let len = rng.gen_range(1..max_sectors) * 512;
+    let at = rng.gen_range(0..(image.len() - len) / 512) * 512;
+    let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+    engine.write(at as u64, &data, false).unwrap();
+    image[at..at + len].copy_from_slice(&data);
+}
+
+/// Lets the reshape run at full speed to its end, then reads the array's
+/// first `image.len()` bytes back.
+fn finish_and_compare(engine: &Arc<Engine>, image: &[u8], what: &str) {
+    engine.set_speed_limits(None, Some(200_000));
+    wait_reshaped(engine);
+    let mut back = vec![0u8; image.len()];
+    engine.read(0, &mut back).unwrap();
+    assert!(back == image, "{what}: bytes changed by the reshape");
+}
+
 #[test]
 fn a_grow_keeps_every_byte_and_ends_in_the_new_geometry() {
     for (level, disks, chunk_kib, request) in [
@@ -121,32 +145,21 @@ fn a_grow_keeps_every_byte_and_ends_in_the_new_geometry() {
     ] {
         let dir = tempfile::tempdir().unwrap();
         let spares = request.raid_devices.map_or(0, |n| n - disks);
-        let paths = array_with_spares(dir.path(), level, disks, spares, chunk_kib, 24);
+        let paths = array_with_spares(dir.path(), level, disks, spares, chunk_kib, 12);
         let engine =
             Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
         let old_size = engine.size_bytes() as usize;
         let mut image = random_image(old_size, 7);
         engine.write(0, &image, false).unwrap();
-        engine.set_speed_limits(Some(1000), Some(4000));
+        engine.set_speed_limits(Some(1000), Some(8000));
         engine.start_reshape(&request).unwrap();
         // Writes while it moves, on both sides of the point.
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
         while engine.geometry().reshaping().is_some() {
-            let len = rng.gen_range(1..64) * 512;
-            let at = rng.gen_range(0..(old_size - len) / 512) * 512;
-            let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
-            engine.write(at as u64, &data, false).unwrap();
-            image[at..at + len].copy_from_slice(&data);
+            write_random(&engine, &mut rng, &mut image, 64);
             std::thread::sleep(Duration::from_millis(1));
         }
-        engine.set_speed_limits(None, Some(200_000));
-        wait_reshaped(&engine);
-        let mut back = vec![0u8; old_size];
-        engine.read(0, &mut back).unwrap();
-        assert!(
-            back == image,
-            "{level} {request:?}: bytes changed by the reshape"
-        );
+        finish_and_compare(&engine, &image, &format!("{level} {request:?}"));
         let new_size = engine.size_bytes() as usize;
         assert!(new_size >= old_size);
         let mut tail = vec![0u8; new_size - old_size];
@@ -159,4 +172,61 @@ fn a_grow_keeps_every_byte_and_ends_in_the_new_geometry() {
         assert!(array.geometry.reshaping().is_none());
         assert_eq!(array.geometry.array_sectors() as usize * 512, new_size);
     }
+}
+
+#[test]
+fn a_member_failing_mid_reshape_loses_nothing_and_is_rebuilt_after() {
+    let dir = tempfile::tempdir().unwrap();
+    // raid6 5 -> 6, one spare for the new role and one for the failure.
+    let paths = array_with_spares(dir.path(), Level::Raid6, 5, 2, 32, 16);
+    let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+    let old_size = engine.size_bytes() as usize;
+    let mut image = random_image(old_size, 21);
+    engine.write(0, &image, false).unwrap();
+    engine.set_speed_limits(Some(1000), Some(4000));
+    engine
+        .start_reshape(&ReshapeRequest {
+            raid_devices: Some(6),
+            ..Default::default()
+        })
+        .unwrap();
+    // Once the point has moved, a member fails (md goes on degraded).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while engine
+        .geometry()
+        .reshaping()
+        .is_some_and(|r| r.position_sectors() == 0)
+    {
+        assert!(Instant::now() < deadline, "the reshape does not move");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    engine.fail_member(2, "failed by the test");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    for _ in 0..200 {
+        write_random(&engine, &mut rng, &mut image, 32);
+    }
+    finish_and_compare(&engine, &image, "a member lost mid-reshape");
+    // The spare takes the failed role once the reshape has ended.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !engine.snapshot().missing_roles.is_empty() || engine.snapshot().sync.is_some() {
+        assert!(Instant::now() < deadline, "{:?}", engine.snapshot().events);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let snapshot = engine.snapshot();
+    assert!(snapshot.missing_roles.is_empty(), "{:?}", snapshot.events);
+    // md recovers nothing while it reshapes: the recovery starts after.
+    let events: Vec<&str> = snapshot.events.iter().map(|e| e.event.as_str()).collect();
+    let reshaped = snapshot
+        .events
+        .iter()
+        .position(|e| e.event == "RebuildFinished" && e.detail == "reshape");
+    let recovered = snapshot
+        .events
+        .iter()
+        .rposition(|e| e.event == "SpareActive");
+    assert!(reshaped.is_some() && recovered > reshaped, "{events:?}");
+    assert!(!events.contains(&"RebuildFailed"), "{events:?}");
+    engine.shutdown().unwrap();
+    drop(engine);
+    assert_consistent(&paths);
 }

@@ -680,6 +680,13 @@ fn reshape_refusals() {
     reshape_refused(&served, &members, &["--raid-devices", "5"], "needs 1 spare");
     reshape_refused(&served, &members, &["--raid-devices", "3"], "backwards");
     reshape_refused(&served, &members, &["--level", "6"], "not supported");
+    reshape_refused(&served, &members, &["--level", "4"], "parity-last");
+    reshape_refused(
+        &served,
+        &members,
+        &["--level", "4", "--chunk", "128K"],
+        "two commands",
+    );
     reshape_refused(
         &served,
         &members,

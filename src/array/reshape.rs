@@ -192,7 +192,7 @@ pub fn plan_reshape(ctx: &ReshapeContext, request: &ReshapeRequest) -> Result<Re
         let name = Level::from_md_number(new_level)
             .map_or("an unknown level".to_string(), |l| l.to_string());
         return Err(format!(
-            "changing {level} to {name} is not supported by uraid yet (only the member count, chunk and layout of raid4/5/6)"
+            "changing {level} to {name} is not supported by uraid yet (only raid4 to raid5 and back, and the member count, chunk and layout of raid4/5/6)"
         ));
     }
     if ctx.sb.feature_map & crate::format::MD_FEATURE_JOURNAL != 0 {
@@ -274,4 +274,48 @@ pub fn plan_reshape(ctx: &ReshapeContext, request: &ReshapeRequest) -> Result<Re
         new_offset_sectors: -(shift as i64),
         spares_needed,
     })
+}
+
+/// A level change md makes in place, without moving data (a takeover):
+/// raid4 and raid5 with its parity-last layout lay the array out alike
+/// (raid5.c's ALGORITHM_PARITY_N), so only the superblocks change. `None`
+/// when `request` is not such a change; the new parameters, or why not.
+pub fn plan_takeover(
+    ctx: &ReshapeContext,
+    request: &ReshapeRequest,
+) -> Option<Result<GeometryParams, String>> {
+    let old = &ctx.params;
+    let new_level = Level::from_md_number(request.level?)?;
+    let parity_last = crate::geometry::PARITY_N;
+    let layout = match (old.level, new_level) {
+        (Level::Raid4, Level::Raid5) => parity_last,
+        (Level::Raid5, Level::Raid4) => 0,
+        _ => return None,
+    };
+    let plan = || {
+        if let Some(busy) = &ctx.busy {
+            return Err(format!("cannot change the level while {busy} (md: EBUSY)"));
+        }
+        let same_shape = request.raid_devices.is_none_or(|n| n == old.raid_disks)
+            && request.chunk_sectors.is_none_or(|c| c == old.chunk_sectors)
+            && request.layout.is_none_or(|l| l == parity_last);
+        if !same_shape {
+            return Err(format!(
+                "change the level ({} to {new_level}) and the shape in two commands: the level first",
+                old.level
+            ));
+        }
+        if old.level == Level::Raid5 && old.layout != parity_last {
+            return Err(
+                "a raid5 becomes raid4 only with the parity-last layout: change it first (--grow --layout parity-last)"
+                    .into(),
+            );
+        }
+        Ok(GeometryParams {
+            level: new_level,
+            layout,
+            ..old.clone()
+        })
+    };
+    Some(plan())
 }

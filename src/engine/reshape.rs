@@ -26,8 +26,8 @@
 use super::resync::{SyncAction, SyncProgress, Throttle};
 use super::{Engine, MemberEntry};
 use crate::array::{
-    lowest_data_offset, plan_reshape, write_array_state, Cleanliness, DeviceState, MemberRoom,
-    ReshapeContext, ReshapePlan, ReshapeRequest,
+    lowest_data_offset, plan_reshape, plan_takeover, DeviceState, MemberRoom, ReshapeContext,
+    ReshapePlan, ReshapeRequest,
 };
 use crate::format::{MD_FEATURE_NEW_OFFSET, MD_FEATURE_RESHAPE_ACTIVE};
 use crate::geometry::{Geometry, GeometryParams, ReshapePoint, Reshaping};
@@ -102,6 +102,11 @@ impl Engine {
                 degraded: !array.missing_roles().is_empty(),
                 busy,
             };
+            if let Some(takeover) = plan_takeover(&ctx, request) {
+                let params = takeover?;
+                drop(array);
+                return self.take_over(params);
+            }
             plan_reshape(&ctx, request)?
         };
         let gate = self.reshape_gate.write().unwrap();
@@ -122,6 +127,30 @@ impl Engine {
             crate::geometry::layout_name(plan.new.level, plan.new.layout)
                 .unwrap_or_else(|| plan.new.layout.to_string())
         ))
+    }
+
+    /// Changes the level without moving data (`plan_takeover`): the new
+    /// geometry maps every sector where the old one did, so it is swapped
+    /// in under the gate and recorded, as md's takeover does.
+    fn take_over(&self, params: GeometryParams) -> Result<String, String> {
+        let geometry = Geometry::new(&params).map_err(|e| e.to_string())?;
+        let _gate = self.reshape_gate.write().unwrap();
+        // Batches and hot parity are keyed by stripe, which stays; they
+        // are written out all the same so that nothing straddles the swap.
+        self.write_out_cache().map_err(|e| e.to_string())?;
+        let mut array = self.array.lock().unwrap();
+        let old = array.geometry.level();
+        array.sb.level = params.level.md_number();
+        array.sb.layout = params.layout;
+        array.sb.new_level = array.sb.level;
+        array.sb.new_layout = array.sb.layout;
+        self.install(&mut array, geometry);
+        self.write_state_locked(&mut array, self.active_state())
+            .map_err(|e| e.to_string())?;
+        drop(array);
+        self.events
+            .push("SettingChanged", "", &format!("level={}", params.level));
+        Ok(format!("level changed from {old} to {}", params.level))
     }
 
     /// Requests from here on take the plain paths. Called with the gate
@@ -190,7 +219,8 @@ impl Engine {
         sb.raid_disks = plan.new.raid_disks;
         let geometry = reshaping_at(&array, plan.old.clone(), plan.new.clone(), 0)?;
         self.install(&mut array, geometry);
-        write_array_state(&mut array, Cleanliness::Dirty).map_err(|e| e.to_string())
+        self.write_state_locked(&mut array, self.active_state())
+            .map_err(|e| e.to_string())
     }
 
     /// Makes `geometry` the engine's and the array's, with each member's
@@ -387,7 +417,8 @@ impl Engine {
     fn checkpoint(&self, position: u64) -> Result<(), String> {
         let mut array = self.array.lock().unwrap();
         array.sb.reshape_position_sectors = position;
-        write_array_state(&mut array, Cleanliness::Dirty).map_err(|e| e.to_string())
+        self.write_state_locked(&mut array, self.active_state())
+            .map_err(|e| e.to_string())
     }
 
     /// The last window is in place: the new geometry becomes the array's
@@ -421,7 +452,8 @@ impl Engine {
         let geometry = Geometry::new(&new_params).map_err(|e| e.to_string())?;
         self.install(&mut array, geometry);
         self.sync.set_stripe_count(self.geometry().stripe_count());
-        write_array_state(&mut array, Cleanliness::Dirty).map_err(|e| e.to_string())?;
+        self.write_state_locked(&mut array, self.active_state())
+            .map_err(|e| e.to_string())?;
         drop(array);
         self.reshaping.store(false, Ordering::SeqCst);
         self.events.push("RebuildFinished", "", "reshape");

@@ -716,6 +716,12 @@ fn reshape_refusals() {
         "r1-",
         &["--level", "1", "--raid-devices", "4"],
         &["--raid-devices", "3"],
+        "fail and remove members first",
+    );
+    refused_as_created(
+        "r10-",
+        &["--level", "10", "--raid-devices", "4"],
+        &["--raid-devices", "5"],
         "raid4/5/6",
     );
     refused_as_created(

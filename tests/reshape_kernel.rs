@@ -378,10 +378,11 @@ fn uraid_array(
         level,
         "--raid-devices",
         &disks_arg,
-        "--chunk",
-        chunk,
         "--assume-clean",
     ];
+    if !chunk.is_empty() {
+        args.extend_from_slice(&["--chunk", chunk]);
+    }
     args.extend_from_slice(&all[..disks]);
     uraid_ok(&args);
     let served = serve(dir, &[], &all[..disks]);
@@ -442,7 +443,7 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
         &'static [&'static str],
         &'static str,
     );
-    let runs: [Run; 5] = [
+    let runs: [Run; 6] = [
         (
             "r5add",
             "raid5",
@@ -489,6 +490,16 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
             &["--level", "5"],
             "raid5 4 64 5",
         ),
+        // A raid1 grows at once; the spare is recovered into the new role.
+        (
+            "r1add",
+            "raid1",
+            2,
+            1,
+            "",
+            &["--raid-devices", "3"],
+            "raid1 3 0 0",
+        ),
     ];
     for (i, (name, level, disks, spares, chunk, change, md_shape)) in runs.iter().enumerate() {
         let (files, served, pattern) =
@@ -498,7 +509,8 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
         grow.extend_from_slice(change);
         manage_ok(&served.control, &grow);
         let status = array_status(&served.control);
-        let takeover = change[0] == "--level";
+        // A takeover and a raid1's new count take effect at once.
+        let takeover = change[0] == "--level" || *level == "raid1";
         assert_eq!(
             status["mdstat"].as_str().unwrap().contains("reshape ="),
             !takeover,

@@ -102,6 +102,11 @@ impl Engine {
                 degraded: !array.missing_roles().is_empty(),
                 busy,
             };
+            if ctx.params.level == crate::geometry::Level::Raid1 {
+                let count = mirror_count(&ctx, request)?;
+                drop(array);
+                return self.change_mirror_count(count);
+            }
             if let Some(takeover) = plan_takeover(&ctx, request) {
                 let params = takeover?;
                 drop(array);
@@ -151,6 +156,55 @@ impl Engine {
         self.events
             .push("SettingChanged", "", &format!("level={}", params.level));
         Ok(format!("level changed from {old} to {}", params.level))
+    }
+
+    /// A raid1's member count (md's raid1_reshape): immediate, no data
+    /// moves. Growing adds empty roles, which spares then recover; a
+    /// shrink packs the members in use into the lowest roles (every copy
+    /// holds the same bytes) and needs no more of them than roles left.
+    fn change_mirror_count(self: &Arc<Engine>, count: u32) -> Result<String, String> {
+        let count = count as usize;
+        let gate = self.reshape_gate.write().unwrap();
+        let mut array = self.array.lock().unwrap();
+        let old = array.slots.len();
+        let active: Vec<usize> = (0..array.devices.len())
+            .filter(|&i| matches!(array.devices[i].state, DeviceState::Active { .. }))
+            .collect();
+        if active.len() > count {
+            return Err(format!(
+                "{} members are in use and {count} roles would be left: fail and remove members first (md: EBUSY)",
+                active.len()
+            ));
+        }
+        let mut order = active.clone();
+        order.sort_by_key(|&i| match array.devices[i].state {
+            DeviceState::Active { role } => role,
+            _ => unreachable!("active devices only"),
+        });
+        let mut slots = vec![None; count];
+        for (new_role, &i) in order.iter().enumerate() {
+            let device = &mut array.devices[i];
+            device.state = DeviceState::Active { role: new_role };
+            slots[new_role] = Some(super::members::slot_of(device));
+        }
+        array.slots = slots;
+        array.sb.raid_disks = count as u32;
+        let params = GeometryParams {
+            raid_disks: count as u32,
+            ..params_of(&array.sb, &array.geometry)
+        };
+        let geometry = Geometry::new(&params).map_err(|e| e.to_string())?;
+        self.install(&mut array, geometry);
+        self.sync.set_stripe_count(self.geometry().stripe_count());
+        self.write_state_locked(&mut array, self.active_state())
+            .map_err(|e| e.to_string())?;
+        drop(array);
+        drop(gate);
+        self.events
+            .push("SettingChanged", "", &format!("raid_disks={count}"));
+        // New roles are missing: spares take them, as after a failure.
+        self.start_recovery_if_possible();
+        Ok(format!("raid1 members: {old} -> {count}"))
     }
 
     /// Requests from here on take the plain paths. Called with the gate
@@ -677,4 +731,30 @@ pub(super) fn check_resumable(array: &crate::array::Assembled) -> Result<(), Str
         )),
         None => Ok(()),
     }
+}
+
+/// The member count a raid1 request asks for: md changes nothing else of
+/// a raid1 (no chunk, no layout) and refuses while a job runs.
+fn mirror_count(ctx: &ReshapeContext, request: &ReshapeRequest) -> Result<u32, String> {
+    if let Some(busy) = &ctx.busy {
+        return Err(format!(
+            "cannot change the member count while {busy} (md: EBUSY)"
+        ));
+    }
+    let Some(count) = request.raid_devices else {
+        return Err("a raid1 changes only its member count (--raid-devices)".into());
+    };
+    if request.level.is_some_and(|l| l != 1)
+        || request.layout.is_some()
+        || request.chunk_sectors.is_some()
+    {
+        return Err("a raid1 changes only its member count (--raid-devices); changing its level is not supported yet".into());
+    }
+    if count == 0 {
+        return Err("a raid1 needs at least one member".into());
+    }
+    if count == ctx.params.raid_disks {
+        return Err("nothing to change: the array already has that shape".into());
+    }
+    Ok(count)
 }

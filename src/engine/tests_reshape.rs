@@ -31,7 +31,7 @@ fn array_with_spares(
     let options = CreateOptions {
         level,
         raid_disks: disks,
-        chunk_bytes: Some(chunk_kib * 1024),
+        chunk_bytes: (chunk_kib > 0).then_some(chunk_kib * 1024),
         layout: None,
         metadata: Metadata::V1_2,
         assume_clean: true,
@@ -229,4 +229,42 @@ fn a_member_failing_mid_reshape_loses_nothing_and_is_rebuilt_after() {
     engine.shutdown().unwrap();
     drop(engine);
     assert_consistent(&paths);
+}
+
+#[test]
+fn a_raid1_shrinks_by_packing_its_members_and_assembles_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = array_with_spares(dir.path(), Level::Raid1, 3, 0, 0, 8);
+    let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+    let image = random_image(engine.size_bytes() as usize, 31);
+    engine.write(0, &image, false).unwrap();
+    // The member in role 0 leaves: roles 1 and 2 become 0 and 1.
+    engine.manage_fail(&paths[0]).unwrap();
+    engine.manage_remove(&paths[0]).unwrap();
+    let two = ReshapeRequest {
+        raid_devices: Some(2),
+        ..Default::default()
+    };
+    engine.start_reshape(&two).unwrap();
+    let snapshot = engine.snapshot();
+    assert!(snapshot.missing_roles.is_empty(), "{:?}", snapshot.events);
+    let mut back = vec![0u8; image.len()];
+    engine.read(0, &mut back).unwrap();
+    assert!(back == image, "bytes changed by the shrink");
+    engine.shutdown().unwrap();
+    drop(engine);
+    let array = assemble(&paths[1..], false).unwrap();
+    assert_eq!(array.geometry.raid_disks(), 2);
+    assert!(array.missing_roles().is_empty());
+    assert_eq!(
+        array
+            .devices
+            .iter()
+            .map(|d| d.state.clone())
+            .collect::<Vec<_>>(),
+        vec![
+            DeviceState::Active { role: 0 },
+            DeviceState::Active { role: 1 }
+        ]
+    );
 }

@@ -268,3 +268,68 @@ fn a_raid1_shrinks_by_packing_its_members_and_assembles_so() {
         ]
     );
 }
+
+/// Drops the engine as a crash would (no shutdown: no clean state, the
+/// reshape's point only as the last window recorded it) and waits for
+/// its threads to let go.
+fn crash(engine: Arc<Engine>) {
+    let weak = Arc::downgrade(&engine);
+    drop(engine);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while weak.strong_count() > 0 {
+        assert!(Instant::now() < deadline, "the engine outlives its drop");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_reshape_crashed_at_random_points_resumes_and_keeps_every_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = array_with_spares(dir.path(), Level::Raid5, 4, 1, 32, 12);
+    let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+    let old_size = engine.size_bytes() as usize;
+    let mut image = random_image(old_size, 41);
+    engine.write(0, &image, false).unwrap();
+    engine.set_speed_limits(Some(1000), Some(6000));
+    engine
+        .start_reshape(&ReshapeRequest {
+            raid_devices: Some(5),
+            ..Default::default()
+        })
+        .unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(43);
+    let mut engine = engine;
+    let mut crashes = 0;
+    while engine.geometry().reshaping().is_some() && crashes < 6 {
+        // Writes acknowledged before the crash must survive it.
+        for _ in 0..rng.gen_range(5..40) {
+            write_random(&engine, &mut rng, &mut image, 32);
+        }
+        std::thread::sleep(Duration::from_millis(rng.gen_range(10..200)));
+        crash(engine);
+        crashes += 1;
+        let array = assemble(&paths, true).unwrap();
+        engine = Engine::start(array, EngineOptions::default()).unwrap();
+        engine.set_speed_limits(Some(1000), Some(6000));
+    }
+    assert!(
+        crashes >= 2,
+        "the reshape ended before it could be crashed twice"
+    );
+    finish_and_compare(&engine, &image, "crashed reshape");
+    // The crash left the array unclean: a resync follows the reshape.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while engine.snapshot().sync.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the resync after the reshape did not end"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    engine.shutdown().unwrap();
+    drop(engine);
+    assert_consistent(&paths);
+    let array = assemble(&paths, false).unwrap();
+    assert!(array.geometry.reshaping().is_none());
+    assert_eq!(array.geometry.raid_disks(), 5);
+}

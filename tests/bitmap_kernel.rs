@@ -136,21 +136,6 @@ fn bitmap_fields(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// The lines of mdadm --examine that uraid examine must print identically
-/// (as in tests/kernel_md.rs: without the device, the name and the
-/// "local to host" note).
-fn examine_fields(examine: &str) -> Vec<String> {
-    examine
-        .lines()
-        .skip_while(|l| !l.contains("Magic :"))
-        .filter(|l| !l.contains("Name :"))
-        .map(|l| match l.find(" (local to host") {
-            Some(at) => l[..at].to_string(),
-            None => l.trim_end().to_string(),
-        })
-        .collect()
-}
-
 fn uraid_text(args: &[&str]) -> String {
     String::from_utf8_lossy(&uraid_ok(args).stdout).to_string()
 }
@@ -299,7 +284,7 @@ fn compare_with_mdadm(name: &str, member: &str, save: &Path, failures: &mut Vec<
     }
     let mdadm_examine = read("examine").unwrap_or_default();
     let ours = uraid_text(&["examine", member]);
-    if examine_fields(&mdadm_examine) != examine_fields(&ours) {
+    if examine_comparable(&mdadm_examine) != examine_comparable(&ours) {
         failures.push(format!(
             "{name}: examine differs\n--- mdadm\n{mdadm_examine}\n--- uraid\n{ours}"
         ));

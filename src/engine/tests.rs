@@ -112,7 +112,9 @@ fn hammer_onto(
     }
 }
 
-fn check_consistent(paths: &[PathBuf]) {
+/// Every stripe's redundancy agrees with its data (also used by the
+/// reshape tests).
+pub(super) fn check_consistent(paths: &[PathBuf]) {
     let array = assemble(paths, false).unwrap();
     let report = resync(
         &array.geometry,

@@ -3,7 +3,7 @@
 //! format with consistent parity.
 
 use super::*;
-use crate::array::{assemble, create, resync, CreateOptions, MemberSpec, ReshapeRequest};
+use crate::array::{assemble, create, CreateOptions, MemberSpec, ReshapeRequest};
 use crate::format::Metadata;
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
@@ -60,23 +60,6 @@ fn wait_reshaped(engine: &Arc<Engine>) {
 fn random_image(len: usize, seed: u64) -> Vec<u8> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     (0..len).map(|_| rng.gen()).collect()
-}
-
-/// Every stripe's parity agrees with its data.
-fn assert_consistent(paths: &[PathBuf]) {
-    let array = assemble(paths, false).unwrap();
-    let report = resync(
-        &array.geometry,
-        &array.slots,
-        0..array.geometry.stripe_count(),
-        false,
-        |_| {},
-    )
-    .unwrap();
-    assert_eq!(
-        report.mismatch_sectors, 0,
-        "parity disagrees after the reshape"
-    );
 }
 
 /// One random write of up to `max_sectors`, applied to `image` too.
@@ -167,7 +150,7 @@ fn a_grow_keeps_every_byte_and_ends_in_the_new_geometry() {
         assert!(tail.iter().all(|b| *b == 0), "the grown part reads zeroes");
         engine.shutdown().unwrap();
         drop(engine);
-        assert_consistent(&paths);
+        super::tests::check_consistent(&paths);
         let array = assemble(&paths, false).unwrap();
         assert!(array.geometry.reshaping().is_none());
         assert_eq!(array.geometry.array_sectors() as usize * 512, new_size);
@@ -228,7 +211,7 @@ fn a_member_failing_mid_reshape_loses_nothing_and_is_rebuilt_after() {
     assert!(!events.contains(&"RebuildFailed"), "{events:?}");
     engine.shutdown().unwrap();
     drop(engine);
-    assert_consistent(&paths);
+    super::tests::check_consistent(&paths);
 }
 
 #[test]
@@ -328,7 +311,7 @@ fn a_reshape_crashed_at_random_points_resumes_and_keeps_every_byte() {
     }
     engine.shutdown().unwrap();
     drop(engine);
-    assert_consistent(&paths);
+    super::tests::check_consistent(&paths);
     let array = assemble(&paths, false).unwrap();
     assert!(array.geometry.reshaping().is_none());
     assert_eq!(array.geometry.raid_disks(), 5);

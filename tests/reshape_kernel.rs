@@ -16,9 +16,8 @@
 //!   included; `uraid detail` says "reshaping" with md's Delta Devices and
 //!   New Layout/Chunksize;
 //! - `uraid serve --read-only` serves the array mid-reshape, each sector
-//!   from its side of the point; one uraid cannot continue (md rebuilding
-//!   the new member of a raid5-to-raid6 along with the reshape) is refused
-//!   in one line.
+//!   from its side of the point, the new member of a raid5-to-raid6 (which
+//!   md rebuilds along with the reshape) only on the done side.
 
 mod common;
 use common::*;
@@ -305,31 +304,22 @@ fn kernel_mid_reshape_arrays_read_as_the_kernel_reads_them() {
             "{name}"
         );
 
-        if case.name == "r5to6" {
-            // md rebuilds the new Q member along with the reshape, which
-            // uraid does not continue: refused in one line, nothing written.
-            let sock = format!("unix:{}/{name}.sock", dir.display());
-            let mut serve = vec!["serve", "--nbd", sock.as_str()];
-            serve.extend_from_slice(&all);
-            let refusal = uraid_refused(&serve);
-            assert!(refusal.contains("cannot continue it"), "{name}: {refusal}");
-        } else {
-            // Served read-only, the array stays mid-reshape and NBD reads
-            // map each sector by its side of the point.
-            let served = serve(dir, &["--read-only"], &all);
-            let status = array_status(&served.control);
-            assert!(
-                status["mdstat"].as_str().unwrap().contains("reshape ="),
-                "{name}: {}",
-                status["mdstat"]
-            );
-            assert_same_bytes(
-                &nbdcopy_out(served.uri(), dir),
-                &kernel_read,
-                &format!("{name}: served read-only"),
-            );
-            served.stop();
-        }
+        // Served read-only, the array stays mid-reshape and NBD reads map
+        // each sector by its side of the point (for raid5-to-raid6, the
+        // new Q member serves only the done side).
+        let served = serve(dir, &["--read-only"], &all);
+        let status = array_status(&served.control);
+        assert!(
+            status["mdstat"].as_str().unwrap().contains("reshape ="),
+            "{name}: {}",
+            status["mdstat"]
+        );
+        assert_same_bytes(
+            &nbdcopy_out(served.uri(), dir),
+            &kernel_read,
+            &format!("{name}: served read-only"),
+        );
+        served.stop();
         let after = String::from_utf8(uraid_ok(&["examine", all[0]]).stdout).unwrap();
         assert_eq!(ours, after, "{name}: serving changed the superblock");
     }
@@ -395,6 +385,18 @@ fn uraid_array(
         manage_ok(&served.control, &["--add", spare]);
     }
     (files, served, pattern)
+}
+
+/// Waits for the reshape's RebuildFinished event (it follows the moment
+/// status stops showing the reshape).
+fn wait_finished(served: &Served) -> serde_json::Value {
+    wait_reshaped(served);
+    wait_status(
+        &served.control,
+        "the reshape's RebuildFinished event",
+        Duration::from_secs(10),
+        |s| status_events(s).iter().any(|e| e.0 == "RebuildFinished"),
+    )
 }
 
 fn wait_reshaped(served: &Served) -> serde_json::Value {
@@ -661,10 +663,16 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
         shape: shape("raid5", 5, 64, 2),
     });
 
-    // The kernel assembles each: it finishes what is left, reads the same
-    // bytes, has the new shape, and finds parity consistent.
+    kernel_agrees(&grown, dir);
+}
+
+/// The kernel assembles each array: it finishes what is left, reads the
+/// same bytes, has the new shape, and finds redundancy consistent (raid0
+/// has none to check).
+fn kernel_agrees(grown: &[Grown], dir: &Path) {
+    let d = dir.display();
     let mut script = String::from("export MDADM_NO_SYSTEMCTL=1\n");
-    for g in &grown {
+    for g in grown {
         let name = &g.name;
         script.push_str(&losetup_lines(&g.members));
         let _ = writeln!(
@@ -672,13 +680,15 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
             "mdadm --assemble /dev/md0 --run \"${{L[@]}}\" >{d}/{name}.assemble 2>&1 || echo \"ASSEMBLE {name} failed\"\n\
              echo 200000 > /proc/sys/dev/raid/speed_limit_max\n\
              mdadm --wait /dev/md0 >/dev/null 2>&1 || true\n\
-             while grep -q reshape /proc/mdstat; do sleep 0.5; done\n\
+             while grep -qE 'reshape|recovery' /proc/mdstat; do sleep 0.5; done\n\
              md=/sys/block/md0/md\n\
              echo \"SHAPE {name} $(cat $md/level) $(cat $md/raid_disks) $(cat $md/chunk_size) $(cat $md/layout)\"\n\
              cmp /dev/md0 {} >/dev/null 2>&1 && echo \"CMP {name} same\" || echo \"CMP {name} differs\"\n\
+             if [ -e $md/sync_action ] && [ \"$(cat $md/level)\" != raid0 ]; then\n\
              echo check > $md/sync_action; sleep 0.2; mdadm --wait /dev/md0 >/dev/null 2>&1 || true\n\
              while [ \"$(cat $md/sync_action)\" != idle ]; do sleep 0.2; done\n\
              echo \"MISMATCH {name} $(cat $md/mismatch_cnt)\"\n\
+             else echo \"MISMATCH {name} 0\"; fi\n\
              mdadm --stop /dev/md0 >/dev/null\n\
              for l in \"${{L[@]}}\"; do losetup -d \"$l\"; done",
             g.expected.display()
@@ -690,7 +700,7 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
         results(&out, "CMP"),
         results(&out, "MISMATCH"),
     );
-    for g in &grown {
+    for g in grown {
         let name = &g.name;
         assert_eq!(
             shapes.get(name),
@@ -708,4 +718,240 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
             "{name}: md's check\n{out}"
         );
     }
+}
+
+/// Level changes uraid runs while a client writes, each as mdadm chains
+/// them (a takeover, a restripe, a takeover), checked by the kernel:
+/// same bytes, md's shape, no mismatch. A raid5-to-raid6 restripe, which
+/// rebuilds the new Q member along with it, is handed over both ways:
+/// uraid killed in it, the kernel finishes it (and uraid, on a copy);
+/// the kernel stopped in it, uraid finishes it.
+#[test]
+fn uraid_changes_levels_while_serving_and_hands_over() {
+    let dir = scratch("reshape-levels");
+    let dir = dir.path();
+    let mut grown: Vec<Grown> = Vec::new();
+
+    // The kernel's raid5-to-raid6, stopped midway: uraid serve finishes
+    // it, and reads what md read mid-way.
+    std::fs::write(dir.join("pattern"), random_bytes(19, 300 * MIB)).unwrap();
+    std::fs::write(dir.join("during"), random_bytes(20, DURING_LEN)).unwrap();
+    let case = cases().into_iter().find(|c| c.name == "r5to6").unwrap();
+    let kfiles = sparse_files(dir, "r5to6.", &vec![MEMBER_BYTES; case.members]);
+    let script = format!(
+        "export MDADM_NO_SYSTEMCTL=1\n{}",
+        guest_lines(&case, dir, &kfiles)
+    );
+    in_kernel(&script, 300);
+    let kernel_read = std::fs::read(dir.join("r5to6.kernel-read")).unwrap();
+    let served = serve(dir, &[], &paths(&kfiles));
+    let status = wait_finished(&served);
+    assert!(status_whole_and_idle(&status), "{status}");
+    assert_same_bytes(
+        &nbdcopy_out(served.uri(), dir),
+        &kernel_read,
+        "r5to6: finished by uraid",
+    );
+    served.stop();
+    grown.push(Grown {
+        name: "k5to6".into(),
+        expected: dir.join("r5to6.kernel-read"),
+        members: kfiles,
+        shape: shape("raid6", 5, 64, 2),
+    });
+
+    // (name, level, members, spares, chunk, change, members the result
+    // keeps, md's shape after)
+    type Run = (
+        &'static str,
+        &'static str,
+        usize,
+        usize,
+        &'static str,
+        &'static [&'static str],
+        usize,
+        &'static str,
+    );
+    let runs: [Run; 7] = [
+        (
+            "r5to6",
+            "raid5",
+            4,
+            1,
+            "64K",
+            &["--level", "6"],
+            5,
+            "raid6 5 64 2",
+        ),
+        (
+            "r6to5",
+            "raid6",
+            5,
+            0,
+            "64K",
+            &["--level", "5"],
+            5,
+            "raid5 4 64 2",
+        ),
+        (
+            "r0to5",
+            "raid0",
+            3,
+            1,
+            "64K",
+            &["--level", "5"],
+            4,
+            "raid5 4 64 2",
+        ),
+        (
+            "r0to4",
+            "raid0",
+            3,
+            1,
+            "64K",
+            &["--level", "4"],
+            4,
+            "raid4 4 64 5",
+        ),
+        (
+            "r5to0",
+            "raid5",
+            4,
+            0,
+            "64K",
+            &["--level", "0"],
+            3,
+            "raid0 3 64 0",
+        ),
+        (
+            "r1to5",
+            "raid1",
+            2,
+            1,
+            "",
+            &["--level", "5", "--raid-devices", "3"],
+            3,
+            "raid5 3 64 2",
+        ),
+        (
+            "r5to1",
+            "raid5",
+            2,
+            0,
+            "64K",
+            &["--level", "1"],
+            2,
+            "raid1 2 0 0",
+        ),
+    ];
+    for (i, (name, level, disks, spares, chunk, change, kept, md_shape)) in runs.iter().enumerate()
+    {
+        // md's raid0 takes no spares: they join once it has parity.
+        let raid0 = *level == "raid0";
+        let early = if raid0 { 0 } else { *spares };
+        let (mut files, served, _) =
+            uraid_array(dir, name, level, *disks, early, chunk, 500 + i as u64);
+        manage_ok(&served.control, &["--speed-limit-max", "4000"]);
+        let mut grow = vec!["--grow"];
+        grow.extend_from_slice(change);
+        manage_ok(&served.control, &grow);
+        if raid0 {
+            files.extend(sparse_files(
+                dir,
+                &format!("{name}.late."),
+                &vec![MEMBER_BYTES; *spares],
+            ));
+            for spare in &files[*disks..] {
+                manage_ok(&served.control, &["--add", spare.to_str().unwrap()]);
+            }
+        }
+        let image = dir.join(format!("{name}.image"));
+        let patched = nbd_patch(
+            served.uri(),
+            &image,
+            &dir.join(format!("{name}.patched")),
+            17 + i as u64,
+            64 * 1024,
+            256 * 1024,
+            40,
+        );
+        manage_ok(&served.control, &["--speed-limit-max", "200000"]);
+        wait_reshaped(&served);
+        let status = wait_status(
+            &served.control,
+            "the level change and its rebuild to end",
+            Duration::from_secs(240),
+            status_whole_and_idle,
+        );
+        let md = status["mdstat"].as_str().unwrap_or_default().to_string();
+        assert!(
+            md.contains(md_shape.split(' ').next().unwrap()),
+            "{name}: {md}"
+        );
+        let back = nbdcopy_out(served.uri(), dir);
+        assert!(back.len() >= patched.len(), "{name}: the array shrank");
+        assert_same_bytes(
+            &back[..patched.len()],
+            &patched,
+            &format!("{name}: after the level change"),
+        );
+        served.stop();
+        let size = back.len();
+        let parts: Vec<&str> = md_shape.split(' ').collect();
+        grown.push(Grown {
+            name: name.to_string(),
+            expected: expected_file(dir, name, patched, size),
+            members: files[..*kept].to_vec(),
+            shape: shape(
+                parts[0],
+                parts[1].parse().unwrap(),
+                parts[2].parse().unwrap(),
+                parts[3].parse().unwrap(),
+            ),
+        });
+    }
+
+    // uraid killed in a raid5-to-raid6 restripe: the kernel finishes it,
+    // and so does uraid on a copy of the members.
+    let (files, served, pattern) = uraid_array(dir, "u5to6killed", "raid5", 4, 1, "64K", 600);
+    manage_ok(&served.control, &["--speed-limit-max", "2000"]);
+    manage_ok(&served.control, &["--grow", "--level", "6"]);
+    wait_status(
+        &served.control,
+        "the restripe to move",
+        Duration::from_secs(60),
+        |s| {
+            s["detail"]["reshape"]["position_sectors"]
+                .as_u64()
+                .unwrap_or(0)
+                > 0
+        },
+    );
+    served.kill();
+    let examined = String::from_utf8(uraid_ok(&["examine", paths(&files)[4]]).stdout).unwrap();
+    assert!(
+        examined.contains("Recovery Offset") && examined.contains("Reshape pos'n"),
+        "the new member is rebuilt along with the restripe: {examined}"
+    );
+    let copies: Vec<PathBuf> = files
+        .iter()
+        .map(|f| {
+            let copy = PathBuf::from(format!("{}.copy", f.display()));
+            std::fs::copy(f, &copy).unwrap();
+            copy
+        })
+        .collect();
+    let resumed = serve(dir, &[], &paths(&copies));
+    wait_finished(&resumed);
+    let back = nbdcopy_out(resumed.uri(), dir);
+    assert_same_bytes(&back, &pattern, "u5to6killed: resumed by uraid");
+    resumed.stop();
+    grown.push(Grown {
+        name: "u5to6killed".into(),
+        expected: expected_file(dir, "u5to6killed", pattern, back.len()),
+        members: files,
+        shape: shape("raid6", 5, 64, 2),
+    });
+
+    kernel_agrees(&grown, dir);
 }

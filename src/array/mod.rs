@@ -8,6 +8,7 @@ mod reshape;
 mod resync;
 mod stripe_io;
 mod superblocks;
+mod takeover;
 mod update;
 
 pub use assemble::{
@@ -20,12 +21,13 @@ pub use create::{
     create_with_bitmap, BitmapRequest, CreateError, CreateOptions, MemberSpec,
 };
 pub use reshape::{
-    lowest_data_offset, plan_reshape, plan_takeover, reshape_backwards, reshape_removed_disks,
-    MemberRoom, ReshapeContext, ReshapePlan, ReshapeRequest,
+    lowest_data_offset, plan_reshape, reshape_backwards, reshape_removed_disks, MemberRoom,
+    ReshapeContext, ReshapePlan, ReshapeRequest,
 };
 pub use resync::{resync, ResyncReport};
 pub use stripe_io::{StripeError, StripeIo};
 pub use superblocks::{read_superblock, write_superblock, SuperblockError};
+pub use takeover::{plan_level_change, raid6_twin, LevelChange, Roles, Takeover};
 pub use update::{write_array_state, write_array_state_failing, Cleanliness, LostDevice};
 
 use crate::member::MemberRef;

@@ -66,7 +66,7 @@ pub fn reshaping_geometry(
     let mut old_offsets = vec![sb.data_offset_sectors; roles];
     let mut new_offsets = vec![new_data_offset(sb)?; roles];
     for device in devices {
-        if let DeviceState::Active { role } = device.state {
+        if let DeviceState::Active { role } | DeviceState::Recovering { role, .. } = device.state {
             old_offsets[role] = device.sb.data_offset_sectors;
             new_offsets[role] = new_data_offset(&device.sb)?;
         }
@@ -138,7 +138,8 @@ pub struct ReshapeContext<'a> {
     /// superblock, bad-block log and bitmap), per member in the array.
     pub members: Vec<MemberRoom>,
     pub spares: usize,
-    pub degraded: bool,
+    /// Roles no in-sync member holds.
+    pub missing_roles: Vec<usize>,
     /// A resync, rebuild, check or replacement is running or owed.
     pub busy: Option<String>,
 }
@@ -147,6 +148,7 @@ pub struct ReshapeContext<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemberRoom {
     pub data_offset_sectors: u64,
+    pub data_sectors: u64,
     pub lowest_data_offset_sectors: u64,
 }
 
@@ -195,25 +197,7 @@ pub fn plan_reshape(ctx: &ReshapeContext, request: &ReshapeRequest) -> Result<Re
             "changing {level} to {name} is not supported by uraid yet (only raid4 to raid5 and back, and the member count, chunk and layout of raid4/5/6)"
         ));
     }
-    if ctx.sb.feature_map & crate::format::MD_FEATURE_JOURNAL != 0 {
-        return Err("an array with a write journal cannot be reshaped (md refuses it too)".into());
-    }
-    if ctx.sb.feature_map & crate::format::MD_FEATURE_BITMAP_OFFSET != 0 {
-        return Err(
-            "remove the write-intent bitmap first (manage --grow --bitmap none); uraid does not reshape with a bitmap yet".into(),
-        );
-    }
-    if ctx.degraded {
-        return Err("the array is degraded: rebuild it before reshaping".into());
-    }
-    if ctx.sb.metadata == crate::format::Metadata::V0_90
-        || ctx.sb.metadata == crate::format::Metadata::V1_0
-    {
-        return Err(format!(
-            "{} metadata keeps no room before the data, so a reshape needs mdadm's backup file, which uraid does not support yet",
-            ctx.sb.metadata.as_str()
-        ));
-    }
+    restripe_allowed(ctx, !ctx.missing_roles.is_empty())?;
     let raid_disks = request.raid_devices.unwrap_or(old.raid_disks);
     if raid_disks < old.raid_disks {
         return Err(format!(
@@ -230,6 +214,45 @@ pub fn plan_reshape(ctx: &ReshapeContext, request: &ReshapeRequest) -> Result<Re
     if new == old {
         return Err("nothing to change: the array already has that shape".into());
     }
+    plan_restripe(ctx, old, new)
+}
+
+/// What rules a reshape out whatever its shape: md's refusals for a
+/// journal, and uraid's for what it does not move yet. `degraded` counts
+/// only where a level change did not itself leave the role empty.
+pub(super) fn restripe_allowed(ctx: &ReshapeContext, degraded: bool) -> Result<(), String> {
+    if ctx.sb.feature_map & crate::format::MD_FEATURE_JOURNAL != 0 {
+        return Err("an array with a write journal cannot be reshaped (md refuses it too)".into());
+    }
+    if ctx.sb.feature_map & crate::format::MD_FEATURE_BITMAP_OFFSET != 0 {
+        return Err(
+            "remove the write-intent bitmap first (manage --grow --bitmap none); uraid does not reshape with a bitmap yet".into(),
+        );
+    }
+    if degraded {
+        return Err("the array is degraded: rebuild it before reshaping".into());
+    }
+    if ctx.sb.metadata == crate::format::Metadata::V0_90
+        || ctx.sb.metadata == crate::format::Metadata::V1_0
+    {
+        return Err(format!(
+            "{} metadata keeps no room before the data, so a reshape needs mdadm's backup file, which uraid does not support yet",
+            ctx.sb.metadata.as_str()
+        ));
+    }
+    Ok(())
+}
+
+/// Plans moving the data from `old` to `new` (both raid4/5/6): the
+/// array must not shrink, spares must fill the new roles, and every
+/// member needs room before its data to move it into.
+pub(super) fn plan_restripe(
+    ctx: &ReshapeContext,
+    old: GeometryParams,
+    new: GeometryParams,
+) -> Result<ReshapePlan, String> {
+    let level = old.level;
+    let raid_disks = new.raid_disks;
     let new_geometry = Geometry::new(&new).map_err(|e| e.to_string())?;
     let old_geometry = Geometry::new(&old).map_err(|e| e.to_string())?;
     if new_geometry.array_sectors() < old_geometry.array_sectors() {
@@ -274,48 +297,4 @@ pub fn plan_reshape(ctx: &ReshapeContext, request: &ReshapeRequest) -> Result<Re
         new_offset_sectors: -(shift as i64),
         spares_needed,
     })
-}
-
-/// A level change md makes in place, without moving data (a takeover):
-/// raid4 and raid5 with its parity-last layout lay the array out alike
-/// (raid5.c's ALGORITHM_PARITY_N), so only the superblocks change. `None`
-/// when `request` is not such a change; the new parameters, or why not.
-pub fn plan_takeover(
-    ctx: &ReshapeContext,
-    request: &ReshapeRequest,
-) -> Option<Result<GeometryParams, String>> {
-    let old = &ctx.params;
-    let new_level = Level::from_md_number(request.level?)?;
-    let parity_last = crate::geometry::PARITY_N;
-    let layout = match (old.level, new_level) {
-        (Level::Raid4, Level::Raid5) => parity_last,
-        (Level::Raid5, Level::Raid4) => 0,
-        _ => return None,
-    };
-    let plan = || {
-        if let Some(busy) = &ctx.busy {
-            return Err(format!("cannot change the level while {busy} (md: EBUSY)"));
-        }
-        let same_shape = request.raid_devices.is_none_or(|n| n == old.raid_disks)
-            && request.chunk_sectors.is_none_or(|c| c == old.chunk_sectors)
-            && request.layout.is_none_or(|l| l == parity_last);
-        if !same_shape {
-            return Err(format!(
-                "change the level ({} to {new_level}) and the shape in two commands: the level first",
-                old.level
-            ));
-        }
-        if old.level == Level::Raid5 && old.layout != parity_last {
-            return Err(
-                "a raid5 becomes raid4 only with the parity-last layout: change it first (--grow --layout parity-last)"
-                    .into(),
-            );
-        }
-        Ok(GeometryParams {
-            level: new_level,
-            layout,
-            ..old.clone()
-        })
-    };
-    Some(plan())
 }

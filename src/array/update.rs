@@ -212,8 +212,8 @@ fn write_once(array: &mut Assembled, state: Cleanliness) -> Result<(), Superbloc
     Ok(())
 }
 
-/// The array's shape and reshape state, which every member records alike
-/// (super_1_sync); a member's own data offset and new_offset stay its own.
+/// The array's shape, component size and reshape state, which every
+/// member records alike (super_1_sync); a member's own data offset and new_offset stay its own.
 fn copy_shape(array: &crate::format::MemberSuper, sb: &mut crate::format::MemberSuper) {
     const SHAPE_FEATURES: u32 =
         crate::format::MD_FEATURE_RESHAPE_ACTIVE | crate::format::MD_FEATURE_RESHAPE_BACKWARDS;
@@ -221,6 +221,7 @@ fn copy_shape(array: &crate::format::MemberSuper, sb: &mut crate::format::Member
     sb.layout = array.layout;
     sb.chunk_sectors = array.chunk_sectors;
     sb.raid_disks = array.raid_disks;
+    sb.size_sectors = array.size_sectors;
     sb.feature_map = (sb.feature_map & !SHAPE_FEATURES) | (array.feature_map & SHAPE_FEATURES);
     sb.reshape_position_sectors = array.reshape_position_sectors;
     sb.new_level = array.new_level;

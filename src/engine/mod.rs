@@ -21,6 +21,7 @@ mod resync;
 mod schedule;
 mod staged;
 mod stripes;
+mod takeover;
 pub mod tuning;
 
 pub use cache::CacheReport;
@@ -297,9 +298,21 @@ impl Engine {
             } = device.state
             {
                 if table.by_role[role].is_none() {
-                    let below = geometry.stripe_at_resync_position(recovery_offset_sectors);
+                    // Along with a reshape, the done side (see check_resumable).
+                    let below = match geometry.reshaping() {
+                        Some(r) => r.done_stripes(),
+                        None => geometry.stripe_at_resync_position(recovery_offset_sectors),
+                    };
+                    // Mid-reshape, places count from the lower of the
+                    // member's two data offsets, as the slots' do.
+                    let mut slot = members::slot_of(device);
+                    if geometry.reshaping().is_some() {
+                        let new = u64::try_from(device.sb.new_data_offset_sectors()).unwrap_or(0);
+                        slot.data_offset_bytes =
+                            device.sb.data_offset_sectors.min(new) * crate::units::SECTOR_BYTES;
+                    }
                     table.by_role[role] = Some(MemberEntry {
-                        slot: members::slot_of(device),
+                        slot,
                         rebuilt_below: Some(Arc::new(AtomicU64::new(below))),
                     });
                 }

@@ -26,8 +26,8 @@
 use super::resync::{SyncAction, SyncProgress, Throttle};
 use super::{Engine, MemberEntry};
 use crate::array::{
-    lowest_data_offset, plan_reshape, plan_takeover, DeviceState, MemberRoom, ReshapeContext,
-    ReshapePlan, ReshapeRequest,
+    lowest_data_offset, plan_level_change, plan_reshape, DeviceState, MemberRoom, ReshapeContext,
+    ReshapePlan, ReshapeRequest, Takeover,
 };
 use crate::format::{MD_FEATURE_NEW_OFFSET, MD_FEATURE_RESHAPE_ACTIVE};
 use crate::geometry::{Geometry, GeometryParams, ReshapePoint, Reshaping};
@@ -51,6 +51,11 @@ pub struct ReshapeJob {
     /// while reshaping): md's recovery_cp survives the reshape.
     pub(super) resync_after: AtomicBool,
     last_event_step: AtomicU64,
+    /// The takeover a level change makes once its restripe is done
+    /// (raid6→raid5 drops Q then). Held in memory only: the kernel's
+    /// superblock has no word for it, so a restripe cut short by a stop
+    /// ends at the restripe's level, as md's does.
+    pub(super) then: Mutex<Option<Takeover>>,
 }
 
 impl Engine {
@@ -87,6 +92,7 @@ impl Engine {
                 .filter(|d| matches!(d.state, DeviceState::Active { .. } | DeviceState::Spare))
                 .map(|d| MemberRoom {
                     data_offset_sectors: d.sb.data_offset_sectors,
+                    data_sectors: d.sb.data_size_sectors,
                     lowest_data_offset_sectors: lowest_data_offset(&d.sb),
                 })
                 .collect();
@@ -99,18 +105,18 @@ impl Engine {
                     .iter()
                     .filter(|d| d.state == DeviceState::Spare)
                     .count(),
-                degraded: !array.missing_roles().is_empty(),
+                missing_roles: array.missing_roles(),
                 busy,
             };
+            if let Some(change) = plan_level_change(&ctx, request) {
+                let change = change?;
+                drop(array);
+                return self.change_level(change);
+            }
             if ctx.params.level == crate::geometry::Level::Raid1 {
                 let count = mirror_count(&ctx, request)?;
                 drop(array);
                 return self.change_mirror_count(count);
-            }
-            if let Some(takeover) = plan_takeover(&ctx, request) {
-                let params = takeover?;
-                drop(array);
-                return self.take_over(params);
             }
             plan_reshape(&ctx, request)?
         };
@@ -132,30 +138,6 @@ impl Engine {
             crate::geometry::layout_name(plan.new.level, plan.new.layout)
                 .unwrap_or_else(|| plan.new.layout.to_string())
         ))
-    }
-
-    /// Changes the level without moving data (`plan_takeover`): the new
-    /// geometry maps every sector where the old one did, so it is swapped
-    /// in under the gate and recorded, as md's takeover does.
-    fn take_over(&self, params: GeometryParams) -> Result<String, String> {
-        let geometry = Geometry::new(&params).map_err(|e| e.to_string())?;
-        let _gate = self.reshape_gate.write().unwrap();
-        // Batches and hot parity are keyed by stripe, which stays; they
-        // are written out all the same so that nothing straddles the swap.
-        self.write_out_cache().map_err(|e| e.to_string())?;
-        let mut array = self.array.lock().unwrap();
-        let old = array.geometry.level();
-        array.sb.level = params.level.md_number();
-        array.sb.layout = params.layout;
-        array.sb.new_level = array.sb.level;
-        array.sb.new_layout = array.sb.layout;
-        self.install(&mut array, geometry);
-        self.write_state_locked(&mut array, self.active_state())
-            .map_err(|e| e.to_string())?;
-        drop(array);
-        self.events
-            .push("SettingChanged", "", &format!("level={}", params.level));
-        Ok(format!("level changed from {old} to {}", params.level))
     }
 
     /// A raid1's member count (md's raid1_reshape): immediate, no data
@@ -211,7 +193,7 @@ impl Engine {
     /// held exclusively: what the stripe cache holds is written out, hot
     /// parity forgotten, and reads the server fetches itself are awaited,
     /// all in the old geometry.
-    fn enter_reshape_mode(&self) -> Result<(), String> {
+    pub(super) fn enter_reshape_mode(&self) -> Result<(), String> {
         self.reshaping.store(true, Ordering::SeqCst);
         self.write_out_cache().map_err(|e| e.to_string())?;
         self.parity_cache.clear();
@@ -233,13 +215,32 @@ impl Engine {
     /// Records the reshape in every superblock (md's raid5_start_reshape:
     /// spares take the new roles in sync, the point is 0) and switches the
     /// engine to the two geometries.
-    fn begin(&self, plan: &ReshapePlan) -> Result<(), String> {
+    pub(super) fn begin(&self, plan: &ReshapePlan) -> Result<(), String> {
         let mut array = self.array.lock().unwrap();
         let old_roles = plan.old.raid_disks as usize;
         let new_roles = plan.new.raid_disks as usize;
+        // A spare fills an empty old role first, rebuilt as the point
+        // passes (md's raid5_start_reshape: recovery_offset 0, raised at
+        // each checkpoint); then the new roles, in sync at once.
+        let mut empty: std::collections::VecDeque<usize> = (0..old_roles)
+            .filter(|&role| {
+                array.slots[role].is_none()
+                    && !array.devices.iter().any(
+                        |d| matches!(d.state, DeviceState::Recovering { role: r, .. } if r == role),
+                    )
+            })
+            .collect();
         let mut next_role = old_roles;
         for device in array.devices.iter_mut() {
-            if next_role < new_roles && device.state == DeviceState::Spare {
+            if device.state != DeviceState::Spare {
+                continue;
+            }
+            if let Some(role) = empty.pop_front() {
+                device.state = DeviceState::Recovering {
+                    role,
+                    recovery_offset_sectors: 0,
+                };
+            } else if next_role < new_roles {
                 device.state = DeviceState::Active { role: next_role };
                 next_role += 1;
             }
@@ -253,7 +254,7 @@ impl Engine {
         for device in array.devices.iter_mut() {
             if matches!(
                 device.state,
-                DeviceState::Active { .. } | DeviceState::Spare
+                DeviceState::Active { .. } | DeviceState::Recovering { .. } | DeviceState::Spare
             ) {
                 device.sb.feature_map |= MD_FEATURE_NEW_OFFSET;
                 device.sb.new_offset_sectors = shift as i32;
@@ -279,7 +280,7 @@ impl Engine {
 
     /// Makes `geometry` the engine's and the array's, with each member's
     /// data starting where the geometry's places count from.
-    fn install(&self, array: &mut crate::array::Assembled, geometry: Geometry) {
+    pub(super) fn install(&self, array: &mut crate::array::Assembled, geometry: Geometry) {
         let offsets = base_offsets(array, &geometry);
         for (role, slot) in array.slots.iter_mut().enumerate() {
             if let (Some(slot), Some(offset)) = (slot.as_mut(), offsets[role]) {
@@ -287,6 +288,34 @@ impl Engine {
             }
         }
         let slots = array.slots.clone();
+        // A member rebuilt along with a reshape holds what lies on the
+        // done side of the point; outside a reshape, what lies below its
+        // recovery offset.
+        let rebuilding: Vec<(usize, MemberEntry)> = array
+            .devices
+            .iter()
+            .filter_map(|d| match d.state {
+                DeviceState::Recovering {
+                    role,
+                    recovery_offset_sectors,
+                } if role < slots.len() && slots[role].is_none() => {
+                    let below = match geometry.reshaping() {
+                        Some(r) => r.done_stripes(),
+                        None => geometry.stripe_at_resync_position(recovery_offset_sectors),
+                    };
+                    let mut slot = super::members::slot_of(d);
+                    slot.data_offset_bytes = offsets[role].unwrap_or(0) * SECTOR_BYTES;
+                    Some((
+                        role,
+                        MemberEntry {
+                            slot,
+                            rebuilt_below: Some(Arc::new(AtomicU64::new(below))),
+                        },
+                    ))
+                }
+                _ => None,
+            })
+            .collect();
         self.update_table(|table| {
             table.by_role.resize(slots.len(), None);
             table.replacing.resize(slots.len(), None);
@@ -296,12 +325,15 @@ impl Engine {
                     rebuilt_below: None,
                 });
             }
+            for (role, entry) in rebuilding {
+                table.by_role[role] = Some(entry);
+            }
         });
         array.geometry = geometry.clone();
         *self.geometry.write().unwrap() = Arc::new(geometry);
     }
 
-    fn spawn_reshape(self: &Arc<Engine>) -> Result<(), String> {
+    pub(super) fn spawn_reshape(self: &Arc<Engine>) -> Result<(), String> {
         let job = &self.reshape_job;
         job.stop.store(false, Ordering::SeqCst);
         let position = self
@@ -462,15 +494,45 @@ impl Engine {
                 position,
             )?
         };
+        let done = geometry
+            .reshaping()
+            .filter(|r| !r.backwards())
+            .map(Reshaping::done_stripes);
         array.geometry = geometry.clone();
         *self.geometry.write().unwrap() = Arc::new(geometry);
+        // Members rebuilt along with the reshape hold the done side now.
+        if let Some(done) = done {
+            for entry in self.table().by_role.iter().flatten() {
+                if let Some(below) = &entry.rebuilt_below {
+                    below.store(done, Ordering::SeqCst);
+                }
+            }
+        }
         Ok(())
     }
 
-    /// Records the point in every superblock (md's reshape_position).
+    /// Records the point in every superblock (md's reshape_position), and
+    /// how far members rebuilt along with it are in sync (md raises their
+    /// recovery_offset to the point's member sector at each checkpoint).
     fn checkpoint(&self, position: u64) -> Result<(), String> {
         let mut array = self.array.lock().unwrap();
         array.sb.reshape_position_sectors = position;
+        let new_dd = data_disks(
+            array
+                .geometry
+                .reshaping()
+                .expect("reshaping")
+                .new_geometry(),
+        ) as u64;
+        for device in array.devices.iter_mut() {
+            if let DeviceState::Recovering {
+                recovery_offset_sectors,
+                ..
+            } = &mut device.state
+            {
+                *recovery_offset_sectors = position / new_dd;
+            }
+        }
         self.write_state_locked(&mut array, self.active_state())
             .map_err(|e| e.to_string())
     }
@@ -493,6 +555,14 @@ impl Engine {
                 sb.new_offset_sectors = 0;
             }
         }
+        // Members rebuilt along with the reshape are whole now.
+        for i in 0..array.devices.len() {
+            if let DeviceState::Recovering { role, .. } = array.devices[i].state {
+                array.devices[i].state = DeviceState::Active { role };
+                let slot = super::members::slot_of(&array.devices[i]);
+                array.slots[role] = Some(slot);
+            }
+        }
         let sb = &mut array.sb;
         sb.feature_map &= !MD_FEATURE_RESHAPE_ACTIVE;
         sb.level = new_params.level.md_number();
@@ -511,6 +581,10 @@ impl Engine {
         drop(array);
         self.reshaping.store(false, Ordering::SeqCst);
         self.events.push("RebuildFinished", "", "reshape");
+        let then = self.reshape_job.then.lock().unwrap().take();
+        if let Some(takeover) = then {
+            self.apply_takeover(&takeover)?;
+        }
         Ok(())
     }
 
@@ -613,9 +687,14 @@ fn role_offsets(array: &crate::array::Assembled, roles: usize) -> Vec<(u64, u64)
         };
         (sb.data_offset_sectors, new)
     };
-    let mut offsets = vec![of(&array.sb); roles];
+    // An empty role (a degraded reshape) moves as the members do.
+    let members = array
+        .devices
+        .iter()
+        .find(|d| matches!(d.state, DeviceState::Active { .. }));
+    let mut offsets = vec![of(members.map_or(&array.sb, |d| &d.sb)); roles];
     for device in &array.devices {
-        if let DeviceState::Active { role } = device.state {
+        if let DeviceState::Active { role } | DeviceState::Recovering { role, .. } = device.state {
             if role < roles {
                 offsets[role] = of(&device.sb);
             }
@@ -714,13 +793,20 @@ pub(super) fn check_resumable(array: &crate::array::Assembled) -> Result<(), Str
         Some("it keeps its data offset and relies on mdadm's backup file, which uraid does not support")
     } else if array.sb.feature_map & crate::format::MD_FEATURE_BITMAP_OFFSET != 0 {
         Some("the array has a write-intent bitmap, which uraid does not reshape with yet")
+    } else if array
+        .devices
+        .iter()
+        .any(|d| matches!(d.state, DeviceState::Replacement { .. }))
+    {
+        Some("a member is being replaced, which md never runs along with a reshape")
     } else if array.devices.iter().any(|d| {
-        matches!(
-            d.state,
-            DeviceState::Recovering { .. } | DeviceState::Replacement { .. }
-        )
+        // A member rebuilt along with the reshape (a level change) must
+        // be in sync up to the point, as md's checkpoints keep it.
+        let new_dd = data_disks(reshaping.new_geometry()) as u64;
+        matches!(d.state, DeviceState::Recovering { recovery_offset_sectors, .. }
+            if recovery_offset_sectors < reshaping.position_sectors() / new_dd)
     }) {
-        Some("a member is being rebuilt along with it (a level change), which uraid does not run yet")
+        Some("a member being rebuilt along with it lags behind the reshape point")
     } else {
         None
     };

@@ -316,3 +316,224 @@ fn a_reshape_crashed_at_random_points_resumes_and_keeps_every_byte() {
     assert!(array.geometry.reshaping().is_none());
     assert_eq!(array.geometry.raid_disks(), 5);
 }
+
+/// Waits for every background job (reshape, recovery) to end.
+fn wait_idle(engine: &Arc<Engine>) {
+    engine.set_speed_limits(None, Some(200_000));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while engine.geometry().reshaping().is_some()
+        || engine.snapshot().sync.is_some()
+        || engine.reshape_running()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "jobs did not end: {:?}",
+            engine.snapshot().events
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn level_changes_keep_every_byte_and_end_in_the_new_level() {
+    use crate::geometry::{LEFT_SYMMETRIC, PARITY_N};
+    // (from, members, spares, chunk KiB, to, raid_devices, layout) and the
+    // shape expected: level, members in use, layout.
+    type Case = (
+        Level,
+        u32,
+        u32,
+        u64,
+        Level,
+        Option<u32>,
+        Option<u32>,
+        (Level, usize, u32),
+    );
+    let cases: [Case; 8] = [
+        (
+            Level::Raid5,
+            4,
+            1,
+            64,
+            Level::Raid6,
+            None,
+            None,
+            (Level::Raid6, 5, LEFT_SYMMETRIC),
+        ),
+        (
+            Level::Raid5,
+            4,
+            1,
+            64,
+            Level::Raid6,
+            Some(5),
+            Some(PARITY_N),
+            (Level::Raid6, 5, PARITY_N),
+        ),
+        (
+            Level::Raid6,
+            5,
+            0,
+            64,
+            Level::Raid5,
+            None,
+            None,
+            (Level::Raid5, 4, LEFT_SYMMETRIC),
+        ),
+        (
+            Level::Raid0,
+            3,
+            1,
+            64,
+            Level::Raid5,
+            None,
+            None,
+            (Level::Raid5, 4, LEFT_SYMMETRIC),
+        ),
+        (
+            Level::Raid0,
+            3,
+            0,
+            64,
+            Level::Raid4,
+            None,
+            None,
+            (Level::Raid4, 4, PARITY_N),
+        ),
+        (
+            Level::Raid5,
+            4,
+            0,
+            64,
+            Level::Raid0,
+            None,
+            None,
+            (Level::Raid0, 3, 0),
+        ),
+        (
+            Level::Raid1,
+            2,
+            1,
+            0,
+            Level::Raid5,
+            Some(3),
+            None,
+            (Level::Raid5, 3, LEFT_SYMMETRIC),
+        ),
+        (
+            Level::Raid5,
+            2,
+            0,
+            64,
+            Level::Raid1,
+            None,
+            None,
+            (Level::Raid1, 2, 0),
+        ),
+    ];
+    for (from, disks, spares, chunk_kib, to, raid_devices, layout, (level, members, end_layout)) in
+        cases
+    {
+        let what = format!("{from} {disks}+{spares} -> {to}");
+        let dir = tempfile::tempdir().unwrap();
+        let paths = array_with_spares(dir.path(), from, disks, spares, chunk_kib, 12);
+        let engine =
+            Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+        let size = engine.size_bytes() as usize;
+        let mut image = random_image(size, 51);
+        engine.write(0, &image, false).unwrap();
+        engine.set_speed_limits(Some(1000), Some(8000));
+        let request = ReshapeRequest {
+            level: Some(to.md_number()),
+            raid_devices,
+            layout,
+            ..Default::default()
+        };
+        engine
+            .start_reshape(&request)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(53);
+        while engine.geometry().reshaping().is_some() {
+            write_random(&engine, &mut rng, &mut image, 64);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        wait_idle(&engine);
+        let mut back = vec![0u8; size];
+        engine.read(0, &mut back).unwrap();
+        assert!(back == image, "{what}: bytes changed");
+        assert_eq!(engine.geometry().level(), level, "{what}");
+        assert_eq!(engine.geometry().raid_disks(), members, "{what}");
+        let snapshot = engine.snapshot();
+        // raid0 to raid4 without a spare stays degraded, as md leaves it.
+        let degraded = from == Level::Raid0 && spares == 0;
+        assert_eq!(
+            !snapshot.missing_roles.is_empty(),
+            degraded,
+            "{what}: {:?}",
+            snapshot.events
+        );
+        engine.shutdown().unwrap();
+        drop(engine);
+        if !degraded && level.has_parity() {
+            super::tests::check_consistent(&paths);
+        }
+        let kept: Vec<PathBuf> = paths
+            .iter()
+            .take(members.max(disks as usize) + spares as usize)
+            .cloned()
+            .collect();
+        let array = assemble(&kept, true).unwrap();
+        assert!(array.geometry.reshaping().is_none(), "{what}");
+        assert_eq!(array.level(), level, "{what}");
+        assert_eq!(array.sb.layout, end_layout, "{what}");
+        assert!(
+            array.geometry.array_sectors() as usize * 512 >= size,
+            "{what}: {} < {size}",
+            array.geometry.array_sectors() * 512
+        );
+    }
+}
+
+#[test]
+fn a_raid0_becomes_raid5_degraded_and_a_spare_added_during_it_is_rebuilt_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = array_with_spares(dir.path(), Level::Raid0, 3, 0, 64, 12);
+    let spare = dir.path().join("spare");
+    std::fs::File::create(&spare)
+        .unwrap()
+        .set_len(12 << 20)
+        .unwrap();
+    let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+    let size = engine.size_bytes() as usize;
+    let mut image = random_image(size, 61);
+    engine.write(0, &image, false).unwrap();
+    engine.set_speed_limits(Some(1000), Some(8000));
+    engine
+        .start_reshape(&ReshapeRequest {
+            level: Some(5),
+            ..Default::default()
+        })
+        .unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(63);
+    for _ in 0..50 {
+        write_random(&engine, &mut rng, &mut image, 64);
+    }
+    engine.manage_add(&spare).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while engine.geometry().reshaping().is_some() {
+        assert!(Instant::now() < deadline, "{:?}", engine.snapshot().events);
+        write_random(&engine, &mut rng, &mut image, 64);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    wait_idle(&engine);
+    let snapshot = engine.snapshot();
+    assert!(snapshot.missing_roles.is_empty(), "{:?}", snapshot.events);
+    let mut back = vec![0u8; size];
+    engine.read(0, &mut back).unwrap();
+    assert!(back == image, "bytes changed");
+    engine.shutdown().unwrap();
+    drop(engine);
+    let mut all = paths.clone();
+    all.push(spare);
+    super::tests::check_consistent(&all);
+}

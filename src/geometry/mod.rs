@@ -21,7 +21,7 @@ mod reshape;
 
 pub use layout_names::{layout_from_name, layout_name, level_from_name, level_name};
 pub use raid0::Raid0Layout;
-pub use raid456::PARITY_N;
+pub use raid456::{LEFT_SYMMETRIC, PARITY_N};
 pub use reshape::{ReshapePoint, Reshaping, Side};
 
 use std::fmt;

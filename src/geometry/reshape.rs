@@ -164,6 +164,17 @@ impl Reshaping {
         Ok(reshaping)
     }
 
+    /// How many stripes, in this numbering, lie on the done side of a
+    /// forward reshape: a member rebuilt along with the reshape holds
+    /// exactly these.
+    pub fn done_stripes(&self) -> u64 {
+        assert!(
+            !self.backwards,
+            "a member is rebuilt only along a forward reshape"
+        );
+        self.first_side_stripes
+    }
+
     pub fn old(&self) -> &Geometry {
         &self.old
     }

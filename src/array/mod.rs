@@ -21,7 +21,7 @@ pub use create::{
 };
 pub use reshape::{
     lowest_data_offset, plan_reshape, plan_takeover, reshape_backwards, reshape_removed_disks,
-    MemberRoom, ReshapeContext, ReshapePlan, ReshapeRequest,
+    room_after_data, MemberRoom, ReshapeContext, ReshapePlan, ReshapeRequest,
 };
 pub use resync::{resync, ResyncReport};
 pub use stripe_io::{StripeError, StripeIo};

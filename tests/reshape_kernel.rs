@@ -343,17 +343,6 @@ fn differing_range(a: &[u8], b: &[u8]) -> Option<std::ops::Range<usize>> {
     Some(first..last + 1)
 }
 
-/// One array uraid reshapes, for the kernel to check afterwards.
-struct Grown {
-    name: String,
-    members: Vec<PathBuf>,
-    /// What md must read, the whole new size.
-    expected: PathBuf,
-    /// What /sys/block/md0/md shows once md has it: level, raid_disks,
-    /// chunk_size, layout.
-    shape: String,
-}
-
 /// Creates `level` on `disks` members and `spares` spares with uraid and
 /// fills it with a pattern; returns the members and the pattern.
 fn uraid_array(
@@ -365,48 +354,21 @@ fn uraid_array(
     chunk: &str,
     seed: u64,
 ) -> (Vec<PathBuf>, Served, Vec<u8>) {
-    let files = sparse_files(
+    let chunk_args = ["--chunk", chunk];
+    let create_args: &[&str] = if chunk.is_empty() { &[] } else { &chunk_args };
+    served_pattern_array(
         dir,
-        &format!("{name}."),
-        &vec![MEMBER_BYTES; disks + spares],
-    );
-    let all = paths(&files);
-    let disks_arg = disks.to_string();
-    let mut args = vec![
-        "create",
-        "--level",
+        name,
         level,
-        "--raid-devices",
-        &disks_arg,
-        "--assume-clean",
-    ];
-    if !chunk.is_empty() {
-        args.extend_from_slice(&["--chunk", chunk]);
-    }
-    args.extend_from_slice(&all[..disks]);
-    uraid_ok(&args);
-    let served = serve(dir, &[], &all[..disks]);
-    let size = array_bytes(&all[..disks]) as usize;
-    let pattern = random_bytes(seed, size);
-    let image = dir.join(format!("{name}.image"));
-    std::fs::write(&image, &pattern).unwrap();
-    nbdcopy_in(&image, served.uri());
-    for spare in &all[disks..] {
-        manage_ok(&served.control, &["--add", spare]);
-    }
-    (files, served, pattern)
+        (disks, spares),
+        MEMBER_BYTES,
+        create_args,
+        seed,
+    )
 }
 
 fn wait_reshaped(served: &Served) -> serde_json::Value {
-    wait_status(
-        &served.control,
-        "the reshape to end",
-        Duration::from_secs(240),
-        |s| {
-            !s["mdstat"].as_str().unwrap_or_default().contains("reshape")
-                && s["detail"]["reshape"].is_null()
-        },
-    )
+    wait_reshape_ended(served, Duration::from_secs(240))
 }
 
 /// md's view of the new shape, as the guest prints it from sysfs.
@@ -431,7 +393,7 @@ fn expected_file(dir: &Path, name: &str, mut bytes: Vec<u8>, size: usize) -> Pat
 fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
     let dir = scratch("reshape-serve");
     let dir = dir.path();
-    let mut grown: Vec<Grown> = Vec::new();
+    let mut grown: Vec<KernelCheck> = Vec::new();
 
     // Reshapes uraid runs to the end, under a client's writes.
     type Run = (
@@ -552,7 +514,7 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
         );
         served.stop();
         let parts: Vec<&str> = md_shape.split(' ').collect();
-        grown.push(Grown {
+        grown.push(KernelCheck {
             name: name.to_string(),
             expected: expected_file(dir, name, patched, size),
             members: files,
@@ -610,7 +572,7 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
         "r5killed: resumed by uraid",
     );
     resumed.stop();
-    grown.push(Grown {
+    grown.push(KernelCheck {
         name: "r5killed".into(),
         expected: expected_file(dir, "r5killed", pattern, size),
         members: files,
@@ -654,7 +616,7 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
     );
     let new_size = back.len();
     served.stop();
-    grown.push(Grown {
+    grown.push(KernelCheck {
         name: "kstarted".into(),
         expected: expected_file(dir, "kstarted", kpattern[..ksize].to_vec(), new_size),
         members: kfiles,
@@ -665,47 +627,10 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
     // bytes, has the new shape, and finds parity consistent.
     let mut script = String::from("export MDADM_NO_SYSTEMCTL=1\n");
     for g in &grown {
-        let name = &g.name;
-        script.push_str(&losetup_lines(&g.members));
-        let _ = writeln!(
-            script,
-            "mdadm --assemble /dev/md0 --run \"${{L[@]}}\" >{d}/{name}.assemble 2>&1 || echo \"ASSEMBLE {name} failed\"\n\
-             echo 200000 > /proc/sys/dev/raid/speed_limit_max\n\
-             mdadm --wait /dev/md0 >/dev/null 2>&1 || true\n\
-             while grep -q reshape /proc/mdstat; do sleep 0.5; done\n\
-             md=/sys/block/md0/md\n\
-             echo \"SHAPE {name} $(cat $md/level) $(cat $md/raid_disks) $(cat $md/chunk_size) $(cat $md/layout)\"\n\
-             cmp /dev/md0 {} >/dev/null 2>&1 && echo \"CMP {name} same\" || echo \"CMP {name} differs\"\n\
-             echo check > $md/sync_action; sleep 0.2; mdadm --wait /dev/md0 >/dev/null 2>&1 || true\n\
-             while [ \"$(cat $md/sync_action)\" != idle ]; do sleep 0.2; done\n\
-             echo \"MISMATCH {name} $(cat $md/mismatch_cnt)\"\n\
-             mdadm --stop /dev/md0 >/dev/null\n\
-             for l in \"${{L[@]}}\"; do losetup -d \"$l\"; done",
-            g.expected.display()
-        );
+        script.push_str(&kernel_check_lines(dir, g));
     }
     let out = in_kernel(&script, 600);
-    let (shapes, cmps, mismatches) = (
-        results(&out, "SHAPE"),
-        results(&out, "CMP"),
-        results(&out, "MISMATCH"),
-    );
     for g in &grown {
-        let name = &g.name;
-        assert_eq!(
-            shapes.get(name),
-            Some(&g.shape),
-            "{name}: md's shape\n{out}"
-        );
-        assert_eq!(
-            cmps.get(name).map(String::as_str),
-            Some("same"),
-            "{name}: md's bytes\n{out}"
-        );
-        assert_eq!(
-            mismatches.get(name).map(String::as_str),
-            Some("0"),
-            "{name}: md's check\n{out}"
-        );
+        assert_kernel_checked(&out, g);
     }
 }

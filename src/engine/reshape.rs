@@ -4,10 +4,11 @@
 //! reshape uraid started and uraid one the kernel started.
 //!
 //! The job moves a *window* of rows at a time, forwards from the start of
-//! the array (or, for a shrink, backwards from its new end). Holding the engine's reshape gate exclusively (no request is
-//! in flight), it reads the window through the current geometry (the old
-//! side of the point, reconstructing what a missing member held), moves
-//! the point across the window in memory, writes the window through the
+//! the array (or, for a shrink, backwards from its new end). Holding the
+//! engine's reshape gate exclusively (no request is in flight), it reads
+//! the window through the current geometry (the old side of the point,
+//! reconstructing what a missing member held), moves the point across the
+//! window in memory, writes the window through the
 //! engine again (now the new side: whole rows, fresh parity, at the
 //! members' new data offset), flushes, and records the new point in every
 //! superblock before it lets requests in again. So the point on disk is

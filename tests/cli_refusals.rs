@@ -678,7 +678,33 @@ fn reshape_refusals() {
     let members = create_array(d, "r5-", &r5, 4, 16 << 20);
     let served = serve(d, &[], &paths(&members));
     reshape_refused(&served, &members, &["--raid-devices", "5"], "needs 1 spare");
-    reshape_refused(&served, &members, &["--raid-devices", "3"], "backwards");
+    // A shrink: the size it leaves must be stated, at least 2 members
+    // stay, and the data needs room after it to move up.
+    reshape_refused(
+        &served,
+        &members,
+        &["--raid-devices", "3"],
+        "this change will reduce the size of the array",
+    );
+    reshape_refused(
+        &served,
+        &members,
+        &["--raid-devices", "1", "--array-size", "64M"],
+        "at least 2 members",
+    );
+    let two_thirds = format!("{}K", array_bytes(&paths(&members)) / 3 * 2 / 1024);
+    reshape_refused(
+        &served,
+        &members,
+        &["--raid-devices", "3", "--array-size", "64M"],
+        "--array-size 65536 KiB",
+    );
+    reshape_refused(
+        &served,
+        &members,
+        &["--raid-devices", "3", "--array-size", &two_thirds],
+        "not enough room after the data",
+    );
     reshape_refused(&served, &members, &["--level", "6"], "not supported");
     reshape_refused(&served, &members, &["--level", "4"], "parity-last");
     reshape_refused(

@@ -333,17 +333,6 @@ fn differing_range(a: &[u8], b: &[u8]) -> Option<std::ops::Range<usize>> {
     Some(first..last + 1)
 }
 
-/// One array uraid reshapes, for the kernel to check afterwards.
-struct Grown {
-    name: String,
-    members: Vec<PathBuf>,
-    /// What md must read, the whole new size.
-    expected: PathBuf,
-    /// What /sys/block/md0/md shows once md has it: level, raid_disks,
-    /// chunk_size, layout.
-    shape: String,
-}
-
 /// Creates `level` on `disks` members and `spares` spares with uraid and
 /// fills it with a pattern; returns the members and the pattern.
 fn uraid_array(
@@ -355,36 +344,17 @@ fn uraid_array(
     chunk: &str,
     seed: u64,
 ) -> (Vec<PathBuf>, Served, Vec<u8>) {
-    let files = sparse_files(
+    let chunk_args = ["--chunk", chunk];
+    let create_args: &[&str] = if chunk.is_empty() { &[] } else { &chunk_args };
+    served_pattern_array(
         dir,
-        &format!("{name}."),
-        &vec![MEMBER_BYTES; disks + spares],
-    );
-    let all = paths(&files);
-    let disks_arg = disks.to_string();
-    let mut args = vec![
-        "create",
-        "--level",
+        name,
         level,
-        "--raid-devices",
-        &disks_arg,
-        "--assume-clean",
-    ];
-    if !chunk.is_empty() {
-        args.extend_from_slice(&["--chunk", chunk]);
-    }
-    args.extend_from_slice(&all[..disks]);
-    uraid_ok(&args);
-    let served = serve(dir, &[], &all[..disks]);
-    let size = array_bytes(&all[..disks]) as usize;
-    let pattern = random_bytes(seed, size);
-    let image = dir.join(format!("{name}.image"));
-    std::fs::write(&image, &pattern).unwrap();
-    nbdcopy_in(&image, served.uri());
-    for spare in &all[disks..] {
-        manage_ok(&served.control, &["--add", spare]);
-    }
-    (files, served, pattern)
+        (disks, spares),
+        MEMBER_BYTES,
+        create_args,
+        seed,
+    )
 }
 
 /// Waits for the reshape's RebuildFinished event (it follows the moment
@@ -400,15 +370,7 @@ fn wait_finished(served: &Served) -> serde_json::Value {
 }
 
 fn wait_reshaped(served: &Served) -> serde_json::Value {
-    wait_status(
-        &served.control,
-        "the reshape to end",
-        Duration::from_secs(240),
-        |s| {
-            !s["mdstat"].as_str().unwrap_or_default().contains("reshape")
-                && s["detail"]["reshape"].is_null()
-        },
-    )
+    wait_reshape_ended(served, Duration::from_secs(240))
 }
 
 /// md's view of the new shape, as the guest prints it from sysfs.
@@ -433,7 +395,7 @@ fn expected_file(dir: &Path, name: &str, mut bytes: Vec<u8>, size: usize) -> Pat
 fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
     let dir = scratch("reshape-serve");
     let dir = dir.path();
-    let mut grown: Vec<Grown> = Vec::new();
+    let mut grown: Vec<KernelCheck> = Vec::new();
 
     // Reshapes uraid runs to the end, under a client's writes.
     type Run = (
@@ -554,7 +516,7 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
         );
         served.stop();
         let parts: Vec<&str> = md_shape.split(' ').collect();
-        grown.push(Grown {
+        grown.push(KernelCheck {
             name: name.to_string(),
             expected: expected_file(dir, name, patched, size),
             members: files,
@@ -612,7 +574,7 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
         "r5killed: resumed by uraid",
     );
     resumed.stop();
-    grown.push(Grown {
+    grown.push(KernelCheck {
         name: "r5killed".into(),
         expected: expected_file(dir, "r5killed", pattern, size),
         members: files,
@@ -656,7 +618,7 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
     );
     let new_size = back.len();
     served.stop();
-    grown.push(Grown {
+    grown.push(KernelCheck {
         name: "kstarted".into(),
         expected: expected_file(dir, "kstarted", kpattern[..ksize].to_vec(), new_size),
         members: kfiles,
@@ -669,54 +631,14 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
 /// The kernel assembles each array: it finishes what is left, reads the
 /// same bytes, has the new shape, and finds redundancy consistent (raid0
 /// has none to check).
-fn kernel_agrees(grown: &[Grown], dir: &Path) {
-    let d = dir.display();
+fn kernel_agrees(grown: &[KernelCheck], dir: &Path) {
     let mut script = String::from("export MDADM_NO_SYSTEMCTL=1\n");
     for g in grown {
-        let name = &g.name;
-        script.push_str(&losetup_lines(&g.members));
-        let _ = writeln!(
-            script,
-            "mdadm --assemble /dev/md0 --run \"${{L[@]}}\" >{d}/{name}.assemble 2>&1 || echo \"ASSEMBLE {name} failed\"\n\
-             echo 200000 > /proc/sys/dev/raid/speed_limit_max\n\
-             mdadm --wait /dev/md0 >/dev/null 2>&1 || true\n\
-             while grep -qE 'reshape|recovery' /proc/mdstat; do sleep 0.5; done\n\
-             md=/sys/block/md0/md\n\
-             echo \"SHAPE {name} $(cat $md/level) $(cat $md/raid_disks) $(cat $md/chunk_size) $(cat $md/layout)\"\n\
-             cmp /dev/md0 {} >/dev/null 2>&1 && echo \"CMP {name} same\" || echo \"CMP {name} differs\"\n\
-             if [ -e $md/sync_action ] && [ \"$(cat $md/level)\" != raid0 ]; then\n\
-             echo check > $md/sync_action; sleep 0.2; mdadm --wait /dev/md0 >/dev/null 2>&1 || true\n\
-             while [ \"$(cat $md/sync_action)\" != idle ]; do sleep 0.2; done\n\
-             echo \"MISMATCH {name} $(cat $md/mismatch_cnt)\"\n\
-             else echo \"MISMATCH {name} 0\"; fi\n\
-             mdadm --stop /dev/md0 >/dev/null\n\
-             for l in \"${{L[@]}}\"; do losetup -d \"$l\"; done",
-            g.expected.display()
-        );
+        script.push_str(&kernel_check_lines(dir, g));
     }
     let out = in_kernel(&script, 600);
-    let (shapes, cmps, mismatches) = (
-        results(&out, "SHAPE"),
-        results(&out, "CMP"),
-        results(&out, "MISMATCH"),
-    );
     for g in grown {
-        let name = &g.name;
-        assert_eq!(
-            shapes.get(name),
-            Some(&g.shape),
-            "{name}: md's shape\n{out}"
-        );
-        assert_eq!(
-            cmps.get(name).map(String::as_str),
-            Some("same"),
-            "{name}: md's bytes\n{out}"
-        );
-        assert_eq!(
-            mismatches.get(name).map(String::as_str),
-            Some("0"),
-            "{name}: md's check\n{out}"
-        );
+        assert_kernel_checked(&out, g);
     }
 }
 
@@ -730,7 +652,7 @@ fn kernel_agrees(grown: &[Grown], dir: &Path) {
 fn uraid_changes_levels_while_serving_and_hands_over() {
     let dir = scratch("reshape-levels");
     let dir = dir.path();
-    let mut grown: Vec<Grown> = Vec::new();
+    let mut grown: Vec<KernelCheck> = Vec::new();
 
     // The kernel's raid5-to-raid6, stopped midway: uraid serve finishes
     // it, and reads what md read mid-way.
@@ -753,7 +675,7 @@ fn uraid_changes_levels_while_serving_and_hands_over() {
         "r5to6: finished by uraid",
     );
     served.stop();
-    grown.push(Grown {
+    grown.push(KernelCheck {
         name: "k5to6".into(),
         expected: dir.join("r5to6.kernel-read"),
         members: kfiles,
@@ -898,7 +820,7 @@ fn uraid_changes_levels_while_serving_and_hands_over() {
         served.stop();
         let size = back.len();
         let parts: Vec<&str> = md_shape.split(' ').collect();
-        grown.push(Grown {
+        grown.push(KernelCheck {
             name: name.to_string(),
             expected: expected_file(dir, name, patched, size),
             members: files[..*kept].to_vec(),
@@ -946,7 +868,7 @@ fn uraid_changes_levels_while_serving_and_hands_over() {
     let back = nbdcopy_out(resumed.uri(), dir);
     assert_same_bytes(&back, &pattern, "u5to6killed: resumed by uraid");
     resumed.stop();
-    grown.push(Grown {
+    grown.push(KernelCheck {
         name: "u5to6killed".into(),
         expected: expected_file(dir, "u5to6killed", pattern, back.len()),
         members: files,

@@ -21,8 +21,8 @@ pub use create::{
     create_with_bitmap, BitmapRequest, CreateError, CreateOptions, MemberSpec,
 };
 pub use reshape::{
-    lowest_data_offset, plan_reshape, reshape_backwards, reshape_removed_disks, MemberRoom,
-    ReshapeContext, ReshapePlan, ReshapeRequest,
+    lowest_data_offset, plan_reshape, reshape_backwards, reshape_removed_disks, room_after_data,
+    MemberRoom, ReshapeContext, ReshapePlan, ReshapeRequest,
 };
 pub use resync::{resync, ResyncReport};
 pub use stripe_io::{StripeError, StripeIo};

@@ -108,17 +108,24 @@ pub struct ReshapeRequest {
     pub level: Option<i32>,
     pub layout: Option<u32>,
     pub chunk_sectors: Option<u64>,
+    /// The size the array is to have, in sectors: a reshape that makes it
+    /// smaller (removing members) needs it stated, as md needs
+    /// `mdadm --grow --array-size` before such a reshape.
+    #[serde(default)]
+    pub array_sectors: Option<u64>,
 }
 
 /// A reshape uraid will run: the new shape and where each member's data
 /// moves to (the same change of data offset on every member, as mdadm's
-/// set_new_data_offset writes it for a grow).
+/// set_new_data_offset writes it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReshapePlan {
     pub old: GeometryParams,
     pub new: GeometryParams,
     /// Added to every member's data offset: negative, the data moves
-    /// towards the superblock into the headroom mdadm leaves at create.
+    /// towards the superblock into the headroom mdadm leaves at create
+    /// (a forward reshape); positive, into the room after the data (a
+    /// shrink, which runs backwards).
     pub new_offset_sectors: i64,
     /// Spares that take the new roles.
     pub spares_needed: usize,
@@ -144,12 +151,22 @@ pub struct ReshapeContext<'a> {
     pub busy: Option<String>,
 }
 
-/// One member's data offset and the lowest offset its data may start at.
+/// One member's data offset, the lowest offset its data may start at, and
+/// the room past the end of what the array uses of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemberRoom {
     pub data_offset_sectors: u64,
     pub data_sectors: u64,
     pub lowest_data_offset_sectors: u64,
+    pub room_after_sectors: u64,
+}
+
+/// The room after a 1.1/1.2 member's data: what the device holds past the
+/// component size the array uses (md's new_offset_store lets the data move
+/// up by at most that, once mdadm has let the member's data size reach
+/// the device's end).
+pub fn room_after_data(sb: &MemberSuper, device_sectors: u64) -> u64 {
+    device_sectors.saturating_sub(sb.data_offset_sectors + sb.size_sectors)
 }
 
 /// The lowest sector a 1.1/1.2 member's data may start at: past its
@@ -164,6 +181,36 @@ pub fn lowest_data_offset(sb: &MemberSuper) -> u64 {
         );
     }
     lowest
+}
+
+/// A reshape that makes the array smaller is run only when the user has
+/// stated the size it leaves (mdadm refuses it until `--grow --array-size`
+/// has truncated the array); the size is checked against what the new
+/// shape holds.
+fn check_stated_size(
+    stated: Option<u64>,
+    old_size: u64,
+    new_size: u64,
+    shrinks: bool,
+) -> Result<(), String> {
+    match stated {
+        None => Err(format!(
+            "this change will reduce the size of the array from {} KiB to {} KiB: state it with --array-size {}K (what lies beyond is dropped)",
+            old_size / 2,
+            new_size / 2,
+            new_size / 2
+        )),
+        Some(_) if !shrinks => {
+            Err("--array-size goes with --raid-devices fewer than the array has".into())
+        }
+        Some(size) if size != new_size => Err(format!(
+            "--array-size {} KiB: with that many members the array holds {} KiB, give --array-size {}K",
+            size / 2,
+            new_size / 2,
+            new_size / 2
+        )),
+        Some(_) => Ok(()),
+    }
 }
 
 fn lcm(a: u64, b: u64) -> u64 {
@@ -199,10 +246,10 @@ pub fn plan_reshape(ctx: &ReshapeContext, request: &ReshapeRequest) -> Result<Re
     }
     restripe_allowed(ctx, !ctx.missing_roles.is_empty())?;
     let raid_disks = request.raid_devices.unwrap_or(old.raid_disks);
-    if raid_disks < old.raid_disks {
+    let fewest = if level == Level::Raid6 { 4 } else { 2 };
+    if raid_disks < fewest {
         return Err(format!(
-            "removing members ({} to {raid_disks}) runs a reshape backwards, which uraid does not support yet",
-            old.raid_disks
+            "a {level} needs at least {fewest} members: {raid_disks} would be too few (md: EINVAL)"
         ));
     }
     let new = GeometryParams {
@@ -214,7 +261,7 @@ pub fn plan_reshape(ctx: &ReshapeContext, request: &ReshapeRequest) -> Result<Re
     if new == old {
         return Err("nothing to change: the array already has that shape".into());
     }
-    plan_restripe(ctx, old, new)
+    plan_restripe(ctx, old, new, request.array_sectors)
 }
 
 /// What rules a reshape out whatever its shape: md's refusals for a
@@ -244,24 +291,30 @@ pub(super) fn restripe_allowed(ctx: &ReshapeContext, degraded: bool) -> Result<(
 }
 
 /// Plans moving the data from `old` to `new` (both raid4/5/6): the
-/// array must not shrink, spares must fill the new roles, and every
-/// member needs room before its data to move it into.
+/// array shrinks only to the size the user stated (`stated_sectors`),
+/// spares must fill the new roles, and every member needs room to move
+/// its data into.
 pub(super) fn plan_restripe(
     ctx: &ReshapeContext,
     old: GeometryParams,
     new: GeometryParams,
+    stated_sectors: Option<u64>,
 ) -> Result<ReshapePlan, String> {
     let level = old.level;
     let raid_disks = new.raid_disks;
     let new_geometry = Geometry::new(&new).map_err(|e| e.to_string())?;
     let old_geometry = Geometry::new(&old).map_err(|e| e.to_string())?;
-    if new_geometry.array_sectors() < old_geometry.array_sectors() {
+    let (old_size, new_size) = (old_geometry.array_sectors(), new_geometry.array_sectors());
+    let shrinks = raid_disks < old.raid_disks;
+    if shrinks || stated_sectors.is_some() {
+        check_stated_size(stated_sectors, old_size, new_size, shrinks)?;
+    } else if new_size < old_size {
         return Err(
             "this change will reduce the size of the array (mdadm refuses it without --array-size)"
                 .into(),
         );
     }
-    let spares_needed = (raid_disks - old.raid_disks) as usize;
+    let spares_needed = raid_disks.saturating_sub(old.raid_disks) as usize;
     if ctx.spares < spares_needed {
         return Err(format!(
             "going from {} to {raid_disks} members needs {spares_needed} spare(s), the array has {}: add them first (manage --add)",
@@ -278,6 +331,25 @@ pub(super) fn plan_restripe(
     let mut shift = backup_sectors / old_dd;
     if raid_disks == old.raid_disks {
         shift = shift.max(old.chunk_sectors.max(new.chunk_sectors));
+    }
+    if shrinks {
+        // A shrink runs backwards and moves the data up (set_new_data_offset
+        // with delta < 0): the members need that room past the data.
+        for room in &ctx.members {
+            if room.room_after_sectors < shift {
+                return Err(format!(
+                    "not enough room after the data to remove members: {} KiB needed, {} KiB free (reduce the component size first: manage --grow --size)",
+                    shift / 2,
+                    room.room_after_sectors / 2
+                ));
+            }
+        }
+        return Ok(ReshapePlan {
+            old,
+            new,
+            new_offset_sectors: shift as i64,
+            spares_needed,
+        });
     }
     for room in &ctx.members {
         let free = room

@@ -106,6 +106,9 @@ fn plan(
     if let Some(busy) = &ctx.busy {
         return Err(format!("cannot change the level while {busy} (md: EBUSY)"));
     }
+    if request.array_sectors.is_some() {
+        return Err("--array-size goes with --raid-devices fewer than the array has, not with a level change".into());
+    }
     let unsupported = || {
         let via = match (old.level, new_level) {
             (Level::Raid6, Level::Raid0) => " (md goes through raid5: --level 5, then --level 0)",
@@ -173,7 +176,7 @@ fn restripe(
     // The role a takeover adds is empty by design; any other is not.
     restripe_allowed(ctx, !ctx.missing_roles.is_empty())?;
     let from = before.map_or_else(|| ctx.params.clone(), |t| t.params.clone());
-    plan_restripe(ctx, from, to)
+    plan_restripe(ctx, from, to, None)
 }
 
 /// The restripe to `layout` after `before` (or of the array as it is),

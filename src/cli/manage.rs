@@ -49,6 +49,11 @@ pub struct ManageArgs {
     /// With --grow: the new number of members, after --add of the spares it needs.
     #[arg(long, short = 'n', requires = "grow")]
     raid_devices: Option<u32>,
+    /// With --grow --raid-devices fewer than now: the size the array keeps
+    /// (K/M/G suffixes; a bare number is KiB, as mdadm's --array-size),
+    /// stated to confirm that what lies beyond it is dropped.
+    #[arg(long, requires = "raid_devices")]
+    array_size: Option<String>,
     /// With --grow: the new level (raid4, raid5, raid6, ...).
     #[arg(long, short = 'l', requires = "grow")]
     level: Option<String>,
@@ -146,6 +151,12 @@ pub fn run(args: &ManageArgs) -> CliResult {
                 .as_deref()
                 .map(crate::units::parse_size_bytes)
                 .transpose()?,
+            array_size_sectors: args
+                .array_size
+                .as_deref()
+                .map(crate::units::parse_size_bytes)
+                .transpose()?
+                .map(|bytes| bytes / crate::units::SECTOR_BYTES),
         }
     } else if args.grow {
         if args.bitmap.is_none() {

@@ -49,6 +49,10 @@ pub enum Request {
         level: Option<String>,
         layout: Option<String>,
         chunk_bytes: Option<u64>,
+        /// mdadm --array-size, stated for a reshape that makes the array
+        /// smaller.
+        #[serde(default)]
+        array_size_sectors: Option<u64>,
     },
     /// mdadm --grow --size: the component size in sectors, or None for max.
     GrowSize {
@@ -298,9 +302,15 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
             level,
             layout,
             chunk_bytes,
-        } => match reshape_request(engine, raid_devices, level, layout, chunk_bytes)
-            .and_then(|request| engine.start_reshape(&request))
-        {
+            array_size_sectors,
+        } => match reshape_request(engine, raid_devices, level, layout, chunk_bytes).and_then(
+            |request| {
+                engine.start_reshape(&crate::array::ReshapeRequest {
+                    array_sectors: array_size_sectors,
+                    ..request
+                })
+            },
+        ) {
             Ok(message) => Reply::Done { message },
             Err(message) => Reply::Error { message },
         },
@@ -448,5 +458,6 @@ fn reshape_request(
         level: level.map(|l| l.md_number()),
         layout,
         chunk_sectors,
+        array_sectors: None,
     })
 }

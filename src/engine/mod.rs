@@ -1202,3 +1202,5 @@ impl BlockBackend for Engine {
 mod tests;
 #[cfg(test)]
 mod tests_reshape;
+#[cfg(test)]
+mod tests_shrink;

@@ -4,10 +4,11 @@
 //! reshape uraid started and uraid one the kernel started.
 //!
 //! The job moves a *window* of rows at a time, forwards from the start of
-//! the array. Holding the engine's reshape gate exclusively (no request is
-//! in flight), it reads the window through the current geometry (the old
-//! side of the point, reconstructing what a missing member held), moves
-//! the point past the window in memory, writes the window through the
+//! the array (or, for a shrink, backwards from its new end). Holding the
+//! engine's reshape gate exclusively (no request is in flight), it reads
+//! the window through the current geometry (the old side of the point,
+//! reconstructing what a missing member held), moves the point across the
+//! window in memory, writes the window through the
 //! engine again (now the new side: whole rows, fresh parity, at the
 //! members' new data offset), flushes, and records the new point in every
 //! superblock before it lets requests in again. So the point on disk is
@@ -21,13 +22,15 @@
 //! shift (mdadm's set_new_data_offset moves the data offset the same way,
 //! into the headroom left at create), so the rows written for a window end
 //! before the old rows the window still needs. A window is cut short where
-//! it would not, which only happens near the start.
+//! it would not, which only happens near the start. A shrink mirrors this:
+//! the data starts later by the shift, into the room after it, and the
+//! window's new rows begin past the end of the old rows it reads.
 
 use super::resync::{SyncAction, SyncProgress, Throttle};
 use super::{Engine, MemberEntry};
 use crate::array::{
-    lowest_data_offset, plan_level_change, plan_reshape, DeviceState, MemberRoom, ReshapeContext,
-    ReshapePlan, ReshapeRequest, Takeover,
+    lowest_data_offset, plan_level_change, plan_reshape, reshape_backwards, room_after_data,
+    DeviceState, MemberRoom, ReshapeContext, ReshapePlan, ReshapeRequest, Takeover,
 };
 use crate::format::{MD_FEATURE_NEW_OFFSET, MD_FEATURE_RESHAPE_ACTIVE};
 use crate::geometry::{Geometry, GeometryParams, ReshapePoint, Reshaping};
@@ -94,6 +97,7 @@ impl Engine {
                     data_offset_sectors: d.sb.data_offset_sectors,
                     data_sectors: d.sb.data_size_sectors,
                     lowest_data_offset_sectors: lowest_data_offset(&d.sb),
+                    room_after_sectors: room_after_data(&d.sb, d.member.size_sectors()),
                 })
                 .collect();
             let ctx = ReshapeContext {
@@ -213,8 +217,9 @@ impl Engine {
     }
 
     /// Records the reshape in every superblock (md's raid5_start_reshape:
-    /// spares take the new roles in sync, the point is 0) and switches the
-    /// engine to the two geometries.
+    /// spares take the new roles in sync, the point is 0, or the new end of
+    /// a shrink, which runs backwards) and switches the engine to the two
+    /// geometries.
     pub(super) fn begin(&self, plan: &ReshapePlan) -> Result<(), String> {
         let mut array = self.array.lock().unwrap();
         let old_roles = plan.old.raid_disks as usize;
@@ -245,7 +250,11 @@ impl Engine {
                 next_role += 1;
             }
         }
-        assert_eq!(next_role, new_roles, "the plan counted the spares");
+        assert_eq!(
+            next_role,
+            new_roles.max(old_roles),
+            "the plan counted the spares"
+        );
         while array.slots.len() < new_roles {
             array.slots.push(None);
         }
@@ -258,21 +267,38 @@ impl Engine {
             ) {
                 device.sb.feature_map |= MD_FEATURE_NEW_OFFSET;
                 device.sb.new_offset_sectors = shift as i32;
+                // Data moving up needs a data area reaching past the rows it
+                // holds; mdadm then lets it reach the device's end (it
+                // writes the member's size 0 when new_offset is refused).
+                let sb = &mut device.sb;
+                if shift > 0 && sb.data_size_sectors < sb.size_sectors + shift as u64 {
+                    sb.data_size_sectors = device.member.size_sectors() - sb.data_offset_sectors;
+                }
             }
             if let DeviceState::Active { role } = device.state {
                 slots[role] = Some(super::members::slot_of(device));
             }
         }
         array.slots = slots;
+        // A shrink starts at the end of the smaller new array and moves
+        // down (the kernel writes RESHAPE_BACKWARDS only when the count
+        // stays: a negative delta_disks says it).
+        let position = if plan.delta_disks() < 0 {
+            Geometry::new(&plan.new)
+                .map_err(|e| e.to_string())?
+                .array_sectors()
+        } else {
+            0
+        };
         let sb = &mut array.sb;
         sb.feature_map |= MD_FEATURE_RESHAPE_ACTIVE;
-        sb.reshape_position_sectors = 0;
+        sb.reshape_position_sectors = position;
         sb.new_level = plan.new.level.md_number();
         sb.delta_disks = plan.delta_disks() as i32;
         sb.new_layout = plan.new.layout;
         sb.new_chunk_sectors = plan.new.chunk_sectors as u32;
         sb.raid_disks = plan.new.raid_disks;
-        let geometry = reshaping_at(&array, plan.old.clone(), plan.new.clone(), 0)?;
+        let geometry = reshaping_at(&array, plan.old.clone(), plan.new.clone(), position)?;
         self.install(&mut array, geometry);
         self.write_state_locked(&mut array, self.active_state())
             .map_err(|e| e.to_string())
@@ -411,8 +437,13 @@ impl Engine {
         let reshaping = geometry.reshaping()?;
         let new = reshaping.new_geometry();
         let new_dd = data_disks(new) as u64;
-        let total_kib = new.array_sectors() / new_dd / 2;
-        let done_kib = reshaping.position_sectors() / new_dd / 2;
+        let end = new.array_sectors();
+        let position = reshaping.position_sectors();
+        let backwards = reshaping.backwards();
+        // md counts a backward reshape's progress from the end.
+        let done = |position: u64| if backwards { end - position } else { position };
+        let total_kib = end / new_dd / 2;
+        let done_kib = done(position) / new_dd / 2;
         let speed = self
             .reshape_job
             .started
@@ -420,7 +451,7 @@ impl Engine {
             .unwrap()
             .filter(|_| self.reshape_running())
             .map(|(at, from)| {
-                let moved_kib = (reshaping.position_sectors().saturating_sub(from)) / new_dd / 2;
+                let moved_kib = done(position).saturating_sub(done(from)) / new_dd / 2;
                 (moved_kib as f64 / at.elapsed().as_secs_f64().max(1e-3)) as u64
             })
             .unwrap_or(0);
@@ -444,27 +475,40 @@ impl Engine {
         let (old, new) = (reshaping.old(), reshaping.new_geometry());
         let position = reshaping.position_sectors();
         let end = new.array_sectors();
-        if position >= end {
+        let done = if reshaping.backwards() {
+            position == 0
+        } else {
+            position >= end
+        };
+        if done {
             self.finish_reshape()?;
             return Ok(None);
         }
-        let next = window_end(reshaping, &self.table_offsets(&geometry))?;
-        debug_assert!(next > position && next <= end);
+        let offsets = self.table_offsets(&geometry);
+        // The window [from, to) and the point once it has moved.
+        let (from, to, next) = if reshaping.backwards() {
+            let start = window_start(reshaping, &offsets)?;
+            (start, position, start)
+        } else {
+            let next = window_end(reshaping, &offsets)?;
+            (position, next, next)
+        };
+        debug_assert!(from < to && to <= end && (next == from || next == to));
         // The window's bytes, read in the old geometry; past the old end
         // (a grow) there are none, and the new rows hold zeroes there.
-        let len = ((next - position) * SECTOR_BYTES) as usize;
+        let len = ((to - from) * SECTOR_BYTES) as usize;
         let mut data = crate::member::AlignedBuf::zeroed(len);
-        let readable = old.array_sectors().min(next).saturating_sub(position);
+        let readable = old.array_sectors().min(to).saturating_sub(from);
         if readable > 0 {
             self.read_bytes(
-                position * SECTOR_BYTES,
+                from * SECTOR_BYTES,
                 &mut data[..(readable * SECTOR_BYTES) as usize],
             )
             .map_err(|e| format!("reading the rows to move: {e}"))?;
         }
         self.move_point(next)?;
         self.parity_cache.clear();
-        if let Err(e) = self.write_bytes(position * SECTOR_BYTES, &data, false) {
+        if let Err(e) = self.write_bytes(from * SECTOR_BYTES, &data, false) {
             // The point goes back: the old rows are intact.
             self.move_point(position)?;
             return Err(format!("writing the moved rows: {e}"));
@@ -472,7 +516,7 @@ impl Engine {
         self.flush_members()
             .map_err(|e| format!("flushing the moved rows: {e}"))?;
         self.checkpoint(next)?;
-        Ok(Some((next - position) / data_disks(new) as u64))
+        Ok(Some((to - from) / data_disks(new) as u64))
     }
 
     /// Each role's data offsets in the old and the new geometry.
@@ -563,6 +607,7 @@ impl Engine {
                 array.slots[role] = Some(slot);
             }
         }
+        release_removed_roles(&mut array, new_params.raid_disks as usize);
         let sb = &mut array.sb;
         sb.feature_map &= !MD_FEATURE_RESHAPE_ACTIVE;
         sb.level = new_params.level.md_number();
@@ -639,6 +684,18 @@ fn run(weak: Weak<Engine>) {
             }
         }
     }
+}
+
+/// After a shrink the members of the roles past the new count hold nothing
+/// the array needs: md clears their In_sync (raid5_finish_reshape) and
+/// then takes them out of their slots, so they stay on as spares.
+fn release_removed_roles(array: &mut crate::array::Assembled, roles: usize) {
+    for device in array.devices.iter_mut() {
+        if matches!(device.state, DeviceState::Active { role } if role >= roles) {
+            device.state = DeviceState::Spare;
+        }
+    }
+    array.slots.truncate(roles);
 }
 
 fn data_disks(g: &Geometry) -> usize {
@@ -735,7 +792,7 @@ fn reshaping_at(
         new,
         ReshapePoint {
             position_sectors: position,
-            backwards: false,
+            backwards: reshape_backwards(&array.sb),
             old_offset_sectors: offsets.iter().map(|o| o.0).collect(),
             new_offset_sectors: offsets.iter().map(|o| o.1).collect(),
         },
@@ -750,14 +807,16 @@ fn reshaping_at(
 /// reaching the old rows the window still reads (the members' new data
 /// start lies `shift` before the old one).
 fn window_end(reshaping: &Reshaping, offsets: &[(u64, u64)]) -> Result<u64, String> {
-    let (old, new) = (reshaping.old(), reshaping.new_geometry());
+    let WindowUnits {
+        old_chunk,
+        old_dd,
+        new_dd,
+        unit,
+        most,
+    } = WindowUnits::of(reshaping);
+    let old = reshaping.old();
     let position = reshaping.position_sectors();
-    let old_chunk = old.stripe(0).strip_sectors;
-    let new_chunk = new.stripe(0).strip_sectors;
-    let (old_dd, new_dd) = (data_disks(old) as u64, data_disks(new) as u64);
-    let unit = old_chunk.max(new_chunk) * new_dd;
-    let end = new.array_sectors();
-    let most = (WINDOW_BYTES_MAX / SECTOR_BYTES / unit).max(1) * unit;
+    let end = reshaping.new_geometry().array_sectors();
     // How far the new data start lies before the old one, the least over
     // the members: the room the new rows have ahead of the old.
     let lead = offsets
@@ -778,17 +837,82 @@ fn window_end(reshaping: &Reshaping, offsets: &[(u64, u64)]) -> Result<u64, Stri
         }
         next -= unit.min(next - position);
     }
-    Err(format!(
+    Err(stuck(position))
+}
+
+/// A window's sizes: the chunks' rows, md's unit of work (the larger chunk
+/// across the new data members) and the most one window moves.
+struct WindowUnits {
+    old_chunk: u64,
+    old_dd: u64,
+    new_dd: u64,
+    unit: u64,
+    most: u64,
+}
+
+impl WindowUnits {
+    fn of(reshaping: &Reshaping) -> WindowUnits {
+        let (old, new) = (reshaping.old(), reshaping.new_geometry());
+        let old_chunk = old.stripe(0).strip_sectors;
+        let new_chunk = new.stripe(0).strip_sectors;
+        let new_dd = data_disks(new) as u64;
+        let unit = old_chunk.max(new_chunk) * new_dd;
+        WindowUnits {
+            old_chunk,
+            old_dd: data_disks(old) as u64,
+            new_dd,
+            unit,
+            most: (WINDOW_BYTES_MAX / SECTOR_BYTES / unit).max(1) * unit,
+        }
+    }
+}
+
+fn stuck(position: u64) -> String {
+    format!(
         "the next rows cannot move without overwriting rows not yet moved (at sector {position}): the data offset moved too little"
-    ))
+    )
+}
+
+/// The start of the next window of a backward reshape, which ends at the
+/// point: the mirror of `window_end`. Whole units, at most
+/// WINDOW_BYTES_MAX, and no lower than where the window's new rows (the
+/// members' new data start lies `shift` after the old one) begin past the
+/// end of the old rows the window reads; so a window never overwrites
+/// the old copy it is redone from after a crash, nor any row not yet read.
+fn window_start(reshaping: &Reshaping, offsets: &[(u64, u64)]) -> Result<u64, String> {
+    let w = WindowUnits::of(reshaping);
+    let position = reshaping.position_sectors();
+    debug_assert!(position % w.unit == 0, "the point lies on a unit");
+    // How far the new data start lies after the old one, the least over
+    // the members: the room the new rows have above the old.
+    let lead = offsets
+        .iter()
+        .map(|(old_offset, new_offset)| new_offset.saturating_sub(*old_offset))
+        .min()
+        .unwrap_or(0);
+    // The old rows the window reads end at this member sector (relative
+    // to the old data start): the old row holding the sector below the
+    // point, whole.
+    let old_end = position.div_ceil(w.old_chunk * w.old_dd) * w.old_chunk;
+    let mut start = position.saturating_sub(w.most);
+    while start < position {
+        // The window's new rows begin at this member sector (relative to
+        // the new data start).
+        let new_start = start / w.new_dd;
+        if new_start + lead >= old_end {
+            return Ok(start);
+        }
+        start += w.unit;
+    }
+    Err(stuck(position))
 }
 
 /// Whether uraid can continue the reshape an array was assembled in the
 /// middle of; the reason it cannot otherwise.
 pub(super) fn check_resumable(array: &crate::array::Assembled) -> Result<(), String> {
     let reshaping = array.geometry.reshaping().expect("reshaping");
-    let why = if reshaping.backwards() {
-        Some("it runs backwards (a shrink, or md chose to), which uraid does not run yet")
+    let why = if reshaping.backwards() && array.sb.delta_disks >= 0 {
+        Some("it keeps the member count and runs backwards, which uraid does not run yet")
     } else if array.sb.feature_map & MD_FEATURE_NEW_OFFSET == 0 {
         Some("it keeps its data offset and relies on mdadm's backup file, which uraid does not support")
     } else if array.sb.feature_map & crate::format::MD_FEATURE_BITMAP_OFFSET != 0 {

@@ -18,6 +18,18 @@ fn array_with_spares(
     chunk_kib: u64,
     member_mib: u64,
 ) -> Vec<PathBuf> {
+    sized_array(dir, level, (disks, spares), chunk_kib, member_mib, None)
+}
+
+/// `array_with_spares` using `size_sectors` of each member (create --size).
+pub(super) fn sized_array(
+    dir: &std::path::Path,
+    level: Level,
+    (disks, spares): (u32, u32),
+    chunk_kib: u64,
+    member_mib: u64,
+    size_sectors: Option<u64>,
+) -> Vec<PathBuf> {
     let paths: Vec<PathBuf> = (0..disks + spares)
         .map(|i| {
             let p = dir.join(format!("m{i}"));
@@ -36,7 +48,7 @@ fn array_with_spares(
         metadata: Metadata::V1_2,
         assume_clean: true,
         name: "reshape".into(),
-        size_sectors: None,
+        size_sectors,
         force: false,
         homehost: None,
     };
@@ -45,7 +57,7 @@ fn array_with_spares(
     paths
 }
 
-fn wait_reshaped(engine: &Arc<Engine>) {
+pub(super) fn wait_reshaped(engine: &Arc<Engine>) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while engine.geometry().reshaping().is_some() || engine.snapshot().sync.is_some() {
         assert!(
@@ -57,7 +69,7 @@ fn wait_reshaped(engine: &Arc<Engine>) {
     }
 }
 
-fn random_image(len: usize, seed: u64) -> Vec<u8> {
+pub(super) fn random_image(len: usize, seed: u64) -> Vec<u8> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     (0..len).map(|_| rng.gen()).collect()
 }
@@ -255,7 +267,7 @@ fn a_raid1_shrinks_by_packing_its_members_and_assembles_so() {
 /// Drops the engine as a crash would (no shutdown: no clean state, the
 /// reshape's point only as the last window recorded it) and waits for
 /// its threads to let go.
-fn crash(engine: Arc<Engine>) {
+pub(super) fn crash(engine: Arc<Engine>) {
     let weak = Arc::downgrade(&engine);
     drop(engine);
     let deadline = Instant::now() + Duration::from_secs(60);

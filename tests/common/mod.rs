@@ -142,6 +142,119 @@ pub fn examine_comparable(examine: &str) -> Vec<String> {
         .collect()
 }
 
+/// An array a test reshaped, for the kernel to check afterwards.
+pub struct KernelCheck {
+    pub name: String,
+    pub members: Vec<PathBuf>,
+    /// What md must read: the whole array.
+    pub expected: PathBuf,
+    /// What /sys/block/md0/md shows once md has it: level, raid_disks,
+    /// chunk_size (bytes), layout.
+    pub shape: String,
+}
+
+/// Guest lines that assemble `c`'s members (`mdadm --assemble --run`), let
+/// md finish any reshape, and print for its name: `SHAPE` (level,
+/// raid_disks, chunk_size, layout from sysfs), `CMP` (`same` when md reads
+/// exactly the expected bytes), `SPARES` (members md holds as spares) and
+/// `MISMATCH` (mismatch_cnt after a check; raid0 has no redundancy to
+/// check). Read with [`assert_kernel_checked`].
+pub fn kernel_check_lines(dir: &Path, c: &KernelCheck) -> String {
+    let (d, name) = (dir.display(), &c.name);
+    let mut s = losetup_lines(&c.members);
+    s.push_str(&format!(
+        "mdadm --assemble /dev/md0 --run \"${{L[@]}}\" >{d}/{name}.assemble 2>&1 || echo \"ASSEMBLE {name} failed\"\n\
+         echo 200000 > /proc/sys/dev/raid/speed_limit_max\n\
+         mdadm --wait /dev/md0 >/dev/null 2>&1 || true\n\
+         while grep -qE 'reshape|recovery' /proc/mdstat; do sleep 0.5; done\n\
+         md=/sys/block/md0/md\n\
+         echo \"SHAPE {name} $(cat $md/level) $(cat $md/raid_disks) $(cat $md/chunk_size) $(cat $md/layout)\"\n\
+         echo \"SPARES {name} $(grep -l spare $md/dev-*/state | wc -l)\"\n\
+         cmp /dev/md0 {} >/dev/null 2>&1 && echo \"CMP {name} same\" || echo \"CMP {name} differs\"\n\
+         if [ \"$(cat $md/level)\" = raid0 ]; then echo \"MISMATCH {name} 0\"; else\n\
+         echo check > $md/sync_action; sleep 0.2; mdadm --wait /dev/md0 >/dev/null 2>&1 || true\n\
+         while [ \"$(cat $md/sync_action)\" != idle ]; do sleep 0.2; done\n\
+         echo \"MISMATCH {name} $(cat $md/mismatch_cnt)\"; fi\n\
+         mdadm --stop /dev/md0 >/dev/null\n\
+         for l in \"${{L[@]}}\"; do losetup -d \"$l\"; done\n",
+        c.expected.display()
+    ));
+    s
+}
+
+/// Checks what [`kernel_check_lines`] printed for `c`: md has its shape,
+/// reads the expected bytes and finds parity consistent.
+pub fn assert_kernel_checked(out: &str, c: &KernelCheck) {
+    let name = &c.name;
+    let got = |key: &str| results(out, key).get(name).cloned();
+    assert_eq!(
+        got("SHAPE").as_ref(),
+        Some(&c.shape),
+        "{name}: md's shape\n{out}"
+    );
+    assert_eq!(
+        got("CMP").as_deref(),
+        Some("same"),
+        "{name}: md's bytes\n{out}"
+    );
+    assert_eq!(
+        got("MISMATCH").as_deref(),
+        Some("0"),
+        "{name}: md's check\n{out}"
+    );
+}
+
+/// Creates `level` with uraid on `disks` members and `spares` spares of
+/// `member_bytes` each (`create_args` added to create's), serves it, fills
+/// it with a pattern from `seed` and adds the spares. Returns the member
+/// files, the server and the pattern.
+pub fn served_pattern_array(
+    dir: &Path,
+    name: &str,
+    level: &str,
+    (disks, spares): (usize, usize),
+    member_bytes: u64,
+    create_args: &[&str],
+    seed: u64,
+) -> (Vec<PathBuf>, Served, Vec<u8>) {
+    let files = sparse_files(
+        dir,
+        &format!("{name}."),
+        &vec![member_bytes; disks + spares],
+    );
+    let all = paths(&files);
+    let disks_arg = disks.to_string();
+    let mut args = vec![
+        "create",
+        "--level",
+        level,
+        "--raid-devices",
+        &disks_arg,
+        "--assume-clean",
+    ];
+    args.extend_from_slice(create_args);
+    args.extend_from_slice(&all[..disks]);
+    uraid_ok(&args);
+    let served = serve(dir, &[], &all[..disks]);
+    let size = array_bytes(&all[..disks]) as usize;
+    let pattern = random_bytes(seed, size);
+    let image = dir.join(format!("{name}.image"));
+    std::fs::write(&image, &pattern).unwrap();
+    nbdcopy_in(&image, served.uri());
+    for spare in &all[disks..] {
+        manage_ok(&served.control, &["--add", spare]);
+    }
+    (files, served, pattern)
+}
+
+/// Waits until the served array no longer reshapes; its last status.
+pub fn wait_reshape_ended(served: &Served, limit: Duration) -> serde_json::Value {
+    wait_status(&served.control, "the reshape to end", limit, |s| {
+        !s["mdstat"].as_str().unwrap_or_default().contains("reshape")
+            && s["detail"]["reshape"].is_null()
+    })
+}
+
 /// Script lines that attach each file to a loop device in the guest, into
 /// the bash array L (mdadm cannot open hostfs files directly).
 pub fn losetup_lines(files: &[PathBuf]) -> String {

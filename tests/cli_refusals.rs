@@ -705,8 +705,21 @@ fn reshape_refusals() {
         &["--raid-devices", "3", "--array-size", &two_thirds],
         "not enough room after the data",
     );
-    reshape_refused(&served, &members, &["--level", "6"], "not supported");
-    reshape_refused(&served, &members, &["--level", "4"], "parity-last");
+    // Level changes: raid6 needs a spare for Q, raid6 and raid0 are not
+    // one step apart, and the level goes alone.
+    reshape_refused(&served, &members, &["--level", "6"], "add a spare first");
+    reshape_refused(
+        &served,
+        &members,
+        &["--level", "10"],
+        "md cannot change raid5 to raid10",
+    );
+    reshape_refused(
+        &served,
+        &members,
+        &["--level", "6", "--raid-devices", "7"],
+        "two commands",
+    );
     reshape_refused(
         &served,
         &members,
@@ -751,17 +764,16 @@ fn reshape_refusals() {
         "raid4/5/6",
     );
     refused_as_created(
-        "bitmap-",
-        &[
-            "--level",
-            "5",
-            "--raid-devices",
-            "4",
-            "--bitmap",
-            "internal",
-        ],
-        &["--chunk", "128K"],
-        "remove the write-intent bitmap",
+        "r1to5-",
+        &["--level", "1", "--raid-devices", "4"],
+        &["--level", "5"],
+        "only a raid1 of 2 members",
+    );
+    refused_as_created(
+        "r6to0-",
+        &["--level", "6", "--raid-devices", "4"],
+        &["--level", "0"],
+        "through raid5",
     );
     refused_as_created(
         "v10-",

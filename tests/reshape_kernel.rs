@@ -374,7 +374,7 @@ fn wait_reshaped(served: &Served) -> serde_json::Value {
 }
 
 /// md's view of the new shape, as the guest prints it from sysfs.
-fn shape(level: &str, disks: usize, chunk_kib: u64, layout: u32) -> String {
+fn shape(level: &str, disks: usize, chunk_kib: u64, layout: i32) -> String {
     format!("{level} {disks} {} {layout}", chunk_kib * 1024)
 }
 
@@ -494,12 +494,9 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
         );
         assert_ne!(patched, pattern);
         manage_ok(&served.control, &["--speed-limit-max", "200000"]);
-        let status = wait_reshaped(&served);
-        let events: Vec<String> = status_events(&status).iter().map(|e| e.0.clone()).collect();
-        assert!(
-            takeover || events.iter().any(|e| e == "RebuildFinished"),
-            "{name}: {events:?}"
-        );
+        if !takeover {
+            wait_finished(&served);
+        }
         // A new connection sees the array at its new size.
         let size = array_bytes(&paths(&files)[..*disks + *spares]) as usize;
         assert!(size >= patched.len());
@@ -559,13 +556,7 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
         })
         .collect();
     let resumed = serve(dir, &[], &paths(&copies));
-    let status = wait_reshaped(&resumed);
-    assert!(
-        status_events(&status)
-            .iter()
-            .any(|e| e.0 == "RebuildFinished"),
-        "uraid did not finish the reshape it was killed in"
-    );
+    wait_finished(&resumed);
     let back = nbdcopy_out(resumed.uri(), dir);
     assert_eq!(back.len(), size);
     assert_same_bytes(
@@ -603,13 +594,7 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
     let ksize: usize = results(&out, "SIZE")["kstarted"].parse().unwrap();
     let kall = paths(&kfiles);
     let served = serve(dir, &[], &kall);
-    let status = wait_reshaped(&served);
-    assert!(
-        status_events(&status)
-            .iter()
-            .any(|e| e.0 == "RebuildFinished"),
-        "uraid did not finish the kernel's reshape"
-    );
+    wait_finished(&served);
     let back = nbdcopy_out(served.uri(), dir);
     assert_same_bytes(
         &back[..ksize],
@@ -682,8 +667,8 @@ fn uraid_changes_levels_while_serving_and_hands_over() {
         shape: shape("raid6", 5, 64, 2),
     });
 
-    // (name, level, members, spares, chunk, change, members the result
-    // keeps, md's shape after)
+    // (name, level, members, spares, create's options, change, members the
+    // result keeps, md's shape after)
     type Run = (
         &'static str,
         &'static str,
@@ -694,13 +679,13 @@ fn uraid_changes_levels_while_serving_and_hands_over() {
         usize,
         &'static str,
     );
-    let runs: [Run; 7] = [
+    let runs: [Run; 9] = [
         (
-            "r5to6",
+            "u5to6",
             "raid5",
             4,
             1,
-            "64K",
+            "--chunk 64K",
             &["--level", "6"],
             5,
             "raid6 5 64 2",
@@ -710,7 +695,7 @@ fn uraid_changes_levels_while_serving_and_hands_over() {
             "raid6",
             5,
             0,
-            "64K",
+            "--chunk 64K",
             &["--level", "5"],
             5,
             "raid5 4 64 2",
@@ -720,7 +705,7 @@ fn uraid_changes_levels_while_serving_and_hands_over() {
             "raid0",
             3,
             1,
-            "64K",
+            "--chunk 64K",
             &["--level", "5"],
             4,
             "raid5 4 64 2",
@@ -730,7 +715,7 @@ fn uraid_changes_levels_while_serving_and_hands_over() {
             "raid0",
             3,
             1,
-            "64K",
+            "--chunk 64K",
             &["--level", "4"],
             4,
             "raid4 4 64 5",
@@ -740,10 +725,10 @@ fn uraid_changes_levels_while_serving_and_hands_over() {
             "raid5",
             4,
             0,
-            "64K",
+            "--chunk 64K",
             &["--level", "0"],
             3,
-            "raid0 3 64 0",
+            "raid0 3 64 -1",
         ),
         (
             "r1to5",
@@ -760,19 +745,48 @@ fn uraid_changes_levels_while_serving_and_hands_over() {
             "raid5",
             2,
             0,
-            "64K",
+            "--chunk 64K",
             &["--level", "1"],
             2,
             "raid1 2 0 0",
         ),
+        // With a write-intent bitmap, which md keeps through a reshape.
+        (
+            "b5add",
+            "raid5",
+            4,
+            1,
+            "--chunk 64K --bitmap internal --bitmap-chunk 1M",
+            &["--raid-devices", "5"],
+            5,
+            "raid5 5 64 2",
+        ),
+        (
+            "b5to6",
+            "raid5",
+            4,
+            1,
+            "--chunk 32K --bitmap internal --bitmap-chunk 1M",
+            &["--level", "6"],
+            5,
+            "raid6 5 32 2",
+        ),
     ];
-    for (i, (name, level, disks, spares, chunk, change, kept, md_shape)) in runs.iter().enumerate()
+    for (i, (name, level, disks, spares, create, change, kept, md_shape)) in runs.iter().enumerate()
     {
         // md's raid0 takes no spares: they join once it has parity.
         let raid0 = *level == "raid0";
         let early = if raid0 { 0 } else { *spares };
-        let (mut files, served, _) =
-            uraid_array(dir, name, level, *disks, early, chunk, 500 + i as u64);
+        let create: Vec<&str> = create.split_whitespace().collect();
+        let (mut files, served, _) = served_pattern_array(
+            dir,
+            name,
+            level,
+            (*disks, early),
+            MEMBER_BYTES,
+            &create,
+            500 + i as u64,
+        );
         manage_ok(&served.control, &["--speed-limit-max", "4000"]);
         let mut grow = vec!["--grow"];
         grow.extend_from_slice(change);

@@ -171,9 +171,14 @@ pub fn room_after_data(sb: &MemberSuper, device_sectors: u64) -> u64 {
 
 /// The lowest sector a 1.1/1.2 member's data may start at: past its
 /// superblock's 36 KiB (md's super_1_allow_new_offset keeps new data
-/// clear of the superblock, the bad-block log and the bitmap).
-pub fn lowest_data_offset(sb: &MemberSuper) -> u64 {
+/// clear of the superblock, the bad-block log and the bitmap, whose
+/// `bitmap_bytes` it counts in whole 4 KiB pages).
+pub fn lowest_data_offset(sb: &MemberSuper, bitmap_bytes: u64) -> u64 {
     let mut lowest = sb.super_offset_sectors + 72;
+    if sb.feature_map & crate::format::MD_FEATURE_BITMAP_OFFSET != 0 {
+        let start = sb.super_offset_sectors as i64 + i64::from(sb.bitmap_offset_sectors);
+        lowest = lowest.max(start as u64 + bitmap_bytes.div_ceil(4096) * 8);
+    }
     if sb.bblog_offset_sectors > 0 {
         lowest = lowest.max(
             (sb.super_offset_sectors as i64 + i64::from(sb.bblog_offset_sectors)) as u64
@@ -270,11 +275,6 @@ pub fn plan_reshape(ctx: &ReshapeContext, request: &ReshapeRequest) -> Result<Re
 pub(super) fn restripe_allowed(ctx: &ReshapeContext, degraded: bool) -> Result<(), String> {
     if ctx.sb.feature_map & crate::format::MD_FEATURE_JOURNAL != 0 {
         return Err("an array with a write journal cannot be reshaped (md refuses it too)".into());
-    }
-    if ctx.sb.feature_map & crate::format::MD_FEATURE_BITMAP_OFFSET != 0 {
-        return Err(
-            "remove the write-intent bitmap first (manage --grow --bitmap none); uraid does not reshape with a bitmap yet".into(),
-        );
     }
     if degraded {
         return Err("the array is degraded: rebuild it before reshaping".into());

@@ -86,6 +86,11 @@ impl LiveBitmap {
     /// The /proc/mdstat "bitmap:" line's figures: md keeps a 16-bit counter
     /// per chunk in 4 KiB pages (2048 a page); the file size is the on-disk
     /// bitmap rounded to pages.
+    /// The bytes the bitmap takes on each member (superblock and bits).
+    pub fn area_bytes(&self) -> u64 {
+        self.state.lock().unwrap().0.area_bytes()
+    }
+
     pub fn mdstat_line(&self) -> String {
         let state = self.state.lock().unwrap();
         let chunks = state.1.chunks();
@@ -130,9 +135,7 @@ impl Engine {
         let Some(bitmap) = self.live_bitmap() else {
             return Ok(None);
         };
-        let range = self.geometry().resync_position_sectors(stripe)
-            ..self.geometry().resync_position_sectors(stripe + 1);
-        let chunks = bitmap.chunks_of(range);
+        let chunks = bitmap.chunks_of(self.geometry().bitmap_sectors(stripe));
         for c in chunks.clone() {
             bitmap.pending[c as usize].fetch_add(1, Ordering::SeqCst);
         }
@@ -223,9 +226,7 @@ impl Engine {
     pub(super) fn stripe_needs_resync(&self, stripe: u64) -> bool {
         match self.live_bitmap() {
             Some(bitmap) if bitmap.trusted => {
-                let range = self.geometry().resync_position_sectors(stripe)
-                    ..self.geometry().resync_position_sectors(stripe + 1);
-                bitmap.any_dirty(range)
+                bitmap.any_dirty(self.geometry().bitmap_sectors(stripe))
             }
             _ => true,
         }

@@ -89,6 +89,7 @@ impl Engine {
                         })
                         .then(|| "a member is being rebuilt or replaced".to_string())
                 });
+            let bitmap_bytes = self.live_bitmap().map_or(0, |b| b.area_bytes());
             let members = array
                 .devices
                 .iter()
@@ -96,7 +97,7 @@ impl Engine {
                 .map(|d| MemberRoom {
                     data_offset_sectors: d.sb.data_offset_sectors,
                     data_sectors: d.sb.data_size_sectors,
-                    lowest_data_offset_sectors: lowest_data_offset(&d.sb),
+                    lowest_data_offset_sectors: lowest_data_offset(&d.sb, bitmap_bytes),
                     room_after_sectors: room_after_data(&d.sb, d.member.size_sectors()),
                 })
                 .collect();
@@ -698,6 +699,47 @@ fn release_removed_roles(array: &mut crate::array::Assembled, roles: usize) {
     array.slots.truncate(roles);
 }
 
+/// Members rebuilt along with a forward reshape that hold only parity
+/// where they are not yet in sync: past their recovery offset, the old
+/// layout's rows; before the point, the new layout's too. md's raid5_run
+/// counts them as dirty parity disks, which a dirty array may lack.
+pub(super) fn dirty_parity_members(array: &crate::array::Assembled) -> usize {
+    let Some(reshaping) = array.geometry.reshaping().filter(|r| !r.backwards()) else {
+        return 0;
+    };
+    let new_dd = data_disks(reshaping.new_geometry()) as u64;
+    let point = reshaping.position_sectors() / new_dd;
+    array
+        .devices
+        .iter()
+        .filter(|d| match d.state {
+            DeviceState::Recovering {
+                role,
+                recovery_offset_sectors,
+            } => {
+                only_parity(reshaping.old(), role)
+                    && (recovery_offset_sectors >= point
+                        || only_parity(reshaping.new_geometry(), role))
+            }
+            _ => false,
+        })
+        .count()
+}
+
+/// Whether `role` holds parity in every row of `g` (one full rotation of
+/// its layout is every row there is to see).
+fn only_parity(g: &Geometry, role: usize) -> bool {
+    let period = (g.raid_disks() as u64).min(g.stripe_count());
+    g.level().has_parity()
+        && (0..period).all(|stripe| {
+            let map = g.stripe(stripe);
+            [map.p, map.q]
+                .iter()
+                .flatten()
+                .any(|place| place.member == role)
+        })
+}
+
 fn data_disks(g: &Geometry) -> usize {
     g.raid_disks() - g.level().parity_members()
 }
@@ -915,8 +957,6 @@ pub(super) fn check_resumable(array: &crate::array::Assembled) -> Result<(), Str
         Some("it keeps the member count and runs backwards, which uraid does not run yet")
     } else if array.sb.feature_map & MD_FEATURE_NEW_OFFSET == 0 {
         Some("it keeps its data offset and relies on mdadm's backup file, which uraid does not support")
-    } else if array.sb.feature_map & crate::format::MD_FEATURE_BITMAP_OFFSET != 0 {
-        Some("the array has a write-intent bitmap, which uraid does not reshape with yet")
     } else if array
         .devices
         .iter()

@@ -95,6 +95,14 @@ impl Engine {
             }
         }
         assert_eq!(array.slots.len(), t.params.raid_disks as usize);
+        if t.params.level == Level::Raid0 {
+            // raid0 sizes its zones by each member's data size, which md's
+            // raid0_takeover_raid45 sets to the component size: the array
+            // keeps its size, then and at every assembly.
+            for device in array.devices.iter_mut() {
+                device.sb.data_size_sectors = t.params.dev_sectors;
+            }
+        }
         let sb = &mut array.sb;
         sb.level = t.params.level.md_number();
         sb.layout = t.params.layout;

@@ -366,6 +366,15 @@ impl Geometry {
         }
     }
 
+    /// The sectors of md's resync unit the write-intent bitmap marks for a
+    /// write to `stripe` (see [`Reshaping::bitmap_sectors`] mid-reshape).
+    pub fn bitmap_sectors(&self, stripe: u64) -> std::ops::Range<u64> {
+        match self {
+            Geometry::Reshaping(r) => r.bitmap_sectors(stripe),
+            _ => self.resync_position_sectors(stripe)..self.resync_position_sectors(stripe + 1),
+        }
+    }
+
     /// The first stripe a resync that stopped at `position_sectors` (in md's
     /// unit, see [`Geometry::resync_position_sectors`]) must still visit.
     pub fn stripe_at_resync_position(&self, position_sectors: u64) -> u64 {

@@ -224,6 +224,15 @@ impl Reshaping {
         }
     }
 
+    /// The sectors md's write-intent bitmap counts stripe `stripe` by: its
+    /// resync unit in the geometry of its own side (raid5.c marks a stripe
+    /// by its sector in the layout it is written in, old or new).
+    pub fn bitmap_sectors(&self, stripe: u64) -> std::ops::Range<u64> {
+        let (side, own) = self.split(stripe);
+        let g = self.geometry(side);
+        g.resync_position_sectors(own)..g.resync_position_sectors(own + 1)
+    }
+
     /// The sectors the mapping covers (see the field).
     pub fn extent_sectors(&self) -> u64 {
         self.extent_sectors

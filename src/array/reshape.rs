@@ -1,8 +1,10 @@
 //! Assembling an array that md (or uraid) left part way through a reshape:
 //! the superblock's reshape fields turned into a [`Reshaping`] geometry, with
-//! the checks md's raid5_run makes before it trusts them.
+//! the checks md's raid5_run (raid10_run for raid10) makes before it trusts
+//! them.
 
 use super::assemble::{AssembleError, DeviceState, FoundDevice};
+use super::reshape_raid10::{check_raid10_reshaping, plan_raid10_reshape};
 use super::Slots;
 use crate::format::{MemberSuper, MD_FEATURE_RESHAPE_ACTIVE, MD_FEATURE_RESHAPE_BACKWARDS};
 use crate::geometry::{Geometry, GeometryError, GeometryParams, Level, ReshapePoint, Reshaping};
@@ -36,11 +38,20 @@ pub fn reshaping_geometry(
     devices: &[FoundDevice],
 ) -> Result<Geometry, AssembleError> {
     let refuse = |why: String| AssembleError::Geometry(GeometryError::Invalid(why));
-    if !matches!(params.level, Level::Raid4 | Level::Raid5 | Level::Raid6) {
+    if !matches!(
+        params.level,
+        Level::Raid4 | Level::Raid5 | Level::Raid6 | Level::Raid10
+    ) {
         return Err(refuse(format!(
-            "a {} reshape is in progress, and uraid reads only raid4/5/6 arrays mid-reshape; \
+            "a {} reshape is in progress, and uraid reads only raid4/5/6/10 arrays mid-reshape; \
              let mdadm finish it (mdadm --assemble)",
             params.level
+        )));
+    }
+    if params.level == Level::Raid10 && sb.new_level != params.level.md_number() {
+        return Err(refuse(format!(
+            "a raid10 reshape to level {} is recorded, which md never runs",
+            sb.new_level
         )));
     }
     if sb.feature_map & crate::format::MD_FEATURE_JOURNAL != 0 {
@@ -71,12 +82,23 @@ pub fn reshaping_geometry(
             new_offsets[role] = new_data_offset(&device.sb)?;
         }
     }
+    let backwards = reshape_backwards(sb);
+    if new.level() == Level::Raid10 {
+        let moved = devices.iter().filter_map(|device| match device.state {
+            DeviceState::Active { role } => {
+                let diff = old_offsets[role] as i64 - new_offsets[role] as i64;
+                Some(if backwards { -diff } else { diff })
+            }
+            _ => None,
+        });
+        check_raid10_reshaping(&old, &new, moved).map_err(refuse)?;
+    }
     let reshaping = Reshaping::new(
         old,
         new,
         ReshapePoint {
             position_sectors: sb.reshape_position_sectors,
-            backwards: reshape_backwards(sb),
+            backwards,
             old_offset_sectors: old_offsets.clone(),
             new_offset_sectors: new_offsets.clone(),
         },
@@ -183,9 +205,12 @@ pub fn plan_reshape(ctx: &ReshapeContext, request: &ReshapeRequest) -> Result<Re
     if let Some(busy) = &ctx.busy {
         return Err(format!("cannot reshape while {busy} (md: EBUSY)"));
     }
+    if level == Level::Raid10 {
+        return plan_raid10_reshape(ctx, request);
+    }
     if !matches!(level, Level::Raid4 | Level::Raid5 | Level::Raid6) {
         return Err(format!(
-            "uraid reshapes raid4/5/6 arrays; changing a {level} array's shape is not supported yet"
+            "uraid reshapes raid4/5/6/10 arrays; changing a {level} array's shape is not supported yet"
         ));
     }
     if let Some(new_level) = request.level.filter(|l| *l != level.md_number()) {
@@ -214,6 +239,43 @@ pub fn plan_reshape(ctx: &ReshapeContext, request: &ReshapeRequest) -> Result<Re
             ctx.sb.metadata.as_str()
         ));
     }
+    let new = requested_shape(&old, request)?;
+    let raid_disks = new.raid_disks;
+    let new_geometry = Geometry::new(&new).map_err(|e| e.to_string())?;
+    let old_geometry = Geometry::new(&old).map_err(|e| e.to_string())?;
+    if new_geometry.array_sectors() < old_geometry.array_sectors() {
+        return Err(
+            "this change will reduce the size of the array (mdadm refuses it without --array-size)"
+                .into(),
+        );
+    }
+    let spares_needed = check_spares(ctx, old.raid_disks, raid_disks)?;
+    // mdadm moves the data by the rows both geometries share
+    // (compute_backup_blocks): whole old and new rows fit it, so a row is
+    // never written over its own unread source. Same-count reshapes also
+    // need a move of at least both chunks for the kernel to resume them.
+    let old_dd = u64::from(old.raid_disks) - level.parity_members() as u64;
+    let new_dd = u64::from(raid_disks) - level.parity_members() as u64;
+    let backup_sectors = lcm(old.chunk_sectors * old_dd, new.chunk_sectors * new_dd);
+    let mut shift = backup_sectors / old_dd;
+    if raid_disks == old.raid_disks {
+        shift = shift.max(old.chunk_sectors.max(new.chunk_sectors));
+    }
+    check_room(&ctx.members, shift, "without a backup file")?;
+    Ok(ReshapePlan {
+        old,
+        new,
+        new_offset_sectors: -(shift as i64),
+        spares_needed,
+    })
+}
+
+/// The shape `request` asks for, refused when it changes nothing or
+/// removes members (a backward reshape, which uraid does not run).
+pub(super) fn requested_shape(
+    old: &GeometryParams,
+    request: &ReshapeRequest,
+) -> Result<GeometryParams, String> {
     let raid_disks = request.raid_devices.unwrap_or(old.raid_disks);
     if raid_disks < old.raid_disks {
         return Err(format!(
@@ -227,53 +289,41 @@ pub fn plan_reshape(ctx: &ReshapeContext, request: &ReshapeRequest) -> Result<Re
         raid_disks,
         ..old.clone()
     };
-    if new == old {
+    if new == *old {
         return Err("nothing to change: the array already has that shape".into());
     }
-    let new_geometry = Geometry::new(&new).map_err(|e| e.to_string())?;
-    let old_geometry = Geometry::new(&old).map_err(|e| e.to_string())?;
-    if new_geometry.array_sectors() < old_geometry.array_sectors() {
-        return Err(
-            "this change will reduce the size of the array (mdadm refuses it without --array-size)"
-                .into(),
-        );
-    }
-    let spares_needed = (raid_disks - old.raid_disks) as usize;
-    if ctx.spares < spares_needed {
+    Ok(new)
+}
+
+/// The spares a grow from `old` to `new` members takes (md's start_reshape
+/// refuses to end up degraded), or why there are too few.
+pub(super) fn check_spares(ctx: &ReshapeContext, old: u32, new: u32) -> Result<usize, String> {
+    let needed = new.saturating_sub(old) as usize;
+    if ctx.spares < needed {
         return Err(format!(
-            "going from {} to {raid_disks} members needs {spares_needed} spare(s), the array has {}: add them first (manage --add)",
-            old.raid_disks, ctx.spares
+            "going from {old} to {new} members needs {needed} spare(s), the array has {}: add them first (manage --add)",
+            ctx.spares
         ));
     }
-    // mdadm moves the data by the rows both geometries share
-    // (compute_backup_blocks): whole old and new rows fit it, so a row is
-    // never written over its own unread source. Same-count reshapes also
-    // need a move of at least both chunks for the kernel to resume them.
-    let old_dd = u64::from(old.raid_disks) - level.parity_members() as u64;
-    let new_dd = u64::from(raid_disks) - level.parity_members() as u64;
-    let backup_sectors = lcm(old.chunk_sectors * old_dd, new.chunk_sectors * new_dd);
-    let mut shift = backup_sectors / old_dd;
-    if raid_disks == old.raid_disks {
-        shift = shift.max(old.chunk_sectors.max(new.chunk_sectors));
-    }
-    for room in &ctx.members {
+    Ok(needed)
+}
+
+/// Refuses when a member has less than `shift` sectors free before its
+/// data, where the reshape moves it (`how` says which reshape).
+pub(super) fn check_room(members: &[MemberRoom], shift: u64, how: &str) -> Result<(), String> {
+    for room in members {
         let free = room
             .data_offset_sectors
             .saturating_sub(room.lowest_data_offset_sectors);
         if free < shift {
             return Err(format!(
-                "not enough room before the data to reshape without a backup file: {} KiB needed, {} KiB free",
+                "not enough room before the data to reshape {how}: {} KiB needed, {} KiB free",
                 shift / 2,
                 free / 2
             ));
         }
     }
-    Ok(ReshapePlan {
-        old,
-        new,
-        new_offset_sectors: -(shift as i64),
-        spares_needed,
-    })
+    Ok(())
 }
 
 /// A level change md makes in place, without moving data (a takeover):

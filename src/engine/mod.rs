@@ -1189,3 +1189,5 @@ impl BlockBackend for Engine {
 mod tests;
 #[cfg(test)]
 mod tests_reshape;
+#[cfg(test)]
+mod tests_reshape_raid10;

@@ -6,6 +6,8 @@ use super::{DataStrip, GeometryError, GeometryParams, Level, Place, StripeMap};
 
 #[derive(Clone, Debug)]
 pub struct Raid10 {
+    /// md's layout number (near, far, offset and far-set bits).
+    layout: u32,
     raid_disks: usize,
     near_copies: usize,
     far_copies: usize,
@@ -61,6 +63,7 @@ impl Raid10 {
             used_chunks_per_dev / far_copies as u64 * chunk
         };
         Ok(Raid10 {
+            layout: p.layout,
             raid_disks,
             near_copies,
             far_copies,
@@ -78,6 +81,42 @@ impl Raid10 {
 
     pub fn copies(&self) -> usize {
         self.near_copies * self.far_copies
+    }
+
+    pub fn layout(&self) -> u32 {
+        self.layout
+    }
+
+    pub fn chunk_sectors(&self) -> u64 {
+        self.chunk_sectors
+    }
+
+    pub fn far_copies(&self) -> usize {
+        self.far_copies
+    }
+
+    /// The far layout proper (copies a far-section apart, not offset):
+    /// md never reshapes it, since its copies span the whole member.
+    pub fn is_far(&self) -> bool {
+        self.far_copies > 1 && !self.far_offset
+    }
+
+    /// The first member sector (relative to the data offset) that may hold
+    /// any of the chunk holding `array_sector`: raid10.c's
+    /// first_dev_address, which bounds where a reshape may still read.
+    pub fn first_member_sector(&self, array_sector: u64) -> u64 {
+        let chunk = array_sector / self.chunk_sectors;
+        let row = chunk * self.near_copies as u64 / self.raid_disks as u64;
+        row * self.far_copies as u64 * self.chunk_sectors
+    }
+
+    /// The member sector just past anything of the chunk holding
+    /// `array_sector`: raid10.c's last_dev_address, which bounds where a
+    /// reshape writes.
+    pub fn member_sectors_end(&self, array_sector: u64) -> u64 {
+        let chunks = array_sector / self.chunk_sectors + 1;
+        let rows = (chunks * self.near_copies as u64).div_ceil(self.raid_disks as u64);
+        rows * self.far_copies as u64 * self.chunk_sectors
     }
 
     pub fn array_sectors(&self) -> u64 {

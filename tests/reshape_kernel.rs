@@ -24,7 +24,6 @@ mod common;
 use common::*;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 const MIB: usize = 1 << 20;
 /// Each member's size: small, so that the reshape is seconds long.
@@ -343,17 +342,6 @@ fn differing_range(a: &[u8], b: &[u8]) -> Option<std::ops::Range<usize>> {
     Some(first..last + 1)
 }
 
-/// One array uraid reshapes, for the kernel to check afterwards.
-struct Grown {
-    name: String,
-    members: Vec<PathBuf>,
-    /// What md must read, the whole new size.
-    expected: PathBuf,
-    /// What /sys/block/md0/md shows once md has it: level, raid_disks,
-    /// chunk_size, layout.
-    shape: String,
-}
-
 /// Creates `level` on `disks` members and `spares` spares with uraid and
 /// fills it with a pattern; returns the members and the pattern.
 fn uraid_array(
@@ -365,62 +353,19 @@ fn uraid_array(
     chunk: &str,
     seed: u64,
 ) -> (Vec<PathBuf>, Served, Vec<u8>) {
-    let files = sparse_files(
+    let chunk_args: &[&str] = if chunk.is_empty() {
+        &[]
+    } else {
+        &["--chunk", chunk]
+    };
+    filled_array(
         dir,
-        &format!("{name}."),
-        &vec![MEMBER_BYTES; disks + spares],
-    );
-    let all = paths(&files);
-    let disks_arg = disks.to_string();
-    let mut args = vec![
-        "create",
-        "--level",
-        level,
-        "--raid-devices",
-        &disks_arg,
-        "--assume-clean",
-    ];
-    if !chunk.is_empty() {
-        args.extend_from_slice(&["--chunk", chunk]);
-    }
-    args.extend_from_slice(&all[..disks]);
-    uraid_ok(&args);
-    let served = serve(dir, &[], &all[..disks]);
-    let size = array_bytes(&all[..disks]) as usize;
-    let pattern = random_bytes(seed, size);
-    let image = dir.join(format!("{name}.image"));
-    std::fs::write(&image, &pattern).unwrap();
-    nbdcopy_in(&image, served.uri());
-    for spare in &all[disks..] {
-        manage_ok(&served.control, &["--add", spare]);
-    }
-    (files, served, pattern)
-}
-
-fn wait_reshaped(served: &Served) -> serde_json::Value {
-    wait_status(
-        &served.control,
-        "the reshape to end",
-        Duration::from_secs(240),
-        |s| {
-            !s["mdstat"].as_str().unwrap_or_default().contains("reshape")
-                && s["detail"]["reshape"].is_null()
-        },
+        name,
+        (level, disks, spares),
+        chunk_args,
+        MEMBER_BYTES,
+        seed,
     )
-}
-
-/// md's view of the new shape, as the guest prints it from sysfs.
-fn shape(level: &str, disks: usize, chunk_kib: u64, layout: u32) -> String {
-    format!("{level} {disks} {} {layout}", chunk_kib * 1024)
-}
-
-/// The expected image at the new size: what was written, zeroes after.
-fn expected_file(dir: &Path, name: &str, mut bytes: Vec<u8>, size: usize) -> PathBuf {
-    assert!(bytes.len() <= size);
-    bytes.resize(size, 0);
-    let path = dir.join(format!("{name}.expected"));
-    std::fs::write(&path, &bytes).unwrap();
-    path
 }
 
 /// uraid reshapes arrays while a client writes and reads through NBD; the
@@ -502,54 +447,20 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
         ),
     ];
     for (i, (name, level, disks, spares, chunk, change, md_shape)) in runs.iter().enumerate() {
-        let (files, served, pattern) =
+        let (files, served, _) =
             uraid_array(dir, name, level, *disks, *spares, chunk, 100 + i as u64);
-        manage_ok(&served.control, &["--speed-limit-max", "4000"]);
-        let mut grow = vec!["--grow"];
-        grow.extend_from_slice(change);
-        manage_ok(&served.control, &grow);
-        let status = array_status(&served.control);
+        let mdstat = grow_slowly(&served, change);
         // A takeover and a raid1's new count take effect at once.
         let takeover = change[0] == "--level" || *level == "raid1";
-        assert_eq!(
-            status["mdstat"].as_str().unwrap().contains("reshape ="),
-            !takeover,
-            "{name}: {}",
-            status["mdstat"]
-        );
-        // Writes and full reads while the point moves.
-        let image = dir.join(format!("{name}.image"));
-        let patched = nbd_patch(
-            served.uri(),
-            &image,
-            &dir.join(format!("{name}.patched")),
-            7 + i as u64,
-            64 * 1024,
-            256 * 1024,
-            40,
-        );
-        assert_ne!(patched, pattern);
-        manage_ok(&served.control, &["--speed-limit-max", "200000"]);
-        let status = wait_reshaped(&served);
+        assert_eq!(mdstat.contains("reshape ="), !takeover, "{name}: {mdstat}");
+        let (patched, status) = patch_while_reshaping(&served, dir, name, 7 + i as u64, 256 * 1024);
         let events: Vec<String> = status_events(&status).iter().map(|e| e.0.clone()).collect();
         assert!(
             takeover || events.iter().any(|e| e == "RebuildFinished"),
             "{name}: {events:?}"
         );
-        // A new connection sees the array at its new size.
         let size = array_bytes(&paths(&files)[..*disks + *spares]) as usize;
-        assert!(size >= patched.len());
-        let back = nbdcopy_out(served.uri(), dir);
-        assert_eq!(
-            back.len(),
-            size,
-            "{name}: a new connection sees the new size"
-        );
-        assert_same_bytes(
-            &back[..patched.len()],
-            &patched,
-            &format!("{name}: after the reshape"),
-        );
+        assert_reads_back(&served, dir, name, &patched, size);
         served.stop();
         let parts: Vec<&str> = md_shape.split(' ').collect();
         grown.push(Grown {
@@ -567,22 +478,7 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
 
     // A reshape uraid is killed in: the kernel continues it.
     let (files, served, pattern) = uraid_array(dir, "r5killed", "raid5", 4, 1, "64K", 200);
-    manage_ok(&served.control, &["--speed-limit-max", "2000"]);
-    manage_ok(&served.control, &["--grow", "--raid-devices", "5"]);
-    wait_status(
-        &served.control,
-        "the reshape to move",
-        Duration::from_secs(60),
-        |s| {
-            s["detail"]["reshape"]["position_sectors"]
-                .as_u64()
-                .unwrap_or(0)
-                > 0
-        },
-    );
-    served.kill();
-    let examined = String::from_utf8(uraid_ok(&["examine", paths(&files)[0]]).stdout).unwrap();
-    assert!(examined.contains("Reshape pos'n"), "{examined}");
+    kill_mid_reshape(served, &["--raid-devices", "5"], paths(&files)[0]);
     // The new size: the old one with a fourth data member.
     let size = pattern.len() / 3 * 4;
     // uraid resumes it too, on a copy: the next serve finishes it.
@@ -594,15 +490,7 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
             copy
         })
         .collect();
-    let resumed = serve(dir, &[], &paths(&copies));
-    let status = wait_reshaped(&resumed);
-    assert!(
-        status_events(&status)
-            .iter()
-            .any(|e| e.0 == "RebuildFinished"),
-        "uraid did not finish the reshape it was killed in"
-    );
-    let back = nbdcopy_out(resumed.uri(), dir);
+    let (resumed, back) = serve_to_the_end(dir, &paths(&copies), "r5killed");
     assert_eq!(back.len(), size);
     assert_same_bytes(
         &back[..pattern.len()],
@@ -638,15 +526,7 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
     let out = in_kernel(&script, 300);
     let ksize: usize = results(&out, "SIZE")["kstarted"].parse().unwrap();
     let kall = paths(&kfiles);
-    let served = serve(dir, &[], &kall);
-    let status = wait_reshaped(&served);
-    assert!(
-        status_events(&status)
-            .iter()
-            .any(|e| e.0 == "RebuildFinished"),
-        "uraid did not finish the kernel's reshape"
-    );
-    let back = nbdcopy_out(served.uri(), dir);
+    let (served, back) = serve_to_the_end(dir, &kall, "kstarted");
     assert_same_bytes(
         &back[..ksize],
         &kpattern[..ksize],
@@ -663,49 +543,5 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
 
     // The kernel assembles each: it finishes what is left, reads the same
     // bytes, has the new shape, and finds parity consistent.
-    let mut script = String::from("export MDADM_NO_SYSTEMCTL=1\n");
-    for g in &grown {
-        let name = &g.name;
-        script.push_str(&losetup_lines(&g.members));
-        let _ = writeln!(
-            script,
-            "mdadm --assemble /dev/md0 --run \"${{L[@]}}\" >{d}/{name}.assemble 2>&1 || echo \"ASSEMBLE {name} failed\"\n\
-             echo 200000 > /proc/sys/dev/raid/speed_limit_max\n\
-             mdadm --wait /dev/md0 >/dev/null 2>&1 || true\n\
-             while grep -q reshape /proc/mdstat; do sleep 0.5; done\n\
-             md=/sys/block/md0/md\n\
-             echo \"SHAPE {name} $(cat $md/level) $(cat $md/raid_disks) $(cat $md/chunk_size) $(cat $md/layout)\"\n\
-             cmp /dev/md0 {} >/dev/null 2>&1 && echo \"CMP {name} same\" || echo \"CMP {name} differs\"\n\
-             echo check > $md/sync_action; sleep 0.2; mdadm --wait /dev/md0 >/dev/null 2>&1 || true\n\
-             while [ \"$(cat $md/sync_action)\" != idle ]; do sleep 0.2; done\n\
-             echo \"MISMATCH {name} $(cat $md/mismatch_cnt)\"\n\
-             mdadm --stop /dev/md0 >/dev/null\n\
-             for l in \"${{L[@]}}\"; do losetup -d \"$l\"; done",
-            g.expected.display()
-        );
-    }
-    let out = in_kernel(&script, 600);
-    let (shapes, cmps, mismatches) = (
-        results(&out, "SHAPE"),
-        results(&out, "CMP"),
-        results(&out, "MISMATCH"),
-    );
-    for g in &grown {
-        let name = &g.name;
-        assert_eq!(
-            shapes.get(name),
-            Some(&g.shape),
-            "{name}: md's shape\n{out}"
-        );
-        assert_eq!(
-            cmps.get(name).map(String::as_str),
-            Some("same"),
-            "{name}: md's bytes\n{out}"
-        );
-        assert_eq!(
-            mismatches.get(name).map(String::as_str),
-            Some("0"),
-            "{name}: md's check\n{out}"
-        );
-    }
+    check_in_kernel(&grown, dir);
 }

@@ -378,8 +378,18 @@ impl Engine {
         let geometry = self.geometry();
         let reshaping = geometry.reshaping()?;
         let new = reshaping.new_geometry();
-        let total_kib = progress_sectors(new, new.array_sectors()) / 2;
-        let done_kib = progress_sectors(new, reshaping.position_sectors()) / 2;
+        let (done_kib, total_kib) = if new.raid10().is_some() {
+            // md counts a raid10 reshape in array sectors up to the size
+            // it serves meanwhile (resync_max_sectors); uraid's zeroing of
+            // the grown part beyond shows as done.
+            let total = reshaping.array_sectors();
+            (reshaping.position_sectors().min(total) / 2, total / 2)
+        } else {
+            (
+                progress_sectors(new, reshaping.position_sectors()) / 2,
+                progress_sectors(new, new.array_sectors()) / 2,
+            )
+        };
         let speed = self
             .reshape_job
             .started

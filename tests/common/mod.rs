@@ -1315,3 +1315,241 @@ impl Drop for Stack {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// Reshapes uraid runs and the kernel checks afterwards (tests/reshape_*kernel.rs).
+
+/// Creates an array with uraid, `shape` being its level, members and
+/// spares, with `create_extra` for `uraid create` (chunk, layout), on
+/// members of `member_bytes`; serves it, fills it with a pattern and adds
+/// the spares. Returns the members, the server and the pattern.
+pub fn filled_array(
+    dir: &Path,
+    name: &str,
+    shape: (&str, usize, usize),
+    create_extra: &[&str],
+    member_bytes: u64,
+    seed: u64,
+) -> (Vec<PathBuf>, Served, Vec<u8>) {
+    let (level, disks, spares) = shape;
+    let files = sparse_files(
+        dir,
+        &format!("{name}."),
+        &vec![member_bytes; disks + spares],
+    );
+    let all = paths(&files);
+    let disks_arg = disks.to_string();
+    let mut args = vec![
+        "create",
+        "--level",
+        level,
+        "--raid-devices",
+        &disks_arg,
+        "--assume-clean",
+    ];
+    args.extend_from_slice(create_extra);
+    args.extend_from_slice(&all[..disks]);
+    uraid_ok(&args);
+    let served = serve(dir, &[], &all[..disks]);
+    let size = array_bytes(&all[..disks]) as usize;
+    let pattern = random_bytes(seed, size);
+    let image = dir.join(format!("{name}.image"));
+    std::fs::write(&image, &pattern).unwrap();
+    nbdcopy_in(&image, served.uri());
+    for spare in &all[disks..] {
+        manage_ok(&served.control, &["--add", spare]);
+    }
+    (files, served, pattern)
+}
+
+/// `manage --grow CHANGE` on a served array, slowed so that clients can
+/// act while the point moves; returns mdstat right after.
+pub fn grow_slowly(served: &Served, change: &[&str]) -> String {
+    manage_ok(&served.control, &["--speed-limit-max", "4000"]);
+    let mut grow = vec!["--grow"];
+    grow.extend_from_slice(change);
+    manage_ok(&served.control, &grow);
+    array_status(&served.control)["mdstat"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Writes and full reads through NBD (`nbd_patch` on `DIR/NAME.image`, in
+/// pieces of `width`) while the reshape runs, then lets it end at full
+/// speed. Returns the array's new contents and the final status.
+pub fn patch_while_reshaping(
+    served: &Served,
+    dir: &Path,
+    name: &str,
+    seed: u64,
+    width: u64,
+) -> (Vec<u8>, serde_json::Value) {
+    let image = dir.join(format!("{name}.image"));
+    let patched = nbd_patch(
+        served.uri(),
+        &image,
+        &dir.join(format!("{name}.patched")),
+        seed,
+        64 * 1024,
+        width,
+        40,
+    );
+    assert_ne!(
+        patched,
+        std::fs::read(&image).unwrap(),
+        "{name}: nothing written"
+    );
+    manage_ok(&served.control, &["--speed-limit-max", "200000"]);
+    (patched, wait_reshaped(served))
+}
+
+/// A new connection sees the array at `size` bytes, starting with `patched`.
+pub fn assert_reads_back(served: &Served, dir: &Path, name: &str, patched: &[u8], size: usize) {
+    assert!(size >= patched.len());
+    let back = nbdcopy_out(served.uri(), dir);
+    assert_eq!(
+        back.len(),
+        size,
+        "{name}: a new connection sees the new size"
+    );
+    assert_same_bytes(
+        &back[..patched.len()],
+        patched,
+        &format!("{name}: after the reshape"),
+    );
+}
+
+/// Starts `manage --grow CHANGE` slowly, SIGKILLs the server once the
+/// reshape's point has moved, and returns the first member's examine text,
+/// which must show the reshape in progress.
+pub fn kill_mid_reshape(served: Served, change: &[&str], first_member: &str) -> String {
+    manage_ok(&served.control, &["--speed-limit-max", "2000"]);
+    let mut grow = vec!["--grow"];
+    grow.extend_from_slice(change);
+    manage_ok(&served.control, &grow);
+    wait_status(
+        &served.control,
+        "the reshape to move",
+        Duration::from_secs(60),
+        |s| {
+            s["detail"]["reshape"]["position_sectors"]
+                .as_u64()
+                .unwrap_or(0)
+                > 0
+        },
+    );
+    served.kill();
+    let examined = String::from_utf8(uraid_ok(&["examine", first_member]).stdout).unwrap();
+    assert!(examined.contains("Reshape pos'n"), "{examined}");
+    examined
+}
+
+/// Serves an array assembled mid-reshape, which `uraid serve` continues,
+/// until the reshape ends; returns the server and what a new connection
+/// then reads.
+pub fn serve_to_the_end(dir: &Path, members: &[&str], what: &str) -> (Served, Vec<u8>) {
+    let served = serve(dir, &[], members);
+    let status = wait_reshaped(&served);
+    assert!(
+        status_events(&status)
+            .iter()
+            .any(|e| e.0 == "RebuildFinished"),
+        "{what}: uraid did not finish the reshape"
+    );
+    let back = nbdcopy_out(served.uri(), dir);
+    (served, back)
+}
+
+/// Waits until a served array's reshape has ended.
+pub fn wait_reshaped(served: &Served) -> serde_json::Value {
+    wait_status(
+        &served.control,
+        "the reshape to end",
+        Duration::from_secs(240),
+        |s| {
+            !s["mdstat"].as_str().unwrap_or_default().contains("reshape")
+                && s["detail"]["reshape"].is_null()
+        },
+    )
+}
+
+/// md's view of the new shape, as the guest prints it from sysfs.
+pub fn shape(level: &str, disks: usize, chunk_kib: u64, layout: u32) -> String {
+    format!("{level} {disks} {} {layout}", chunk_kib * 1024)
+}
+
+/// The expected image at `size`: what was written, zeroes after.
+pub fn expected_file(dir: &Path, name: &str, mut bytes: Vec<u8>, size: usize) -> PathBuf {
+    assert!(bytes.len() <= size);
+    bytes.resize(size, 0);
+    let path = dir.join(format!("{name}.expected"));
+    std::fs::write(&path, &bytes).unwrap();
+    path
+}
+
+/// One reshaped array, for the kernel to check.
+pub struct Grown {
+    pub name: String,
+    pub members: Vec<PathBuf>,
+    /// What md must read from the array's start: the whole new size, or
+    /// only a prefix where md leaves the rest undefined.
+    pub expected: PathBuf,
+    /// What /sys/block/md0/md shows once md has it: level, raid_disks,
+    /// chunk_size, layout.
+    pub shape: String,
+}
+
+/// The kernel assembles each array: it finishes what is left, reads the
+/// expected bytes, has the new shape, and its `check` finds no mismatch.
+pub fn check_in_kernel(grown: &[Grown], dir: &Path) {
+    use std::fmt::Write;
+    let d = dir.display();
+    let mut script = String::from("export MDADM_NO_SYSTEMCTL=1\n");
+    for g in grown {
+        let name = &g.name;
+        let expected = g.expected.display();
+        script.push_str(&losetup_lines(&g.members));
+        let _ = writeln!(
+            script,
+            "mdadm --assemble /dev/md0 --run \"${{L[@]}}\" >{d}/{name}.assemble 2>&1 || echo \"ASSEMBLE {name} failed\"\n\
+             echo 200000 > /proc/sys/dev/raid/speed_limit_max\n\
+             mdadm --wait /dev/md0 >/dev/null 2>&1 || true\n\
+             while grep -q reshape /proc/mdstat; do sleep 0.5; done\n\
+             mdadm --wait /dev/md0 >/dev/null 2>&1 || true\n\
+             md=/sys/block/md0/md\n\
+             echo \"SHAPE {name} $(cat $md/level) $(cat $md/raid_disks) $(cat $md/chunk_size) $(cat $md/layout)\"\n\
+             [ \"$(blockdev --getsize64 /dev/md0)\" -ge \"$(stat -c %s {expected})\" ] && \
+             cmp -n \"$(stat -c %s {expected})\" /dev/md0 {expected} >/dev/null 2>&1 && echo \"CMP {name} same\" || echo \"CMP {name} differs\"\n\
+             echo check > $md/sync_action; sleep 0.2; mdadm --wait /dev/md0 >/dev/null 2>&1 || true\n\
+             while [ \"$(cat $md/sync_action)\" != idle ]; do sleep 0.2; done\n\
+             echo \"MISMATCH {name} $(cat $md/mismatch_cnt)\"\n\
+             mdadm --stop /dev/md0 >/dev/null\n\
+             for l in \"${{L[@]}}\"; do losetup -d \"$l\"; done"
+        );
+    }
+    let out = in_kernel(&script, 600);
+    let (shapes, cmps, mismatches) = (
+        results(&out, "SHAPE"),
+        results(&out, "CMP"),
+        results(&out, "MISMATCH"),
+    );
+    for g in grown {
+        let name = &g.name;
+        assert_eq!(
+            shapes.get(name),
+            Some(&g.shape),
+            "{name}: md's shape\n{out}"
+        );
+        assert_eq!(
+            cmps.get(name).map(String::as_str),
+            Some("same"),
+            "{name}: md's bytes\n{out}"
+        );
+        assert_eq!(
+            mismatches.get(name).map(String::as_str),
+            Some("0"),
+            "{name}: md's check\n{out}"
+        );
+    }
+}

@@ -1,0 +1,295 @@
+//! raid10 reshapes between uraid and the Linux kernel's md (in user-mode
+//! Linux, tests/kernel/uml-run).
+//!
+//! - The kernel grows a raid10 (near=2, 4 to 5 members) slowly and is
+//!   stopped midway; `uraid copy-out` reads what md reads there (md's point
+//!   is in array sectors and may fall inside a chunk), `uraid examine`
+//!   prints what mdadm prints, and `uraid serve` finishes the reshape.
+//! - uraid reshapes raid10 arrays (near and offset, adding members, near to
+//!   offset) while an NBD client writes, and one it was killed in (SIGKILL)
+//!   midway: the kernel assembles each, finishes what is left, and finds
+//!   the same bytes, the new shape and no mismatch.
+//! - md's refusals (far layouts, 1.0 metadata, too few spares, a change of
+//!   copies) are one line each and change nothing on disk.
+
+mod common;
+use common::*;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+
+const MIB: usize = 1 << 20;
+/// Each member's size: small, so that each reshape takes seconds.
+const MEMBER_BYTES: u64 = 32 << 20;
+/// The region the kernel's guest writes while its reshape runs: it spans
+/// the point the stop leaves.
+const DURING_AT: usize = MIB;
+const DURING_LEN: usize = 4 * MIB;
+/// md's layout numbers: near=2 and offset=2.
+const NEAR2: u32 = 0x102;
+const OFFSET2: u32 = 0x10201;
+
+/// The guest's lines for the kernel's half-done grow: leaves
+/// `kmid.kernel-read` (what md reads while its reshape runs) and
+/// `kmid.kernel-examine` (after the stop), prints `SIZE kmid bytes`.
+///
+/// md is read while the reshape runs, not reassembled read-only after the
+/// stop as the raid5 tests do: a raid10 whose reshape is not running (read
+/// only, or frozen) reads the moved chunks at the old data offset
+/// (raid10.c's choose_data_offset tests MD_RECOVERY_RESHAPE), which are
+/// not where they are.
+fn kernel_mid_grow(dir: &Path, files: &[PathBuf]) -> String {
+    let d = dir.display();
+    let mut s = format!("export MDADM_NO_SYSTEMCTL=1\n{}", losetup_lines(files));
+    let _ = writeln!(
+        s,
+        "mdadm --create /dev/md0 --run --assume-clean --metadata=1.2 --level=10 --layout=n2 --chunk=64 --raid-devices=4 \"${{L[@]:0:4}}\" >{d}/kmid.create 2>&1\n\
+         sz=$(blockdev --getsize64 /dev/md0); echo \"SIZE kmid $sz\"\n\
+         dd if={d}/pattern of=/dev/md0 bs=1M count=$((sz >> 20)) oflag=direct status=none\n\
+         mdadm /dev/md0 --add \"${{L[4]}}\" >/dev/null\n\
+         echo 1000 > /proc/sys/dev/raid/speed_limit_min; echo 2000 > /proc/sys/dev/raid/speed_limit_max\n\
+         mdadm --grow /dev/md0 --raid-devices=5 >{d}/kmid.grow 2>&1\n\
+         sleep 0.5\n\
+         dd if={d}/during of=/dev/md0 bs=1M seek={} count={} oflag=direct conv=notrunc status=none\n\
+         dd if=/dev/md0 of={d}/kmid.kernel-read bs=1M iflag=direct status=none\n\
+         grep -q reshape /proc/mdstat && echo \"RUNNING kmid yes\"\n\
+         mdadm --stop /dev/md0 >/dev/null\n\
+         mdadm --examine \"${{L[0]}}\" >{d}/kmid.kernel-examine 2>&1\n\
+         for l in \"${{L[@]}}\"; do losetup -d \"$l\"; done",
+        DURING_AT / MIB,
+        DURING_LEN / MIB
+    );
+    s
+}
+
+/// The kernel's point, from its examine text (KiB there), in sectors.
+fn reshape_position(examine: &str) -> u64 {
+    examine
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Reshape pos'n : "))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(|kib| kib * 2)
+        .unwrap_or_else(|| panic!("no reshape in progress at the stop: {examine}"))
+}
+
+/// The kernel's half-done raid10 grow, read and finished by uraid.
+fn kernel_started(dir: &Path) -> Grown {
+    let files = sparse_files(dir, "kmid.", &[MEMBER_BYTES; 5]);
+    let pattern = random_bytes(61, 64 * MIB);
+    let during = random_bytes(62, DURING_LEN);
+    std::fs::write(dir.join("pattern"), &pattern).unwrap();
+    std::fs::write(dir.join("during"), &during).unwrap();
+    let out = in_kernel(&kernel_mid_grow(dir, &files), 300);
+    let size: usize = results(&out, "SIZE")["kmid"].parse().unwrap();
+    assert!(
+        results(&out, "RUNNING").contains_key("kmid"),
+        "md's reshape ended before the stop: {out}"
+    );
+    let mut expected = pattern[..size].to_vec();
+    expected[DURING_AT..DURING_AT + DURING_LEN].copy_from_slice(&during);
+    let kernel_examine = std::fs::read_to_string(dir.join("kmid.kernel-examine")).unwrap();
+    let position = reshape_position(&kernel_examine);
+    assert!(
+        position > 0 && (position as usize) < size / 512,
+        "the stop came at {position}, not midway"
+    );
+    let kernel_read = std::fs::read(dir.join("kmid.kernel-read")).unwrap();
+    assert_same_bytes(&kernel_read, &expected, "kmid: md's bytes");
+    let all = paths(&files);
+    assert_same_bytes(&copy_out(&all, dir), &kernel_read, "kmid: copy-out");
+    // Without a member: every chunk keeps a copy on either side.
+    assert_same_bytes(
+        &copy_out(&all[1..], dir),
+        &kernel_read,
+        "kmid: copy-out without member 0",
+    );
+    let ours = String::from_utf8(uraid_ok(&["examine", all[0]]).stdout).unwrap();
+    assert_eq!(
+        examine_comparable(&kernel_examine),
+        examine_comparable(&ours),
+        "kmid: examine differs\n--- mdadm\n{kernel_examine}\n--- uraid\n{ours}"
+    );
+    let detail = detail_offline(&all);
+    assert_eq!(
+        detail["reshape"]["position_sectors"].as_u64(),
+        Some(position)
+    );
+    assert_eq!(detail["reshape"]["delta_devices"].as_i64(), Some(1));
+
+    // uraid serve continues it from md's point to the end.
+    let (served, back) = serve_to_the_end(dir, &all, "kmid");
+    assert_same_bytes(&back[..size], &expected, "kmid: finished by uraid");
+    let new_size = back.len();
+    assert_eq!(new_size, size / 4 * 5, "kmid: the grown size");
+    served.stop();
+    Grown {
+        name: "kmid".into(),
+        expected: expected_file(dir, "kmid", expected, new_size),
+        members: files,
+        shape: shape("raid10", 5, 64, NEAR2),
+    }
+}
+
+/// A raid10 uraid creates, serves and fills.
+fn raid10_array(
+    dir: &Path,
+    name: &str,
+    layout: &str,
+    disks: usize,
+    spares: usize,
+    seed: u64,
+) -> (Vec<PathBuf>, Served, Vec<u8>) {
+    let extra = ["--chunk", "64K", "--layout", layout];
+    let shape = ("raid10", disks, spares);
+    filled_array(dir, name, shape, &extra, MEMBER_BYTES, seed)
+}
+
+#[test]
+fn raid10_reshapes_hand_over_between_uraid_and_the_kernel() {
+    let dir = scratch("reshape-raid10");
+    let dir = dir.path();
+    let mut grown = vec![kernel_started(dir)];
+
+    // Reshapes uraid runs to the end under a client's writes.
+    type Run = (
+        &'static str,
+        &'static str,
+        usize,
+        usize,
+        &'static [&'static str],
+        usize,
+        u32,
+    );
+    let runs: [Run; 3] = [
+        ("n2add", "n2", 4, 2, &["--raid-devices", "6"], 6, NEAR2),
+        ("o2add", "o2", 4, 1, &["--raid-devices", "5"], 5, OFFSET2),
+        ("n2to_o2", "n2", 4, 0, &["--layout", "o2"], 4, OFFSET2),
+    ];
+    for (i, (name, layout, disks, spares, change, new_disks, new_layout)) in runs.iter().enumerate()
+    {
+        let (files, served, pattern) =
+            raid10_array(dir, name, layout, *disks, *spares, 70 + i as u64);
+        let mdstat = grow_slowly(&served, change);
+        assert!(mdstat.contains("reshape ="), "{name}: {mdstat}");
+        let (patched, status) = patch_while_reshaping(&served, dir, name, 9 + i as u64, 128 * 1024);
+        assert!(
+            status_events(&status)
+                .iter()
+                .any(|e| e.0 == "RebuildFinished"),
+            "{name}: no RebuildFinished"
+        );
+        let size = pattern.len() / disks * new_disks;
+        assert_reads_back(&served, dir, name, &patched, size);
+        served.stop();
+        grown.push(Grown {
+            name: name.to_string(),
+            expected: expected_file(dir, name, patched, size),
+            members: files,
+            shape: shape("raid10", *new_disks, 64, *new_layout),
+        });
+    }
+
+    // A reshape uraid is killed in: the kernel continues it. md resyncs
+    // the grown part from the first copy (raid10_finish_reshape), so only
+    // the old size's bytes are defined.
+    let (files, served, pattern) = raid10_array(dir, "n2killed", "n2", 4, 1, 80);
+    let examined = kill_mid_reshape(served, &["--raid-devices", "5"], paths(&files)[0]);
+    assert!(examined.contains("Delta Devices : 1 (4->5)"), "{examined}");
+    let prefix = pattern.len();
+    grown.push(Grown {
+        name: "n2killed".into(),
+        expected: expected_file(dir, "n2killed", pattern, prefix),
+        members: files,
+        shape: shape("raid10", 5, 64, NEAR2),
+    });
+
+    check_in_kernel(&grown, dir);
+}
+
+/// md's refusals, each one line, with every superblock left as it was.
+#[test]
+fn raid10_reshape_refusals_change_nothing() {
+    let dir = scratch("reshape-raid10-refusals");
+    let dir = dir.path();
+    let cases: [(&str, &[&str], usize, &[&str], &str); 5] = [
+        (
+            "far",
+            &["--layout", "f2"],
+            1,
+            &["--raid-devices", "5"],
+            "far layout",
+        ),
+        (
+            "v10",
+            &["--layout", "n2", "--metadata", "1.0"],
+            1,
+            &["--raid-devices", "5"],
+            "1.0 metadata",
+        ),
+        (
+            "nospare",
+            &["--layout", "n2"],
+            0,
+            &["--raid-devices", "5"],
+            "needs 1 spare",
+        ),
+        (
+            "copies",
+            &["--layout", "n2"],
+            0,
+            &["--layout", "n3"],
+            "number of copies",
+        ),
+        (
+            "tofar",
+            &["--layout", "n2"],
+            0,
+            &["--layout", "f2"],
+            "far layout",
+        ),
+    ];
+    for (name, extra, spares, change, why) in cases {
+        let mut create = vec!["--chunk", "64K"];
+        create.extend_from_slice(extra);
+        let (files, served, _) =
+            filled_array(dir, name, ("raid10", 4, spares), &create, 8 << 20, 90);
+        let all = paths(&files);
+        let before = shape_lines(&all);
+        let mut grow = vec!["--grow"];
+        grow.extend_from_slice(change);
+        let refusal = manage_refused(&served.control, &grow);
+        assert!(refusal.contains(why), "{name}: {refusal}");
+        served.stop();
+        assert_eq!(
+            shape_lines(&all),
+            before,
+            "{name}: the refusal changed a superblock"
+        );
+    }
+}
+
+/// The examine lines that say each member's shape and reshape state.
+fn shape_lines(members: &[&str]) -> Vec<String> {
+    let fields = [
+        "Feature Map",
+        "Raid Level",
+        "Raid Devices",
+        "Layout",
+        "Chunk Size",
+        "Data Offset",
+        "New Offset",
+        "Reshape",
+        "Delta Devices",
+        "Device Role",
+    ];
+    members
+        .iter()
+        .flat_map(|m| {
+            let text = String::from_utf8(uraid_ok(&["examine", m]).stdout).unwrap();
+            text.lines()
+                .filter(|l| fields.iter().any(|f| l.trim_start().starts_with(f)))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}

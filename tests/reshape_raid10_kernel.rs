@@ -1,8 +1,8 @@
 //! raid10 reshapes between uraid and the Linux kernel's md (in user-mode
 //! Linux, tests/kernel/uml-run).
 //!
-//! - The kernel grows a raid10 (near=2, 4 to 5 members) slowly and is
-//!   stopped midway; `uraid copy-out` reads what md reads there (md's point
+//! - The kernel grows a raid10 (near=2, 4 to 5 members, mdadm's 512K
+//!   chunk, which md copies 64K at a time) slowly and is stopped midway; `uraid copy-out` reads what md reads there (md's point
 //!   is in array sectors and may fall inside a chunk), `uraid examine`
 //!   prints what mdadm prints, and `uraid serve` finishes the reshape.
 //! - uraid reshapes raid10 arrays (near and offset, adding members, near to
@@ -42,7 +42,7 @@ fn kernel_mid_grow(dir: &Path, files: &[PathBuf]) -> String {
     let mut s = format!("export MDADM_NO_SYSTEMCTL=1\n{}", losetup_lines(files));
     let _ = writeln!(
         s,
-        "mdadm --create /dev/md0 --run --assume-clean --metadata=1.2 --level=10 --layout=n2 --chunk=64 --raid-devices=4 \"${{L[@]:0:4}}\" >{d}/kmid.create 2>&1\n\
+        "mdadm --create /dev/md0 --run --assume-clean --metadata=1.2 --level=10 --layout=n2 --chunk=512 --raid-devices=4 \"${{L[@]:0:4}}\" >{d}/kmid.create 2>&1\n\
          sz=$(blockdev --getsize64 /dev/md0); echo \"SIZE kmid $sz\"\n\
          dd if={d}/pattern of=/dev/md0 bs=1M count=$((sz >> 20)) oflag=direct status=none\n\
          mdadm /dev/md0 --add \"${{L[4]}}\" >/dev/null\n\
@@ -126,7 +126,7 @@ fn kernel_started(dir: &Path) -> Grown {
         name: "kmid".into(),
         expected: expected_file(dir, "kmid", expected, new_size),
         members: files,
-        shape: shape("raid10", 5, 64, NEAR2),
+        shape: shape("raid10", 5, 512, NEAR2),
     }
 }
 

@@ -183,18 +183,14 @@ fn kernel_mid_reshape_arrays_read_as_the_kernel_reads_them() {
     std::fs::write(dir.join("pattern"), &pattern).unwrap();
     std::fs::write(dir.join("during"), &during).unwrap();
     let cases = cases();
-    let mut script = String::from("export MDADM_NO_SYSTEMCTL=1\n");
-    let mut members = Vec::new();
-    for case in &cases {
-        let files = sparse_files(
-            dir,
-            &format!("{}.", case.name),
-            &vec![MEMBER_BYTES; case.members],
-        );
-        script.push_str(&guest_lines(case, dir, &files));
-        members.push(files);
-    }
-    let out = in_kernel(&script, 400);
+    let (out, members) = run_guest_cases(
+        dir,
+        &cases,
+        |c| (c.name, c.members),
+        MEMBER_BYTES,
+        |c, files| guest_lines(c, dir, files),
+        400,
+    );
     let sizes = results(&out, "SIZE");
     let positions = results(&out, "POS");
 

@@ -2,9 +2,11 @@
 //! Linux, tests/kernel/uml-run).
 //!
 //! - The kernel grows a raid10 (near=2, 4 to 5 members, mdadm's 512K
-//!   chunk, which md copies 64K at a time) slowly and is stopped midway; `uraid copy-out` reads what md reads there (md's point
-//!   is in array sectors and may fall inside a chunk), `uraid examine`
-//!   prints what mdadm prints, and `uraid serve` finishes the reshape.
+//!   chunk, which md copies 64K at a time) and changes another's chunk,
+//!   slowly, and is stopped midway; `uraid copy-out` reads what md
+//!   reads there (md's point is in array sectors and may fall inside a
+//!   chunk), `uraid examine` prints what mdadm prints, and `uraid serve`
+//!   finishes the reshape.
 //! - uraid reshapes raid10 arrays (near and offset, adding members, near to
 //!   offset) while an NBD client writes, and one it was killed in (SIGKILL)
 //!   midway: the kernel assembles each, finishes what is left, and finds
@@ -28,33 +30,74 @@ const DURING_LEN: usize = 4 * MIB;
 const NEAR2: u32 = 0x102;
 const OFFSET2: u32 = 0x10201;
 
-/// The guest's lines for the kernel's half-done grow: leaves
-/// `kmid.kernel-read` (what md reads while its reshape runs) and
-/// `kmid.kernel-examine` (after the stop), prints `SIZE kmid bytes`.
+/// A reshape the kernel starts and is stopped in.
+struct KernelCase {
+    name: &'static str,
+    /// Members, the first four make the array, the rest are spares.
+    members: usize,
+    create: &'static str,
+    grow: &'static str,
+    delta: i64,
+    /// md's shape once the reshape ends: members, chunk (KiB), layout.
+    new_shape: (usize, u64, u32),
+}
+
+fn kernel_cases() -> [KernelCase; 2] {
+    [
+        // mdadm's default 512K chunk, which md copies 64K at a time: a
+        // point md records by time (every 10 s) may fall inside a chunk.
+        KernelCase {
+            name: "kgrow",
+            members: 5,
+            create: "--layout=n2 --chunk=512",
+            grow: "--raid-devices=5",
+            delta: 1,
+            new_shape: (5, 512, NEAR2),
+        },
+        // A same-count reshape, which mdadm moves down into the middle of
+        // the room before the data. (md here fails members when it
+        // changes near to offset itself, so uraid's near-to-offset change
+        // is checked by md only once done, below.)
+        KernelCase {
+            name: "kchunk",
+            members: 4,
+            create: "--layout=n2 --chunk=64",
+            grow: "--chunk=128",
+            delta: 0,
+            new_shape: (4, 128, NEAR2),
+        },
+    ]
+}
+
+/// The guest's lines for one half-done reshape: leaves `NAME.kernel-read`
+/// (what md reads while its reshape runs) and `NAME.kernel-examine` (after
+/// the stop), prints `SIZE NAME bytes` and `RUNNING NAME yes`.
 ///
 /// md is read while the reshape runs, not reassembled read-only after the
 /// stop as the raid5 tests do: a raid10 whose reshape is not running (read
 /// only, or frozen) reads the moved chunks at the old data offset
 /// (raid10.c's choose_data_offset tests MD_RECOVERY_RESHAPE), which are
 /// not where they are.
-fn kernel_mid_grow(dir: &Path, files: &[PathBuf]) -> String {
-    let d = dir.display();
-    let mut s = format!("export MDADM_NO_SYSTEMCTL=1\n{}", losetup_lines(files));
+fn kernel_mid_reshape(case: &KernelCase, dir: &Path, files: &[PathBuf]) -> String {
+    let (name, d) = (case.name, dir.display());
+    let mut s = losetup_lines(files);
     let _ = writeln!(
         s,
-        "mdadm --create /dev/md0 --run --assume-clean --metadata=1.2 --level=10 --layout=n2 --chunk=512 --raid-devices=4 \"${{L[@]:0:4}}\" >{d}/kmid.create 2>&1\n\
-         sz=$(blockdev --getsize64 /dev/md0); echo \"SIZE kmid $sz\"\n\
+        "mdadm --create /dev/md0 --run --assume-clean --metadata=1.2 --level=10 {} --raid-devices=4 \"${{L[@]:0:4}}\" >{d}/{name}.create 2>&1\n\
+         sz=$(blockdev --getsize64 /dev/md0); echo \"SIZE {name} $sz\"\n\
          dd if={d}/pattern of=/dev/md0 bs=1M count=$((sz >> 20)) oflag=direct status=none\n\
-         mdadm /dev/md0 --add \"${{L[4]}}\" >/dev/null\n\
+         for spare in \"${{L[@]:4}}\"; do mdadm /dev/md0 --add \"$spare\" >/dev/null; done\n\
          echo 1000 > /proc/sys/dev/raid/speed_limit_min; echo 2000 > /proc/sys/dev/raid/speed_limit_max\n\
-         mdadm --grow /dev/md0 --raid-devices=5 >{d}/kmid.grow 2>&1\n\
+         mdadm --grow /dev/md0 {} >{d}/{name}.grow 2>&1\n\
          sleep 0.5\n\
          dd if={d}/during of=/dev/md0 bs=1M seek={} count={} oflag=direct conv=notrunc status=none\n\
-         dd if=/dev/md0 of={d}/kmid.kernel-read bs=1M iflag=direct status=none\n\
-         grep -q reshape /proc/mdstat && echo \"RUNNING kmid yes\"\n\
+         dd if=/dev/md0 of={d}/{name}.kernel-read bs=1M iflag=direct status=none\n\
+         grep -q reshape /proc/mdstat && echo \"RUNNING {name} yes\"\n\
          mdadm --stop /dev/md0 >/dev/null\n\
-         mdadm --examine \"${{L[0]}}\" >{d}/kmid.kernel-examine 2>&1\n\
+         mdadm --examine \"${{L[0]}}\" >{d}/{name}.kernel-examine 2>&1\n\
          for l in \"${{L[@]}}\"; do losetup -d \"$l\"; done",
+        case.create,
+        case.grow,
         DURING_AT / MIB,
         DURING_LEN / MIB
     );
@@ -72,62 +115,106 @@ fn reshape_position(examine: &str) -> u64 {
         .unwrap_or_else(|| panic!("no reshape in progress at the stop: {examine}"))
 }
 
-/// The kernel's half-done raid10 grow, read and finished by uraid.
-fn kernel_started(dir: &Path) -> Grown {
-    let files = sparse_files(dir, "kmid.", &[MEMBER_BYTES; 5]);
+/// The kernel's half-done raid10 reshapes, read and finished by uraid.
+fn kernel_started(dir: &Path) -> Vec<Grown> {
     let pattern = random_bytes(61, 64 * MIB);
     let during = random_bytes(62, DURING_LEN);
     std::fs::write(dir.join("pattern"), &pattern).unwrap();
     std::fs::write(dir.join("during"), &during).unwrap();
-    let out = in_kernel(&kernel_mid_grow(dir, &files), 300);
-    let size: usize = results(&out, "SIZE")["kmid"].parse().unwrap();
-    assert!(
-        results(&out, "RUNNING").contains_key("kmid"),
-        "md's reshape ended before the stop: {out}"
+    let cases = kernel_cases();
+    let (out, members) = run_guest_cases(
+        dir,
+        &cases,
+        |c| (c.name, c.members),
+        MEMBER_BYTES,
+        |c, files| kernel_mid_reshape(c, dir, files),
+        300,
     );
-    let mut expected = pattern[..size].to_vec();
-    expected[DURING_AT..DURING_AT + DURING_LEN].copy_from_slice(&during);
-    let kernel_examine = std::fs::read_to_string(dir.join("kmid.kernel-examine")).unwrap();
+    let (sizes, running) = (results(&out, "SIZE"), results(&out, "RUNNING"));
+    let mut grown = Vec::new();
+    for (case, files) in cases.iter().zip(members) {
+        let name = case.name;
+        let size: usize = sizes[name].parse().unwrap();
+        assert!(
+            running.contains_key(name),
+            "{name}: md's reshape ended before the stop: {out}"
+        );
+        let mut expected = pattern[..size].to_vec();
+        expected[DURING_AT..DURING_AT + DURING_LEN].copy_from_slice(&during);
+        let (new_disks, new_chunk_kib, new_layout) = case.new_shape;
+        let new_size = size / 4 * new_disks;
+        let finished = finish_kernel_reshape(case, dir, &files, size, &expected);
+        assert_eq!(finished.len(), new_size, "{name}: the new size");
+        grown.push(Grown {
+            name: name.into(),
+            expected: expected_file(dir, name, expected, new_size),
+            members: files,
+            shape: shape("raid10", new_disks, new_chunk_kib, new_layout),
+        });
+    }
+    grown
+}
+
+/// One half-done reshape of the kernel's: uraid reads it as md read it,
+/// examines it as mdadm does, then `uraid serve` finishes it. Returns what
+/// the array then holds.
+fn finish_kernel_reshape(
+    case: &KernelCase,
+    dir: &Path,
+    files: &[PathBuf],
+    size: usize,
+    expected: &[u8],
+) -> Vec<u8> {
+    let name = case.name;
+    let kernel_examine =
+        std::fs::read_to_string(dir.join(format!("{name}.kernel-examine"))).unwrap();
     let position = reshape_position(&kernel_examine);
     assert!(
         position > 0 && (position as usize) < size / 512,
-        "the stop came at {position}, not midway"
+        "{name}: the stop came at {position}, not midway"
     );
-    let kernel_read = std::fs::read(dir.join("kmid.kernel-read")).unwrap();
-    assert_same_bytes(&kernel_read, &expected, "kmid: md's bytes");
-    let all = paths(&files);
-    assert_same_bytes(&copy_out(&all, dir), &kernel_read, "kmid: copy-out");
+    eprintln!("{name}: md stopped at sector {position}");
+    let kernel_read = std::fs::read(dir.join(format!("{name}.kernel-read"))).unwrap();
+    assert_same_bytes(&kernel_read, expected, &format!("{name}: md's bytes"));
+    let all = paths(files);
+    assert_same_bytes(
+        &copy_out(&all, dir),
+        &kernel_read,
+        &format!("{name}: copy-out"),
+    );
     // Without a member: every chunk keeps a copy on either side.
     assert_same_bytes(
         &copy_out(&all[1..], dir),
         &kernel_read,
-        "kmid: copy-out without member 0",
+        &format!("{name}: copy-out without member 0"),
     );
     let ours = String::from_utf8(uraid_ok(&["examine", all[0]]).stdout).unwrap();
     assert_eq!(
         examine_comparable(&kernel_examine),
         examine_comparable(&ours),
-        "kmid: examine differs\n--- mdadm\n{kernel_examine}\n--- uraid\n{ours}"
+        "{name}: examine differs\n--- mdadm\n{kernel_examine}\n--- uraid\n{ours}"
     );
     let detail = detail_offline(&all);
     assert_eq!(
         detail["reshape"]["position_sectors"].as_u64(),
-        Some(position)
+        Some(position),
+        "{name}"
     );
-    assert_eq!(detail["reshape"]["delta_devices"].as_i64(), Some(1));
+    assert_eq!(
+        detail["reshape"]["delta_devices"].as_i64(),
+        Some(case.delta),
+        "{name}"
+    );
 
     // uraid serve continues it from md's point to the end.
-    let (served, back) = serve_to_the_end(dir, &all, "kmid");
-    assert_same_bytes(&back[..size], &expected, "kmid: finished by uraid");
-    let new_size = back.len();
-    assert_eq!(new_size, size / 4 * 5, "kmid: the grown size");
+    let (served, back) = serve_to_the_end(dir, &all, name);
+    assert_same_bytes(
+        &back[..size],
+        expected,
+        &format!("{name}: finished by uraid"),
+    );
     served.stop();
-    Grown {
-        name: "kmid".into(),
-        expected: expected_file(dir, "kmid", expected, new_size),
-        members: files,
-        shape: shape("raid10", 5, 512, NEAR2),
-    }
+    back
 }
 
 /// A raid10 uraid creates, serves and fills.
@@ -148,7 +235,7 @@ fn raid10_array(
 fn raid10_reshapes_hand_over_between_uraid_and_the_kernel() {
     let dir = scratch("reshape-raid10");
     let dir = dir.path();
-    let mut grown = vec![kernel_started(dir)];
+    let mut grown = kernel_started(dir);
 
     // Reshapes uraid runs to the end under a client's writes.
     type Run = (
@@ -171,13 +258,8 @@ fn raid10_reshapes_hand_over_between_uraid_and_the_kernel() {
             raid10_array(dir, name, layout, *disks, *spares, 70 + i as u64);
         let mdstat = grow_slowly(&served, change);
         assert!(mdstat.contains("reshape ="), "{name}: {mdstat}");
-        let (patched, status) = patch_while_reshaping(&served, dir, name, 9 + i as u64, 128 * 1024);
-        assert!(
-            status_events(&status)
-                .iter()
-                .any(|e| e.0 == "RebuildFinished"),
-            "{name}: no RebuildFinished"
-        );
+        let (patched, _) = patch_while_reshaping(&served, dir, name, 9 + i as u64, 128 * 1024);
+        wait_reshape_finished(&served, name);
         let size = pattern.len() / disks * new_disks;
         assert_reads_back(&served, dir, name, &patched, size);
         served.stop();

@@ -1450,15 +1450,54 @@ pub fn kill_mid_reshape(served: Served, change: &[&str], first_member: &str) -> 
 /// then reads.
 pub fn serve_to_the_end(dir: &Path, members: &[&str], what: &str) -> (Served, Vec<u8>) {
     let served = serve(dir, &[], members);
-    let status = wait_reshaped(&served);
-    assert!(
-        status_events(&status)
-            .iter()
-            .any(|e| e.0 == "RebuildFinished"),
-        "{what}: uraid did not finish the reshape"
-    );
+    wait_reshape_finished(&served, what);
     let back = nbdcopy_out(served.uri(), dir);
     (served, back)
+}
+
+/// Waits until a served array's reshape job has ended and said so
+/// (`RebuildFinished`, which follows the new geometry by a moment), and
+/// fails with the events if it stopped instead.
+pub fn wait_reshape_finished(served: &Served, what: &str) {
+    let has = |s: &serde_json::Value, event: &str| status_events(s).iter().any(|e| e.0 == event);
+    let status = wait_status(
+        &served.control,
+        "the reshape to finish",
+        Duration::from_secs(240),
+        |s| {
+            has(s, "SyncFailed")
+                || (has(s, "RebuildFinished")
+                    && !s["mdstat"].as_str().unwrap_or_default().contains("reshape"))
+        },
+    );
+    assert!(
+        has(&status, "RebuildFinished"),
+        "{what}: uraid did not finish the reshape: {:?}",
+        status_events(&status)
+    );
+}
+
+/// Runs one guest script for several cases: each gets member files
+/// `DIR/NAME.0..` of `member_bytes` (`members` gives a case's name and
+/// count) and the lines `lines` writes for them. Returns the guest's
+/// stdout and each case's files.
+pub fn run_guest_cases<C>(
+    dir: &Path,
+    cases: &[C],
+    members: impl Fn(&C) -> (&'static str, usize),
+    member_bytes: u64,
+    lines: impl Fn(&C, &[PathBuf]) -> String,
+    timeout_s: u32,
+) -> (String, Vec<Vec<PathBuf>>) {
+    let mut script = String::from("export MDADM_NO_SYSTEMCTL=1\n");
+    let mut all = Vec::new();
+    for case in cases {
+        let (name, count) = members(case);
+        let files = sparse_files(dir, &format!("{name}."), &vec![member_bytes; count]);
+        script.push_str(&lines(case, &files));
+        all.push(files);
+    }
+    (in_kernel(&script, timeout_s), all)
 }
 
 /// Waits until a served array's reshape has ended.

@@ -199,3 +199,51 @@ impl Raid10 {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raid10(layout: u32, disks: u32) -> Raid10 {
+        Raid10::new(&GeometryParams {
+            level: Level::Raid10,
+            layout,
+            chunk_sectors: 16,
+            raid_disks: disks,
+            dev_sectors: 4096,
+            member_data_sectors: vec![4096; disks as usize],
+            raid0_layout_feature: false,
+        })
+        .unwrap()
+    }
+
+    /// Every copy of a chunk lies between the bounds a reshape uses, and
+    /// the bounds are tight: some copy starts at the first and some ends
+    /// within the last row.
+    #[test]
+    fn member_bounds_hold_every_copy_of_a_chunk() {
+        for (layout, disks) in [
+            (0x102, 4),
+            (0x102, 5),
+            (0x103, 7),
+            (0x10201, 4),
+            (0x10201, 5),
+        ] {
+            let g = raid10(layout, disks);
+            assert!(!g.is_far());
+            for chunk in 0..g.stripe_count() {
+                let sector = chunk * g.chunk_sectors() + 3;
+                let (first, end) = (g.first_member_sector(sector), g.member_sectors_end(sector));
+                let copies = g.copies_of_chunk(chunk);
+                let low = copies.iter().map(|p| p.member_sector).min().unwrap();
+                let high = copies.iter().map(|p| p.member_sector + 16).max().unwrap();
+                assert_eq!(low, first, "{layout:#x} {disks} chunk {chunk}");
+                assert!(
+                    high <= end && end - high < 16 * g.far_copies() as u64,
+                    "{layout:#x} {disks} chunk {chunk}"
+                );
+            }
+        }
+        assert!(raid10(0x201, 4).is_far());
+    }
+}

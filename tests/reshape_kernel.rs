@@ -476,14 +476,7 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
     // The new size: the old one with a fourth data member.
     let size = pattern.len() / 3 * 4;
     // uraid resumes it too, on a copy: the next serve finishes it.
-    let copies: Vec<PathBuf> = files
-        .iter()
-        .map(|f| {
-            let copy = PathBuf::from(format!("{}.copy", f.display()));
-            std::fs::copy(f, &copy).unwrap();
-            copy
-        })
-        .collect();
+    let copies = copy_files(&files);
     let (resumed, back) = serve_to_the_end(dir, &paths(&copies), "r5killed");
     assert_eq!(back.len(), size);
     assert_same_bytes(

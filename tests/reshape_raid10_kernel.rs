@@ -9,8 +9,9 @@
 //!   finishes the reshape.
 //! - uraid reshapes raid10 arrays (near and offset, adding members, near to
 //!   offset) while an NBD client writes, and one it was killed in (SIGKILL)
-//!   midway: the kernel assembles each, finishes what is left, and finds
-//!   the same bytes, the new shape and no mismatch.
+//!   midway (which the next `uraid serve` finishes too, on a copy): the
+//!   kernel assembles each, finishes what is left, and finds the same
+//!   bytes, the new shape and no mismatch.
 //! - md's refusals (far layouts, 1.0 metadata, too few spares, a change of
 //!   copies) are one line each and change nothing on disk.
 
@@ -277,6 +278,16 @@ fn raid10_reshapes_hand_over_between_uraid_and_the_kernel() {
     let (files, served, pattern) = raid10_array(dir, "n2killed", "n2", 4, 1, 80);
     let examined = kill_mid_reshape(served, &["--raid-devices", "5"], paths(&files)[0]);
     assert!(examined.contains("Delta Devices : 1 (4->5)"), "{examined}");
+    // uraid resumes it too, on a copy: the next serve finishes it.
+    let copies = copy_files(&files);
+    let (resumed, back) = serve_to_the_end(dir, &paths(&copies), "n2killed");
+    assert_eq!(back.len(), pattern.len() / 4 * 5);
+    assert_same_bytes(
+        &back[..pattern.len()],
+        &pattern,
+        "n2killed: resumed by uraid",
+    );
+    resumed.stop();
     let prefix = pattern.len();
     grown.push(Grown {
         name: "n2killed".into(),
@@ -293,7 +304,15 @@ fn raid10_reshapes_hand_over_between_uraid_and_the_kernel() {
 fn raid10_reshape_refusals_change_nothing() {
     let dir = scratch("reshape-raid10-refusals");
     let dir = dir.path();
-    let cases: [(&str, &[&str], usize, &[&str], &str); 5] = [
+    /// Name, create options, spares, the change asked for, and the reason.
+    type Refusal = (
+        &'static str,
+        &'static [&'static str],
+        usize,
+        &'static [&'static str],
+        &'static str,
+    );
+    let cases: [Refusal; 5] = [
         (
             "far",
             &["--layout", "f2"],

@@ -1500,6 +1500,19 @@ pub fn run_guest_cases<C>(
     (in_kernel(&script, timeout_s), all)
 }
 
+/// A copy of each member file next to it (`FILE.copy`), to run a second
+/// course of events on the same state.
+pub fn copy_files(files: &[PathBuf]) -> Vec<PathBuf> {
+    files
+        .iter()
+        .map(|f| {
+            let copy = PathBuf::from(format!("{}.copy", f.display()));
+            std::fs::copy(f, &copy).unwrap();
+            copy
+        })
+        .collect()
+}
+
 /// Waits until a served array's reshape has ended.
 pub fn wait_reshaped(served: &Served) -> serde_json::Value {
     wait_status(

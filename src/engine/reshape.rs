@@ -21,7 +21,9 @@
 //! shift (mdadm's set_new_data_offset moves the data offset the same way,
 //! into the headroom left at create), so the rows written for a window end
 //! before the old rows the window still needs. A window is cut short where
-//! it would not, which only happens near the start.
+//! it would not, which only happens near the start. A raid10 moves the same
+//! way, chunk by chunk with their copies instead of rows with parity, its
+//! data moved down by md's min_offset_change (`raid10_window_end`).
 
 use super::resync::{SyncAction, SyncProgress, Throttle};
 use super::{Engine, MemberEntry};

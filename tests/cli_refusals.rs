@@ -761,7 +761,13 @@ fn reshape_refusals() {
         "r10-",
         &["--level", "10", "--raid-devices", "4"],
         &["--raid-devices", "5"],
-        "raid4/5/6",
+        "needs 1 spare",
+    );
+    refused_as_created(
+        "r10f2-",
+        &["--level", "10", "--layout", "f2", "--raid-devices", "4"],
+        &["--chunk", "128K"],
+        "far layout",
     );
     refused_as_created(
         "r1to5-",

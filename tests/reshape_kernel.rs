@@ -23,7 +23,6 @@ mod common;
 use common::*;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 const MIB: usize = 1 << 20;
 /// Each member's size: small, so that the reshape is seconds long.
@@ -183,18 +182,14 @@ fn kernel_mid_reshape_arrays_read_as_the_kernel_reads_them() {
     std::fs::write(dir.join("pattern"), &pattern).unwrap();
     std::fs::write(dir.join("during"), &during).unwrap();
     let cases = cases();
-    let mut script = String::from("export MDADM_NO_SYSTEMCTL=1\n");
-    let mut members = Vec::new();
-    for case in &cases {
-        let files = sparse_files(
-            dir,
-            &format!("{}.", case.name),
-            &vec![MEMBER_BYTES; case.members],
-        );
-        script.push_str(&guest_lines(case, dir, &files));
-        members.push(files);
-    }
-    let out = in_kernel(&script, 400);
+    let (out, members) = run_guest_cases(
+        dir,
+        &cases,
+        |c| (c.name, c.members),
+        MEMBER_BYTES,
+        |c, files| guest_lines(c, dir, files),
+        400,
+    );
     let sizes = results(&out, "SIZE");
     let positions = results(&out, "POS");
 
@@ -344,47 +339,19 @@ fn uraid_array(
     chunk: &str,
     seed: u64,
 ) -> (Vec<PathBuf>, Served, Vec<u8>) {
-    let chunk_args = ["--chunk", chunk];
-    let create_args: &[&str] = if chunk.is_empty() { &[] } else { &chunk_args };
-    served_pattern_array(
+    let chunk_args: &[&str] = if chunk.is_empty() {
+        &[]
+    } else {
+        &["--chunk", chunk]
+    };
+    filled_array(
         dir,
         name,
-        level,
-        (disks, spares),
+        (level, disks, spares),
+        chunk_args,
         MEMBER_BYTES,
-        create_args,
         seed,
     )
-}
-
-/// Waits for the reshape's RebuildFinished event (it follows the moment
-/// status stops showing the reshape).
-fn wait_finished(served: &Served) -> serde_json::Value {
-    wait_reshaped(served);
-    wait_status(
-        &served.control,
-        "the reshape's RebuildFinished event",
-        Duration::from_secs(10),
-        |s| status_events(s).iter().any(|e| e.0 == "RebuildFinished"),
-    )
-}
-
-fn wait_reshaped(served: &Served) -> serde_json::Value {
-    wait_reshape_ended(served, Duration::from_secs(240))
-}
-
-/// md's view of the new shape, as the guest prints it from sysfs.
-fn shape(level: &str, disks: usize, chunk_kib: u64, layout: i32) -> String {
-    format!("{level} {disks} {} {layout}", chunk_kib * 1024)
-}
-
-/// The expected image at the new size: what was written, zeroes after.
-fn expected_file(dir: &Path, name: &str, mut bytes: Vec<u8>, size: usize) -> PathBuf {
-    assert!(bytes.len() <= size);
-    bytes.resize(size, 0);
-    let path = dir.join(format!("{name}.expected"));
-    std::fs::write(&path, &bytes).unwrap();
-    path
 }
 
 /// uraid reshapes arrays while a client writes and reads through NBD; the
@@ -466,51 +433,18 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
         ),
     ];
     for (i, (name, level, disks, spares, chunk, change, md_shape)) in runs.iter().enumerate() {
-        let (files, served, pattern) =
+        let (files, served, _) =
             uraid_array(dir, name, level, *disks, *spares, chunk, 100 + i as u64);
-        manage_ok(&served.control, &["--speed-limit-max", "4000"]);
-        let mut grow = vec!["--grow"];
-        grow.extend_from_slice(change);
-        manage_ok(&served.control, &grow);
-        let status = array_status(&served.control);
+        let mdstat = grow_slowly(&served, change);
         // A takeover and a raid1's new count take effect at once.
         let takeover = change[0] == "--level" || *level == "raid1";
-        assert_eq!(
-            status["mdstat"].as_str().unwrap().contains("reshape ="),
-            !takeover,
-            "{name}: {}",
-            status["mdstat"]
-        );
-        // Writes and full reads while the point moves.
-        let image = dir.join(format!("{name}.image"));
-        let patched = nbd_patch(
-            served.uri(),
-            &image,
-            &dir.join(format!("{name}.patched")),
-            7 + i as u64,
-            64 * 1024,
-            256 * 1024,
-            40,
-        );
-        assert_ne!(patched, pattern);
-        manage_ok(&served.control, &["--speed-limit-max", "200000"]);
+        assert_eq!(mdstat.contains("reshape ="), !takeover, "{name}: {mdstat}");
+        let (patched, _) = patch_while_reshaping(&served, dir, name, 7 + i as u64, 256 * 1024);
         if !takeover {
-            wait_finished(&served);
+            wait_reshape_finished(&served, name);
         }
-        // A new connection sees the array at its new size.
         let size = array_bytes(&paths(&files)[..*disks + *spares]) as usize;
-        assert!(size >= patched.len());
-        let back = nbdcopy_out(served.uri(), dir);
-        assert_eq!(
-            back.len(),
-            size,
-            "{name}: a new connection sees the new size"
-        );
-        assert_same_bytes(
-            &back[..patched.len()],
-            &patched,
-            &format!("{name}: after the reshape"),
-        );
+        assert_reads_back(&served, dir, name, &patched, size);
         served.stop();
         let parts: Vec<&str> = md_shape.split(' ').collect();
         grown.push(KernelCheck {
@@ -521,43 +455,19 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
                 parts[0],
                 parts[1].parse().unwrap(),
                 parts[2].parse().unwrap(),
-                parts[3].parse().unwrap(),
+                parts[3].parse::<i32>().unwrap(),
             ),
         });
     }
 
     // A reshape uraid is killed in: the kernel continues it.
     let (files, served, pattern) = uraid_array(dir, "r5killed", "raid5", 4, 1, "64K", 200);
-    manage_ok(&served.control, &["--speed-limit-max", "2000"]);
-    manage_ok(&served.control, &["--grow", "--raid-devices", "5"]);
-    wait_status(
-        &served.control,
-        "the reshape to move",
-        Duration::from_secs(60),
-        |s| {
-            s["detail"]["reshape"]["position_sectors"]
-                .as_u64()
-                .unwrap_or(0)
-                > 0
-        },
-    );
-    served.kill();
-    let examined = String::from_utf8(uraid_ok(&["examine", paths(&files)[0]]).stdout).unwrap();
-    assert!(examined.contains("Reshape pos'n"), "{examined}");
+    kill_mid_reshape(served, &["--raid-devices", "5"], paths(&files)[0]);
     // The new size: the old one with a fourth data member.
     let size = pattern.len() / 3 * 4;
     // uraid resumes it too, on a copy: the next serve finishes it.
-    let copies: Vec<PathBuf> = files
-        .iter()
-        .map(|f| {
-            let copy = PathBuf::from(format!("{}.copy", f.display()));
-            std::fs::copy(f, &copy).unwrap();
-            copy
-        })
-        .collect();
-    let resumed = serve(dir, &[], &paths(&copies));
-    wait_finished(&resumed);
-    let back = nbdcopy_out(resumed.uri(), dir);
+    let copies = copy_files(&files);
+    let (resumed, back) = serve_to_the_end(dir, &paths(&copies), "r5killed");
     assert_eq!(back.len(), size);
     assert_same_bytes(
         &back[..pattern.len()],
@@ -593,9 +503,7 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
     let out = in_kernel(&script, 300);
     let ksize: usize = results(&out, "SIZE")["kstarted"].parse().unwrap();
     let kall = paths(&kfiles);
-    let served = serve(dir, &[], &kall);
-    wait_finished(&served);
-    let back = nbdcopy_out(served.uri(), dir);
+    let (served, back) = serve_to_the_end(dir, &kall, "kstarted");
     assert_same_bytes(
         &back[..ksize],
         &kpattern[..ksize],
@@ -610,21 +518,9 @@ fn uraid_reshapes_while_serving_and_hands_over_to_and_from_the_kernel() {
         shape: shape("raid5", 5, 64, 2),
     });
 
-    kernel_agrees(&grown, dir);
-}
-
-/// The kernel assembles each array: it finishes what is left, reads the
-/// same bytes, has the new shape, and finds redundancy consistent (raid0
-/// has none to check).
-fn kernel_agrees(grown: &[KernelCheck], dir: &Path) {
-    let mut script = String::from("export MDADM_NO_SYSTEMCTL=1\n");
-    for g in grown {
-        script.push_str(&kernel_check_lines(dir, g));
-    }
-    let out = in_kernel(&script, 600);
-    for g in grown {
-        assert_kernel_checked(&out, g);
-    }
+    // The kernel assembles each: it finishes what is left, reads the same
+    // bytes, has the new shape, and finds parity consistent.
+    check_in_kernel(&grown, dir);
 }
 
 /// Level changes uraid runs while a client writes, each as mdadm chains
@@ -651,14 +547,12 @@ fn uraid_changes_levels_while_serving_and_hands_over() {
     );
     in_kernel(&script, 300);
     let kernel_read = std::fs::read(dir.join("r5to6.kernel-read")).unwrap();
-    let served = serve(dir, &[], &paths(&kfiles));
-    let status = wait_finished(&served);
-    assert!(status_whole_and_idle(&status), "{status}");
-    assert_same_bytes(
-        &nbdcopy_out(served.uri(), dir),
-        &kernel_read,
-        "r5to6: finished by uraid",
+    let (served, back) = serve_to_the_end(dir, &paths(&kfiles), "k5to6");
+    assert!(
+        status_whole_and_idle(&array_status(&served.control)),
+        "k5to6: the new member is not in sync"
     );
+    assert_same_bytes(&back, &kernel_read, "r5to6: finished by uraid");
     served.stop();
     grown.push(KernelCheck {
         name: "k5to6".into(),
@@ -778,19 +672,15 @@ fn uraid_changes_levels_while_serving_and_hands_over() {
         let raid0 = *level == "raid0";
         let early = if raid0 { 0 } else { *spares };
         let create: Vec<&str> = create.split_whitespace().collect();
-        let (mut files, served, _) = served_pattern_array(
+        let (mut files, served, _) = filled_array(
             dir,
             name,
-            level,
-            (*disks, early),
-            MEMBER_BYTES,
+            (level, *disks, early),
             &create,
+            MEMBER_BYTES,
             500 + i as u64,
         );
-        manage_ok(&served.control, &["--speed-limit-max", "4000"]);
-        let mut grow = vec!["--grow"];
-        grow.extend_from_slice(change);
-        manage_ok(&served.control, &grow);
+        grow_slowly(&served, change);
         if raid0 {
             files.extend(sparse_files(
                 dir,
@@ -801,22 +691,11 @@ fn uraid_changes_levels_while_serving_and_hands_over() {
                 manage_ok(&served.control, &["--add", spare.to_str().unwrap()]);
             }
         }
-        let image = dir.join(format!("{name}.image"));
-        let patched = nbd_patch(
-            served.uri(),
-            &image,
-            &dir.join(format!("{name}.patched")),
-            17 + i as u64,
-            64 * 1024,
-            256 * 1024,
-            40,
-        );
-        manage_ok(&served.control, &["--speed-limit-max", "200000"]);
-        wait_reshaped(&served);
+        let (patched, _) = patch_while_reshaping(&served, dir, name, 17 + i as u64, 256 * 1024);
         let status = wait_status(
             &served.control,
             "the level change and its rebuild to end",
-            Duration::from_secs(240),
+            std::time::Duration::from_secs(240),
             status_whole_and_idle,
         );
         let md = status["mdstat"].as_str().unwrap_or_default().to_string();
@@ -842,7 +721,7 @@ fn uraid_changes_levels_while_serving_and_hands_over() {
                 parts[0],
                 parts[1].parse().unwrap(),
                 parts[2].parse().unwrap(),
-                parts[3].parse().unwrap(),
+                parts[3].parse::<i32>().unwrap(),
             ),
         });
     }
@@ -850,36 +729,14 @@ fn uraid_changes_levels_while_serving_and_hands_over() {
     // uraid killed in a raid5-to-raid6 restripe: the kernel finishes it,
     // and so does uraid on a copy of the members.
     let (files, served, pattern) = uraid_array(dir, "u5to6killed", "raid5", 4, 1, "64K", 600);
-    manage_ok(&served.control, &["--speed-limit-max", "2000"]);
-    manage_ok(&served.control, &["--grow", "--level", "6"]);
-    wait_status(
-        &served.control,
-        "the restripe to move",
-        Duration::from_secs(60),
-        |s| {
-            s["detail"]["reshape"]["position_sectors"]
-                .as_u64()
-                .unwrap_or(0)
-                > 0
-        },
-    );
-    served.kill();
+    kill_mid_reshape(served, &["--level", "6"], paths(&files)[0]);
     let examined = String::from_utf8(uraid_ok(&["examine", paths(&files)[4]]).stdout).unwrap();
     assert!(
-        examined.contains("Recovery Offset") && examined.contains("Reshape pos'n"),
+        examined.contains("Recovery Offset"),
         "the new member is rebuilt along with the restripe: {examined}"
     );
-    let copies: Vec<PathBuf> = files
-        .iter()
-        .map(|f| {
-            let copy = PathBuf::from(format!("{}.copy", f.display()));
-            std::fs::copy(f, &copy).unwrap();
-            copy
-        })
-        .collect();
-    let resumed = serve(dir, &[], &paths(&copies));
-    wait_finished(&resumed);
-    let back = nbdcopy_out(resumed.uri(), dir);
+    let copies = copy_files(&files);
+    let (resumed, back) = serve_to_the_end(dir, &paths(&copies), "u5to6killed");
     assert_same_bytes(&back, &pattern, "u5to6killed: resumed by uraid");
     resumed.stop();
     grown.push(KernelCheck {
@@ -889,5 +746,5 @@ fn uraid_changes_levels_while_serving_and_hands_over() {
         shape: shape("raid6", 5, 64, 2),
     });
 
-    kernel_agrees(&grown, dir);
+    check_in_kernel(&grown, dir);
 }

@@ -34,13 +34,12 @@ fn uraid_array(
     seed: u64,
 ) -> (Vec<PathBuf>, Served, Vec<u8>) {
     let size = format!("{USED_KIB}K");
-    served_pattern_array(
+    filled_array(
         dir,
         name,
-        level,
-        (disks, 0),
-        MEMBER_BYTES,
+        (level, disks, 0),
         &["--chunk", "64K", "--size", &size],
+        MEMBER_BYTES,
         seed,
     )
 }
@@ -50,10 +49,6 @@ fn uraid_array(
 fn shrink_args(data_members: u64, disks: usize) -> (String, String) {
     let new_kib = USED_KIB * (data_members - 1);
     ((disks - 1).to_string(), format!("{new_kib}K"))
-}
-
-fn wait_reshaped(served: &Served) -> serde_json::Value {
-    wait_reshape_ended(served, Duration::from_secs(120))
 }
 
 fn finished(status: &serde_json::Value) -> bool {

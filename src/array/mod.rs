@@ -5,6 +5,7 @@ mod assemble;
 mod bitmap;
 mod create;
 mod reshape;
+mod reshape_raid10;
 mod resync;
 mod stripe_io;
 mod superblocks;

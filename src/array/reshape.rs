@@ -1,8 +1,10 @@
 //! Assembling an array that md (or uraid) left part way through a reshape:
 //! the superblock's reshape fields turned into a [`Reshaping`] geometry, with
-//! the checks md's raid5_run makes before it trusts them.
+//! the checks md's raid5_run (raid10_run for raid10) makes before it trusts
+//! them.
 
 use super::assemble::{AssembleError, DeviceState, FoundDevice};
+use super::reshape_raid10::{check_raid10_reshaping, plan_raid10_reshape};
 use super::Slots;
 use crate::format::{MemberSuper, MD_FEATURE_RESHAPE_ACTIVE, MD_FEATURE_RESHAPE_BACKWARDS};
 use crate::geometry::{Geometry, GeometryError, GeometryParams, Level, ReshapePoint, Reshaping};
@@ -36,11 +38,20 @@ pub fn reshaping_geometry(
     devices: &[FoundDevice],
 ) -> Result<Geometry, AssembleError> {
     let refuse = |why: String| AssembleError::Geometry(GeometryError::Invalid(why));
-    if !matches!(params.level, Level::Raid4 | Level::Raid5 | Level::Raid6) {
+    if !matches!(
+        params.level,
+        Level::Raid4 | Level::Raid5 | Level::Raid6 | Level::Raid10
+    ) {
         return Err(refuse(format!(
-            "a {} reshape is in progress, and uraid reads only raid4/5/6 arrays mid-reshape; \
+            "a {} reshape is in progress, and uraid reads only raid4/5/6/10 arrays mid-reshape; \
              let mdadm finish it (mdadm --assemble)",
             params.level
+        )));
+    }
+    if params.level == Level::Raid10 && sb.new_level != params.level.md_number() {
+        return Err(refuse(format!(
+            "a raid10 reshape to level {} is recorded, which md never runs",
+            sb.new_level
         )));
     }
     if sb.feature_map & crate::format::MD_FEATURE_JOURNAL != 0 {
@@ -71,12 +82,23 @@ pub fn reshaping_geometry(
             new_offsets[role] = new_data_offset(&device.sb)?;
         }
     }
+    let backwards = reshape_backwards(sb);
+    if new.level() == Level::Raid10 {
+        let moved = devices.iter().filter_map(|device| match device.state {
+            DeviceState::Active { role } => {
+                let diff = old_offsets[role] as i64 - new_offsets[role] as i64;
+                Some(if backwards { -diff } else { diff })
+            }
+            _ => None,
+        });
+        check_raid10_reshaping(&old, &new, moved).map_err(refuse)?;
+    }
     let reshaping = Reshaping::new(
         old,
         new,
         ReshapePoint {
             position_sectors: sb.reshape_position_sectors,
-            backwards: reshape_backwards(sb),
+            backwards,
             old_offset_sectors: old_offsets.clone(),
             new_offset_sectors: new_offsets.clone(),
         },
@@ -237,9 +259,12 @@ pub fn plan_reshape(ctx: &ReshapeContext, request: &ReshapeRequest) -> Result<Re
     if let Some(busy) = &ctx.busy {
         return Err(format!("cannot reshape while {busy} (md: EBUSY)"));
     }
+    if level == Level::Raid10 {
+        return plan_raid10_reshape(ctx, request);
+    }
     if !matches!(level, Level::Raid4 | Level::Raid5 | Level::Raid6) {
         return Err(format!(
-            "uraid reshapes raid4/5/6 arrays; changing a {level} array's shape is not supported yet"
+            "uraid reshapes raid4/5/6/10 arrays; changing a {level} array's shape is not supported yet"
         ));
     }
     if let Some(new_level) = request.level.filter(|l| *l != level.md_number()) {
@@ -250,23 +275,63 @@ pub fn plan_reshape(ctx: &ReshapeContext, request: &ReshapeRequest) -> Result<Re
         ));
     }
     restripe_allowed(ctx, !ctx.missing_roles.is_empty())?;
-    let raid_disks = request.raid_devices.unwrap_or(old.raid_disks);
+    let new = requested_shape(&old, request)?;
     let fewest = if level == Level::Raid6 { 4 } else { 2 };
-    if raid_disks < fewest {
+    if new.raid_disks < fewest {
         return Err(format!(
-            "a {level} needs at least {fewest} members: {raid_disks} would be too few (md: EINVAL)"
+            "a {level} needs at least {fewest} members: {} would be too few (md: EINVAL)",
+            new.raid_disks
         ));
     }
+    plan_restripe(ctx, old, new, request.array_sectors)
+}
+
+/// The shape `request` asks for, refused when it changes nothing.
+pub(super) fn requested_shape(
+    old: &GeometryParams,
+    request: &ReshapeRequest,
+) -> Result<GeometryParams, String> {
     let new = GeometryParams {
         layout: request.layout.unwrap_or(old.layout),
         chunk_sectors: request.chunk_sectors.unwrap_or(old.chunk_sectors),
-        raid_disks,
+        raid_disks: request.raid_devices.unwrap_or(old.raid_disks),
         ..old.clone()
     };
-    if new == old {
+    if new == *old {
         return Err("nothing to change: the array already has that shape".into());
     }
-    plan_restripe(ctx, old, new, request.array_sectors)
+    Ok(new)
+}
+
+/// The spares a grow from `old` to `new` members takes (md's start_reshape
+/// refuses to end up degraded), or why there are too few.
+pub(super) fn check_spares(ctx: &ReshapeContext, old: u32, new: u32) -> Result<usize, String> {
+    let needed = new.saturating_sub(old) as usize;
+    if ctx.spares < needed {
+        return Err(format!(
+            "going from {old} to {new} members needs {needed} spare(s), the array has {}: add them first (manage --add)",
+            ctx.spares
+        ));
+    }
+    Ok(needed)
+}
+
+/// Refuses when a member has less than `shift` sectors free before its
+/// data, where the reshape moves it (`how` says which reshape).
+pub(super) fn check_room(members: &[MemberRoom], shift: u64, how: &str) -> Result<(), String> {
+    for room in members {
+        let free = room
+            .data_offset_sectors
+            .saturating_sub(room.lowest_data_offset_sectors);
+        if free < shift {
+            return Err(format!(
+                "not enough room before the data to reshape {how}: {} KiB needed, {} KiB free",
+                shift / 2,
+                free / 2
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What rules a reshape out whatever its shape: md's refusals for a
@@ -314,13 +379,7 @@ pub(super) fn plan_restripe(
                 .into(),
         );
     }
-    let spares_needed = raid_disks.saturating_sub(old.raid_disks) as usize;
-    if ctx.spares < spares_needed {
-        return Err(format!(
-            "going from {} to {raid_disks} members needs {spares_needed} spare(s), the array has {}: add them first (manage --add)",
-            old.raid_disks, ctx.spares
-        ));
-    }
+    let spares_needed = check_spares(ctx, old.raid_disks, raid_disks)?;
     // mdadm moves the data by the rows both geometries share
     // (compute_backup_blocks): whole old and new rows fit it, so a row is
     // never written over its own unread source. Same-count reshapes also
@@ -351,18 +410,7 @@ pub(super) fn plan_restripe(
             spares_needed,
         });
     }
-    for room in &ctx.members {
-        let free = room
-            .data_offset_sectors
-            .saturating_sub(room.lowest_data_offset_sectors);
-        if free < shift {
-            return Err(format!(
-                "not enough room before the data to reshape without a backup file: {} KiB needed, {} KiB free",
-                shift / 2,
-                free / 2
-            ));
-        }
-    }
+    check_room(&ctx.members, shift, "without a backup file")?;
     Ok(ReshapePlan {
         old,
         new,

@@ -77,7 +77,7 @@ fn raid5_of(raid6_layout: u32) -> Option<u32> {
 /// 64 KiB that divides the array, at least one 4 KiB page.
 fn takeover_chunk(array_sectors: u64) -> Option<u64> {
     let mut chunk = 128;
-    while chunk > 0 && array_sectors % chunk != 0 {
+    while chunk > 0 && !array_sectors.is_multiple_of(chunk) {
         chunk >>= 1;
     }
     (chunk >= 8).then_some(chunk)
@@ -430,7 +430,7 @@ fn from_raid1_to_raid5(
         None => takeover_chunk(old.dev_sectors)
             .ok_or("the array's size is not a multiple of 4 KiB, which a raid5 chunk needs")?,
     };
-    if old.dev_sectors % chunk != 0 {
+    if !old.dev_sectors.is_multiple_of(chunk) {
         return Err("the array's size must be a multiple of the chunk".into());
     }
     let layout = request.layout.unwrap_or(crate::geometry::LEFT_SYMMETRIC);

@@ -1206,4 +1206,6 @@ mod tests;
 #[cfg(test)]
 mod tests_reshape;
 #[cfg(test)]
+mod tests_reshape_raid10;
+#[cfg(test)]
 mod tests_shrink;

@@ -24,7 +24,10 @@
 //! before the old rows the window still needs. A window is cut short where
 //! it would not, which only happens near the start. A shrink mirrors this:
 //! the data starts later by the shift, into the room after it, and the
-//! window's new rows begin past the end of the old rows it reads.
+//! window's new rows begin past the end of the old rows it reads. A raid10
+//! moves the same way, chunk by chunk with their copies instead of rows
+//! with parity, its data moved down by md's min_offset_change
+//! (`raid10_window_end`).
 
 use super::resync::{SyncAction, SyncProgress, Throttle};
 use super::{Engine, MemberEntry};
@@ -437,14 +440,23 @@ impl Engine {
         let geometry = self.geometry();
         let reshaping = geometry.reshaping()?;
         let new = reshaping.new_geometry();
-        let new_dd = data_disks(new) as u64;
         let end = new.array_sectors();
         let position = reshaping.position_sectors();
         let backwards = reshaping.backwards();
         // md counts a backward reshape's progress from the end.
         let done = |position: u64| if backwards { end - position } else { position };
-        let total_kib = end / new_dd / 2;
-        let done_kib = done(position) / new_dd / 2;
+        let (done_kib, total_kib) = if new.raid10().is_some() {
+            // md counts a raid10 reshape in array sectors up to the size
+            // it serves meanwhile (resync_max_sectors); uraid's zeroing of
+            // the grown part beyond shows as done.
+            let total = reshaping.array_sectors();
+            (position.min(total) / 2, total / 2)
+        } else {
+            (
+                progress_sectors(new, done(position)) / 2,
+                progress_sectors(new, end) / 2,
+            )
+        };
         let speed = self
             .reshape_job
             .started
@@ -452,7 +464,8 @@ impl Engine {
             .unwrap()
             .filter(|_| self.reshape_running())
             .map(|(at, from)| {
-                let moved_kib = done(position).saturating_sub(done(from)) / new_dd / 2;
+                let moved_kib =
+                    progress_sectors(new, done(position).saturating_sub(done(from))) / 2;
                 (moved_kib as f64 / at.elapsed().as_secs_f64().max(1e-3)) as u64
             })
             .unwrap_or(0);
@@ -517,7 +530,7 @@ impl Engine {
         self.flush_members()
             .map_err(|e| format!("flushing the moved rows: {e}"))?;
         self.checkpoint(next)?;
-        Ok(Some((to - from) / data_disks(new) as u64))
+        Ok(Some(member_sectors(new, to - from)))
     }
 
     /// Each role's data offsets in the old and the new geometry.
@@ -744,6 +757,25 @@ fn data_disks(g: &Geometry) -> usize {
     g.raid_disks() - g.level().parity_members()
 }
 
+/// A reshape's progress in md's unit: per member for raid4/5/6, in array
+/// sectors for raid10 (raid10.c's reshape_request reports its point).
+fn progress_sectors(g: &Geometry, array_sectors: u64) -> u64 {
+    if g.raid10().is_some() {
+        array_sectors
+    } else {
+        array_sectors / data_disks(g) as u64
+    }
+}
+
+/// What moving `array_sectors` of the array writes to each member: md's
+/// unit for a sync's speed.
+fn member_sectors(g: &Geometry, array_sectors: u64) -> u64 {
+    match g.raid10() {
+        Some(r) => array_sectors * r.copies() as u64 / g.raid_disks() as u64,
+        None => array_sectors / data_disks(g) as u64,
+    }
+}
+
 /// The parameters a geometry was built from, with the array's sizes.
 fn params_of_geometry(g: &Geometry, sb: &crate::format::MemberSuper) -> GeometryParams {
     let map = g.stripe(0);
@@ -761,6 +793,7 @@ fn params_of_geometry(g: &Geometry, sb: &crate::format::MemberSuper) -> Geometry
 fn layout_of(g: &Geometry, sb: &crate::format::MemberSuper) -> u32 {
     match g {
         Geometry::Raid456(r) => r.algorithm(),
+        Geometry::Raid10(r) => r.layout(),
         _ => sb.layout,
     }
 }
@@ -849,6 +882,9 @@ fn reshaping_at(
 /// reaching the old rows the window still reads (the members' new data
 /// start lies `shift` before the old one).
 fn window_end(reshaping: &Reshaping, offsets: &[(u64, u64)]) -> Result<u64, String> {
+    if reshaping.old().raid10().is_some() {
+        return raid10_window_end(reshaping, offsets);
+    }
     let WindowUnits {
         old_chunk,
         old_dd,
@@ -859,13 +895,7 @@ fn window_end(reshaping: &Reshaping, offsets: &[(u64, u64)]) -> Result<u64, Stri
     let old = reshaping.old();
     let position = reshaping.position_sectors();
     let end = reshaping.new_geometry().array_sectors();
-    // How far the new data start lies before the old one, the least over
-    // the members: the room the new rows have ahead of the old.
-    let lead = offsets
-        .iter()
-        .map(|(old_offset, new_offset)| old_offset.saturating_sub(*new_offset))
-        .min()
-        .unwrap_or(0);
+    let lead = least_lead(offsets);
     // The first old row the window still reads starts at this member
     // sector (relative to the old data start).
     let old_first = position / (old_chunk * old_dd) * old_chunk;
@@ -924,7 +954,7 @@ fn stuck(position: u64) -> String {
 fn window_start(reshaping: &Reshaping, offsets: &[(u64, u64)]) -> Result<u64, String> {
     let w = WindowUnits::of(reshaping);
     let position = reshaping.position_sectors();
-    debug_assert!(position % w.unit == 0, "the point lies on a unit");
+    debug_assert!(position.is_multiple_of(w.unit), "the point lies on a unit");
     // How far the new data start lies after the old one, the least over
     // the members: the room the new rows have above the old.
     let lead = offsets
@@ -947,6 +977,49 @@ fn window_start(reshaping: &Reshaping, offsets: &[(u64, u64)]) -> Result<u64, St
         start += w.unit;
     }
     Err(stuck(position))
+}
+
+/// How far the new data start lies before the old one, the least over the
+/// members: the room the new rows have ahead of the old.
+fn least_lead(offsets: &[(u64, u64)]) -> u64 {
+    offsets
+        .iter()
+        .map(|(old_offset, new_offset)| old_offset.saturating_sub(*new_offset))
+        .min()
+        .unwrap_or(0)
+}
+
+/// The end of the next raid10 window: whole chunks (the smaller of the two,
+/// the most md copies at once) up to WINDOW_BYTES_MAX, cut where the new
+/// places of its chunks would reach the old places of the chunk at the
+/// point, which a crash during the window would read again (raid10.c's
+/// reshape_request compares last_dev_address of what it writes with
+/// first_dev_address of the safe point, plus the offset difference).
+fn raid10_window_end(reshaping: &Reshaping, offsets: &[(u64, u64)]) -> Result<u64, String> {
+    let (old, new) = (reshaping.old(), reshaping.new_geometry());
+    let (old10, new10) = (old.raid10().expect("raid10"), new.raid10().expect("raid10"));
+    let position = reshaping.position_sectors();
+    let unit = old10.chunk_sectors().min(new10.chunk_sectors());
+    let end = new.array_sectors();
+    let lead = least_lead(offsets);
+    let old_first = old10.first_member_sector(position);
+    let fits = |next: u64| {
+        position >= old.array_sectors() || new10.member_sectors_end(next - 1) <= old_first + lead
+    };
+    let most = (WINDOW_BYTES_MAX / SECTOR_BYTES / unit).max(1) * unit;
+    // Window ends fall on chunk boundaries (or the end), wherever the point
+    // is: a point the kernel left mid-chunk is realigned by the first one.
+    let mut next = ((position + most) / unit * unit).min(end);
+    while next > position {
+        if fits(next) {
+            return Ok(next);
+        }
+        let below = (next - 1) / unit * unit;
+        next = below.max(position);
+    }
+    Err(format!(
+        "the next chunks cannot move without overwriting chunks not yet moved (at sector {position}): the data offset moved too little"
+    ))
 }
 
 /// Whether uraid can continue the reshape an array was assembled in the

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// `disks` members and `spares` spares of `member_mib` MiB each.
-fn array_with_spares(
+pub(super) fn array_with_spares(
     dir: &std::path::Path,
     level: Level,
     disks: u32,
@@ -30,16 +30,6 @@ pub(super) fn sized_array(
     member_mib: u64,
     size_sectors: Option<u64>,
 ) -> Vec<PathBuf> {
-    let paths: Vec<PathBuf> = (0..disks + spares)
-        .map(|i| {
-            let p = dir.join(format!("m{i}"));
-            std::fs::File::create(&p)
-                .unwrap()
-                .set_len(member_mib << 20)
-                .unwrap();
-            p
-        })
-        .collect();
     let options = CreateOptions {
         level,
         raid_disks: disks,
@@ -52,8 +42,29 @@ pub(super) fn sized_array(
         force: false,
         homehost: None,
     };
+    array_with_options(dir, &options, spares, member_mib)
+}
+
+/// An array created with `options`, and `spares` spares, on members of
+/// `member_mib` MiB each.
+pub(super) fn array_with_options(
+    dir: &std::path::Path,
+    options: &CreateOptions,
+    spares: u32,
+    member_mib: u64,
+) -> Vec<PathBuf> {
+    let paths: Vec<PathBuf> = (0..options.raid_disks + spares)
+        .map(|i| {
+            let p = dir.join(format!("m{i}"));
+            std::fs::File::create(&p)
+                .unwrap()
+                .set_len(member_mib << 20)
+                .unwrap();
+            p
+        })
+        .collect();
     let specs: Vec<MemberSpec> = paths.iter().cloned().map(MemberSpec::Device).collect();
-    create(&specs, &options, |_, _| {}).unwrap();
+    create(&specs, options, |_, _| {}).unwrap();
     paths
 }
 
@@ -75,7 +86,7 @@ pub(super) fn random_image(len: usize, seed: u64) -> Vec<u8> {
 }
 
 /// One random write of up to `max_sectors`, applied to `image` too.
-fn write_random(
+pub(super) fn write_random(
     engine: &Engine,
     rng: &mut rand::rngs::StdRng,
     image: &mut [u8],
@@ -90,7 +101,7 @@ fn write_random(
 
 /// Lets the reshape run at full speed to its end, then reads the array's
 /// first `image.len()` bytes back.
-fn finish_and_compare(engine: &Arc<Engine>, image: &[u8], what: &str) {
+pub(super) fn finish_and_compare(engine: &Arc<Engine>, image: &[u8], what: &str) {
     engine.set_speed_limits(None, Some(200_000));
     wait_reshaped(engine);
     let mut back = vec![0u8; image.len()];
@@ -292,18 +303,36 @@ fn a_reshape_crashed_at_random_points_resumes_and_keeps_every_byte() {
             ..Default::default()
         })
         .unwrap();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(43);
+    let engine = crash_until_done(engine, &paths, &mut image, 43);
+    engine.shutdown().unwrap();
+    drop(engine);
+    super::tests::check_consistent(&paths);
+    let array = assemble(&paths, false).unwrap();
+    assert!(array.geometry.reshaping().is_none());
+    assert_eq!(array.geometry.raid_disks(), 5);
+}
+
+/// Crashes a running reshape a few times at random points between random
+/// writes (acknowledged before the crash, so they must survive it),
+/// restarting the engine each time, then lets it end and checks every
+/// byte. Returns the engine once the resync the crashes owe has ended.
+pub(super) fn crash_until_done(
+    engine: Arc<Engine>,
+    paths: &[PathBuf],
+    image: &mut [u8],
+    seed: u64,
+) -> Arc<Engine> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut engine = engine;
     let mut crashes = 0;
     while engine.geometry().reshaping().is_some() && crashes < 6 {
-        // Writes acknowledged before the crash must survive it.
         for _ in 0..rng.gen_range(5..40) {
-            write_random(&engine, &mut rng, &mut image, 32);
+            write_random(&engine, &mut rng, image, 32);
         }
         std::thread::sleep(Duration::from_millis(rng.gen_range(10..200)));
         crash(engine);
         crashes += 1;
-        let array = assemble(&paths, true).unwrap();
+        let array = assemble(paths, true).unwrap();
         engine = Engine::start(array, EngineOptions::default()).unwrap();
         engine.set_speed_limits(Some(1000), Some(6000));
     }
@@ -311,7 +340,7 @@ fn a_reshape_crashed_at_random_points_resumes_and_keeps_every_byte() {
         crashes >= 2,
         "the reshape ended before it could be crashed twice"
     );
-    finish_and_compare(&engine, &image, "crashed reshape");
+    finish_and_compare(&engine, image, "crashed reshape");
     // The crash left the array unclean: a resync follows the reshape.
     let deadline = Instant::now() + Duration::from_secs(60);
     while engine.snapshot().sync.is_some() {
@@ -321,12 +350,7 @@ fn a_reshape_crashed_at_random_points_resumes_and_keeps_every_byte() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    engine.shutdown().unwrap();
-    drop(engine);
-    super::tests::check_consistent(&paths);
-    let array = assemble(&paths, false).unwrap();
-    assert!(array.geometry.reshaping().is_none());
-    assert_eq!(array.geometry.raid_disks(), 5);
+    engine
 }
 
 /// Waits for every background job (reshape, recovery) to end.

@@ -21,6 +21,7 @@ mod reshape;
 
 pub use layout_names::{layout_from_name, layout_name, level_from_name, level_name};
 pub use raid0::Raid0Layout;
+pub use raid10::Raid10;
 pub use raid456::{LEFT_SYMMETRIC, PARITY_N};
 pub use reshape::{ReshapePoint, Reshaping, Side};
 
@@ -419,6 +420,14 @@ impl Geometry {
         match self {
             Geometry::Reshaping(g) => g.extent_sectors(),
             _ => self.array_sectors(),
+        }
+    }
+
+    /// The raid10 mapping, for what only raid10 has (its copies' layout).
+    pub fn raid10(&self) -> Option<&Raid10> {
+        match self {
+            Geometry::Raid10(g) => Some(g),
+            _ => None,
         }
     }
 

@@ -6,6 +6,8 @@ use super::{DataStrip, GeometryError, GeometryParams, Level, Place, StripeMap};
 
 #[derive(Clone, Debug)]
 pub struct Raid10 {
+    /// md's layout number (near, far, offset and far-set bits).
+    layout: u32,
     raid_disks: usize,
     near_copies: usize,
     far_copies: usize,
@@ -61,6 +63,7 @@ impl Raid10 {
             used_chunks_per_dev / far_copies as u64 * chunk
         };
         Ok(Raid10 {
+            layout: p.layout,
             raid_disks,
             near_copies,
             far_copies,
@@ -78,6 +81,42 @@ impl Raid10 {
 
     pub fn copies(&self) -> usize {
         self.near_copies * self.far_copies
+    }
+
+    pub fn layout(&self) -> u32 {
+        self.layout
+    }
+
+    pub fn chunk_sectors(&self) -> u64 {
+        self.chunk_sectors
+    }
+
+    pub fn far_copies(&self) -> usize {
+        self.far_copies
+    }
+
+    /// The far layout proper (copies a far-section apart, not offset):
+    /// md never reshapes it, since its copies span the whole member.
+    pub fn is_far(&self) -> bool {
+        self.far_copies > 1 && !self.far_offset
+    }
+
+    /// The first member sector (relative to the data offset) that may hold
+    /// any of the chunk holding `array_sector`: raid10.c's
+    /// first_dev_address, which bounds where a reshape may still read.
+    pub fn first_member_sector(&self, array_sector: u64) -> u64 {
+        let chunk = array_sector / self.chunk_sectors;
+        let row = chunk * self.near_copies as u64 / self.raid_disks as u64;
+        row * self.far_copies as u64 * self.chunk_sectors
+    }
+
+    /// The member sector just past anything of the chunk holding
+    /// `array_sector`: raid10.c's last_dev_address, which bounds where a
+    /// reshape writes.
+    pub fn member_sectors_end(&self, array_sector: u64) -> u64 {
+        let chunks = array_sector / self.chunk_sectors + 1;
+        let rows = (chunks * self.near_copies as u64).div_ceil(self.raid_disks as u64);
+        rows * self.far_copies as u64 * self.chunk_sectors
     }
 
     pub fn array_sectors(&self) -> u64 {
@@ -158,5 +197,53 @@ impl Raid10 {
                 .iter()
                 .any(|place| !missing[place.member])
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raid10(layout: u32, disks: u32) -> Raid10 {
+        Raid10::new(&GeometryParams {
+            level: Level::Raid10,
+            layout,
+            chunk_sectors: 16,
+            raid_disks: disks,
+            dev_sectors: 4096,
+            member_data_sectors: vec![4096; disks as usize],
+            raid0_layout_feature: false,
+        })
+        .unwrap()
+    }
+
+    /// Every copy of a chunk lies between the bounds a reshape uses, and
+    /// the bounds are tight: some copy starts at the first and some ends
+    /// within the last row.
+    #[test]
+    fn member_bounds_hold_every_copy_of_a_chunk() {
+        for (layout, disks) in [
+            (0x102, 4),
+            (0x102, 5),
+            (0x103, 7),
+            (0x10201, 4),
+            (0x10201, 5),
+        ] {
+            let g = raid10(layout, disks);
+            assert!(!g.is_far());
+            for chunk in 0..g.stripe_count() {
+                let sector = chunk * g.chunk_sectors() + 3;
+                let (first, end) = (g.first_member_sector(sector), g.member_sectors_end(sector));
+                let copies = g.copies_of_chunk(chunk);
+                let low = copies.iter().map(|p| p.member_sector).min().unwrap();
+                let high = copies.iter().map(|p| p.member_sector + 16).max().unwrap();
+                assert_eq!(low, first, "{layout:#x} {disks} chunk {chunk}");
+                assert!(
+                    high <= end && end - high < 16 * g.far_copies() as u64,
+                    "{layout:#x} {disks} chunk {chunk}"
+                );
+            }
+        }
+        assert!(raid10(0x201, 4).is_far());
     }
 }

@@ -11,14 +11,16 @@
 //!
 //! A forward reshape (growing, or same size run forwards) has the new
 //! geometry below the point; a backward one (shrinking, or same size run
-//! backwards) above it. The point always falls on a stripe boundary of the
-//! new geometry (the kernel refuses to start otherwise), but not always of
-//! the old one: the old stripe that straddles it still holds its parity
+//! backwards) above it. With parity (raid4/5/6) the point always falls on
+//! a stripe boundary of the new geometry (the kernel refuses to start
+//! otherwise), but not always of the old one: the old stripe that straddles it still holds its parity
 //! over all of its strips, whose old copies are intact (md never writes
 //! new-geometry data over old data it has not yet moved), so it is served
 //! whole, but only its part on the old side is ever read from it.
 //! [`Reshaping::run_end`] is where a piece of I/O must stop so that it
-//! never crosses the point.
+//! never crosses the point. A raid10 (raid10.c's raid10_find_phys routes
+//! by the same test) may stop anywhere: its chunk at the point straddles
+//! it in both geometries, each side served only its part.
 //!
 //! Stripes are numbered in array order across both sides: the done side's
 //! stripes first for a forward reshape, the old side's first for a
@@ -98,16 +100,21 @@ impl Reshaping {
         } else {
             array_sectors.max(position.min(new.array_sectors()))
         };
-        // The done side must be whole stripes of the new geometry, or a new
-        // stripe would be half written (raid5_run's "reshape_position not
-        // on a stripe boundary").
+        // With parity, the done side must be whole stripes of the new
+        // geometry, or a new stripe would be half written (raid5_run's
+        // "reshape_position not on a stripe boundary"). A raid10 chunk has
+        // only copies, so md records any point (raid10.c's reshape_request
+        // may stop mid-chunk); the chunk holding it is served in pieces.
         let new_stripe_start = |sector: u64| -> u64 {
             if sector >= new.array_sectors() {
                 return sector;
             }
             new.stripe(new.stripe_of(sector)).array_sector
         };
-        if position < extent_sectors && new_stripe_start(position) != position {
+        if new.level().has_parity()
+            && position < extent_sectors
+            && new_stripe_start(position) != position
+        {
             return Err(GeometryError::Invalid(format!(
                 "reshape position {position} is not on a stripe boundary of the new geometry"
             )));
@@ -443,12 +450,14 @@ mod tests {
                 let got = place_of(&Geometry::Reshaping(Box::new(r.clone())), s);
                 assert_eq!(got.member, want.member, "sector {s}");
                 assert_eq!(got.member_sector, want.member_sector + shift, "sector {s}");
-                let located = r.locate(s).unwrap();
-                assert_eq!(located.stripe, map.stripe);
-                assert_eq!(
-                    located.place.member_sector + located.in_strip_sectors,
-                    want.member_sector + shift
-                );
+                // Mirrors have no single place to locate.
+                if let Some(located) = r.locate(s) {
+                    assert_eq!(located.stripe, map.stripe);
+                    assert_eq!(
+                        located.place.member_sector + located.in_strip_sectors,
+                        want.member_sector + shift
+                    );
+                }
             }
             sector = end;
         }
@@ -512,6 +521,57 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("stripe boundary"), "{err}");
+    }
+
+    #[test]
+    fn raid10_maps_each_side_at_any_point() {
+        let near2 = 0x102;
+        let offset2 = 0x10201;
+        let cases = [
+            (
+                raid(Level::Raid10, near2, 128, 4),
+                raid(Level::Raid10, near2, 128, 5),
+            ),
+            (
+                raid(Level::Raid10, near2, 64, 4),
+                raid(Level::Raid10, near2, 64, 6),
+            ),
+            (
+                raid(Level::Raid10, offset2, 64, 4),
+                raid(Level::Raid10, offset2, 64, 5),
+            ),
+            (
+                raid(Level::Raid10, near2, 128, 4),
+                raid(Level::Raid10, offset2, 128, 4),
+            ),
+            (
+                raid(Level::Raid10, near2, 128, 4),
+                raid(Level::Raid10, near2, 64, 4),
+            ),
+        ];
+        for (old, new) in cases {
+            let size = old.array_sectors().min(new.array_sectors());
+            for backwards in [false, true] {
+                for position in [0, 8, 100, 128, 1000, 3 * 128 + 40, size] {
+                    check(&reshaping(&old, &new, position, backwards));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_raid10_chunk_at_the_point_is_served_in_two_pieces() {
+        let r = reshaping(
+            &raid(Level::Raid10, 0x102, 128, 4),
+            &raid(Level::Raid10, 0x102, 128, 5),
+            200,
+            false,
+        );
+        assert_eq!(r.run_end(128), 200);
+        assert_eq!(r.run_end(200), 256);
+        assert_eq!(r.side_of(199), Side::New);
+        assert_eq!(r.side_of(200), Side::Old);
+        assert_ne!(r.stripe_of(199), r.stripe_of(200));
     }
 
     #[test]

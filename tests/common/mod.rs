@@ -146,7 +146,8 @@ pub fn examine_comparable(examine: &str) -> Vec<String> {
 pub struct KernelCheck {
     pub name: String,
     pub members: Vec<PathBuf>,
-    /// What md must read: the whole array.
+    /// What md must read from the array's start: the whole new size, or
+    /// only a prefix where md leaves the rest undefined.
     pub expected: PathBuf,
     /// What /sys/block/md0/md shows once md has it: level, raid_disks,
     /// chunk_size (bytes), layout.
@@ -160,24 +161,25 @@ pub struct KernelCheck {
 /// `MISMATCH` (mismatch_cnt after a check; raid0 has no redundancy to
 /// check). Read with [`assert_kernel_checked`].
 pub fn kernel_check_lines(dir: &Path, c: &KernelCheck) -> String {
-    let (d, name) = (dir.display(), &c.name);
+    let (d, name, expected) = (dir.display(), &c.name, c.expected.display());
     let mut s = losetup_lines(&c.members);
     s.push_str(&format!(
         "mdadm --assemble /dev/md0 --run \"${{L[@]}}\" >{d}/{name}.assemble 2>&1 || echo \"ASSEMBLE {name} failed\"\n\
          echo 200000 > /proc/sys/dev/raid/speed_limit_max\n\
          mdadm --wait /dev/md0 >/dev/null 2>&1 || true\n\
          while grep -qE 'reshape|recovery' /proc/mdstat; do sleep 0.5; done\n\
+         mdadm --wait /dev/md0 >/dev/null 2>&1 || true\n\
          md=/sys/block/md0/md\n\
          echo \"SHAPE {name} $(cat $md/level) $(cat $md/raid_disks) $(cat $md/chunk_size) $(cat $md/layout)\"\n\
          echo \"SPARES {name} $(grep -l spare $md/dev-*/state | wc -l)\"\n\
-         cmp /dev/md0 {} >/dev/null 2>&1 && echo \"CMP {name} same\" || echo \"CMP {name} differs\"\n\
+         [ \"$(blockdev --getsize64 /dev/md0)\" -ge \"$(stat -c %s {expected})\" ] && \
+         cmp -n \"$(stat -c %s {expected})\" /dev/md0 {expected} >/dev/null 2>&1 && echo \"CMP {name} same\" || echo \"CMP {name} differs\"\n\
          if [ \"$(cat $md/level)\" = raid0 ]; then echo \"MISMATCH {name} 0\"; else\n\
          echo check > $md/sync_action; sleep 0.2; mdadm --wait /dev/md0 >/dev/null 2>&1 || true\n\
          while [ \"$(cat $md/sync_action)\" != idle ]; do sleep 0.2; done\n\
          echo \"MISMATCH {name} $(cat $md/mismatch_cnt)\"; fi\n\
          mdadm --stop /dev/md0 >/dev/null\n\
-         for l in \"${{L[@]}}\"; do losetup -d \"$l\"; done\n",
-        c.expected.display()
+         for l in \"${{L[@]}}\"; do losetup -d \"$l\"; done\n"
     ));
     s
 }
@@ -202,57 +204,6 @@ pub fn assert_kernel_checked(out: &str, c: &KernelCheck) {
         Some("0"),
         "{name}: md's check\n{out}"
     );
-}
-
-/// Creates `level` with uraid on `disks` members and `spares` spares of
-/// `member_bytes` each (`create_args` added to create's), serves it, fills
-/// it with a pattern from `seed` and adds the spares. Returns the member
-/// files, the server and the pattern.
-pub fn served_pattern_array(
-    dir: &Path,
-    name: &str,
-    level: &str,
-    (disks, spares): (usize, usize),
-    member_bytes: u64,
-    create_args: &[&str],
-    seed: u64,
-) -> (Vec<PathBuf>, Served, Vec<u8>) {
-    let files = sparse_files(
-        dir,
-        &format!("{name}."),
-        &vec![member_bytes; disks + spares],
-    );
-    let all = paths(&files);
-    let disks_arg = disks.to_string();
-    let mut args = vec![
-        "create",
-        "--level",
-        level,
-        "--raid-devices",
-        &disks_arg,
-        "--assume-clean",
-    ];
-    args.extend_from_slice(create_args);
-    args.extend_from_slice(&all[..disks]);
-    uraid_ok(&args);
-    let served = serve(dir, &[], &all[..disks]);
-    let size = array_bytes(&all[..disks]) as usize;
-    let pattern = random_bytes(seed, size);
-    let image = dir.join(format!("{name}.image"));
-    std::fs::write(&image, &pattern).unwrap();
-    nbdcopy_in(&image, served.uri());
-    for spare in &all[disks..] {
-        manage_ok(&served.control, &["--add", spare]);
-    }
-    (files, served, pattern)
-}
-
-/// Waits until the served array no longer reshapes; its last status.
-pub fn wait_reshape_ended(served: &Served, limit: Duration) -> serde_json::Value {
-    wait_status(&served.control, "the reshape to end", limit, |s| {
-        !s["mdstat"].as_str().unwrap_or_default().contains("reshape")
-            && s["detail"]["reshape"].is_null()
-    })
 }
 
 /// Script lines that attach each file to a loop device in the guest, into
@@ -1426,5 +1377,242 @@ impl Drop for Stack {
             unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
             let _ = child.wait();
         }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Reshapes uraid runs and the kernel checks afterwards (tests/reshape_*kernel.rs).
+
+/// Creates an array with uraid, `shape` being its level, members and
+/// spares, with `create_extra` for `uraid create` (chunk, layout), on
+/// members of `member_bytes`; serves it, fills it with a pattern and adds
+/// the spares. Returns the members, the server and the pattern.
+pub fn filled_array(
+    dir: &Path,
+    name: &str,
+    shape: (&str, usize, usize),
+    create_extra: &[&str],
+    member_bytes: u64,
+    seed: u64,
+) -> (Vec<PathBuf>, Served, Vec<u8>) {
+    let (level, disks, spares) = shape;
+    let files = sparse_files(
+        dir,
+        &format!("{name}."),
+        &vec![member_bytes; disks + spares],
+    );
+    let all = paths(&files);
+    let disks_arg = disks.to_string();
+    let mut args = vec![
+        "create",
+        "--level",
+        level,
+        "--raid-devices",
+        &disks_arg,
+        "--assume-clean",
+    ];
+    args.extend_from_slice(create_extra);
+    args.extend_from_slice(&all[..disks]);
+    uraid_ok(&args);
+    let served = serve(dir, &[], &all[..disks]);
+    let size = array_bytes(&all[..disks]) as usize;
+    let pattern = random_bytes(seed, size);
+    let image = dir.join(format!("{name}.image"));
+    std::fs::write(&image, &pattern).unwrap();
+    nbdcopy_in(&image, served.uri());
+    for spare in &all[disks..] {
+        manage_ok(&served.control, &["--add", spare]);
+    }
+    (files, served, pattern)
+}
+
+/// `manage --grow CHANGE` on a served array, slowed so that clients can
+/// act while the point moves; returns mdstat right after.
+pub fn grow_slowly(served: &Served, change: &[&str]) -> String {
+    manage_ok(&served.control, &["--speed-limit-max", "4000"]);
+    let mut grow = vec!["--grow"];
+    grow.extend_from_slice(change);
+    manage_ok(&served.control, &grow);
+    array_status(&served.control)["mdstat"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Writes and full reads through NBD (`nbd_patch` on `DIR/NAME.image`, in
+/// pieces of `width`) while the reshape runs, then lets it end at full
+/// speed. Returns the array's new contents and the final status.
+pub fn patch_while_reshaping(
+    served: &Served,
+    dir: &Path,
+    name: &str,
+    seed: u64,
+    width: u64,
+) -> (Vec<u8>, serde_json::Value) {
+    let image = dir.join(format!("{name}.image"));
+    let patched = nbd_patch(
+        served.uri(),
+        &image,
+        &dir.join(format!("{name}.patched")),
+        seed,
+        64 * 1024,
+        width,
+        40,
+    );
+    assert_ne!(
+        patched,
+        std::fs::read(&image).unwrap(),
+        "{name}: nothing written"
+    );
+    manage_ok(&served.control, &["--speed-limit-max", "200000"]);
+    (patched, wait_reshaped(served))
+}
+
+/// A new connection sees the array at `size` bytes, starting with `patched`.
+pub fn assert_reads_back(served: &Served, dir: &Path, name: &str, patched: &[u8], size: usize) {
+    assert!(size >= patched.len());
+    let back = nbdcopy_out(served.uri(), dir);
+    assert_eq!(
+        back.len(),
+        size,
+        "{name}: a new connection sees the new size"
+    );
+    assert_same_bytes(
+        &back[..patched.len()],
+        patched,
+        &format!("{name}: after the reshape"),
+    );
+}
+
+/// Starts `manage --grow CHANGE` slowly, SIGKILLs the server once the
+/// reshape's point has moved, and returns the first member's examine text,
+/// which must show the reshape in progress.
+pub fn kill_mid_reshape(served: Served, change: &[&str], first_member: &str) -> String {
+    manage_ok(&served.control, &["--speed-limit-max", "2000"]);
+    let mut grow = vec!["--grow"];
+    grow.extend_from_slice(change);
+    manage_ok(&served.control, &grow);
+    wait_status(
+        &served.control,
+        "the reshape to move",
+        Duration::from_secs(60),
+        |s| {
+            s["detail"]["reshape"]["position_sectors"]
+                .as_u64()
+                .unwrap_or(0)
+                > 0
+        },
+    );
+    served.kill();
+    let examined = String::from_utf8(uraid_ok(&["examine", first_member]).stdout).unwrap();
+    assert!(examined.contains("Reshape pos'n"), "{examined}");
+    examined
+}
+
+/// Serves an array assembled mid-reshape, which `uraid serve` continues,
+/// until the reshape ends; returns the server and what a new connection
+/// then reads.
+pub fn serve_to_the_end(dir: &Path, members: &[&str], what: &str) -> (Served, Vec<u8>) {
+    let served = serve(dir, &[], members);
+    wait_reshape_finished(&served, what);
+    let back = nbdcopy_out(served.uri(), dir);
+    (served, back)
+}
+
+/// Waits until a served array's reshape job has ended and said so
+/// (`RebuildFinished`, which follows the new geometry by a moment), and
+/// fails with the events if it stopped instead.
+pub fn wait_reshape_finished(served: &Served, what: &str) {
+    let has = |s: &serde_json::Value, event: &str| status_events(s).iter().any(|e| e.0 == event);
+    let status = wait_status(
+        &served.control,
+        "the reshape to finish",
+        Duration::from_secs(240),
+        |s| {
+            has(s, "SyncFailed")
+                || (has(s, "RebuildFinished")
+                    && !s["mdstat"].as_str().unwrap_or_default().contains("reshape"))
+        },
+    );
+    assert!(
+        has(&status, "RebuildFinished"),
+        "{what}: uraid did not finish the reshape: {:?}",
+        status_events(&status)
+    );
+}
+
+/// Runs one guest script for several cases: each gets member files
+/// `DIR/NAME.0..` of `member_bytes` (`members` gives a case's name and
+/// count) and the lines `lines` writes for them. Returns the guest's
+/// stdout and each case's files.
+pub fn run_guest_cases<C>(
+    dir: &Path,
+    cases: &[C],
+    members: impl Fn(&C) -> (&'static str, usize),
+    member_bytes: u64,
+    lines: impl Fn(&C, &[PathBuf]) -> String,
+    timeout_s: u32,
+) -> (String, Vec<Vec<PathBuf>>) {
+    let mut script = String::from("export MDADM_NO_SYSTEMCTL=1\n");
+    let mut all = Vec::new();
+    for case in cases {
+        let (name, count) = members(case);
+        let files = sparse_files(dir, &format!("{name}."), &vec![member_bytes; count]);
+        script.push_str(&lines(case, &files));
+        all.push(files);
+    }
+    (in_kernel(&script, timeout_s), all)
+}
+
+/// A copy of each member file next to it (`FILE.copy`), to run a second
+/// course of events on the same state.
+pub fn copy_files(files: &[PathBuf]) -> Vec<PathBuf> {
+    files
+        .iter()
+        .map(|f| {
+            let copy = PathBuf::from(format!("{}.copy", f.display()));
+            std::fs::copy(f, &copy).unwrap();
+            copy
+        })
+        .collect()
+}
+
+/// Waits until a served array's reshape has ended.
+pub fn wait_reshaped(served: &Served) -> serde_json::Value {
+    wait_status(
+        &served.control,
+        "the reshape to end",
+        Duration::from_secs(240),
+        |s| {
+            !s["mdstat"].as_str().unwrap_or_default().contains("reshape")
+                && s["detail"]["reshape"].is_null()
+        },
+    )
+}
+
+/// md's view of the new shape, as the guest prints it from sysfs.
+pub fn shape(level: &str, disks: usize, chunk_kib: u64, layout: impl std::fmt::Display) -> String {
+    format!("{level} {disks} {} {layout}", chunk_kib * 1024)
+}
+
+/// The expected image at `size`: what was written, zeroes after.
+pub fn expected_file(dir: &Path, name: &str, mut bytes: Vec<u8>, size: usize) -> PathBuf {
+    assert!(bytes.len() <= size);
+    bytes.resize(size, 0);
+    let path = dir.join(format!("{name}.expected"));
+    std::fs::write(&path, &bytes).unwrap();
+    path
+}
+
+/// The kernel assembles each array: it finishes what is left, reads the
+/// expected bytes, has the new shape, and its `check` finds no mismatch.
+pub fn check_in_kernel(grown: &[KernelCheck], dir: &Path) {
+    let mut script = String::from("export MDADM_NO_SYSTEMCTL=1\n");
+    for g in grown {
+        script.push_str(&kernel_check_lines(dir, g));
+    }
+    let out = in_kernel(&script, 600);
+    for g in grown {
+        assert_kernel_checked(&out, g);
     }
 }

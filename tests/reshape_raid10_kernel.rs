@@ -227,7 +227,16 @@ fn raid10_array(
     spares: usize,
     seed: u64,
 ) -> (Vec<PathBuf>, Served, Vec<u8>) {
-    let extra = ["--chunk", "64K", "--layout", layout];
+    // "n2+bitmap": with a write-intent bitmap, which md resizes as a
+    // raid10 grow starts.
+    let (layout, bitmap) = match layout.strip_suffix("+bitmap") {
+        Some(layout) => (layout, true),
+        None => (layout, false),
+    };
+    let mut extra = vec!["--chunk", "64K", "--layout", layout];
+    if bitmap {
+        extra.extend_from_slice(&["--bitmap", "internal", "--bitmap-chunk", "1M"]);
+    }
     let shape = ("raid10", disks, spares);
     filled_array(dir, name, shape, &extra, MEMBER_BYTES, seed)
 }
@@ -248,8 +257,17 @@ fn raid10_reshapes_hand_over_between_uraid_and_the_kernel() {
         usize,
         u32,
     );
-    let runs: [Run; 3] = [
+    let runs: [Run; 4] = [
         ("n2add", "n2", 4, 2, &["--raid-devices", "6"], 6, NEAR2),
+        (
+            "n2bitmap",
+            "n2+bitmap",
+            4,
+            1,
+            &["--raid-devices", "5"],
+            5,
+            NEAR2,
+        ),
         ("o2add", "o2", 4, 1, &["--raid-devices", "5"], 5, OFFSET2),
         ("n2to_o2", "n2", 4, 0, &["--layout", "o2"], 4, OFFSET2),
     ];

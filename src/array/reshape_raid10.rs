@@ -87,11 +87,6 @@ pub fn plan_raid10_reshape(
             new.chunk_sectors / 2
         ));
     }
-    if ctx.sb.feature_map & crate::format::MD_FEATURE_BITMAP_OFFSET != 0 {
-        return Err(
-            "remove the write-intent bitmap first (manage --grow --bitmap none); uraid does not reshape with a bitmap yet".into(),
-        );
-    }
     if !ctx.missing_roles.is_empty() {
         return Err("the array is degraded: rebuild it before reshaping".into());
     }

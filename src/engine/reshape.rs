@@ -130,7 +130,9 @@ impl Engine {
         };
         let gate = self.reshape_gate.write().unwrap();
         self.enter_reshape_mode()?;
-        let started = self.begin(&plan);
+        let started = self
+            .begin(&plan)
+            .and_then(|()| self.resize_bitmap_for(&plan));
         drop(gate);
         if let Err(e) = started {
             self.reshaping.store(false, Ordering::SeqCst);
@@ -306,6 +308,19 @@ impl Engine {
         self.install(&mut array, geometry);
         self.write_state_locked(&mut array, self.active_state())
             .map_err(|e| e.to_string())
+    }
+
+    /// A raid10 counts its bitmap in array sectors, so a reshape that
+    /// changes its size resizes the bitmap as it starts (raid10_start_reshape
+    /// calls md_bitmap_resize with the new size); raid4/5/6 count theirs per
+    /// member, which a reshape keeps.
+    fn resize_bitmap_for(self: &Arc<Engine>, plan: &ReshapePlan) -> Result<(), String> {
+        if plan.new.level != crate::geometry::Level::Raid10 || plan.delta_disks() == 0 {
+            return Ok(());
+        }
+        let new = Geometry::new(&plan.new).map_err(|e| e.to_string())?;
+        let array = self.array.lock().unwrap();
+        self.resize_bitmap(&array, new.resync_position_sectors(new.stripe_count()))
     }
 
     /// Makes `geometry` the engine's and the array's, with each member's

@@ -70,6 +70,12 @@ pub fn plan_raid10_reshape(
     }
     let new = requested_shape(&old, request)?;
     let raid_disks = new.raid_disks;
+    if raid_disks < old.raid_disks || request.array_sectors.is_some() {
+        return Err(format!(
+            "removing members of a raid10 ({} to {raid_disks}) runs a reshape backwards, which uraid does not run for raid10 yet",
+            old.raid_disks
+        ));
+    }
     let new_geometry = Geometry::new(&new).map_err(|e| e.to_string())?;
     let new10 = raid10_of(&new_geometry);
     if new10.is_far() {

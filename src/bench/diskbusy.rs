@@ -4,10 +4,10 @@
 //!
 //! Why: a target that keeps the same requests in flight as raw's but
 //! reaches the disk in bursts leaves it idle between them, and its
-//! requests then wait no less for it. Session 11 found uraid's disk random
-//! reads at 0.8 of raw's because the disk sat idle 19 % of the time for
-//! the NBD round trip (docs/BENCHMARKS.md); this figure says so in every
-//! run. io_ticks is kept per jiffy by the block layer, so it is an
+//! requests then wait no less for it. uraid's disk random reads reach
+//! about 0.8 of raw's because the disk sits idle 19 % of the time for the
+//! NBD round trip (docs/BENCHMARKS.md, "Disk random read"); this figure
+//! says so in every run. io_ticks is kept per jiffy by the block layer, so it is an
 //! approximation (it matched a block trace's idle share within 2 % there).
 
 use std::path::Path;

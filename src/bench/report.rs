@@ -269,7 +269,7 @@ pub fn evaluate(rows: &[Row], array: &ArrayFacts) -> (Vec<Goal>, Vec<String>) {
 /// Says, beside the disk random-read target, how busy the members' disk
 /// was in uraid's phase and in raw's: at the same queue depth a target
 /// whose requests reach the disk in bursts leaves it idle in between
-/// (docs/BENCHMARKS.md, session 11), and this is where that shows.
+/// (docs/BENCHMARKS.md, "Disk random read"), and this is where that shows.
 fn add_disk_busy(goals: &mut [Goal], uraid: &Row, raw: &Row) {
     let (Some(goal), Some(u), Some(r)) = (
         goals

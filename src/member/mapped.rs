@@ -18,8 +18,9 @@
 //! the file's lock, which every writer of a member takes in turn (a raid6
 //! small write is three member writes). Members in memory went from
 //! 75,000-90,000 to 113,000 4K random writes a second and from 270,000 to
-//! 440,000 degraded random reads (docs/BENCHMARKS.md, session 10). A read
-//! goes through the mapping only where the units are reserved: a load
+//! 440,000 degraded random reads (docs/BENCHMARKS.md, "Member I/O in
+//! memory through the mapping"). A read goes through the mapping only
+//! where the units are reserved: a load
 //! from a hole would make tmpfs allocate a page of zeros, where `pread`
 //! allocates nothing. Units already written when the member is opened
 //! count as reserved (found with SEEK_DATA/SEEK_HOLE).

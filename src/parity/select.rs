@@ -86,7 +86,7 @@ const BENCH_TRIES: usize = 3;
 fn fastest() -> &'static dyn Syndrome {
     // Every block page aligned, as the engine's buffers are: where malloc
     // happens to put blocks changes a kernel's speed by up to a third
-    // (docs/BENCHMARKS.md, session 12), and the choice must not hang on it.
+    // (docs/BENCHMARKS.md, "Parity"), and the choice must not hang on it.
     const PAGE: usize = 4096;
     let blocks = BENCH_DATA + 4; // the data, P, Q, and two recovered
     let mut arena = vec![0u8; blocks * BENCH_BLOCK_BYTES + PAGE];

@@ -792,7 +792,7 @@ const SCRATCH_KEPT: usize = 2 << 20;
 /// time each of the 64 made its own, and 4 connections' 256 pipes of 1 MiB
 /// passed the user's pipe quota (pipe-user-pages-soft, 64 MiB), past which
 /// a pipe cannot be made that large and the worker copies instead
-/// (docs/BENCHMARKS.md, session 9).
+/// (docs/BENCHMARKS.md, "Staged writes").
 struct PipePool {
     pipes: Mutex<Vec<SplicePipe>>,
     /// The server's count of pipes made (`Shared::pipes_made`).
@@ -1125,7 +1125,7 @@ impl Conn {
     ///   fewer, the hand-off is what lets the next worker read a
     ///   connection's next write while the last is stored (1 connection:
     ///   2,789–3,235 MiB/s handed off, 2,229–2,480 inline; docs/
-    ///   BENCHMARKS.md, session 9). A staged write waits only for its rows'
+    ///   BENCHMARKS.md, "Staged writes"). A staged write waits only for its rows'
     ///   locks (`Engine::write_staged_bytes`); one the engine declines at
     ///   the last moment (a stripe-cache batch opened meanwhile) takes the
     ///   plain path and may wait in a batch with the reader held, for at

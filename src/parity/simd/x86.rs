@@ -251,7 +251,7 @@ simd_entries!(Gfni256Set, "gfni-avx2", Gfni256, 4, "avx2,gfni");
 // GFNI at 512 bits walks eight vectors (512 bytes) of every block per
 // group: page-aligned blocks all share L1 sets, and the longer run per
 // block keeps more lines in flight. Measured against four on this
-// project's Zen 4 (docs/BENCHMARKS.md, sessions 12 and 13), gen P+Q over
+// project's Zen 4 (docs/BENCHMARKS.md, "Parity"), gen P+Q over
 // ISA-L: 4 x 64K 1.15 against 0.99, 14 x 4K 1.59-1.70 against 1.43; four
 // is ahead at 8 x 4K (1.44-1.51 against 1.31), both are above ISA-L
 // everywhere. It has 32 registers for the 24 (P, Q, data) it needs.

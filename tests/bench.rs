@@ -71,7 +71,7 @@ fn every_workload_state_and_target_is_reported() {
         "{}\n{stdout}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("issue #5 targets:"), "{stdout}");
+    assert!(stdout.contains("performance targets:"), "{stdout}");
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = report["rows"].as_array().unwrap();

@@ -10,7 +10,7 @@
 //! closed-loop load), `nbd_client`, `targets` (raw files, nbdkit, CPU
 //! time), `array` (the array under test and its states), `tunables` (the
 //! engine's knobs, behind an adapter), `diskbusy` (how busy the members'
-//! disk was), `report` (rows, ratios, issue #5's targets, table), `chart`
+//! disk was), `report` (rows, ratios, the performance targets, table), `chart`
 //! (SVG).
 
 pub mod array;

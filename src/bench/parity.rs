@@ -408,7 +408,7 @@ fn check_same(
 }
 
 /// The fastest of our implementations for one operation of a cell, and
-/// its speed over ISA-L's (issue #5's target: at least 1 everywhere).
+/// its speed over ISA-L's (the parity target: at least 1 everywhere).
 fn best_vs_isal(list: &Timings, bytes: usize) -> Option<(&'static str, f64)> {
     let gbps = |t: &Timing| Timing::gbps(t.median_s, bytes);
     let (_, theirs) = list.iter().find(|(n, _)| *n == ISAL_NAME)?;
@@ -421,7 +421,7 @@ fn best_vs_isal(list: &Timings, bytes: usize) -> Option<(&'static str, f64)> {
 }
 
 /// The implementation the engine runs (`parity::default_impl`), and its
-/// speed over ISA-L's in one operation of a cell: what issue #5's target
+/// speed over ISA-L's in one operation of a cell: what the parity target
 /// judges, since an array computes with that one alone. None if it was
 /// not measured (`--impl` left it out) or ISA-L was not loaded.
 fn selected_vs_isal(list: &Timings, bytes: usize) -> Option<(&'static str, f64)> {
@@ -510,7 +510,7 @@ impl Report {
         self.isal.is_ok() && self.impls.contains(&parity::default_impl().name())
     }
 
-    /// Issue #5's parity target as this run judges it.
+    /// The parity target as this run judges it.
     fn target(&self) -> String {
         let selected = parity::default_impl().name();
         format!(

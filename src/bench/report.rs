@@ -1,5 +1,5 @@
 //! The report: one row per (target, state, setting, workload, phase), the
-//! ratios uraid/raw and uraid/nbdkit, issue #5's targets checked against
+//! ratios uraid/raw and uraid/nbdkit, the performance targets checked against
 //! them, and the table and JSON forms.
 //!
 //! MB/s are 10^6 bytes per second of data moved by the client (parity and
@@ -123,7 +123,7 @@ pub fn fill_ratios(rows: &mut [Row]) {
     }
 }
 
-/// One of issue #5's targets, checked on this run's rows.
+/// One of the performance targets (docs/BENCHMARKS.md, "The targets"), checked on this run's rows.
 #[derive(Clone, Debug, Serialize)]
 pub struct Goal {
     pub name: String,
@@ -153,7 +153,7 @@ pub struct ArrayFacts<'a> {
     pub in_memory: bool,
 }
 
-/// Checks every target of issue #5 that this run has the rows for: those
+/// Checks every performance target that this run has the rows for: those
 /// set for members in memory on a run in memory, those set for members on
 /// disk on a run on disk (a disk target read off a memory run says
 /// nothing, and the reverse).
@@ -161,7 +161,7 @@ pub fn goals(rows: &[Row], array: &ArrayFacts) -> Vec<Goal> {
     evaluate(rows, array).0
 }
 
-/// The targets of issue #5 that apply to this run's array and medium but
+/// The performance targets that apply to this run's array and medium but
 /// that it has no rows for, each with what it needs: a run says what it
 /// did not check rather than stay silent about it.
 pub fn unevaluated(rows: &[Row], array: &ArrayFacts) -> Vec<String> {
@@ -329,7 +329,7 @@ fn add_mix_bound(goals: &mut [Goal], uraid: &Row, mix: &Row) {
     goal.mix_bound_ratio = Some(uraid / bound);
 }
 
-/// The targets of issue #5 for members in memory, against `nbdkit memory`.
+/// The performance targets for members in memory, against `nbdkit memory`.
 fn memory_goals(
     vs: &mut impl FnMut(String, &str, &str, &str, &str, f64, f64),
     level: &str,
@@ -383,7 +383,7 @@ fn memory_goals(
     );
 }
 
-/// The targets of issue #5 for members on disk, against the raw members.
+/// The performance targets for members on disk, against the raw members.
 fn disk_goals<'r>(
     vs: &mut impl FnMut(String, &str, &str, &str, &str, f64, f64),
     raid6: bool,
@@ -467,7 +467,7 @@ pub fn table(rows: &[Row], goals: &[Goal], notes: &[String]) -> String {
     }
     out.push_str("MB/s = 10^6 bytes/s of client data; latency submit to completion; cpu_c/cpu_t = CPU seconds of the load generator / of the target; busy = share of the phase the members' disk had a request in flight.\n");
     if !goals.is_empty() {
-        out.push_str("\nissue #5 targets:\n");
+        out.push_str("\nperformance targets:\n");
         for g in goals {
             out.push_str(&format!(
                 "  {:<4} {:<62} {:>6.2} (needs >= {:.2})  {}\n",

@@ -1704,6 +1704,10 @@ impl Sim {
                     .any(|d| d.state == DeviceState::Spare);
                 if !spare && snapshot.missing_roles.is_empty() {
                     self.do_manage_add();
+                    // A torn write may fire on the superblock update that
+                    // adds it, failing a member: the spare's rebuild then
+                    // runs first.
+                    self.settle("after adding a spare to grow into");
                 }
                 ReshapeRequest {
                     raid_devices: Some(disks + 1),

@@ -22,11 +22,12 @@
 //! * reshapes of raid5 and raid6 (1.2 metadata, which has room to move the
 //!   data into): one member more (a spare is added first if none waits),
 //!   one fewer (with the smaller size stated, as `--array-size` does), a
-//!   chunk twice or half the size, or another layout. The job runs in the
+//!   chunk twice or half the size, another layout, or raid5 to raid6 (Q
+//!   on a spare taken in, then a restripe). The job runs in the
 //!   background, at its own speed limit so that it spans steps, while
 //!   every other step goes on: I/O on both sides of the moving point,
 //!   faults, failures and adds, checks, orderly restarts and crashes, after
-//!   which the engine must resume it at its start. md's refusals (no room
+//!   which the engine must resume it when it starts. md's refusals (no room
 //!   left, no spare, a degraded array, a change that would shrink the array
 //!   unasked) end the step;
 //! * orderly restarts (shutdown, assemble, start);
@@ -505,6 +506,8 @@ struct Stats {
 }
 
 struct Sim {
+    /// The level the seed created (a level change may change the array's).
+    level: Level,
     cfg: Config,
     seed: u64,
     rng: StdRng,
@@ -580,6 +583,7 @@ impl Sim {
         let geometry = assembled.geometry.clone();
         let size = geometry.array_sectors() * SECTOR as u64;
         let mut sim = Sim {
+            level,
             seed,
             rng,
             step: 0,
@@ -655,7 +659,7 @@ impl Sim {
         if std::env::var_os("URAID_SIM_VERBOSE").is_some() {
             eprintln!(
                 "[{} seed {} step {}] {text}",
-                self.cfg.level, self.seed, self.step
+                self.level, self.seed, self.step
             );
         }
         self.trace
@@ -682,7 +686,7 @@ impl Sim {
              config: {cfg:?}\n\
              engine: {snapshot}\n\
              last operations:\n  {ops}",
-            level = self.cfg.level,
+            level = self.level,
             seed = self.seed,
             step = self.step,
             cfg = self.cfg,
@@ -897,6 +901,8 @@ impl Sim {
         let map = self.geometry.stripe(0);
         self.cfg.chunk_bytes = Some(map.strip_sectors * SECTOR as u64);
         let layout = self.engine().snapshot().sb.layout;
+        self.cfg.level = self.geometry.level();
+        self.cfg.losable = self.cfg.level.parity_members();
         self.cfg.layout = uraid::geometry::layout_name(self.cfg.level, layout);
         self.reshape = None;
         self.stats.reshapes_finished += 1;
@@ -1680,6 +1686,22 @@ impl Sim {
     /// takes in its end. md's refusals (no room left to move the data,
     /// no spare, a degraded array, a change that would shrink the array
     /// unasked) end the step.
+    /// A spare for a reshape that needs one more member.
+    fn ensure_spare(&mut self) {
+        // A spare added to a degraded array would start a rebuild.
+        let snapshot = self.engine().snapshot();
+        let spare = snapshot
+            .devices
+            .iter()
+            .any(|d| d.state == DeviceState::Spare);
+        if !spare && snapshot.missing_roles.is_empty() {
+            self.do_manage_add();
+            // A torn write may fire on the superblock update that adds
+            // it, failing a member: the spare's rebuild then runs first.
+            self.settle("after adding a spare to reshape into");
+        }
+    }
+
     fn do_reshape(&mut self) {
         // 1.0 metadata has no room before the data to move it into.
         if !matches!(self.cfg.level, Level::Raid5 | Level::Raid6)
@@ -1694,23 +1716,19 @@ impl Sim {
         let chunk = self.geometry.stripe(0).strip_sectors;
         let fewest = if self.cfg.level == Level::Raid6 { 4 } else { 3 };
         let mut shrink_to = None;
-        let request = match self.rng.gen_range(0..4) {
+        let request = match self.rng.gen_range(0..5) {
             0 if disks < 8 => {
-                // A spare added to a degraded array would start a rebuild.
-                let snapshot = self.engine().snapshot();
-                let spare = snapshot
-                    .devices
-                    .iter()
-                    .any(|d| d.state == DeviceState::Spare);
-                if !spare && snapshot.missing_roles.is_empty() {
-                    self.do_manage_add();
-                    // A torn write may fire on the superblock update that
-                    // adds it, failing a member: the spare's rebuild then
-                    // runs first.
-                    self.settle("after adding a spare to grow into");
-                }
+                self.ensure_spare();
                 ReshapeRequest {
                     raid_devices: Some(disks + 1),
+                    ..ReshapeRequest::default()
+                }
+            }
+            // raid5→raid6: Q on a new member (a spare), then a restripe.
+            4 if self.cfg.level == Level::Raid5 && disks < 8 => {
+                self.ensure_spare();
+                ReshapeRequest {
+                    level: Some(6),
                     ..ReshapeRequest::default()
                 }
             }
@@ -1764,10 +1782,12 @@ impl Sim {
         self.op(line.clone());
         self.stats.reshapes += 1;
         // The job may already be done: then the engine's geometry is the new one.
+        // A level change's old geometry is the takeover's (raid6 with Q on
+        // a new member, the data where the raid5 had it).
         let geometry = self.engine().geometry();
-        let new = match geometry.reshaping() {
-            Some(r) => r.new_geometry().clone(),
-            None => (*geometry).clone(),
+        let (old, new) = match geometry.reshaping() {
+            Some(r) => (r.old().clone(), r.new_geometry().clone()),
+            None => (self.geometry.clone(), (*geometry).clone()),
         };
         if let Some(sectors) = shrink_to {
             // What lies past the new end is dropped at once.
@@ -1775,9 +1795,9 @@ impl Sim {
             self.model.resize(self.size as usize);
         }
         let sectors = self.size as usize / SECTOR;
-        let old = self.layouts.pop().expect("one layout");
+        let id = self.layouts.pop().expect("one layout").id;
         let new = self.layout(new);
-        self.layouts = vec![Layout::new(old.id, old.geometry, sectors), new];
+        self.layouts = vec![Layout::new(id, old, sectors), new];
         self.reshape = Some(line);
         self.apply_speed();
         self.follow_reshape();

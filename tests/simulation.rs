@@ -278,7 +278,7 @@ impl Config {
             member_bytes,
             cache_capacity: rng.gen_bool(0.3).then(|| 4096u64 << rng.gen_range(3..7)),
             speed_kib: rng.gen_bool(0.25).then_some(20_000),
-            reshape_kib: [2_000, 8_000, 40_000][rng.gen_range(0..3)],
+            reshape_kib: [5_000, 20_000, 100_000][rng.gen_range(0..3)],
             losable,
         }
     }

@@ -19,6 +19,17 @@
 //!   file), whose rebuild runs in the background while the steps go on;
 //!   some arrays also start with a hot spare;
 //! * checks (md's sync_action "check") started while I/O goes on;
+//! * reshapes of raid5 and raid6 (1.2 metadata, which has room to move the
+//!   data into): one member more (a spare is added first if none waits),
+//!   one fewer (with the smaller size stated, as `--array-size` does), a
+//!   chunk twice or half the size, another layout, or raid5 to raid6 (Q
+//!   on a spare taken in, then a restripe). The job runs in the
+//!   background, at its own speed limit so that it spans steps, while
+//!   every other step goes on: I/O on both sides of the moving point,
+//!   faults, failures and adds, checks, orderly restarts and crashes, after
+//!   which the engine must resume it when it starts. md's refusals (no room
+//!   left, no spare, a degraded array, a change that would shrink the array
+//!   unasked) end the step;
 //! * orderly restarts (shutdown, assemble, start);
 //! * crashes: power fails. The engine is dropped without a shutdown (in
 //!   half of the crashes every member is first cut off, so that power fails
@@ -56,12 +67,26 @@
 //! Mirrors have no write hole: every copy holds one of the allowed values,
 //! and the resync copies the copy that reads return.
 //!
+//! A reshape gives the array two placements at once, the old geometry's
+//! and the new one's (a `Layout` each, whose rows never mix). Where the
+//! point stands between two steps is the engine's business, so the
+//! write-hole rule applies through both: a crash makes suspect the rows of
+//! every pending sector in either, and a member lost taints its data in
+//! suspect rows of either. Once the reshape ends, only the new placement
+//! holds rows: the job rewrote every old row with fresh parity from what
+//! it read (a lost member's data in a suspect row being tainted already).
+//! A shrink drops the sectors past the new end when it starts (the array
+//! is made smaller first, as md has it); a grow adds zeroes past the old
+//! end when it ends (md zero-fills the rows it adds).
+//!
 //! Further checks: every read, write and flush must succeed (the faults
 //! never exceed what the level survives); a dirty degraded parity array
 //! must refuse to start without `force`; an orderly shutdown must succeed
 //! and leave the array clean; after the resync that follows a crash, a
 //! check must find no mismatch, and its count must equal what the same
-//! check finds stripe by stripe on the members (`array::resync`, offline).
+//! check finds stripe by stripe on the members (`array::resync`, offline);
+//! mid-reshape the array must serve the size the model has, and a reshape
+//! must end with the shape it was asked for.
 //! raid6 started degraded after a crash is the one exception: rebuilding a
 //! member from P can make the write hole visible to Q, so mismatches are
 //! accepted in stripes with suspect rows only, and a repair must clear
@@ -94,7 +119,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
-use uraid::array::{assemble_members, create_on_members, Assembled, CreateOptions, DeviceState};
+use uraid::array::{
+    assemble_members, create_on_members, Assembled, CreateOptions, DeviceState, ReshapeRequest,
+};
 use uraid::engine::tuning::{TuningValues, WritePolicy};
 use uraid::engine::{Engine, EngineError, EngineOptions, Snapshot, SyncAction};
 use uraid::export::BlockBackend;
@@ -166,7 +193,7 @@ struct Config {
     disks: usize,
     spares: usize,
     chunk_bytes: Option<u64>,
-    layout: Option<&'static str>,
+    layout: Option<String>,
     metadata: Metadata,
     /// Logical block of the in-memory members (512 or 4096).
     block: u32,
@@ -178,6 +205,9 @@ struct Config {
     cache_capacity: Option<u64>,
     /// The background job's speed limit, KiB/s per member (None: unlimited).
     speed_kib: Option<u64>,
+    /// The speed limit while a reshape runs: low enough that it spans
+    /// steps, high enough that a settle sees it end.
+    reshape_kib: u64,
     /// Members that may be missing or faulty at once.
     losable: usize,
 }
@@ -237,7 +267,7 @@ impl Config {
             disks,
             spares: usize::from(rng.gen_bool(0.3)),
             chunk_bytes,
-            layout,
+            layout: layout.map(String::from),
             metadata: if rng.gen_bool(0.3) {
                 Metadata::V1_0
             } else {
@@ -248,6 +278,7 @@ impl Config {
             member_bytes,
             cache_capacity: rng.gen_bool(0.3).then(|| 4096u64 << rng.gen_range(3..7)),
             speed_kib: rng.gen_bool(0.25).then_some(20_000),
+            reshape_kib: [5_000, 20_000, 100_000][rng.gen_range(0..3)],
             losable,
         }
     }
@@ -283,8 +314,9 @@ struct Model {
     /// Sectors whose durable value is unknown: wild, then written but not
     /// yet flushed (a crash may bring the unknown value back).
     durable_wild: Vec<bool>,
-    /// Parity rows (member sectors) whose data and parity may disagree.
-    suspect: BTreeSet<u64>,
+    /// Parity rows whose data and parity may disagree: the layout they
+    /// belong to (see `Layout`) and the member sector.
+    suspect: BTreeSet<(u32, u64)>,
 }
 
 impl Model {
@@ -316,6 +348,18 @@ impl Model {
                 self.pending[s].push(id);
             }
         }
+    }
+
+    /// The array has a new size: sectors past a smaller end are forgotten,
+    /// and those past the old end of a larger one read as zeroes (md
+    /// zero-fills the rows a growing reshape adds, and flushes them).
+    fn resize(&mut self, size: usize) {
+        let sectors = size / SECTOR;
+        self.cur.resize(size, 0);
+        self.durable.resize(size, 0);
+        self.pending.resize(sectors, Vec::new());
+        self.wild.resize(sectors, false);
+        self.durable_wild.resize(sectors, false);
     }
 
     /// Everything acknowledged so far is durable.
@@ -369,6 +413,62 @@ impl Model {
 }
 
 // ---------------------------------------------------------------------------
+// Where the array's sectors live, for the write-hole rule.
+
+/// One geometry's placement of the array's sectors (parity levels). A
+/// reshape has two at once: each sector is on one side of the moving point,
+/// which the simulation cannot pin down between two of its steps, so the
+/// write-hole rule applies through both. Rows are member sectors counted
+/// from the layout's own data start and named with the layout's `id`, so
+/// the rows of the two never mix.
+struct Layout {
+    id: u32,
+    geometry: Geometry,
+    /// (role, member sector) -> the array sector stored there.
+    data_at: HashMap<(usize, u64), usize>,
+    /// Per array sector: the member sector of its row.
+    row_of: Vec<u64>,
+}
+
+impl Layout {
+    /// The placement of the first `sectors` array sectors by `geometry`.
+    fn new(id: u32, geometry: Geometry, sectors: usize) -> Layout {
+        let mut layout = Layout {
+            id,
+            geometry,
+            data_at: HashMap::new(),
+            row_of: vec![0; sectors],
+        };
+        if !layout.geometry.level().has_parity() {
+            return layout;
+        }
+        for stripe in 0..layout.geometry.stripe_count() {
+            let map = layout.geometry.stripe(stripe);
+            for (i, strip) in map.data.iter().enumerate() {
+                let place = strip.copies[0];
+                for k in 0..map.strip_sectors {
+                    let s = (map.array_sector + i as u64 * map.strip_sectors + k) as usize;
+                    // A grow's new geometry reaches past the array's end
+                    // until the reshape is done; a shrink's old one does.
+                    if s < sectors {
+                        layout.row_of[s] = place.member_sector + k;
+                        layout
+                            .data_at
+                            .insert((place.member, place.member_sector + k), s);
+                    }
+                }
+            }
+        }
+        layout
+    }
+
+    /// The suspect row of array sector `s` in this layout.
+    fn row(&self, s: usize) -> (u32, u64) {
+        (self.id, self.row_of[s])
+    }
+}
+
+// ---------------------------------------------------------------------------
 // The simulation.
 
 /// A device the array has ever had.
@@ -396,9 +496,18 @@ struct Stats {
     kept_blocks: u64,
     lost_blocks: u64,
     wild_sectors: u64,
+    reshapes: u64,
+    reshapes_refused: u64,
+    reshapes_finished: u64,
+    /// Steps, crashes and orderly restarts while a reshape ran.
+    steps_reshaping: u64,
+    crashes_reshaping: u64,
+    restarts_reshaping: u64,
 }
 
 struct Sim {
+    /// The level the seed created (a level change may change the array's).
+    level: Level,
     cfg: Config,
     seed: u64,
     rng: StdRng,
@@ -411,10 +520,12 @@ struct Sim {
     geometry: Geometry,
     size: u64,
     model: Model,
-    /// For parity levels: (role, member sector) -> the array sector stored there.
-    data_at: HashMap<(usize, u64), usize>,
-    /// Per array sector: the member sector of its row (parity levels).
-    row_of: Vec<u64>,
+    /// Where the array's sectors live: one layout, or during a reshape the
+    /// old and the new one (in that order).
+    layouts: Vec<Layout>,
+    next_layout: u32,
+    /// The reshape the simulation started, while it runs.
+    reshape: Option<String>,
     /// I/O steps left before the post-crash resync is awaited.
     resync_steps_left: Option<usize>,
     /// Whether the last start after a crash found the array degraded.
@@ -455,7 +566,7 @@ impl Sim {
             level,
             raid_disks: cfg.disks as u32,
             chunk_bytes: cfg.chunk_bytes,
-            layout: cfg.layout.map(String::from),
+            layout: cfg.layout.clone(),
             metadata: cfg.metadata,
             assume_clean: rng.gen_bool(0.5),
             name: "sim".into(),
@@ -472,6 +583,7 @@ impl Sim {
         let geometry = assembled.geometry.clone();
         let size = geometry.array_sectors() * SECTOR as u64;
         let mut sim = Sim {
+            level,
             seed,
             rng,
             step: 0,
@@ -482,8 +594,9 @@ impl Sim {
             geometry,
             size,
             model: Model::new(size as usize),
-            data_at: HashMap::new(),
-            row_of: Vec::new(),
+            layouts: Vec::new(),
+            next_layout: 0,
+            reshape: None,
             resync_steps_left: None,
             started_degraded: false,
             added: 0,
@@ -491,32 +604,27 @@ impl Sim {
             last_event: None,
             cfg,
         };
-        sim.map_rows();
+        sim.layouts = vec![sim.layout(sim.geometry.clone())];
         sim.op(format!("create {:?}", sim.cfg));
         sim.start(assembled);
         sim.verify_all("after create");
         sim
     }
 
-    /// Where each array sector lives, for the write-hole rule.
-    fn map_rows(&mut self) {
-        let sectors = self.size as usize / SECTOR;
-        self.row_of = vec![0; sectors];
-        if !self.cfg.level.has_parity() {
-            return;
-        }
-        for stripe in 0..self.geometry.stripe_count() {
-            let map = self.geometry.stripe(stripe);
-            for (i, strip) in map.data.iter().enumerate() {
-                let place = strip.copies[0];
-                for k in 0..map.strip_sectors {
-                    let s = (map.array_sector + i as u64 * map.strip_sectors + k) as usize;
-                    self.row_of[s] = place.member_sector + k;
-                    self.data_at
-                        .insert((place.member, place.member_sector + k), s);
-                }
-            }
-        }
+    /// A new layout of the array's sectors by `geometry`.
+    fn layout(&mut self, geometry: Geometry) -> Layout {
+        self.next_layout += 1;
+        Layout::new(self.next_layout, geometry, self.size as usize / SECTOR)
+    }
+
+    /// The roles the array has: during a reshape, those of the larger
+    /// geometry.
+    fn roles(&self) -> usize {
+        self.layouts
+            .iter()
+            .map(|l| l.geometry.raid_disks())
+            .max()
+            .unwrap_or(self.cfg.disks)
     }
 
     fn engine(&self) -> &Arc<Engine> {
@@ -551,13 +659,19 @@ impl Sim {
         if std::env::var_os("URAID_SIM_VERBOSE").is_some() {
             eprintln!(
                 "[{} seed {} step {}] {text}",
-                self.cfg.level, self.seed, self.step
+                self.level, self.seed, self.step
             );
         }
         self.trace
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(self.step, text);
+    }
+
+    /// The layout of an array no reshape is moving (while one runs, the
+    /// new one, for failure messages).
+    fn settled_layout(&self) -> &Layout {
+        self.layouts.last().expect("a layout")
     }
 
     fn fail(&self, what: String) -> ! {
@@ -572,7 +686,7 @@ impl Sim {
              config: {cfg:?}\n\
              engine: {snapshot}\n\
              last operations:\n  {ops}",
-            level = self.cfg.level,
+            level = self.level,
             seed = self.seed,
             step = self.step,
             cfg = self.cfg,
@@ -586,7 +700,7 @@ impl Sim {
 
     /// The member serving each role in sync, by device index.
     fn active_roles(&self, snapshot: &Snapshot) -> Vec<Option<usize>> {
-        let mut roles = vec![None; self.cfg.disks];
+        let mut roles = vec![None; self.roles()];
         for d in &snapshot.devices {
             if let DeviceState::Active { role } = d.state {
                 if role < roles.len() {
@@ -631,14 +745,20 @@ impl Sim {
         if !self.cfg.level.has_parity() {
             return;
         }
-        let rows: Vec<u64> = self.model.suspect.iter().copied().collect();
-        for row in rows {
-            if let Some(&s) = self.data_at.get(&(role, row)) {
-                if !self.model.wild[s] {
-                    self.model.wild[s] = true;
-                    self.model.durable_wild[s] = true;
-                    self.stats.wild_sectors += 1;
-                }
+        let lost: Vec<usize> = self
+            .model
+            .suspect
+            .iter()
+            .filter_map(|&(id, row)| {
+                let layout = self.layouts.iter().find(|l| l.id == id)?;
+                layout.data_at.get(&(role, row)).copied()
+            })
+            .collect();
+        for s in lost {
+            if !self.model.wild[s] {
+                self.model.wild[s] = true;
+                self.model.durable_wild[s] = true;
+                self.stats.wild_sectors += 1;
             }
         }
     }
@@ -711,9 +831,8 @@ impl Sim {
                 "start (dirty {dirty}, degraded {degraded}): {e}; devices {devices:?}"
             )
         });
-        let speed = self.cfg.speed_kib.unwrap_or(100_000_000);
-        engine.set_speed_limits(Some(speed), Some(speed));
         self.engine = Some(engine);
+        self.apply_speed();
         self.last_event = None;
         self.started_degraded = degraded;
         self.op(format!(
@@ -725,6 +844,69 @@ impl Sim {
         for role in missing {
             self.taint_role(role);
         }
+        self.follow_reshape();
+    }
+
+    /// The background job's speed limits: the reshape's while one runs.
+    fn apply_speed(&self) {
+        let speed = match self.reshape {
+            Some(_) => self.cfg.reshape_kib,
+            None => self.cfg.speed_kib.unwrap_or(100_000_000),
+        };
+        self.engine().set_speed_limits(Some(speed), Some(speed));
+    }
+
+    /// Takes in the end of the reshape the simulation started, once the
+    /// engine's geometry is the new one: the array has its new size (the
+    /// model reads zeroes past the old end of a grow), and only the new
+    /// layout holds rows. Rows suspect in the old layout are healed: the
+    /// reshape rewrote each with fresh parity from what it read, and what
+    /// it read of a lost member's data in such a row was tainted when the
+    /// member was lost.
+    fn follow_reshape(&mut self) {
+        let (Some(what), Some(engine)) = (&self.reshape, &self.engine) else {
+            return;
+        };
+        let geometry = engine.geometry();
+        if geometry.reshaping().is_some() {
+            let serves = engine.size_bytes();
+            if serves != self.size {
+                fail!(
+                    self,
+                    "mid-reshape ({what}) the array serves {serves} bytes, expected {}",
+                    self.size
+                );
+            }
+            return;
+        }
+        let new = self.layouts.pop().expect("the new layout");
+        let (disks, size) = (geometry.raid_disks(), geometry.array_sectors());
+        if (disks, size) != (new.geometry.raid_disks(), new.geometry.array_sectors()) {
+            fail!(
+                self,
+                "the reshape ({what}) ended with {disks} members and {size} sectors, planned {} and {}",
+                new.geometry.raid_disks(),
+                new.geometry.array_sectors()
+            );
+        }
+        self.op(format!(
+            "reshape finished ({what}): {disks} members, {size} sectors"
+        ));
+        self.size = size * SECTOR as u64;
+        self.model.resize(self.size as usize);
+        self.geometry = (*geometry).clone();
+        self.layouts = vec![Layout::new(new.id, self.geometry.clone(), size as usize)];
+        self.model.suspect.retain(|(id, _)| *id == new.id);
+        self.cfg.disks = disks;
+        let map = self.geometry.stripe(0);
+        self.cfg.chunk_bytes = Some(map.strip_sectors * SECTOR as u64);
+        let layout = self.engine().snapshot().sb.layout;
+        self.cfg.level = self.geometry.level();
+        self.cfg.losable = self.cfg.level.parity_members();
+        self.cfg.layout = uraid::geometry::layout_name(self.cfg.level, layout);
+        self.reshape = None;
+        self.stats.reshapes_finished += 1;
+        self.apply_speed();
     }
 
     /// Waits until the engine has nothing left to do in the background: no
@@ -734,7 +916,13 @@ impl Sim {
         let mut idle_since: Option<Instant> = None;
         loop {
             let snapshot = self.engine().snapshot();
-            let job = snapshot.sync.as_ref().map(|p| p.action);
+            // The reshape job's thread outlives the reshape by a moment
+            // (it then starts what waited for it): work still.
+            let job = snapshot.sync.as_ref().map(|p| p.action).or_else(|| {
+                self.engine()
+                    .reshape_running()
+                    .then_some(SyncAction::Reshape)
+            });
             let recovering = snapshot
                 .devices
                 .iter()
@@ -746,6 +934,7 @@ impl Sim {
             let waiting =
                 !snapshot.missing_roles.is_empty() && spare.is_some() && snapshot.runnable;
             if job.is_none() && recovering.is_none() && !waiting {
+                self.follow_reshape();
                 return;
             }
             // Between two jobs the engine is idle for a moment; idle for a
@@ -891,21 +1080,36 @@ impl Sim {
 
     /// Whether a crash may have left a row of `stripe` inconsistent.
     fn stripe_suspect(&self, stripe: u64) -> bool {
-        let map = self.geometry.stripe(stripe);
+        let layout = self.settled_layout();
+        let map = layout.geometry.stripe(stripe);
         let first = map.data[0].copies[0].member_sector;
         self.model
             .suspect
-            .range(first..first + map.strip_sectors)
+            .range((layout.id, first)..(layout.id, first + map.strip_sectors))
             .next()
             .is_some()
+    }
+
+    /// Where a member's data starts, from its superblock: each member
+    /// records its own (a reshape moves it; the array's superblock in the
+    /// snapshot is not kept in step). Mid-reshape, the new geometry's start.
+    fn data_offset_bytes(&self, member: &dyn uraid::member::Member) -> u64 {
+        let sb = match uraid::array::read_superblock(member) {
+            Ok(Some(sb)) => sb,
+            other => fail!(
+                self,
+                "reading the superblock of {}: {other:?}",
+                member.name()
+            ),
+        };
+        sb.new_data_offset_sectors() as u64 * SECTOR as u64
     }
 
     /// md's check, stripe by stripe, over the members in sync (read through
     /// their fault injectors, which hold their unflushed writes): the
     /// stripes that mismatch and how many sectors. The engine must be idle.
     fn offline_check(&self, snapshot: &Snapshot) -> Vec<(u64, u64)> {
-        let data_offset_bytes = snapshot.sb.data_offset_sectors * SECTOR as u64;
-        let mut slots: uraid::array::Slots = vec![None; self.cfg.disks];
+        let mut slots: uraid::array::Slots = vec![None; self.roles()];
         for (role, dev) in self.active_roles(snapshot).iter().enumerate() {
             let Some(dev) = dev else { continue };
             let member: MemberRef = match (&self.devs[*dev].wrapper, &self.devs[*dev].file) {
@@ -917,8 +1121,8 @@ impl Sim {
                 (None, None) => unreachable!("a device is wrapped or a file"),
             };
             slots[role] = Some(uraid::array::Slot {
+                data_offset_bytes: self.data_offset_bytes(&*member),
                 member,
-                data_offset_bytes,
             });
         }
         (0..self.geometry.stripe_count())
@@ -983,6 +1187,7 @@ impl Sim {
     /// Power fails: see the module documentation.
     fn crash(&mut self) {
         self.stats.crashes += 1;
+        self.stats.crashes_reshaping += u64::from(self.reshape.is_some());
         let engine = self.engine.take().unwrap();
         let degraded = !engine.snapshot().missing_roles.is_empty();
         self.stats.crashes_degraded += u64::from(degraded);
@@ -1039,7 +1244,9 @@ impl Sim {
         if self.cfg.level.has_parity() {
             for s in 0..self.model.pending.len() {
                 if !self.model.pending[s].is_empty() {
-                    self.model.suspect.insert(self.row_of[s]);
+                    for layout in &self.layouts {
+                        self.model.suspect.insert(layout.row(s));
+                    }
                 }
             }
         }
@@ -1052,6 +1259,7 @@ impl Sim {
     /// An orderly stop and start: everything acknowledged is durable.
     fn restart(&mut self) {
         self.stats.restarts += 1;
+        self.stats.restarts_reshaping += u64::from(self.reshape.is_some());
         self.op("orderly restart".into());
         let engine = self.engine.take().unwrap();
         let job = engine.snapshot().sync.map(|p| p.action);
@@ -1143,11 +1351,10 @@ impl Sim {
             return String::new();
         }
         let snapshot = self.engine().snapshot();
-        let row = self.row_of[s];
-        let offset = snapshot.sb.data_offset_sectors * SECTOR as u64 + row * SECTOR as u64;
+        let layout = self.settled_layout();
+        let row = layout.row_of[s];
         let block = self.cfg.block as u64;
-        let aligned = offset / block * block;
-        let mut out = format!("\n  row {row} (member byte {offset}):");
+        let mut out = format!("\n  row {row}:");
         let mut xor = vec![0u8; SECTOR];
         for d in &snapshot.devices {
             let role = match d.state {
@@ -1160,6 +1367,8 @@ impl Sim {
             let Some(w) = &self.devs[dev].wrapper else {
                 continue;
             };
+            let offset = self.data_offset_bytes(&**w) + row * SECTOR as u64;
+            let aligned = offset / block * block;
             let mut buf = vec![0u8; block as usize];
             if w.inner().read_at(&mut buf, aligned).is_err() {
                 continue;
@@ -1168,7 +1377,7 @@ impl Sim {
             for (x, b) in xor.iter_mut().zip(got) {
                 *x ^= b;
             }
-            let what = match self.data_at.get(&(role, row)) {
+            let what = match layout.data_at.get(&(role, row)) {
                 Some(&t) => format!("array sector {t}: {}", self.model.describe(t, got)),
                 None => "parity".to_string(),
             };
@@ -1276,9 +1485,11 @@ impl Sim {
             for role in self.compromised() {
                 let first = offset as usize / SECTOR;
                 for s in first..first + len / SECTOR {
-                    if self.model.suspect.contains(&self.row_of[s])
-                        && self.data_at.get(&(role, self.row_of[s])) == Some(&s)
-                    {
+                    let lost = self.layouts.iter().any(|l| {
+                        self.model.suspect.contains(&l.row(s))
+                            && l.data_at.get(&(role, l.row_of[s])) == Some(&s)
+                    });
+                    if lost {
                         self.model.wild[s] = true;
                         self.model.durable_wild[s] = true;
                     }
@@ -1470,10 +1681,134 @@ impl Sim {
         self.op(format!("check started: {started:?}"));
     }
 
+    /// Starts a reshape of a raid5/6 (see the module documentation) that
+    /// runs in the background while the steps go on; `follow_reshape`
+    /// takes in its end. md's refusals (no room left to move the data,
+    /// no spare, a degraded array, a change that would shrink the array
+    /// unasked) end the step.
+    /// A spare for a reshape that needs one more member.
+    fn ensure_spare(&mut self) {
+        // A spare added to a degraded array would start a rebuild.
+        let snapshot = self.engine().snapshot();
+        let spare = snapshot
+            .devices
+            .iter()
+            .any(|d| d.state == DeviceState::Spare);
+        if !spare && snapshot.missing_roles.is_empty() {
+            self.do_manage_add();
+            // A torn write may fire on the superblock update that adds
+            // it, failing a member: the spare's rebuild then runs first.
+            self.settle("after adding a spare to reshape into");
+        }
+    }
+
+    fn do_reshape(&mut self) {
+        // 1.0 metadata has no room before the data to move it into.
+        if !matches!(self.cfg.level, Level::Raid5 | Level::Raid6)
+            || self.cfg.metadata != Metadata::V1_2
+            || self.reshape.is_some()
+        {
+            return;
+        }
+        self.settle("before a reshape");
+        let disks = self.geometry.raid_disks() as u32;
+        let data_disks = disks - self.cfg.level.parity_members() as u32;
+        let chunk = self.geometry.stripe(0).strip_sectors;
+        let fewest = if self.cfg.level == Level::Raid6 { 4 } else { 3 };
+        let mut shrink_to = None;
+        let request = match self.rng.gen_range(0..5) {
+            0 if disks < 8 => {
+                self.ensure_spare();
+                ReshapeRequest {
+                    raid_devices: Some(disks + 1),
+                    ..ReshapeRequest::default()
+                }
+            }
+            // raid5→raid6: Q on a new member (a spare), then a restripe.
+            4 if self.cfg.level == Level::Raid5 && disks < 8 => {
+                self.ensure_spare();
+                ReshapeRequest {
+                    level: Some(6),
+                    ..ReshapeRequest::default()
+                }
+            }
+            1 => {
+                let larger = chunk < 128 && (chunk == 8 || self.rng.gen_bool(0.5));
+                ReshapeRequest {
+                    chunk_sectors: Some(if larger { chunk * 2 } else { chunk / 2 }),
+                    ..ReshapeRequest::default()
+                }
+            }
+            2 => {
+                let current = self.engine().snapshot().sb.layout;
+                let others: Vec<u32> = (0..4).filter(|l| *l != current).collect();
+                ReshapeRequest {
+                    layout: Some(others[self.rng.gen_range(0..others.len())]),
+                    ..ReshapeRequest::default()
+                }
+            }
+            3 if disks > fewest => {
+                // Every member keeps the rows it has; one fewer holds data.
+                let sectors = self.geometry.array_sectors() / u64::from(data_disks)
+                    * u64::from(data_disks - 1);
+                shrink_to = Some(sectors);
+                ReshapeRequest {
+                    raid_devices: Some(disks - 1),
+                    array_sectors: Some(sectors),
+                    ..ReshapeRequest::default()
+                }
+            }
+            _ => return,
+        };
+        self.op(format!("start_reshape {request:?}"));
+        let line = match self.engine().start_reshape(&request) {
+            Ok(line) => line,
+            Err(e) => {
+                let refusals = [
+                    "not enough room",
+                    "spare",
+                    "degraded",
+                    "reduce the size",
+                    "nothing to change",
+                ];
+                if !refusals.iter().any(|r| e.contains(r)) {
+                    fail!(self, "start_reshape {request:?}: {e}");
+                }
+                self.op(format!("refused: {e}"));
+                self.stats.reshapes_refused += 1;
+                return;
+            }
+        };
+        self.op(line.clone());
+        self.stats.reshapes += 1;
+        // The job may already be done: then the engine's geometry is the new one.
+        // A level change's old geometry is the takeover's (raid6 with Q on
+        // a new member, the data where the raid5 had it).
+        let geometry = self.engine().geometry();
+        let (old, new) = match geometry.reshaping() {
+            Some(r) => (r.old().clone(), r.new_geometry().clone()),
+            None => (self.geometry.clone(), (*geometry).clone()),
+        };
+        if let Some(sectors) = shrink_to {
+            // What lies past the new end is dropped at once.
+            self.size = sectors * SECTOR as u64;
+            self.model.resize(self.size as usize);
+        }
+        let sectors = self.size as usize / SECTOR;
+        let id = self.layouts.pop().expect("one layout").id;
+        let new = self.layout(new);
+        self.layouts = vec![Layout::new(id, old, sectors), new];
+        self.reshape = Some(line);
+        self.apply_speed();
+        self.follow_reshape();
+    }
+
     fn run(&mut self, steps: usize) {
         for step in 1..=steps {
             self.step = step;
             self.trace_events();
+            self.follow_reshape();
+            self.stats.steps_reshaping += u64::from(self.reshape.is_some());
             if let Some(left) = self.resync_steps_left {
                 // After a crash: only I/O while the resync runs, then the
                 // resync's end and a check.
@@ -1500,7 +1835,8 @@ impl Sim {
                 77..=79 => self.do_manage_fail(),
                 80..=84 => self.do_manage_add(),
                 85 => self.do_background_check(),
-                86..=89 => {
+                86..=87 => self.do_reshape(),
+                88..=89 => {
                     self.op("settle".into());
                     self.settle("a settle step");
                 }
@@ -1646,6 +1982,12 @@ fn simulate(level: Level) {
                 total.kept_blocks += s.kept_blocks;
                 total.lost_blocks += s.lost_blocks;
                 total.wild_sectors += s.wild_sectors;
+                total.reshapes += s.reshapes;
+                total.reshapes_refused += s.reshapes_refused;
+                total.reshapes_finished += s.reshapes_finished;
+                total.steps_reshaping += s.steps_reshaping;
+                total.crashes_reshaping += s.crashes_reshaping;
+                total.restarts_reshaping += s.restarts_reshaping;
             }
             Err(text) => failures.push((seed, text)),
         }

@@ -212,8 +212,21 @@ impl Engine {
                     self.geometry().level()
                 ));
             }
+            // The new device takes its offsets from a member in a role:
+            // mid-reshape that member records the move of the data
+            // (NEW_OFFSET), and so must the new device, whose superblock
+            // may be the one assembly reads the array from (equal events);
+            // without it the reshape would look like one that keeps its
+            // data offset, which cannot be resumed.
+            let template = array
+                .devices
+                .iter()
+                .find(|d| matches!(d.state, DeviceState::Active { .. }))
+                .unwrap_or(&array.devices[0])
+                .sb
+                .clone();
             let mut sb = array.sb.clone();
-            let needed = array.devices[0].sb.data_offset_sectors + sb.size_sectors;
+            let needed = template.data_offset_sectors + sb.size_sectors;
             if member.size_sectors() < needed {
                 return Err(format!(
                     "{name}: too small ({} sectors, needs {needed})",
@@ -224,7 +237,6 @@ impl Engine {
             let dev_number = (0..sb.max_dev)
                 .find(|n| !taken.contains(n))
                 .ok_or("no free device slot in the superblock")?;
-            let template = &array.devices[0].sb;
             sb.dev_number = dev_number;
             sb.device_uuid = rand::random();
             sb.data_offset_sectors = template.data_offset_sectors;
@@ -246,6 +258,9 @@ impl Engine {
                         .ok_or_else(|| format!("{name}: too small for the superblock"))?;
             }
             sb.feature_map &= !MD_FEATURE_RECOVERY_OFFSET;
+            sb.feature_map = (sb.feature_map & !crate::format::MD_FEATURE_NEW_OFFSET)
+                | (template.feature_map & crate::format::MD_FEATURE_NEW_OFFSET);
+            sb.new_offset_sectors = template.new_offset_sectors;
             array.devices.push(FoundDevice {
                 path: name.clone(),
                 sb,

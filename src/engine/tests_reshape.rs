@@ -573,3 +573,43 @@ fn a_raid0_becomes_raid5_degraded_and_a_spare_added_during_it_is_rebuilt_after()
     all.push(spare);
     super::tests::check_consistent(&all);
 }
+
+#[test]
+fn a_spare_added_mid_reshape_records_the_move_so_a_restart_resumes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = array_with_spares(dir.path(), Level::Raid5, 4, 1, 32, 12);
+    let spare = dir.path().join("spare");
+    std::fs::File::create(&spare)
+        .unwrap()
+        .set_len(12 << 20)
+        .unwrap();
+    let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+    let size = engine.size_bytes() as usize;
+    let image = random_image(size, 71);
+    engine.write(0, &image, false).unwrap();
+    engine.set_speed_limits(Some(1000), Some(2000));
+    engine
+        .start_reshape(&ReshapeRequest {
+            raid_devices: Some(5),
+            ..Default::default()
+        })
+        .unwrap();
+    engine.manage_add(&spare).unwrap();
+    assert!(
+        engine.geometry().reshaping().is_some(),
+        "the reshape ended too soon"
+    );
+    engine.shutdown().unwrap();
+    drop(engine);
+    // The spare's superblock is as fresh as the members' and may speak for
+    // the array: it must say the data moves as theirs do.
+    let mut all = paths.clone();
+    all.push(spare);
+    let engine = Engine::start(assemble(&all, true).unwrap(), EngineOptions::default()).unwrap();
+    finish_and_compare(
+        &engine,
+        &image,
+        "reshape resumed with a spare added during it",
+    );
+    engine.shutdown().unwrap();
+}

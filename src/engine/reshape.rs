@@ -71,7 +71,14 @@ impl Engine {
         if self.read_only {
             return Err("the array is served read-only".into());
         }
-        if self.reshaping.load(Ordering::SeqCst) {
+        // Read under the gate: the job's last window swaps in the new
+        // geometry and clears the flag while it holds the gate alone, so a
+        // request that sees the reshape ended also sees the flag down.
+        let reshaping = {
+            let _gate = self.reshape_gate.read().unwrap();
+            self.reshaping.load(Ordering::SeqCst)
+        };
+        if reshaping {
             return Err("a reshape is already in progress".into());
         }
         let plan = {

@@ -748,3 +748,61 @@ fn uraid_changes_levels_while_serving_and_hands_over() {
 
     check_in_kernel(&grown, dir);
 }
+
+/// A same-count reshape md runs backwards (mdadm picks the direction with
+/// more room, here after the data, which `--size` left): the kernel is
+/// stopped midway, `uraid serve` finishes it, reading what md read, and
+/// the kernel then finds the new shape and consistent parity.
+#[test]
+fn a_backward_reshape_the_kernel_started_is_finished_by_uraid() {
+    let dir = scratch("reshape-backward");
+    let dir = dir.path();
+    std::fs::write(dir.join("pattern"), random_bytes(21, 300 * MIB)).unwrap();
+    std::fs::write(dir.join("during"), random_bytes(22, DURING_LEN)).unwrap();
+    let case = Case {
+        name: "r5back",
+        members: 4,
+        initial: 4,
+        create: "--level=5 --raid-devices=4 --chunk=64 --size=40M",
+        grow: "--chunk=128",
+        kernel_keeps_data: false,
+        delta: 0,
+        new_layout: None,
+        new_chunk_kib: Some(128),
+    };
+    let files = sparse_files(dir, "r5back.", &vec![MEMBER_BYTES; case.members]);
+    let script = format!(
+        "export MDADM_NO_SYSTEMCTL=1\n{}",
+        guest_lines(&case, dir, &files)
+    );
+    in_kernel(&script, 300);
+    let examine = std::fs::read_to_string(dir.join("r5back.kernel-examine")).unwrap();
+    // md's RESHAPE_BACKWARDS feature bit (0x20), with a reshape in progress.
+    let features = examine
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Feature Map : 0x"))
+        .and_then(|v| u32::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    assert!(
+        features & 0x20 != 0 && examine.contains("Reshape pos'n"),
+        "md ran it forwards or finished it: {examine}"
+    );
+    let kernel_read = std::fs::read(dir.join("r5back.kernel-read")).unwrap();
+    let (served, back) = serve_to_the_end(dir, &paths(&files), "r5back");
+    assert_same_bytes(&back, &kernel_read, "r5back: finished by uraid");
+    served.stop();
+    let examined = String::from_utf8(uraid_ok(&["examine", paths(&files)[0]]).stdout).unwrap();
+    assert!(
+        !examined.contains("Reshape") && examined.contains("Chunk Size : 128K"),
+        "{examined}"
+    );
+    check_in_kernel(
+        &[KernelCheck {
+            name: "r5back".into(),
+            expected: dir.join("r5back.kernel-read"),
+            members: files,
+            shape: shape("raid5", 4, 128, 2),
+        }],
+        dir,
+    );
+}

@@ -645,7 +645,8 @@ impl Engine {
         }
         release_removed_roles(&mut array, new_params.raid_disks as usize);
         let sb = &mut array.sb;
-        sb.feature_map &= !MD_FEATURE_RESHAPE_ACTIVE;
+        sb.feature_map &=
+            !(MD_FEATURE_RESHAPE_ACTIVE | crate::format::MD_FEATURE_RESHAPE_BACKWARDS);
         sb.level = new_params.level.md_number();
         sb.layout = new_params.layout;
         sb.chunk_sectors = new_params.chunk_sectors as u32;
@@ -1048,8 +1049,10 @@ fn raid10_window_end(reshaping: &Reshaping, offsets: &[(u64, u64)]) -> Result<u6
 /// middle of; the reason it cannot otherwise.
 pub(super) fn check_resumable(array: &crate::array::Assembled) -> Result<(), String> {
     let reshaping = array.geometry.reshaping().expect("reshaping");
-    let why = if reshaping.backwards() && array.sb.delta_disks >= 0 {
-        Some("it keeps the member count and runs backwards, which uraid does not run yet")
+    let why = if reshaping.backwards() && array.sb.delta_disks > 0 {
+        Some("it adds members yet runs backwards, which md never writes")
+    } else if reshaping.backwards() && reshaping.old().raid10().is_some() {
+        Some("a raid10 reshape running backwards (removing members, or md's choice for a same-count one), which uraid does not run yet")
     } else if array.sb.feature_map & MD_FEATURE_NEW_OFFSET == 0 {
         Some("it keeps its data offset and relies on mdadm's backup file, which uraid does not support")
     } else if array

@@ -261,6 +261,9 @@ fn to_parity_last_then(
                 "raid0 has no journal: an array with a write journal cannot become raid0".into(),
             );
         }
+        if ctx.spares > 0 {
+            return Err("raid0 keeps no spares: remove them first (manage --remove)".into());
+        }
     }
     let restripe = match old.level {
         Level::Raid5 => restripe_to_layout(ctx, None, PARITY_N)?,
@@ -351,6 +354,9 @@ fn from_raid5_to_raid6(
     let old = &ctx.params;
     let raid_disks = old.raid_disks + 1;
     no_other_change(request, raid_disks, old.chunk_sectors, "raid5 to raid6")?;
+    if raid_disks < 4 {
+        return Err("a raid6 needs at least 4 members: grow the raid5 to 3 first".into());
+    }
     if !ctx.missing_roles.is_empty() {
         return Err("the array is degraded: rebuild it before changing its level".into());
     }
@@ -384,9 +390,6 @@ fn from_raid6_to_raid5(
     let old = &ctx.params;
     let raid_disks = old.raid_disks - 1;
     no_other_change(request, raid_disks, old.chunk_sectors, "raid6 to raid5")?;
-    if raid_disks < 3 {
-        return Err("a raid6 of 4 members would leave a raid5 of 2: md needs at least 3 for raid5 from raid6".into());
-    }
     if !ctx.missing_roles.is_empty() {
         return Err("the array is degraded: rebuild it before changing its level".into());
     }

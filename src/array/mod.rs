@@ -22,8 +22,9 @@ pub use create::{
     create_with_bitmap, BitmapRequest, CreateError, CreateOptions, MemberSpec,
 };
 pub use reshape::{
-    lowest_data_offset, plan_reshape, reshape_backwards, reshape_removed_disks, room_after_data,
-    MemberRoom, ReshapeContext, ReshapePlan, ReshapeRequest,
+    dirty_parity_members, lowest_data_offset, plan_reshape, reshape_backwards,
+    reshape_removed_disks, room_after_data, MemberRoom, ReshapeContext, ReshapePlan,
+    ReshapeRequest,
 };
 pub use resync::{resync, ResyncReport};
 pub use stripe_io::{StripeError, StripeIo};

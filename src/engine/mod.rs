@@ -171,7 +171,7 @@ impl Engine {
         // A member rebuilt along with a reshape that held only parity in
         // the old layout has nothing a crash could make reconstruct wrongly
         // (raid5_run's dirty_parity_disks).
-        let degraded = array.missing_roles().len() > reshape::dirty_parity_members(&array);
+        let degraded = array.missing_roles().len() > crate::array::dirty_parity_members(&array);
         if level.has_parity() && degraded && !array.is_clean() && !options.force {
             return Err(EngineError::DirtyDegraded { level });
         }

@@ -735,47 +735,6 @@ fn release_removed_roles(array: &mut crate::array::Assembled, roles: usize) {
     array.slots.truncate(roles);
 }
 
-/// Members rebuilt along with a forward reshape that hold only parity
-/// where they are not yet in sync: past their recovery offset, the old
-/// layout's rows; before the point, the new layout's too. md's raid5_run
-/// counts them as dirty parity disks, which a dirty array may lack.
-pub(super) fn dirty_parity_members(array: &crate::array::Assembled) -> usize {
-    let Some(reshaping) = array.geometry.reshaping().filter(|r| !r.backwards()) else {
-        return 0;
-    };
-    let new_dd = data_disks(reshaping.new_geometry()) as u64;
-    let point = reshaping.position_sectors() / new_dd;
-    array
-        .devices
-        .iter()
-        .filter(|d| match d.state {
-            DeviceState::Recovering {
-                role,
-                recovery_offset_sectors,
-            } => {
-                only_parity(reshaping.old(), role)
-                    && (recovery_offset_sectors >= point
-                        || only_parity(reshaping.new_geometry(), role))
-            }
-            _ => false,
-        })
-        .count()
-}
-
-/// Whether `role` holds parity in every row of `g` (one full rotation of
-/// its layout is every row there is to see).
-fn only_parity(g: &Geometry, role: usize) -> bool {
-    let period = (g.raid_disks() as u64).min(g.stripe_count());
-    g.level().has_parity()
-        && (0..period).all(|stripe| {
-            let map = g.stripe(stripe);
-            [map.p, map.q]
-                .iter()
-                .flatten()
-                .any(|place| place.member == role)
-        })
-}
-
 fn data_disks(g: &Geometry) -> usize {
     g.raid_disks() - g.level().parity_members()
 }

@@ -99,6 +99,7 @@ impl Linear {
             }],
             p: None,
             q: None,
+            r: None,
         }
     }
 }

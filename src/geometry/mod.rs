@@ -130,11 +130,24 @@ pub struct StripeMap {
     pub data: Vec<DataStrip>,
     /// The P (XOR) strip, for raid4/5/6.
     pub p: Option<Place>,
-    /// The Q (Reed-Solomon) strip, for raid6.
+    /// The Q (Reed-Solomon) strip, for raid6 and dRAID with two or three
+    /// parity columns.
     pub q: Option<Place>,
+    /// The R strip (R = sum of 4^q_exponent * D), for dRAID with three
+    /// parity columns; md has no level with it.
+    pub r: Option<Place>,
 }
 
 impl StripeMap {
+    /// The parity strips, P first.
+    pub fn parity_places(&self) -> impl Iterator<Item = Place> + '_ {
+        self.p
+            .iter()
+            .chain(self.q.iter())
+            .chain(self.r.iter())
+            .copied()
+    }
+
     /// Array sectors covered by the stripe.
     pub fn data_sectors(&self) -> u64 {
         self.strip_sectors * self.data.len() as u64

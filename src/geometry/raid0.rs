@@ -128,6 +128,7 @@ impl Raid0 {
             data,
             p: None,
             q: None,
+            r: None,
         }
     }
 

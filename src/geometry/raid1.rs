@@ -54,6 +54,7 @@ impl Raid1 {
             }],
             p: None,
             q: None,
+            r: None,
         }
     }
 }

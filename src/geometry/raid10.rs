@@ -142,6 +142,7 @@ impl Raid10 {
             }],
             p: None,
             q: None,
+            r: None,
         }
     }
 

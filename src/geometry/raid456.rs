@@ -162,6 +162,7 @@ impl Raid456 {
                 member: qd,
                 member_sector,
             }),
+            r: None,
         }
     }
 

@@ -30,7 +30,9 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-pub use perms::{nperms, PermMap};
+#[cfg(test)]
+use perms::nperms;
+pub use perms::PermMap;
 
 use std::ops::Range;
 

@@ -329,3 +329,85 @@ fn rebuild_load_counts_every_degraded_group() {
     assert_eq!(reads, degraded * 9 * ROW_SECTORS);
     assert_eq!(writes, degraded * ROW_SECTORS);
 }
+
+fn geometry_params(layout: u32, raid_disks: u32) -> crate::geometry::GeometryParams {
+    crate::geometry::GeometryParams {
+        level: crate::geometry::Level::Draid2,
+        layout,
+        chunk_sectors: 1024,
+        raid_disks,
+        // Two slices of draid2:8d:14c:2s, whose slices are five rows tall.
+        dev_sectors: 2 * 5 * ROW_SECTORS + 5,
+        member_data_sectors: Vec::new(),
+        raid0_layout_feature: false,
+    }
+}
+
+/// Geometry reads dRAID's data and spare counts from the layout word and
+/// answers for it as for the md levels.
+#[test]
+fn geometry_serves_draid_from_the_layout_word() {
+    use crate::geometry::{draid_layout, Geometry, Level};
+    let g = Geometry::new(&geometry_params(draid_layout(8, 2), 14)).unwrap();
+    let d = g.draid().unwrap();
+    assert_eq!((d.data(), d.spares(), d.parity()), (8, 2, 2));
+    assert_eq!(
+        (g.level(), g.raid_disks(), g.max_failed_members()),
+        (Level::Draid2, 14, 2)
+    );
+    assert!(g.raid10().is_none() && g.reshaping().is_none());
+    let mut missing = vec![false; 14];
+    missing[3] = true;
+    missing[9] = true;
+    assert!(g.survives(&missing));
+    missing[0] = true;
+    assert!(!g.survives(&missing));
+    for stripe in 0..g.stripe_count() {
+        let position = g.resync_position_sectors(stripe);
+        let resumed = g.stripe_at_resync_position(position);
+        // Resuming never skips a stripe and repeats at most the stripes
+        // that share this position.
+        assert!(resumed <= stripe);
+        assert_eq!(g.resync_position_sectors(resumed), position);
+        let map = g.stripe(stripe);
+        let located = g.locate(map.array_sector + 1).unwrap();
+        assert_eq!(located.place, map.data[0].copies[0]);
+        assert!(!g.bitmap_sectors(stripe).is_empty());
+    }
+    assert_eq!(g.stripe_at_resync_position(0), 0);
+    assert_eq!(
+        g.resync_position_sectors(g.stripe_count()),
+        2 * d.devslice_sectors()
+    );
+}
+
+#[test]
+fn geometry_refuses_bad_draid_layouts_and_counts() {
+    use crate::geometry::{draid_layout, Geometry, Level};
+    let unknown = Geometry::new(&geometry_params(draid_layout(8, 2) | 1 << 16, 14));
+    assert!(matches!(unknown, Err(GeometryError::UnknownLayout { .. })));
+    let few = Geometry::new(&geometry_params(draid_layout(1, 0), 2));
+    assert!(matches!(
+        few,
+        Err(GeometryError::TooFewDisks { min: 3, .. })
+    ));
+    let wide = Geometry::new(&geometry_params(draid_layout(11, 2), 14));
+    assert!(matches!(wide, Err(GeometryError::Invalid(_))));
+    assert!(Geometry::new(&geometry_params(draid_layout(1, 0), 3)).is_ok());
+    assert_eq!(Level::Draid1.min_raid_disks(), 2);
+    assert_eq!(Level::Draid3.parity_members(), 3);
+}
+
+/// dRAID's level numbers belong to uraid's own superblock: an md
+/// superblock carrying one is not read as dRAID.
+#[test]
+fn draid_levels_are_not_md_levels() {
+    use crate::geometry::{level_from_name, level_name, Level};
+    for level in [Level::Draid1, Level::Draid2, Level::Draid3] {
+        assert!(level.md_number() < -100);
+        assert_eq!(Level::from_md_number(level.md_number()), None);
+        assert_eq!(Level::from_number(level.md_number()), Some(level));
+        assert_eq!(level_from_name(level_name(level)), Some(level));
+    }
+    assert_eq!(Level::from_md_number(6), Some(Level::Raid6));
+}

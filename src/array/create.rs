@@ -102,6 +102,7 @@ fn chunk_sectors_for(level: Level, chunk_bytes: Option<u64>) -> Result<u32, Crea
 /// The layout number mdadm would write for this level.
 fn layout_for(level: Level, name: Option<&str>) -> Result<u32, CreateError> {
     match (level, name) {
+        (l, _) if l.is_draid() => Err(draid_is_not_md(l)),
         (Level::Raid1 | Level::Linear, Some(n)) => {
             Err(invalid(format!("{level} has no layouts, got '{n}'")))
         }
@@ -112,7 +113,15 @@ fn layout_for(level: Level, name: Option<&str>) -> Result<u32, CreateError> {
         (Level::Raid10, None) => Ok(0x102),
         (Level::Raid0, None) => Ok(1),
         (Level::Raid1 | Level::Linear, None) => Ok(0),
+        (Level::Draid1 | Level::Draid2 | Level::Draid3, None) => Err(draid_is_not_md(level)),
     }
+}
+
+/// This path writes md superblocks, which cannot describe a dRAID array.
+fn draid_is_not_md(level: Level) -> CreateError {
+    invalid(format!(
+        "{level} is uraid's own level, not md's: it cannot be created with md metadata"
+    ))
 }
 
 struct Opened {
@@ -371,6 +380,9 @@ pub fn create_on_members_full(
     bitmap: BitmapRequest,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<Assembled, CreateError> {
+    if opts.level.is_draid() {
+        return Err(draid_is_not_md(opts.level));
+    }
     check_device_count(members.len(), opts)?;
     if journal.is_some() {
         if !matches!(opts.level, Level::Raid4 | Level::Raid5 | Level::Raid6) {

@@ -359,7 +359,9 @@ pub fn examine_text(
             Level::Linear => {
                 let _ = writeln!(o, "       Rounding : {}", chunk_text(sb.chunk_sectors));
             }
-            Level::Raid1 => {}
+            // An md superblock never names a dRAID level: from_md_number
+            // refuses their numbers.
+            Level::Raid1 | Level::Draid1 | Level::Draid2 | Level::Draid3 => {}
         }
     }
     let _ = writeln!(o);
@@ -475,7 +477,9 @@ pub fn examine_text_090(sb: &MemberSuper, checksum: u32) -> String {
             Level::Linear => {
                 let _ = writeln!(o, "       Rounding : {}", chunk_text(sb.chunk_sectors));
             }
-            Level::Raid1 => {}
+            // An md superblock never names a dRAID level: from_md_number
+            // refuses their numbers.
+            Level::Raid1 | Level::Draid1 | Level::Draid2 | Level::Draid3 => {}
         }
     }
     let _ = writeln!(o);

@@ -539,6 +539,11 @@ pub fn mdstat_block(array: &Snapshot) -> String {
             level.md_number(),
             sb.layout
         ),
+        Level::Draid1 | Level::Draid2 | Level::Draid3 => format!(
+            " {level} {}d:{}s, {chunk_k}k chunk [{raid_disks}/{working}] [{up}]",
+            sb.layout & 0xff,
+            (sb.layout >> 8) & 0xff
+        ),
         Level::Raid10 => {
             let near = sb.layout & 0xff;
             let far = (sb.layout >> 8) & 0xff;

@@ -1084,9 +1084,10 @@ impl BlockBackend for Engine {
         // The chunk is the largest power of two that maps to one member, so
         // it is the size that avoids splitting (raid1/linear have none).
         let chunk_bytes = match &*self.geometry() {
-            Geometry::Raid456(_) | Geometry::Raid10(_) | Geometry::Raid0(_) => {
-                (self.geometry().stripe(0).strip_sectors * SECTOR_BYTES) as u32
-            }
+            Geometry::Raid456(_)
+            | Geometry::Raid10(_)
+            | Geometry::Raid0(_)
+            | Geometry::Draid(_) => (self.geometry().stripe(0).strip_sectors * SECTOR_BYTES) as u32,
             _ => 64 * 1024,
         };
         BlockSizes {

@@ -21,6 +21,9 @@ const LEVEL_NAMES: &[(&str, Level)] = &[
     ("6", Level::Raid6),
     ("raid10", Level::Raid10),
     ("10", Level::Raid10),
+    ("draid1", Level::Draid1),
+    ("draid2", Level::Draid2),
+    ("draid3", Level::Draid3),
 ];
 
 pub fn level_from_name(name: &str) -> Option<Level> {
@@ -40,6 +43,9 @@ pub fn level_name(level: Level) -> &'static str {
         Level::Raid5 => "raid5",
         Level::Raid6 => "raid6",
         Level::Raid10 => "raid10",
+        Level::Draid1 => "draid1",
+        Level::Draid2 => "draid2",
+        Level::Draid3 => "draid3",
     }
 }
 
@@ -94,7 +100,9 @@ pub fn layout_from_name(level: Level, name: &str) -> Option<u32> {
             "dangerous" | "0" => Some(0),
             _ => None,
         },
-        Level::Linear | Level::Raid1 => None,
+        // dRAID's layout word is built from its data and spare counts,
+        // not from a name.
+        Level::Linear | Level::Raid1 | Level::Draid1 | Level::Draid2 | Level::Draid3 => None,
     }
 }
 

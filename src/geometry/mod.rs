@@ -11,6 +11,7 @@
 //!
 //! Member sectors are relative to each member's data offset.
 
+mod draid;
 mod layout_names;
 mod linear;
 mod raid0;
@@ -19,6 +20,7 @@ mod raid10;
 mod raid456;
 mod reshape;
 
+pub use draid::{Draid, DraidParams, Holding, ROW_SECTORS as DRAID_ROW_SECTORS};
 pub use layout_names::{layout_from_name, layout_name, level_from_name, level_name};
 pub use raid0::Raid0Layout;
 pub use raid10::Raid10;
@@ -37,10 +39,17 @@ pub enum Level {
     Raid5,
     Raid6,
     Raid10,
+    /// uraid's declustered RAID with one, two or three parity columns per
+    /// group. md has no such level.
+    Draid1,
+    Draid2,
+    Draid3,
 }
 
 impl Level {
-    /// The level number md writes into the superblock.
+    /// The level number md writes into the superblock. The dRAID levels get
+    /// numbers md never uses; they appear only in uraid's own dRAID
+    /// superblock, never in an md one.
     pub fn md_number(self) -> i32 {
         match self {
             Level::Linear => -1,
@@ -50,10 +59,22 @@ impl Level {
             Level::Raid5 => 5,
             Level::Raid6 => 6,
             Level::Raid10 => 10,
+            Level::Draid1 => -101,
+            Level::Draid2 => -102,
+            Level::Draid3 => -103,
         }
     }
 
+    /// The level of an md superblock's level number. uraid's dRAID numbers
+    /// are refused here: an md superblock that carries one is damaged or
+    /// not md's, and must not be read as a dRAID array.
     pub fn from_md_number(number: i32) -> Option<Level> {
+        Level::from_number(number).filter(|level| !level.is_draid())
+    }
+
+    /// The level of a number in uraid's own dRAID superblock, which knows
+    /// md's levels and uraid's dRAID levels.
+    pub fn from_number(number: i32) -> Option<Level> {
         Some(match number {
             -1 => Level::Linear,
             0 => Level::Raid0,
@@ -62,6 +83,9 @@ impl Level {
             5 => Level::Raid5,
             6 => Level::Raid6,
             10 => Level::Raid10,
+            -101 => Level::Draid1,
+            -102 => Level::Draid2,
+            -103 => Level::Draid3,
             _ => return None,
         })
     }
@@ -69,8 +93,9 @@ impl Level {
     /// Parity blocks per stripe (0 for levels without parity).
     pub fn parity_members(self) -> usize {
         match self {
-            Level::Raid4 | Level::Raid5 => 1,
-            Level::Raid6 => 2,
+            Level::Raid4 | Level::Raid5 | Level::Draid1 => 1,
+            Level::Raid6 | Level::Draid2 => 2,
+            Level::Draid3 => 3,
             _ => 0,
         }
     }
@@ -87,7 +112,14 @@ impl Level {
             Level::Raid4 | Level::Raid5 => 2,
             Level::Raid6 => 4,
             Level::Raid10 => 2,
+            // One data column and P parity columns make the smallest group.
+            Level::Draid1 | Level::Draid2 | Level::Draid3 => self.parity_members() as u32 + 1,
         }
+    }
+
+    /// uraid's declustered levels, which only uraid's own superblock describes.
+    pub fn is_draid(self) -> bool {
+        matches!(self, Level::Draid1 | Level::Draid2 | Level::Draid3)
     }
 }
 
@@ -191,6 +223,7 @@ pub enum Geometry {
     Raid1(raid1::Raid1),
     Raid456(raid456::Raid456),
     Raid10(raid10::Raid10),
+    Draid(draid::Draid),
     /// Part way through a reshape: the old and the new geometry, and the
     /// point between them.
     Reshaping(Box<Reshaping>),
@@ -232,6 +265,9 @@ impl Geometry {
                 Geometry::Raid456(raid456::Raid456::new(params)?)
             }
             Level::Raid10 => Geometry::Raid10(raid10::Raid10::new(params)?),
+            Level::Draid1 | Level::Draid2 | Level::Draid3 => {
+                Geometry::Draid(draid::Draid::new(&draid_params(params)?)?)
+            }
         })
     }
 
@@ -242,6 +278,11 @@ impl Geometry {
             Geometry::Raid1(_) => Level::Raid1,
             Geometry::Raid456(g) => g.level(),
             Geometry::Raid10(_) => Level::Raid10,
+            Geometry::Draid(g) => match g.parity() {
+                1 => Level::Draid1,
+                2 => Level::Draid2,
+                _ => Level::Draid3,
+            },
             // md reports the old level until the reshape ends.
             Geometry::Reshaping(g) => g.old().level(),
         }
@@ -254,6 +295,7 @@ impl Geometry {
             Geometry::Raid1(g) => g.raid_disks(),
             Geometry::Raid456(g) => g.raid_disks(),
             Geometry::Raid10(g) => g.raid_disks(),
+            Geometry::Draid(g) => g.raid_disks(),
             Geometry::Reshaping(g) => g.raid_disks(),
         }
     }
@@ -266,6 +308,7 @@ impl Geometry {
             Geometry::Raid1(g) => g.array_sectors(),
             Geometry::Raid456(g) => g.array_sectors(),
             Geometry::Raid10(g) => g.array_sectors(),
+            Geometry::Draid(g) => g.array_sectors(),
             Geometry::Reshaping(g) => g.array_sectors(),
         }
     }
@@ -277,6 +320,7 @@ impl Geometry {
             Geometry::Raid1(g) => g.stripe_count(),
             Geometry::Raid456(g) => g.stripe_count(),
             Geometry::Raid10(g) => g.stripe_count(),
+            Geometry::Draid(g) => g.stripe_count(),
             Geometry::Reshaping(g) => g.stripe_count(),
         }
     }
@@ -293,6 +337,7 @@ impl Geometry {
             Geometry::Raid1(g) => g.stripe_of(array_sector),
             Geometry::Raid456(g) => g.stripe_of(array_sector),
             Geometry::Raid10(g) => g.stripe_of(array_sector),
+            Geometry::Draid(g) => g.stripe_of(array_sector),
             Geometry::Reshaping(g) => g.stripe_of(array_sector),
         }
     }
@@ -309,6 +354,7 @@ impl Geometry {
             Geometry::Raid1(g) => g.stripe(stripe),
             Geometry::Raid456(g) => g.stripe(stripe),
             Geometry::Raid10(g) => g.stripe(stripe),
+            Geometry::Draid(g) => g.stripe(stripe),
             Geometry::Reshaping(g) => g.stripe(stripe),
         };
         debug_assert!(map.array_sector + map.data_sectors() <= self.io_sectors());
@@ -331,6 +377,7 @@ impl Geometry {
             Geometry::Linear(g) => g.locate(array_sector),
             Geometry::Raid0(g) => g.locate(array_sector),
             Geometry::Raid456(g) => g.locate(array_sector),
+            Geometry::Draid(g) => g.locate(array_sector),
             Geometry::Raid1(_) | Geometry::Raid10(_) => return None,
             Geometry::Reshaping(g) => g.locate(array_sector)?,
         };
@@ -348,6 +395,7 @@ impl Geometry {
             Geometry::Raid1(g) => g.raid_disks() - 1,
             Geometry::Raid456(g) => g.level().parity_members(),
             Geometry::Raid10(g) => g.copies() - 1,
+            Geometry::Draid(g) => g.max_failed_members(),
             Geometry::Reshaping(g) => g.max_failed_members(),
         }
     }
@@ -364,6 +412,7 @@ impl Geometry {
             Geometry::Reshaping(_) => {
                 panic!("a reshaping array has no resync position")
             }
+            Geometry::Draid(g) => g.resync_position_sectors(stripe),
             Geometry::Raid456(_) | Geometry::Raid1(_) => {
                 let map = self.stripe(stripe.min(self.stripe_count().saturating_sub(1)));
                 if stripe >= self.stripe_count() {
@@ -385,6 +434,9 @@ impl Geometry {
     pub fn bitmap_sectors(&self, stripe: u64) -> std::ops::Range<u64> {
         match self {
             Geometry::Reshaping(r) => r.bitmap_sectors(stripe),
+            // Stripes of groups that start in the same row share a resync
+            // position, so the range between two positions may be empty.
+            Geometry::Draid(g) => g.bitmap_sectors(stripe),
             _ => self.resync_position_sectors(stripe)..self.resync_position_sectors(stripe + 1),
         }
     }
@@ -444,6 +496,14 @@ impl Geometry {
         }
     }
 
+    /// The dRAID mapping, for what only dRAID has (spares, slices, groups).
+    pub fn draid(&self) -> Option<&Draid> {
+        match self {
+            Geometry::Draid(g) => Some(g),
+            _ => None,
+        }
+    }
+
     /// The reshape in progress, if any.
     pub fn reshaping(&self) -> Option<&Reshaping> {
         match self {
@@ -462,9 +522,37 @@ impl Geometry {
             Geometry::Raid1(_) => lost < missing.len(),
             Geometry::Raid456(g) => lost <= g.level().parity_members(),
             Geometry::Raid10(g) => g.survives(missing),
+            Geometry::Draid(g) => g.survives(missing),
             Geometry::Reshaping(g) => g.survives(missing),
         }
     }
+}
+
+/// dRAID's layout word: bits 0-7 are the data columns per group, bits 8-15
+/// the distributed spares, and bits 16-31 are zero, which makes this version
+/// 1 of the layout. A later layout version (another permutation table, say)
+/// would set those bits.
+pub fn draid_layout(data: usize, spares: usize) -> u32 {
+    assert!(data <= 0xff && spares <= 0xff);
+    data as u32 | (spares as u32) << 8
+}
+
+/// The dRAID parameters of a dRAID geometry's superblock fields.
+fn draid_params(params: &GeometryParams) -> Result<DraidParams, GeometryError> {
+    if params.layout >> 16 != 0 {
+        return Err(GeometryError::UnknownLayout {
+            level: params.level,
+            layout: params.layout,
+        });
+    }
+    Ok(DraidParams {
+        parity: params.level.parity_members(),
+        data: (params.layout & 0xff) as usize,
+        children: params.raid_disks as usize,
+        spares: (params.layout >> 8 & 0xff) as usize,
+        chunk_sectors: params.chunk_sectors,
+        dev_sectors: params.dev_sectors,
+    })
 }
 
 #[cfg(test)]

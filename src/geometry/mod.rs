@@ -9,6 +9,10 @@
 //! (offline copy, the live engine, rebuild) works stripe by stripe, so it never
 //! needs to know which level it is serving.
 //!
+//! dRAID, uraid's declustered level (see [`draid`]), is served through the
+//! same [`Geometry`] and the same stripe maps, so the layers above need not
+//! know it is not md's.
+//!
 //! Member sectors are relative to each member's data offset.
 
 mod draid;

@@ -162,17 +162,38 @@ impl Ring {
                 // while the kernel works.
                 self.enter(usize::from(through_trait.is_empty()));
             }
-            for i in through_trait.drain(..) {
-                let op = &mut ops[i];
-                results[i] = Some(
-                    match panic::catch_unwind(AssertUnwindSafe(|| op.run_through_trait())) {
-                        Ok(result) => result,
-                        Err(payload) => {
-                            panicked.get_or_insert(payload);
-                            Err(io::Error::other("panicked"))
+            if !through_trait.is_empty() {
+                let mut wanted: Vec<usize> = std::mem::take(&mut through_trait);
+                wanted.sort_unstable();
+                // Only the trait ops are borrowed one by one: the others'
+                // memory may be in the kernel's hands.
+                let mut trait_ops: Vec<(usize, &mut IoOp)> = Vec::with_capacity(wanted.len());
+                let mut rest: &mut [IoOp] = &mut ops[..];
+                let mut base = 0;
+                for &i in &wanted {
+                    let (op, tail) = std::mem::take(&mut rest)[i - base..]
+                        .split_first_mut()
+                        .expect("a trait op's index is in the batch");
+                    trait_ops.push((i, op));
+                    rest = tail;
+                    base = i + 1;
+                }
+                let done = panic::catch_unwind(AssertUnwindSafe(|| {
+                    super::batch::run_through_trait(&mut trait_ops)
+                }));
+                match done {
+                    Ok(done) => {
+                        for (i, result) in done {
+                            results[i] = Some(result);
                         }
-                    },
-                );
+                    }
+                    Err(payload) => {
+                        panicked.get_or_insert(payload);
+                        for i in wanted {
+                            results[i].get_or_insert(Err(io::Error::other("panicked")));
+                        }
+                    }
+                }
             }
             for cqe in self.ring.completion() {
                 let i = cqe.user_data() as usize;

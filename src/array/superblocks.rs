@@ -47,7 +47,10 @@ pub fn read_superblock(member: &dyn Member) -> Result<Option<MemberSuper>, Super
         member
             .read_at(&mut buf, sb_sector * SECTOR_BYTES)
             .map_err(io_err)?;
-        if u32::from_le_bytes(buf[0..4].try_into().unwrap()) != MD_SB_MAGIC {
+        let magic = u32::from_le_bytes(buf[0..4].try_into().unwrap());
+        // uraid's dRAID superblock lives only where 1.2's does.
+        let draid = magic == format::DRAID_SB_MAGIC && metadata == Metadata::V1_2;
+        if magic != MD_SB_MAGIC && !draid {
             continue;
         }
         // The same magic starts both formats; the major version tells them apart.

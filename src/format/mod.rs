@@ -45,6 +45,34 @@ pub use sb090::{Sb090Disk, Sb090Extra};
 /// The md superblock magic number, shared by 0.90 and 1.x.
 pub const MD_SB_MAGIC: u32 = 0xa92b_4efc;
 
+/// The magic of uraid's dRAID superblock (the bytes "uDRD" on disk).
+///
+/// A dRAID member's superblock is laid out as a version-1 md superblock at
+/// the 1.2 location, so that uraid's superblock machinery (roles, events,
+/// recovery offsets, the bitmap) serves it unchanged; only the magic and
+/// the level differ. With another magic, mdadm and the kernel find no md
+/// superblock on the device, and never assemble or overwrite it as md's.
+/// docs/DRAID-FORMAT.md describes the format.
+pub const DRAID_SB_MAGIC: u32 = u32::from_le_bytes(*b"uDRD");
+
+/// dRAID's level numbers in its superblock: -100 - parity (-101, -102,
+/// -103). md has no such level, and uses only -1, -4 and -5 below zero.
+pub const DRAID_LEVEL_BASE: i32 = -100;
+
+/// Whether `level` is one of dRAID's level numbers.
+pub fn is_draid_level(level: i32) -> bool {
+    (DRAID_LEVEL_BASE - 3..DRAID_LEVEL_BASE).contains(&level)
+}
+
+/// The magic a superblock of `level` is written with.
+pub fn magic_for_level(level: i32) -> u32 {
+    if is_draid_level(level) {
+        DRAID_SB_MAGIC
+    } else {
+        MD_SB_MAGIC
+    }
+}
+
 /// md's "MaxSector": a resync offset with this value means the array is clean.
 pub const MAX_SECTOR: u64 = u64::MAX;
 
@@ -258,6 +286,8 @@ pub enum FormatError {
     BufferTooShort { need: usize, got: usize },
     #[error("no md superblock: magic is {found:#010x}, expected 0xa92b4efc")]
     BadMagic { found: u32 },
+    #[error("a superblock with {magic} magic claims level {level}")]
+    MagicLevelMismatch { magic: &'static str, level: i32 },
     #[error("unsupported superblock major version {found}, expected 1")]
     BadMajorVersion { found: u32 },
     #[error("unsupported 0.90 superblock version {major}.{minor}, expected 0.90 or 0.91")]

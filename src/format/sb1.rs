@@ -299,7 +299,7 @@ fn decode_inner(
     // The checks below follow the order of the kernel's super_1_load, so
     // that a superblock with several defects reports the one md reports.
     let magic = le32(buf, off::MAGIC);
-    if magic != MD_SB_MAGIC {
+    if magic != MD_SB_MAGIC && magic != super::DRAID_SB_MAGIC {
         return Err(FormatError::BadMagic { found: magic });
     }
     let major = le32(buf, off::MAJOR_VERSION);
@@ -395,6 +395,15 @@ fn decode_inner(
         dev_roles,
         v090: None,
     };
+    // The magic and the level must agree: an md superblock never claims a
+    // dRAID level, and a dRAID one never an md level, so that neither is
+    // served as the other.
+    if (magic == super::DRAID_SB_MAGIC) != super::is_draid_level(sb.level) {
+        return Err(FormatError::MagicLevelMismatch {
+            magic: if magic == MD_SB_MAGIC { "md" } else { "dRAID" },
+            level: sb.level,
+        });
+    }
     check_rules(&sb, logical_block_bytes)?;
     Ok(sb)
 }
@@ -490,6 +499,12 @@ fn check_rules(sb: &MemberSuper, logical_block_bytes: u32) -> Result<(), FormatE
     if sb.feature_map & MD_FEATURE_RAID0_LAYOUT != 0 && sb.level != 0 {
         return Err(FormatError::Raid0LayoutOnNonRaid0 { level: sb.level });
     }
+    // A dRAID superblock is only ever written at the 1.2 location.
+    if super::is_draid_level(sb.level) && sb.metadata != Metadata::V1_2 {
+        return Err(FormatError::WrongMetadata {
+            metadata: sb.metadata,
+        });
+    }
     // PPL shares the bitmap_offset field with the bitmap and cannot coexist
     // with a journal; exactly one of the two PPL bits may be set.
     let ppl_bits = sb.feature_map & (MD_FEATURE_PPL | MD_FEATURE_MULTIPLE_PPLS);
@@ -535,7 +550,7 @@ pub fn encode(sb: &MemberSuper) -> Result<Vec<u8>, FormatError> {
     let utime = pack_time("utime", sb.utime_secs, sb.utime_micros)?;
 
     let mut buf = vec![0u8; sb_size_bytes(sb.max_dev, 512)];
-    put32(&mut buf, off::MAGIC, MD_SB_MAGIC);
+    put32(&mut buf, off::MAGIC, super::magic_for_level(sb.level));
     put32(&mut buf, off::MAJOR_VERSION, 1);
     put32(&mut buf, off::FEATURE_MAP, sb.feature_map);
     put32(&mut buf, off::PAD0, 0);

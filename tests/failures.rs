@@ -23,14 +23,6 @@ use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 
-/// A random image the size of the array, written to DIR/NAME.
-fn image(dir: &Path, name: &str, seed: u64, size: u64) -> (PathBuf, Vec<u8>) {
-    let data = random_bytes(seed, size as usize);
-    let path = dir.join(name);
-    std::fs::write(&path, &data).unwrap();
-    (path, data)
-}
-
 fn sha256_hex(data: &[u8]) -> String {
     use sha2::{Digest, Sha256};
     format!("{:x}", Sha256::digest(data))

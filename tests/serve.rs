@@ -18,14 +18,6 @@ use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 
-/// A random image the size of the array, written to DIR/NAME.
-fn image(dir: &Path, name: &str, seed: u64, size: u64) -> (PathBuf, Vec<u8>) {
-    let data = random_bytes(seed, size as usize);
-    let path = dir.join(name);
-    std::fs::write(&path, &data).unwrap();
-    (path, data)
-}
-
 fn nbdinfo_json(uri: &str) -> serde_json::Value {
     let nbdinfo = client_tool("nbdinfo", "libnbd-bin");
     let out = run_limited_ok(

@@ -3,6 +3,7 @@
 //! (highest events) speaks for the array; devices that fell behind are left
 //! out; roles come from the freshest superblock's role table.
 
+use super::dspare::{DistributedSpare, SpareArea, SpareRouter};
 use super::reshape::{self, reshape_removed_disks};
 use super::superblocks::{read_superblock, SuperblockError};
 use super::{Slot, Slots};
@@ -10,7 +11,7 @@ use crate::format::{
     MemberSuper, Role, MD_FEATURE_RAID0_LAYOUT, MD_FEATURE_RECOVERY_OFFSET, MD_FEATURE_REPLACEMENT,
     MD_FEATURE_RESHAPE_ACTIVE,
 };
-use crate::geometry::{Geometry, GeometryError, GeometryParams, Level};
+use crate::geometry::{Draid, Geometry, GeometryError, GeometryParams, Level};
 use crate::member::{FileMember, MemberRef, OpenOptions};
 use crate::units::SECTOR_BYTES;
 use std::os::unix::fs::MetadataExt;
@@ -111,8 +112,12 @@ pub struct Assembled {
     pub geometry: Geometry,
     /// Members in use, by role.
     pub slots: Slots,
-    /// Every device that was given, in the order given.
+    /// Every device that was given, in the order given (a dRAID's
+    /// distributed spares after them).
     pub devices: Vec<FoundDevice>,
+    /// A dRAID's router of its distributed spares' I/O: whoever changes
+    /// which member serves a role keeps it current.
+    pub spare_router: Option<Arc<super::dspare::SpareRouter>>,
 }
 
 /// md's MD_FEATURE_JOURNAL, from the freshest superblock: the array has a
@@ -258,7 +263,7 @@ pub fn assemble_members(members: Vec<(String, MemberRef)>) -> Result<Assembled, 
         .map(|(_, sb, _)| sb.clone())
         .expect("non-empty");
     let level =
-        Level::from_md_number(freshest.level).ok_or(AssembleError::UnknownLevel(freshest.level))?;
+        Level::from_number(freshest.level).ok_or(AssembleError::UnknownLevel(freshest.level))?;
     // A shrinking reshape records the new, smaller count; the members of
     // the old geometry keep their roles until it ends (md's analyze_sbs).
     let raid_disks = freshest.raid_disks as usize + reshape_removed_disks(&freshest);
@@ -350,12 +355,72 @@ pub fn assemble_members(members: Vec<(String, MemberRef)>) -> Result<Assembled, 
     } else {
         Geometry::new(&params)?
     };
-    Ok(Assembled {
+    let mut assembled = Assembled {
         sb: freshest,
         geometry,
         slots,
         devices,
-    })
+        spare_router: None,
+    };
+    if let Some(draid) = assembled.geometry.draid().cloned() {
+        attach_distributed_spares(&mut assembled, &draid);
+    }
+    Ok(assembled)
+}
+
+/// Adds a dRAID's distributed spares to its devices, each with the
+/// superblock kept in its metadata slot, and routes their I/O to the
+/// members in sync. A spare whose superblock cannot be read (every child
+/// holding it is missing) is left out, as a missing device is.
+fn attach_distributed_spares(array: &mut Assembled, draid: &Draid) {
+    let area = SpareArea {
+        data_offset_sectors: array.sb.data_offset_sectors,
+        dev_sectors: array.sb.size_sectors,
+    };
+    let block_bytes = array
+        .slots
+        .iter()
+        .flatten()
+        .map(|s| s.member.logical_block_bytes())
+        .max()
+        .unwrap_or(512);
+    let in_sync = |slots: &Slots| -> Vec<Option<MemberRef>> {
+        slots
+            .iter()
+            .map(|s| s.as_ref().map(|s| s.member.clone()))
+            .collect()
+    };
+    let router = SpareRouter::new(in_sync(&array.slots));
+    for spare in 0..draid.spares() {
+        let member: MemberRef = Arc::new(DistributedSpare::new(
+            draid,
+            spare,
+            area,
+            router.clone(),
+            block_bytes,
+        ));
+        let Ok(Some(sb)) = read_superblock(&*member) else {
+            continue;
+        };
+        if sb.set_uuid != array.sb.set_uuid {
+            continue;
+        }
+        let state = device_state(&array.sb, &sb, &array.slots);
+        if let DeviceState::Active { role } = state {
+            array.slots[role] = Some(Slot {
+                member: member.clone(),
+                data_offset_bytes: sb.data_offset_sectors * SECTOR_BYTES,
+            });
+        }
+        array.devices.push(FoundDevice {
+            path: member.name().to_string(),
+            sb,
+            state,
+            member,
+        });
+    }
+    router.set(in_sync(&array.slots));
+    array.spare_router = Some(router);
 }
 
 /// md's view of one device against the freshest superblock (super_1_validate).

@@ -79,10 +79,11 @@ fn invalid(text: impl Into<String>) -> CreateError {
 
 /// The chunk in sectors that `level` uses, checked as md checks it.
 fn chunk_sectors_for(level: Level, chunk_bytes: Option<u64>) -> Result<u32, CreateError> {
-    let uses_chunk = matches!(
-        level,
-        Level::Raid0 | Level::Raid4 | Level::Raid5 | Level::Raid6 | Level::Raid10
-    );
+    let uses_chunk = level.is_draid()
+        || matches!(
+            level,
+            Level::Raid0 | Level::Raid4 | Level::Raid5 | Level::Raid6 | Level::Raid10
+        );
     let bytes = match (chunk_bytes, uses_chunk) {
         (None, true) => DEFAULT_CHUNK_BYTES,
         (None, false) => return Ok(0),
@@ -102,7 +103,6 @@ fn chunk_sectors_for(level: Level, chunk_bytes: Option<u64>) -> Result<u32, Crea
 /// The layout number mdadm would write for this level.
 fn layout_for(level: Level, name: Option<&str>) -> Result<u32, CreateError> {
     match (level, name) {
-        (l, _) if l.is_draid() => Err(draid_is_not_md(l)),
         (Level::Raid1 | Level::Linear, Some(n)) => {
             Err(invalid(format!("{level} has no layouts, got '{n}'")))
         }
@@ -113,15 +113,10 @@ fn layout_for(level: Level, name: Option<&str>) -> Result<u32, CreateError> {
         (Level::Raid10, None) => Ok(0x102),
         (Level::Raid0, None) => Ok(1),
         (Level::Raid1 | Level::Linear, None) => Ok(0),
-        (Level::Draid1 | Level::Draid2 | Level::Draid3, None) => Err(draid_is_not_md(level)),
+        (Level::Draid1 | Level::Draid2 | Level::Draid3, None) => Err(invalid(
+            "a dRAID needs its layout: data columns per group and distributed spares",
+        )),
     }
-}
-
-/// This path writes md superblocks, which cannot describe a dRAID array.
-fn draid_is_not_md(level: Level) -> CreateError {
-    invalid(format!(
-        "{level} is uraid's own level, not md's: it cannot be created with md metadata"
-    ))
 }
 
 struct Opened {
@@ -273,7 +268,7 @@ fn bitmap_policy(
     let level = opts.level;
     // mdadm: "bitmaps not meaningful with level" for linear and raid0,
     // which have no redundancy to resync.
-    if level.md_number() <= 0 {
+    if md_like_level(level) <= 0 {
         return Err(invalid(format!(
             "a write-intent bitmap is not meaningful with {level}"
         )));
@@ -291,7 +286,7 @@ fn bitmap_policy(
         }
     }
     let sync =
-        format::bitmap_sync_sectors(level.md_number(), layout, opts.raid_disks, size_sectors);
+        format::bitmap_sync_sectors(md_like_level(level), layout, opts.raid_disks, size_sectors);
     let bm = format::default_internal_bitmap(opts.metadata, size_sectors, sync, chunk_bytes)?;
     if bm.chunk_bytes > 1 << 31 {
         return Err(invalid("the devices are too large for an internal bitmap"));
@@ -380,9 +375,6 @@ pub fn create_on_members_full(
     bitmap: BitmapRequest,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<Assembled, CreateError> {
-    if opts.level.is_draid() {
-        return Err(draid_is_not_md(opts.level));
-    }
     check_device_count(members.len(), opts)?;
     if journal.is_some() {
         if !matches!(opts.level, Level::Raid4 | Level::Raid5 | Level::Raid6) {
@@ -422,6 +414,15 @@ pub fn create_on_members_full(
         }
     }
     let level = opts.level;
+    // md's rules for a redundant level fit dRAID where md's level number is
+    // asked (sizes, missing devices, the bitmap): it is raid6's, not one
+    // of md's negative numbers, which mean levels without redundancy.
+    let md_like = md_like_level(level);
+    if level.is_draid() && opts.metadata != Metadata::V1_2 {
+        return Err(invalid(
+            "a dRAID array keeps uraid's own superblock at the 1.2 location; use --metadata 1.2",
+        ));
+    }
     let raid_disks = opts.raid_disks as usize;
     let spare_end = journal_index.unwrap_or(devices.len());
     if devices[raid_disks..].contains(&MemberSpec::Missing) {
@@ -478,6 +479,18 @@ pub fn create_on_members_full(
         free.push(room);
     }
     let min_free = *free.iter().min().expect("one device at least");
+    // A dRAID child keeps its distributed spares' metadata after its data.
+    let spare_meta = draid_spares(level, layout) as u64 * data_offset;
+    let min_free = if level.is_draid() {
+        min_free.checked_sub(spare_meta).ok_or_else(|| {
+            CreateError::Device(format!(
+                "the devices are too small for the distributed spares' metadata ({} KiB each)",
+                spare_meta / 2
+            ))
+        })?
+    } else {
+        min_free
+    };
     let size_sectors = match opts.size_sectors {
         Some(s) if s > min_free => {
             return Err(invalid(format!(
@@ -486,10 +499,15 @@ pub fn create_on_members_full(
                 min_free / 2
             )))
         }
-        Some(s) => format::default_size_sectors(level.md_number(), chunk_sectors, s),
-        None => format::default_size_sectors(level.md_number(), chunk_sectors, min_free),
+        Some(s) => format::default_size_sectors(md_like, chunk_sectors, s),
+        None => format::default_size_sectors(md_like, chunk_sectors, min_free),
     };
-    if level.md_number() > 0 && size_sectors == 0 {
+    let size_sectors = if level.is_draid() {
+        draid_size_sectors(level, layout, chunk_sectors, opts.raid_disks, size_sectors)?
+    } else {
+        size_sectors
+    };
+    if md_like > 0 && size_sectors == 0 {
         return Err(invalid("the devices are too small for one chunk of data"));
     }
 
@@ -557,8 +575,8 @@ pub fn create_on_members_full(
         .collect();
     // uraid computes redundancy itself below, so it numbers devices the way
     // mdadm does with --force (no spare-rebuild trick).
-    let plan = format::plan_create(level.md_number(), opts.raid_disks, &kinds, true, true)?;
-    let redundant = level.md_number() > 0 && level != Level::Raid0;
+    let plan = format::plan_create(md_like, opts.raid_disks, &kinds, true, true)?;
+    let redundant = md_like > 0 && level != Level::Raid0;
     let needs_resync = redundant && !opts.assume_clean;
     let policy = bitmap_policy(bitmap, opts, layout, size_sectors)?;
     let now = SystemTime::now()
@@ -584,6 +602,7 @@ pub fn create_on_members_full(
         raid0_layout_feature,
     };
     let mut supers: Vec<(Opened, MemberSuper)> = Vec::new();
+    let mut spare_supers: Vec<MemberSuper> = Vec::new();
     for (o, dev_number) in opened.into_iter().zip(&plan.dev_numbers) {
         let (Some(o), Some(dev_number)) = (o, dev_number) else {
             continue;
@@ -602,6 +621,31 @@ pub fn create_on_members_full(
         };
         supers.push((o, sb));
     }
+    let spare_count = draid_spares(level, layout);
+    if spare_count > 0 {
+        // The distributed spares are spares from the start, numbered after
+        // the devices, with superblocks like a spare disk's.
+        let taken = supers
+            .iter()
+            .map(|(_, sb)| sb.dev_number)
+            .max()
+            .unwrap_or(0);
+        let template = supers
+            .first()
+            .map(|(_, sb)| sb.clone())
+            .ok_or_else(|| invalid("no device to create on"))?;
+        for s in 0..spare_count {
+            let mut sb = template.clone();
+            sb.dev_number = taken + 1 + s as u32;
+            sb.device_uuid = rand::random();
+            sb.data_size_sectors = size_sectors;
+            if sb.max_dev <= sb.dev_number {
+                return Err(invalid("too many devices for the superblock's role table"));
+            }
+            sb.dev_roles[sb.dev_number as usize] = format::MD_DISK_ROLE_SPARE;
+            spare_supers.push(sb);
+        }
+    }
     // Every superblock was built: only now is anything written.
     for (o, sb) in &supers {
         write_superblock(&*o.member, sb)?;
@@ -614,6 +658,9 @@ pub fn create_on_members_full(
         o.member
             .flush()
             .map_err(|e| CreateError::Device(format!("{}: {e}", o.path)))?;
+    }
+    if !spare_supers.is_empty() {
+        write_distributed_spares(&supers, &spare_supers, &policy, needs_resync)?;
     }
     let mut array = assemble_members(
         supers
@@ -635,4 +682,103 @@ pub fn create_on_members_full(
         write_array_state(&mut array, Cleanliness::Clean)?;
     }
     Ok(array)
+}
+
+/// md's level number for md's rules that a level follows: raid6's for
+/// dRAID (redundant, chunked, parity), the level's own otherwise.
+fn md_like_level(level: Level) -> i32 {
+    if level.is_draid() {
+        6
+    } else {
+        level.md_number()
+    }
+}
+
+/// A dRAID layout word's distributed spares (0 for every other level).
+fn draid_spares(level: Level, layout: u32) -> usize {
+    if level.is_draid() {
+        ((layout >> 8) & 0xff) as usize
+    } else {
+        0
+    }
+}
+
+/// The sectors of each child a dRAID uses: whole slices of its layout,
+/// at most `room`.
+fn draid_size_sectors(
+    level: Level,
+    layout: u32,
+    chunk_sectors: u32,
+    raid_disks: u32,
+    room: u64,
+) -> Result<u64, CreateError> {
+    let params = |dev_sectors| GeometryParams {
+        level,
+        layout,
+        chunk_sectors: chunk_sectors as u64,
+        raid_disks,
+        dev_sectors,
+        member_data_sectors: vec![dev_sectors; raid_disks as usize],
+        raid0_layout_feature: false,
+    };
+    let geometry = Geometry::new(&params(room)).map_err(|e| invalid(e.to_string()))?;
+    let draid = geometry
+        .draid()
+        .expect("a dRAID level builds a dRAID geometry");
+    Ok(draid.slices() * draid.devslice_sectors())
+}
+
+/// Writes the superblocks (and bitmaps) of a new dRAID's distributed
+/// spares into their metadata slots on every child.
+fn write_distributed_spares(
+    children: &[(Opened, MemberSuper)],
+    spares: &[MemberSuper],
+    policy: &ConsistencyPolicy,
+    dirty: bool,
+) -> Result<(), CreateError> {
+    let first = &children.first().expect("a dRAID has children").1;
+    let level = Level::from_number(first.level).expect("a dRAID level");
+    let geometry = Geometry::new(&GeometryParams {
+        level,
+        layout: first.layout,
+        chunk_sectors: first.chunk_sectors as u64,
+        raid_disks: first.raid_disks,
+        dev_sectors: first.size_sectors,
+        member_data_sectors: vec![first.size_sectors; first.raid_disks as usize],
+        raid0_layout_feature: false,
+    })
+    .map_err(|e| invalid(e.to_string()))?;
+    let draid = geometry
+        .draid()
+        .expect("a dRAID level builds a dRAID geometry");
+    let mut roles: Vec<Option<MemberRef>> = vec![None; first.raid_disks as usize];
+    for (o, sb) in children {
+        if let format::Role::Active(role) = sb.this_role() {
+            roles[role as usize] = Some(o.member.clone());
+        }
+    }
+    let block_bytes = children
+        .iter()
+        .map(|(o, _)| o.member.logical_block_bytes())
+        .max()
+        .unwrap_or(512);
+    let router = super::dspare::SpareRouter::new(roles);
+    let area = super::dspare::SpareArea {
+        data_offset_sectors: first.data_offset_sectors,
+        dev_sectors: first.size_sectors,
+    };
+    for (s, sb) in spares.iter().enumerate() {
+        let member =
+            super::dspare::DistributedSpare::new(draid, s, area, router.clone(), block_bytes);
+        let member: MemberRef = Arc::new(member);
+        let opened = Opened {
+            path: member.name().to_string(),
+            member,
+        };
+        write_superblock(&*opened.member, sb)?;
+        if let ConsistencyPolicy::Bitmap(bm) = policy {
+            write_initial_bitmap(&opened, sb, bm, dirty)?;
+        }
+    }
+    Ok(())
 }

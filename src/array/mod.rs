@@ -4,6 +4,7 @@
 mod assemble;
 mod bitmap;
 mod create;
+pub mod dspare;
 mod reshape;
 mod reshape_raid10;
 mod resync;
@@ -21,6 +22,7 @@ pub use create::{
     create, create_full, create_on_members, create_on_members_full, create_on_members_with_bitmap,
     create_with_bitmap, BitmapRequest, CreateError, CreateOptions, MemberSpec,
 };
+pub use dspare::{DistributedSpare, SpareArea, SpareRouter};
 pub use reshape::{
     dirty_parity_members, lowest_data_offset, plan_reshape, reshape_backwards,
     reshape_removed_disks, room_after_data, MemberRoom, ReshapeContext, ReshapePlan,

@@ -146,16 +146,21 @@ fn resync_stripe(
         check_p = false;
     }
     let strips: Vec<&[u8]> = s.data.chunks(strip_bytes).collect();
-    s.expected.resize(strip_bytes * 2, 0);
-    let (p, q) = s.expected.split_at_mut(strip_bytes);
-    match map.q {
-        None => syndrome.gen_p(&strips, p),
-        Some(_) => {
-            let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
-            syndrome.gen_pq(&strips, &exps, p, q);
-        }
+    s.expected.resize(strip_bytes * 3, 0);
+    let (p, qr) = s.expected.split_at_mut(strip_bytes);
+    let (q, r) = qr.split_at_mut(strip_bytes);
+    let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
+    match (map.q, map.r) {
+        (None, _) => syndrome.gen_p(&strips, p),
+        (Some(_), None) => syndrome.gen_pq(&strips, &exps, p, q),
+        (Some(_), Some(_)) => syndrome.gen_pqr(&strips, &exps, p, q, r),
     }
-    for (place, expected) in [(Some(p_place).filter(|_| check_p), &*p), (map.q, &*q)] {
+    let checks = [
+        (Some(p_place).filter(|_| check_p), &*p),
+        (map.q, &*q),
+        (map.r, &*r),
+    ];
+    for (place, expected) in checks {
         let Some(place) = place.filter(present) else {
             continue;
         };

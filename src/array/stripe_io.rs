@@ -95,25 +95,23 @@ impl<'a> StripeIo<'a> {
         lost: &[usize],
     ) -> Result<(), StripeError> {
         let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
-        let read_parity = |place: &Option<Place>| -> io::Result<Option<Vec<u8>>> {
-            match place {
-                Some(p) if self.present(p) => {
-                    let mut buf = vec![0u8; strip_bytes];
-                    self.read_place(p, &mut buf)?;
-                    Ok(Some(buf))
-                }
-                _ => Ok(None),
-            }
-        };
-        let p = read_parity(&map.p)?;
-        let q = read_parity(&map.q)?;
-        let usable = p.is_some() as usize + q.is_some() as usize;
-        if lost.len() > usable {
-            let max = map.p.is_some() as usize + map.q.is_some() as usize;
-            return Err(StripeError::TooManyLost {
+        let present_parity = [map.p, map.q, map.r].map(|place| place.filter(|p| self.present(p)));
+        let path = parity::plan_rebuild(lost.len(), present_parity.map(|p| p.is_some())).map_err(
+            |_| StripeError::TooManyLost {
                 stripe: map.stripe,
                 lost: lost.len(),
-                max,
+                max: map.parity_places().count(),
+            },
+        )?;
+        let mut parity_bufs: Vec<Option<Vec<u8>>> = Vec::new();
+        for (place, read) in present_parity.iter().zip(path.reads()) {
+            parity_bufs.push(match place.filter(|_| read) {
+                Some(place) => {
+                    let mut buf = vec![0u8; strip_bytes];
+                    self.read_place(&place, &mut buf)?;
+                    Some(buf)
+                }
+                None => None,
             });
         }
         let mut strips: Vec<&mut [u8]> = out.chunks_mut(strip_bytes).collect();
@@ -123,37 +121,31 @@ impl<'a> StripeIo<'a> {
             .partition(|(i, _)| lost.contains(i));
         let present_exps: Vec<u8> = present
             .iter()
-            .map(|(i, _)| map.data[*i].q_exponent)
+            .map(|(i, _)| map.recovery_exponent(*i))
             .collect();
         let present_data: Vec<&[u8]> = present.iter().map(|(_, b)| &**b).collect();
-        match (&mut missing[..], &p, &q) {
-            ([(_, x)], Some(p), _) => {
-                parity::recover_data_from_p(self.syndrome, &present_data, p, x)
-            }
-            ([(i, x)], None, Some(q)) => parity::recover_data_from_q(
-                self.syndrome,
-                &present_data,
-                &present_exps,
-                q,
-                map.data[*i].q_exponent,
-                x,
-            ),
-            ([(i, x), (j, y)], Some(p), Some(q)) => {
-                let (ex, ey) = (map.data[*i].q_exponent, map.data[*j].q_exponent);
-                parity::recover_two_data(
-                    self.syndrome,
-                    &present_data,
-                    &present_exps,
-                    p,
-                    q,
-                    ex,
-                    ey,
-                    x,
-                    y,
-                )
-            }
-            _ => unreachable!("lost strips were counted against the usable parity"),
-        }
+        let block = |k: usize| parity_bufs[k].as_deref();
+        let survivors = parity::Survivors {
+            data: &present_data,
+            exps: &present_exps,
+            p: block(0),
+            q: block(1),
+            r: block(2),
+        };
+        let mut lost_data: Vec<parity::LostData> = missing
+            .iter_mut()
+            .map(|(i, out)| parity::LostData {
+                exp: map.recovery_exponent(*i),
+                out,
+            })
+            .collect();
+        parity::rebuild(
+            self.syndrome,
+            &survivors,
+            &mut lost_data,
+            parity::LostParity::default(),
+        )
+        .expect("the path was planned for these losses");
         Ok(())
     }
 
@@ -169,16 +161,23 @@ impl<'a> StripeIo<'a> {
         }
         if let Some(p_place) = &map.p {
             let mut p = vec![0u8; strip_bytes];
-            match &map.q {
-                None => self.syndrome.gen_p(&strips, &mut p),
-                Some(q_place) => {
-                    let mut q = vec![0u8; strip_bytes];
-                    let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
-                    self.syndrome.gen_pq(&strips, &exps, &mut p, &mut q);
-                    self.write_place(q_place, &q)?;
-                }
+            let mut q = vec![0u8; strip_bytes];
+            let mut r = vec![0u8; strip_bytes];
+            let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
+            match (&map.q, &map.r) {
+                (None, _) => self.syndrome.gen_p(&strips, &mut p),
+                (Some(_), None) => self.syndrome.gen_pq(&strips, &exps, &mut p, &mut q),
+                (Some(_), Some(_)) => self
+                    .syndrome
+                    .gen_pqr(&strips, &exps, &mut p, &mut q, &mut r),
             }
             self.write_place(p_place, &p)?;
+            if let Some(q_place) = &map.q {
+                self.write_place(q_place, &q)?;
+            }
+            if let Some(r_place) = &map.r {
+                self.write_place(r_place, &r)?;
+            }
         }
         Ok(())
     }

@@ -4,14 +4,16 @@ use super::text::hostname;
 use super::CliResult;
 use crate::array::{create_full, BitmapRequest, CreateOptions, MemberSpec};
 use crate::format::Metadata;
-use crate::geometry::level_from_name;
+use crate::geometry::{level_from_name, DraidSpec};
 use crate::units::parse_size_bytes;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
 pub struct CreateArgs {
-    /// RAID level: linear, raid0, raid1, raid4, raid5, raid6, raid10 (or 0, 1, 4, 5, 6, 10).
+    /// RAID level: linear, raid0, raid1, raid4, raid5, raid6, raid10 (or 0, 1, 4, 5, 6, 10),
+    /// or a declustered RAID by ZFS's spec: draidP[:Dd][:Cc][:Ss] (P parity 1-3, D data
+    /// per group, C children, S distributed spares).
     #[arg(long, short = 'l')]
     level: String,
     /// Number of active members; further devices become spares.
@@ -62,8 +64,21 @@ pub struct CreateArgs {
 }
 
 pub fn run(args: &CreateArgs) -> CliResult {
-    let level =
-        level_from_name(&args.level).ok_or_else(|| format!("unknown level '{}'", args.level))?;
+    // A dRAID is named by ZFS's spec string, which carries its layout.
+    let (level, layout) = if args.level.starts_with("draid") {
+        if args.layout.is_some() {
+            return Err("a dRAID's layout is in its spec (draidP:Dd:Cc:Ss), not --layout".into());
+        }
+        let spec = DraidSpec::parse(&args.level, Some(args.raid_devices as usize))?;
+        (
+            spec.level(),
+            Some(format!("{}d:{}s", spec.data, spec.spares)),
+        )
+    } else {
+        let level = level_from_name(&args.level)
+            .ok_or_else(|| format!("unknown level '{}'", args.level))?;
+        (level, args.layout.clone())
+    };
     let bitmap_chunk = args
         .bitmap_chunk
         .as_deref()
@@ -112,7 +127,7 @@ pub fn run(args: &CreateArgs) -> CliResult {
         level,
         raid_disks: args.raid_devices,
         chunk_bytes,
-        layout: args.layout.clone(),
+        layout,
         metadata,
         assume_clean: args.assume_clean,
         name: args.name.clone(),

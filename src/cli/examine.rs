@@ -82,13 +82,13 @@ pub struct Summary {
 }
 
 fn level_text(level: i32) -> String {
-    Level::from_md_number(level)
+    Level::from_number(level)
         .map(|l| l.to_string())
         .unwrap_or_else(|| "-unknown-".into())
 }
 
 pub fn summary(device: &str, sb: &MemberSuper, _device_sectors: u64) -> Summary {
-    let level = Level::from_md_number(sb.level);
+    let level = Level::from_number(sb.level);
     Summary {
         device: device.to_string(),
         metadata: sb.metadata.as_str().to_string(),
@@ -209,8 +209,19 @@ pub fn examine_text(
     checksum: u32,
 ) -> String {
     let mut o = String::new();
-    let level = Level::from_md_number(sb.level);
-    let _ = writeln!(o, "          Magic : a92b4efc");
+    // Decoding checked that the magic and the level agree: a dRAID level
+    // comes only with uraid's own magic.
+    let level = Level::from_number(sb.level);
+    let _ = writeln!(
+        o,
+        "          Magic : {:x}{}",
+        crate::format::magic_for_level(sb.level),
+        if level.is_some_and(Level::is_draid) {
+            " (uraid dRAID, docs/DRAID-FORMAT.md)"
+        } else {
+            ""
+        }
+    );
     let _ = writeln!(
         o,
         "        Version : {}",
@@ -346,6 +357,7 @@ pub fn examine_text(
         let show_layout = match level {
             Level::Raid0 => sb.has_feature(MD_FEATURE_RAID0_LAYOUT),
             Level::Raid5 | Level::Raid6 | Level::Raid10 => true,
+            Level::Draid1 | Level::Draid2 | Level::Draid3 => true,
             _ => false,
         };
         if show_layout {
@@ -353,15 +365,20 @@ pub fn examine_text(
             let _ = writeln!(o, "         Layout : {name}");
         }
         match level {
-            Level::Raid0 | Level::Raid4 | Level::Raid5 | Level::Raid6 | Level::Raid10 => {
+            Level::Raid0
+            | Level::Raid4
+            | Level::Raid5
+            | Level::Raid6
+            | Level::Raid10
+            | Level::Draid1
+            | Level::Draid2
+            | Level::Draid3 => {
                 let _ = writeln!(o, "     Chunk Size : {}", chunk_text(sb.chunk_sectors));
             }
             Level::Linear => {
                 let _ = writeln!(o, "       Rounding : {}", chunk_text(sb.chunk_sectors));
             }
-            // An md superblock never names a dRAID level: from_md_number
-            // refuses their numbers.
-            Level::Raid1 | Level::Draid1 | Level::Draid2 | Level::Draid3 => {}
+            Level::Raid1 => {}
         }
     }
     let _ = writeln!(o);

@@ -264,6 +264,7 @@ impl DetailView {
                 layout_name(level, sb.layout)
             }
             Level::Raid5 | Level::Raid6 | Level::Raid10 => layout_name(level, sb.layout),
+            Level::Draid1 | Level::Draid2 | Level::Draid3 => layout_name(level, sb.layout),
             _ => None,
         };
         DetailView {

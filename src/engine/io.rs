@@ -883,56 +883,58 @@ impl View<'_> {
         if lost.is_empty() {
             return Ok(());
         }
-        let wanted = |place: &Option<Place>| {
-            place
-                .filter(|p| self.present(p))
-                .map(|p| (p, AlignedBuf::zeroed(window.len())))
-        };
-        let (mut p, mut q) = (wanted(&map.p), wanted(&map.q));
+        // Only the parity the cheapest path solves with is read.
+        let present_parity = [map.p, map.q, map.r].map(|place| place.filter(|p| self.present(p)));
+        let path = parity::plan_rebuild(lost.len(), present_parity.map(|p| p.is_some()))
+            .map_err(|_| lost_error(map, "too many members lost to reconstruct"))?;
+        let mut parity_bufs: Vec<Option<(Place, AlignedBuf)>> = present_parity
+            .iter()
+            .zip(path.reads())
+            .map(|(place, read)| {
+                place
+                    .filter(|_| read)
+                    .map(|p| (p, AlignedBuf::zeroed(window.len())))
+            })
+            .collect();
         {
-            let mut reads: Vec<(&Place, usize, &mut [u8])> = [p.as_mut(), q.as_mut()]
-                .into_iter()
+            let mut reads: Vec<(&Place, usize, &mut [u8])> = parity_bufs
+                .iter_mut()
                 .flatten()
                 .map(|(place, buf)| (&*place, window.start, &mut buf[..]))
                 .collect();
             self.read_places(&mut reads)?;
         }
-        let p = p.map(|(_, buf)| buf);
-        let q = q.map(|(_, buf)| buf);
         let present: Vec<usize> = (0..map.data.len()).filter(|i| !lost.contains(i)).collect();
-        let present_exps: Vec<u8> = present.iter().map(|&i| map.data[i].q_exponent).collect();
+        let present_exps: Vec<u8> = present.iter().map(|&i| map.recovery_exponent(i)).collect();
         let mut outputs: Vec<AlignedBuf> = lost
             .iter()
             .map(|_| AlignedBuf::zeroed(window.len()))
             .collect();
         {
             let present_data: Vec<&[u8]> = present.iter().map(|&i| &strips[i][..]).collect();
-            let syndrome = self.engine.syndrome;
-            match (lost, &mut outputs[..], &p, &q) {
-                ([_], [x], Some(p), _) => {
-                    parity::recover_data_from_p(syndrome, &present_data, p, x)
-                }
-                ([i], [x], None, Some(q)) => parity::recover_data_from_q(
-                    syndrome,
-                    &present_data,
-                    &present_exps,
-                    q,
-                    map.data[*i].q_exponent,
-                    x,
-                ),
-                ([i, j], [x, y], Some(p), Some(q)) => parity::recover_two_data(
-                    syndrome,
-                    &present_data,
-                    &present_exps,
-                    p,
-                    q,
-                    map.data[*i].q_exponent,
-                    map.data[*j].q_exponent,
-                    x,
-                    y,
-                ),
-                _ => return Err(lost_error(map, "too many members lost to reconstruct")),
-            }
+            let block = |k: usize| parity_bufs[k].as_ref().map(|(_, b)| &b[..]);
+            let survivors = parity::Survivors {
+                data: &present_data,
+                exps: &present_exps,
+                p: block(0),
+                q: block(1),
+                r: block(2),
+            };
+            let mut lost_data: Vec<parity::LostData> = lost
+                .iter()
+                .zip(outputs.iter_mut())
+                .map(|(&i, out)| parity::LostData {
+                    exp: map.recovery_exponent(i),
+                    out: &mut out[..],
+                })
+                .collect();
+            parity::rebuild(
+                self.engine.syndrome,
+                &survivors,
+                &mut lost_data,
+                parity::LostParity::default(),
+            )
+            .map_err(|_| lost_error(map, "too many members lost to reconstruct"))?;
         }
         for (&i, out) in lost.iter().zip(outputs) {
             strips[i] = out;
@@ -961,11 +963,7 @@ impl View<'_> {
             }
             return self.write_places(&writes);
         }
-        let parity_present = [map.p, map.q]
-            .into_iter()
-            .flatten()
-            .filter(|p| self.present(p))
-            .count();
+        let parity_present = map.parity_places().filter(|p| self.present(p)).count();
         if parity_present == 0 {
             // No parity left to maintain: the data is all there is, and
             // what was kept of the parity is stale from now on.
@@ -1105,7 +1103,10 @@ impl View<'_> {
         assert!(map.p.is_some(), "a parity write on a level without parity");
         let p_place = map.p.filter(|p| self.present(p));
         let q_place = map.q.filter(|q| self.present(q));
-        let parity_present = usize::from(p_place.is_some()) + usize::from(q_place.is_some());
+        let r_place = map.r.filter(|r| self.present(r));
+        let parity_present = usize::from(p_place.is_some())
+            + usize::from(q_place.is_some())
+            + usize::from(r_place.is_some());
         assert!(parity_present > 0, "a parity write with no parity member");
         let lost: Vec<usize> = (0..map.data.len())
             .filter(|&i| !map.data[i].copies.iter().any(|c| self.present(c)))
@@ -1113,9 +1114,14 @@ impl View<'_> {
         let touched: Vec<usize> = (0..map.data.len()).filter(|&i| piece.touched(i)).collect();
         let window = piece.window.clone();
         let hot = &self.engine.parity_cache;
+        // The parity cache keeps P and Q pages; a row with R (dRAID's
+        // triple parity) reads its old parity from the members.
+        let cacheable = map.r.is_none();
         let hot_parity = [(p_place, Which::P), (q_place, Which::Q)]
             .iter()
-            .filter(|(place, which)| place.is_some() && hot.has(map.stripe, &window, *which))
+            .filter(|(place, which)| {
+                cacheable && place.is_some() && hot.has(map.stripe, &window, *which)
+            })
             .count();
         // Reads each method needs over the window.
         let rmw_possible = touched.iter().all(|i| !lost.contains(i));
@@ -1132,8 +1138,7 @@ impl View<'_> {
         // needs fewer reads, 2 also when the counts tie. A journal logs P
         // and Q whole, so with a parity member missing (whose old parity
         // cannot be read) the parity is computed from the data.
-        let every_parity =
-            parity_present == usize::from(map.p.is_some()) + usize::from(map.q.is_some());
+        let every_parity = parity_present == map.parity_places().count();
         let rmw = rmw_possible
             && (every_parity || self.engine.journal.is_none())
             && match self.engine.tunables.rmw_level() {
@@ -1141,7 +1146,7 @@ impl View<'_> {
                 1 => rmw_reads < rcw_reads,
                 _ => rmw_reads <= rcw_reads,
             };
-        let span = if rmw && prefetch && hot_parity == 0 {
+        let span = if rmw && prefetch && hot_parity == 0 && cacheable {
             self.parity_span(map, &window)
         } else {
             window.clone()
@@ -1160,8 +1165,10 @@ impl View<'_> {
             whole: (0..map.data.len()).all(|i| piece.covers_window(i)),
             p_place,
             q_place,
+            r_place,
             p: sized(map.p),
             q: sized(map.q),
+            r: sized(map.r),
             p_hot: false,
             q_hot: false,
             touched,
@@ -1172,10 +1179,12 @@ impl View<'_> {
             // read. (A span wider than the window means none was hot.)
             let at = plan.in_span();
             debug_assert!(plan.span == window || hot_parity == 0);
-            plan.p_hot = p_place.is_some()
+            plan.p_hot = cacheable
+                && p_place.is_some()
                 && hot.get(map.stripe, &window, Which::P, &mut plan.p[at.clone()]);
-            plan.q_hot =
-                q_place.is_some() && hot.get(map.stripe, &window, Which::Q, &mut plan.q[at]);
+            plan.q_hot = cacheable
+                && q_place.is_some()
+                && hot.get(map.stripe, &window, Which::Q, &mut plan.q[at]);
             plan.old = plan
                 .touched
                 .iter()
@@ -1221,7 +1230,12 @@ impl View<'_> {
                 }
                 if plan.q_place.is_some() {
                     let coef = parity::gf::pow2(map.data[i].q_exponent);
-                    syndrome.mul_acc(&mut plan.q[at], delta, coef);
+                    syndrome.mul_acc(&mut plan.q[at.clone()], delta, coef);
+                }
+                if plan.r_place.is_some() {
+                    // R's coefficient is the square of Q's: 4^e = 2^(2e).
+                    let e = u16::from(map.data[i].q_exponent) * 2 % parity::gf::ORDER as u16;
+                    syndrome.mul_acc(&mut plan.r[at], delta, parity::gf::pow2(e as u8));
                 }
             }
             return Ok(());
@@ -1237,11 +1251,12 @@ impl View<'_> {
             }
             plan.strips.iter().map(|s| &s[..]).collect()
         };
-        match map.q {
-            None => syndrome.gen_p(&views, &mut plan.p),
-            Some(_) => {
-                let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
-                syndrome.gen_pq(&views, &exps, &mut plan.p, &mut plan.q);
+        let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
+        match (map.q, map.r) {
+            (None, _) => syndrome.gen_p(&views, &mut plan.p),
+            (Some(_), None) => syndrome.gen_pq(&views, &exps, &mut plan.p, &mut plan.q),
+            (Some(_), Some(_)) => {
+                syndrome.gen_pqr(&views, &exps, &mut plan.p, &mut plan.q, &mut plan.r)
             }
         }
         Ok(())
@@ -1253,7 +1268,7 @@ impl View<'_> {
     pub(super) fn keep_parity(&self, plan: &ParityWrite, ok: bool) {
         let (map, window) = (&plan.piece.map, &plan.piece.window);
         let hot = &self.engine.parity_cache;
-        if !ok {
+        if !ok || map.r.is_some() {
             hot.drop_window(map.stripe, window);
             return;
         }
@@ -1340,8 +1355,10 @@ pub(super) struct ParityWrite<'p, 'a> {
     /// reconstruct-write.
     p_place: Option<Place>,
     q_place: Option<Place>,
+    r_place: Option<Place>,
     p: AlignedBuf,
     q: AlignedBuf,
+    r: AlignedBuf,
     /// Old parity that came from the parity cache, not to be read.
     p_hot: bool,
     q_hot: bool,
@@ -1368,6 +1385,9 @@ impl ParityWrite<'_, '_> {
             }
             if let (Some(place), false) = (&self.q_place, self.q_hot) {
                 reads.push((place, self.span.start, &mut self.q[..]));
+            }
+            if let Some(place) = &self.r_place {
+                reads.push((place, self.span.start, &mut self.r[..]));
             }
             return reads;
         }
@@ -1404,6 +1424,9 @@ impl ParityWrite<'_, '_> {
         }
         if let Some(place) = &self.q_place {
             writes.push((place, start, self.q_window()));
+        }
+        if let Some(place) = &self.r_place {
+            writes.push((place, start, &self.r[self.in_span()]));
         }
         writes
     }

@@ -6,6 +6,7 @@
 use super::members::MemberEntry;
 use super::resync::{Outcome, SyncAction, SyncWorker};
 use super::Engine;
+use crate::array::dspare::is_spare_name;
 use crate::array::{DeviceState, FoundDevice, Slot};
 use crate::format::MD_FEATURE_RECOVERY_OFFSET;
 use crate::geometry::Geometry;
@@ -271,7 +272,79 @@ impl Engine {
             self.write_state(&mut array);
         }
         self.start_recovery_if_possible();
+        self.rebalance_onto(path);
         Ok(())
+    }
+
+    /// dRAID's rebalance: a real disk added while a distributed spare
+    /// stands in for a role takes that role over, copied from the spare
+    /// while it goes on serving (mdadm's --replace), and the spare is
+    /// freed at the end. Nothing happens if the disk became a rebuild
+    /// target or another job runs; `manage --replace` starts it by hand.
+    fn rebalance_onto(self: &Arc<Engine>, path: &Path) {
+        let in_spare = {
+            let array = self.array.lock().unwrap();
+            let added_is_spare = array
+                .devices
+                .iter()
+                .any(|d| Self::same_device(&d.path, path) && d.state == DeviceState::Spare);
+            let served = array
+                .devices
+                .iter()
+                .find(|d| is_spare_name(&d.path) && matches!(d.state, DeviceState::Active { .. }));
+            match (added_is_spare, served) {
+                (true, Some(d)) => Some(d.path.clone()),
+                _ => None,
+            }
+        };
+        if let Some(spare) = in_spare {
+            if self.sync.action().is_none() {
+                if let Err(e) = self.manage_replace(Path::new(&spare), path) {
+                    self.events.push("RebalanceFailed", &spare, &e);
+                }
+            }
+        }
+    }
+
+    /// After a dRAID role moved from distributed spare to a real disk, the
+    /// other spares in use whose space in that role's spare columns lay on
+    /// the spare just freed (a chain) have lost that part: they are
+    /// rebuilt from the start, which the array's redundancy allows (only
+    /// they are not in sync). Called with the array locked.
+    fn rebuild_chained_spares(&self, array: &mut crate::array::Assembled, role: usize) {
+        if self.spare_router.is_none() {
+            return;
+        }
+        let chained: Vec<(usize, String)> = array
+            .devices
+            .iter()
+            .filter_map(|d| match d.state {
+                DeviceState::Active { role: r } if r != role && is_spare_name(&d.path) => {
+                    Some((r, d.path.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        for (r, path) in chained {
+            self.update_table(|t| {
+                if let Some(entry) = t.by_role[r].as_mut() {
+                    entry.rebuilt_below = Some(Arc::new(AtomicU64::new(0)));
+                }
+            });
+            for d in array.devices.iter_mut() {
+                if d.path == path {
+                    d.state = DeviceState::Recovering {
+                        role: r,
+                        recovery_offset_sectors: 0,
+                    };
+                }
+            }
+            self.events.push(
+                "RebuildStarted",
+                &path,
+                &format!("distributed spare in role {r} rebuilt after a rebalance"),
+            );
+        }
     }
 
     /// md's re-add: a member that left (failed, pulled, or missing at
@@ -545,10 +618,22 @@ impl Engine {
         let Some(role) = (0..table.by_role.len()).find(|r| table.by_role[*r].is_none()) else {
             return;
         };
+        // A dRAID's distributed spare goes first, as ZFS prefers them: it
+        // rebuilds at the speed of every child, not of one disk. It can
+        // take a role only while every other role is in sync, since its
+        // space is spread over all of them.
+        let spare_usable = |d: &FoundDevice| {
+            !is_spare_name(&d.path)
+                || (0..table.by_role.len())
+                    .all(|r| r == role || table.entry(r).is_some_and(|e| e.rebuilt_below.is_none()))
+        };
         let Some(index) = array
             .devices
             .iter()
-            .position(|d| d.state == DeviceState::Spare)
+            .enumerate()
+            .filter(|(_, d)| d.state == DeviceState::Spare && spare_usable(d))
+            .min_by_key(|(_, d)| !is_spare_name(&d.path))
+            .map(|(i, _)| i)
         else {
             return;
         };
@@ -679,13 +764,20 @@ impl Engine {
                 let (mut old_path, mut new_path) = (String::new(), String::new());
                 for d in array.devices.iter_mut() {
                     if matches!(d.state, DeviceState::Active { role: r } if r == role) {
-                        d.state = DeviceState::Faulty;
+                        // A distributed spare whose data moved to a real
+                        // disk is free again (ZFS's rebalance detaches it).
+                        d.state = if is_spare_name(&d.path) {
+                            DeviceState::Spare
+                        } else {
+                            DeviceState::Faulty
+                        };
                         old_path = d.path.clone();
                     } else if Arc::ptr_eq(&d.member, &replacement.slot.member) {
                         d.state = DeviceState::Active { role };
                         new_path = d.path.clone();
                     }
                 }
+                self.rebuild_chained_spares(&mut array, role);
                 array.slots[role] = Some(replacement.slot.clone());
                 self.write_state(&mut array);
                 drop(array);
@@ -694,7 +786,11 @@ impl Engine {
                     &new_path,
                     &format!("replaced {old_path}"),
                 );
-                self.events.push("Fail", &old_path, "replaced");
+                if is_spare_name(&old_path) {
+                    self.events.push("SpareFreed", &old_path, "rebalanced");
+                } else {
+                    self.events.push("Fail", &old_path, "replaced");
+                }
                 // A spare may be waiting for a role that went missing
                 // during the copy.
                 self.start_recovery_if_possible();

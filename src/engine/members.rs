@@ -136,8 +136,27 @@ impl Engine {
         self.block_bytes
             .fetch_max(table.block_bytes(), Ordering::SeqCst);
         self.in_memory.store(table.in_memory(), Ordering::SeqCst);
+        self.route_spares(&table);
         *members = Arc::new(table);
         result
+    }
+
+    /// Points a dRAID's distributed spares at the members now in sync in
+    /// each role (the members I/O goes to, fault injectors included).
+    pub(super) fn route_spares(&self, table: &MemberTable) {
+        if let Some(router) = &self.spare_router {
+            router.set(
+                table
+                    .by_role
+                    .iter()
+                    .map(|e| {
+                        e.as_ref()
+                            .filter(|e| e.rebuilt_below.is_none())
+                            .map(|e| e.slot.member.clone())
+                    })
+                    .collect(),
+            );
+        }
     }
 
     /// Whether every array sector can still be served by in-sync members.
@@ -440,24 +459,23 @@ impl View<'_> {
                 write(&strip.copies[0], &strips[i])?;
             }
         }
-        if map.p.is_some_and(|p| p.member == role) || map.q.is_some_and(|q| q.member == role) {
+        if map.parity_places().any(|p| p.member == role) {
             // Aligned, as the strips read above: O_DIRECT members take
             // them without a bounce copy.
             let mut p = AlignedBuf::zeroed(strip_bytes);
             let mut q = AlignedBuf::zeroed(strip_bytes);
+            let mut r = AlignedBuf::zeroed(strip_bytes);
             let syndrome = self.engine.syndrome;
-            match map.q {
-                None => syndrome.gen_p(&views, &mut p),
-                Some(_) => {
-                    let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
-                    syndrome.gen_pq(&views, &exps, &mut p, &mut q);
+            let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
+            match (map.q, map.r) {
+                (None, _) => syndrome.gen_p(&views, &mut p),
+                (Some(_), None) => syndrome.gen_pq(&views, &exps, &mut p, &mut q),
+                (Some(_), Some(_)) => syndrome.gen_pqr(&views, &exps, &mut p, &mut q, &mut r),
+            }
+            for (place, buf) in [(map.p, &p), (map.q, &q), (map.r, &r)] {
+                if let Some(place) = place.filter(|p| p.member == role) {
+                    write(&place, buf)?;
                 }
-            }
-            if let Some(place) = map.p.filter(|p| p.member == role) {
-                write(&place, &p)?;
-            }
-            if let Some(place) = map.q.filter(|q| q.member == role) {
-                write(&place, &q)?;
             }
         }
         Ok(())
@@ -471,6 +489,7 @@ fn places_of(map: &StripeMap, role: usize) -> Vec<&Place> {
         .flat_map(|d| d.copies.iter())
         .chain(map.p.iter())
         .chain(map.q.iter())
+        .chain(map.r.iter())
         .filter(|p| p.member == role)
         .collect()
 }

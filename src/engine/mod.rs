@@ -156,6 +156,9 @@ pub struct Engine {
     journal_clean: bool,
     /// Every member's bytes are in memory (`MemberTable::in_memory`).
     in_memory: std::sync::atomic::AtomicBool,
+    /// A dRAID's distributed spares route their I/O to the members in
+    /// sync in the table: kept current wherever the table changes.
+    spare_router: Option<Arc<crate::array::SpareRouter>>,
 }
 
 impl Engine {
@@ -368,6 +371,7 @@ impl Engine {
             .raid_disks()
             .max(array.sb.max_dev as usize)
             .max(array.devices.len());
+        let spare_router = array.spare_router.clone();
         let engine = Arc::new(Engine {
             geometry: RwLock::new(Arc::new(geometry)),
             reshape_gate: RwLock::new(()),
@@ -410,7 +414,9 @@ impl Engine {
             staged_rows: staged::StagedRows::default(),
             journal,
             journal_clean,
+            spare_router,
         });
+        engine.route_spares(&engine.table());
         if !options.read_only {
             engine.start_bitmap_daemon();
         }

@@ -71,6 +71,14 @@ impl Engine {
         if self.read_only {
             return Err("the array is served read-only".into());
         }
+        let level = self.geometry().level();
+        if level.is_draid() {
+            // Neither md nor ZFS reshapes a declustered array: its layout
+            // is fixed by its permutation maps and group width.
+            return Err(format!(
+                "a {level} array cannot be reshaped or change level: its declustered layout is fixed at create"
+            ));
+        }
         // Read under the gate: the job's last window swaps in the new
         // geometry and clears the flag while it holds the gate alone, so a
         // request that sees the reshape ended also sees the flag down.

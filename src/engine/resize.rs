@@ -58,6 +58,11 @@ impl Engine {
             return Err("the array is served read-only: its size cannot change (md: EROFS)".into());
         }
         let level = self.geometry().level();
+        if level.is_draid() {
+            return Err(format!(
+                "a {level} array's size is fixed when it is created: its distributed spares' metadata lies after the data"
+            ));
+        }
         if matches!(level, Level::Raid0 | Level::Linear) {
             return Err(format!(
                 "{level} arrays cannot change component size: they always use all of each member"

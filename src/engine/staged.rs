@@ -99,7 +99,7 @@ impl Engine {
             let counters = &engine.staged_rows;
             let taken = if map.p.is_none() {
                 write_mirrored_row(&view, &map, in_stripe, range.len(), data)?
-            } else if in_stripe == 0 && range.len() == row_bytes {
+            } else if in_stripe == 0 && range.len() == row_bytes && map.r.is_none() {
                 write_parity_row(&view, &map, data)?.then_some(&counters.parity_in_place)
             } else {
                 None

@@ -306,7 +306,8 @@ impl View<'_> {
     fn plain(&self, piece: &Piece) -> bool {
         let map = &piece.map;
         let data = map.data.iter().map(|d| &d.copies[0]);
-        let mut places = data.chain(map.p.iter()).chain(map.q.iter());
+        let parity: Vec<_> = map.parity_places().collect();
+        let mut places = data.chain(parity.iter());
         map.p.is_some()
             && places.all(|p| self.present(p) && self.table.replacing[p.member].is_none())
     }

@@ -100,9 +100,15 @@ pub fn layout_from_name(level: Level, name: &str) -> Option<u32> {
             "dangerous" | "0" => Some(0),
             _ => None,
         },
-        // dRAID's layout word is built from its data and spare counts,
-        // not from a name.
-        Level::Linear | Level::Raid1 | Level::Draid1 | Level::Draid2 | Level::Draid3 => None,
+        // dRAID's layout is the tail of ZFS's spec string, "8d:1s": data
+        // columns per group and distributed spares (docs/DRAID-FORMAT.md).
+        Level::Draid1 | Level::Draid2 | Level::Draid3 => {
+            let (data, spares) = name.split_once(':')?;
+            let data: u32 = data.strip_suffix('d')?.parse().ok()?;
+            let spares: u32 = spares.strip_suffix('s')?.parse().ok()?;
+            (data < 256 && spares < 256).then_some(data | spares << 8)
+        }
+        Level::Linear | Level::Raid1 => None,
     }
 }
 
@@ -156,6 +162,9 @@ pub fn layout_name(level: Level, layout: u32) -> Option<String> {
             2 => Some("alternate".into()),
             _ => None,
         },
+        Level::Draid1 | Level::Draid2 | Level::Draid3 => {
+            Some(format!("{}d:{}s", layout & 0xff, (layout >> 8) & 0xff))
+        }
         _ => None,
     }
 }

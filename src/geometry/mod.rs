@@ -16,6 +16,7 @@
 //! Member sectors are relative to each member's data offset.
 
 mod draid;
+mod draid_spec;
 mod layout_names;
 mod linear;
 mod raid0;
@@ -25,6 +26,7 @@ mod raid456;
 mod reshape;
 
 pub use draid::{Draid, DraidParams, Holding, ROW_SECTORS as DRAID_ROW_SECTORS};
+pub use draid_spec::DraidSpec;
 pub use layout_names::{layout_from_name, layout_name, level_from_name, level_name};
 pub use raid0::Raid0Layout;
 pub use raid10::Raid10;
@@ -182,6 +184,17 @@ impl StripeMap {
             .chain(self.q.iter())
             .chain(self.r.iter())
             .copied()
+    }
+
+    /// The coefficient exponent of data strip `i` for recovery: its Q
+    /// exponent, or on a stripe without Q (where those are all 0 and
+    /// meaningless) its index, so that exponents are always distinct.
+    pub fn recovery_exponent(&self, i: usize) -> u8 {
+        if self.q.is_some() {
+            self.data[i].q_exponent
+        } else {
+            u8::try_from(i).expect("a stripe without Q has at most 255 data strips")
+        }
     }
 
     /// Array sectors covered by the stripe.

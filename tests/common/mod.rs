@@ -382,6 +382,14 @@ pub fn sha256_file(path: &Path) -> String {
     format!("{:x}", Sha256::digest(&data))
 }
 
+/// A random image the size of the array, written to DIR/NAME.
+pub fn image(dir: &Path, name: &str, seed: u64, size: u64) -> (PathBuf, Vec<u8>) {
+    let data = random_bytes(seed, size as usize);
+    let path = dir.join(name);
+    std::fs::write(&path, &data).unwrap();
+    (path, data)
+}
+
 /// `uraid create` on new sparse member files `DIR/PREFIX0..`, all `size` bytes.
 pub fn create_array(
     dir: &Path,

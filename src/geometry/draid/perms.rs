@@ -143,6 +143,8 @@ impl PermMap {
 /// A map that fails verification is refused every time it is asked for,
 /// since generating it again cannot give a different answer.
 pub fn map_for(children: usize) -> Result<&'static PermMap, GeometryError> {
+    // A const is how an array of cells is made; each element is a new cell.
+    #[allow(clippy::declare_interior_mutable_const)]
     const EMPTY: OnceLock<Result<PermMap, GeometryError>> = OnceLock::new();
     static CACHE: [OnceLock<Result<PermMap, GeometryError>>; 256] = [EMPTY; 256];
     if !(2..=255).contains(&children) {

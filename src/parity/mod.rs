@@ -73,6 +73,24 @@ pub trait Syndrome: Send + Sync {
         }
     }
 
+    /// P and Q as in [`gen_pq`](Self::gen_pq) and R = Σ_k 4^(`exps[k]`)·`data[k]`,
+    /// the third syndrome of triple parity, in one pass.
+    ///
+    /// The exponents follow [`gen_pq`](Self::gen_pq)'s contract; 4^e = g^(2e mod
+    /// 255), so each block's R coefficient is the square of its Q coefficient.
+    ///
+    /// The default makes two passes, P and Q first and then R as a Q with the
+    /// doubled exponents (see [`r_exps`]); implementations should override it
+    /// with a single pass.
+    fn gen_pqr(&self, data: &[&[u8]], exps: &[u8], p: &mut [u8], q: &mut [u8], r: &mut [u8]) {
+        assert!(
+            q.len() == p.len() && r.len() == p.len(),
+            "parity: P, Q and R lengths differ"
+        );
+        self.gen_pq(data, exps, p, q);
+        self.gen_q(data, r_exps(exps, &mut [0; gf::ORDER]), r);
+    }
+
     /// dst ^= src.
     fn xor_into(&self, dst: &mut [u8], src: &[u8]);
 
@@ -120,6 +138,27 @@ pub fn implementations() -> Vec<&'static dyn Syndrome> {
     let mut all: Vec<&'static dyn Syndrome> = vec![&Scalar];
     all.extend(simd::detected());
     all
+}
+
+/// The exponents under which Q's code computes R: 2·e mod 255 for each e.
+///
+/// R's coefficient for a block with exponent e is 4^e = (g^2)^e = g^(2e), and
+/// since g^255 = 1 that is g^(2e mod 255). Doubling modulo 255 is a bijection
+/// of 0..=254 (2 and 255 are coprime), so distinct exponents stay distinct and
+/// in range: every Q routine, generation and recovery alike, works on R
+/// unchanged when handed these exponents. `buf` holds the result.
+pub fn r_exps<'a>(exps: &[u8], buf: &'a mut [u8; gf::ORDER]) -> &'a [u8] {
+    let out = &mut buf[..exps.len()];
+    for (o, &e) in out.iter_mut().zip(exps) {
+        *o = r_exp(e);
+    }
+    out
+}
+
+/// The exponent of g that equals 4^e: 2·e mod 255 (see [`r_exps`]).
+#[inline]
+pub const fn r_exp(e: u8) -> u8 {
+    ((2 * e as usize) % gf::ORDER) as u8
 }
 
 /// Asserts the preconditions shared by every P-only computation: all data blocks

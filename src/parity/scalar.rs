@@ -12,15 +12,15 @@
 //! Words are read and written with native byte order. Every operation here is
 //! independent per byte lane, so the byte order does not change any result.
 
-use super::{check_p_args, check_q_args, gf, Syndrome};
+use super::{check_p_args, check_q_args, gf, r_exp, Syndrome};
 
 /// The portable implementation. It runs everywhere and is the reference the
 /// SIMD implementations are tested against.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Scalar;
 
-/// Words per chunk: 512 bytes keeps the three accumulators (P, Q and the
-/// current data words) at 1.5 KiB, far inside any L1 cache.
+/// Words per chunk: 512 bytes keeps the four accumulators (P, Q, R and the
+/// current data words) at 2 KiB, far inside any L1 cache.
 const WORDS: usize = 64;
 const CHUNK: usize = WORDS * 8;
 
@@ -203,51 +203,97 @@ impl HornerPlan {
     }
 }
 
+/// The Q and R multipliers for a Horner step of `shift`: g^shift and its
+/// square 4^shift = g^(2·shift mod 255) (see [`r_exp`]).
+#[inline(always)]
+fn mul_pow2_qr(q: &mut [u64], r: Option<&mut [u64]>, shift: u8) {
+    mul_pow2_words(q, shift);
+    if let Some(r) = r {
+        mul_pow2_words(r, r_exp(shift));
+    }
+}
+
 impl Scalar {
-    /// Computes Q, and P as well if `p` is given, in one pass over the data.
+    /// Computes Q, and P and R as well if they are given, in one pass over the
+    /// data.
+    ///
+    /// R is evaluated by the same Horner order as Q (see [`HornerPlan`]) with
+    /// base 4 = g^2: between blocks with exponents a > b its accumulator is
+    /// multiplied by 4^(a-b), the square of Q's multiplier, and at the end by
+    /// 4^(smallest exponent), so it ends as Σ 4^(e_k)·D_k.
     ///
     /// Arguments must already be checked (equal lengths, distinct exponents).
-    fn gen_q_chunked(&self, data: &[&[u8]], exps: &[u8], mut p: Option<&mut [u8]>, q: &mut [u8]) {
+    fn gen_q_chunked(
+        &self,
+        data: &[&[u8]],
+        exps: &[u8],
+        mut p: Option<&mut [u8]>,
+        q: &mut [u8],
+        mut r: Option<&mut [u8]>,
+    ) {
         let len = q.len();
         if data.is_empty() {
             // The empty sum is zero.
             q.fill(0);
-            if let Some(p) = p {
-                p.fill(0);
+            for out in [p, r].into_iter().flatten() {
+                out.fill(0);
             }
             return;
         }
+        let want_r = r.is_some();
         let plan = HornerPlan::new(exps);
         let steps = plan.steps();
         let mut p_words: Words = [0; WORDS];
         let mut q_words: Words = [0; WORDS];
+        let mut r_words: Words = [0; WORDS];
         let mut d_words: Words = [0; WORDS];
         for start in (0..len).step_by(CHUNK) {
             let end = len.min(start + CHUNK);
             let (first, _) = steps[0];
             let n = load(&mut q_words, &data[first as usize][start..end]);
             let (pw, qw, dw) = (&mut p_words[..n], &mut q_words[..n], &mut d_words[..n]);
+            let rw = &mut r_words[..n];
             pw.copy_from_slice(qw);
+            if want_r {
+                rw.copy_from_slice(qw);
+            }
             for &(k, shift) in &steps[1..] {
                 load_slice(dw, &data[k as usize][start..end]);
-                if shift == 1 {
+                match (shift, want_r) {
                     // The common contiguous case, fused into one loop.
-                    for ((p, q), d) in pw.iter_mut().zip(qw.iter_mut()).zip(dw.iter()) {
-                        *p ^= d;
-                        *q = mul2_word(*q) ^ d;
+                    (1, false) => {
+                        for ((p, q), d) in pw.iter_mut().zip(qw.iter_mut()).zip(dw.iter()) {
+                            *p ^= d;
+                            *q = mul2_word(*q) ^ d;
+                        }
                     }
-                } else {
-                    mul_pow2_words(qw, shift);
-                    for ((p, q), d) in pw.iter_mut().zip(qw.iter_mut()).zip(dw.iter()) {
-                        *p ^= d;
-                        *q ^= d;
+                    (1, true) => {
+                        let accumulators = pw.iter_mut().zip(qw.iter_mut()).zip(rw.iter_mut());
+                        for (((p, q), r), d) in accumulators.zip(dw.iter()) {
+                            *p ^= d;
+                            *q = mul2_word(*q) ^ d;
+                            *r = mul2_word(mul2_word(*r)) ^ d;
+                        }
+                    }
+                    _ => {
+                        mul_pow2_qr(qw, want_r.then_some(&mut *rw), shift);
+                        for ((p, q), d) in pw.iter_mut().zip(qw.iter_mut()).zip(dw.iter()) {
+                            *p ^= d;
+                            *q ^= d;
+                        }
+                        if want_r {
+                            rw.iter_mut().zip(dw.iter()).for_each(|(r, d)| *r ^= d);
+                        }
                     }
                 }
             }
-            mul_pow2_words(qw, plan.final_shift);
+            mul_pow2_qr(qw, want_r.then_some(&mut *rw), plan.final_shift);
             store(&q_words, &mut q[start..end]);
             if let Some(p) = p.as_deref_mut() {
                 store(&p_words, &mut p[start..end]);
+            }
+            if let Some(r) = r.as_deref_mut() {
+                store(&r_words, &mut r[start..end]);
             }
         }
     }
@@ -306,12 +352,22 @@ impl Syndrome for Scalar {
         let len = p.len();
         assert_eq!(q.len(), len, "parity: P and Q lengths differ");
         check_q_args(data, exps, len);
-        self.gen_q_chunked(data, exps, Some(p), q);
+        self.gen_q_chunked(data, exps, Some(p), q, None);
+    }
+
+    fn gen_pqr(&self, data: &[&[u8]], exps: &[u8], p: &mut [u8], q: &mut [u8], r: &mut [u8]) {
+        let len = p.len();
+        assert!(
+            q.len() == len && r.len() == len,
+            "parity: P, Q and R lengths differ"
+        );
+        check_q_args(data, exps, len);
+        self.gen_q_chunked(data, exps, Some(p), q, Some(r));
     }
 
     fn gen_q(&self, data: &[&[u8]], exps: &[u8], q: &mut [u8]) {
         check_q_args(data, exps, q.len());
-        self.gen_q_chunked(data, exps, None, q);
+        self.gen_q_chunked(data, exps, None, q, None);
     }
 
     fn xor_into(&self, dst: &mut [u8], src: &[u8]) {
@@ -425,6 +481,35 @@ mod tests {
     }
 
     #[test]
+    fn gen_pqr_matches_reference_for_random_stripes() {
+        let mut rng = rng(4);
+        for imp in implementations() {
+            for len in LENGTHS {
+                for n in [0, 1, 2, 3, 5, 8, 20, 255] {
+                    // exponent_sets' sparse set stops at 17 blocks; 7 is
+                    // coprime to 255, so k·7 mod 255 is distinct for any n.
+                    let mut sets = vec![(0..n).map(|k| (k * 7 % 255) as u8).collect()];
+                    if n <= 16 {
+                        sets.extend(exponent_sets(&mut rng, n));
+                    } else {
+                        sets.push(random_exps(&mut rng, n));
+                    }
+                    for exps in sets {
+                        let data = random_blocks(&mut rng, n, len);
+                        let (mut p, mut q, mut r) =
+                            (vec![0xa5; len], vec![0x5a; len], vec![3; len]);
+                        imp.gen_pqr(&as_slices(&data), &exps, &mut p, &mut q, &mut r);
+                        let context = format!("{} len={len} exps={exps:?}", imp.name());
+                        assert_eq!(p, reference_p(&data, len), "P {context}");
+                        assert_eq!(q, reference_q(&data, &exps, len), "Q {context}");
+                        assert_eq!(r, reference_r(&data, &exps, len), "R {context}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn gen_pq_of_zero_data_is_zero() {
         for imp in implementations() {
             let zero = vec![0u8; 4097];
@@ -435,8 +520,9 @@ mod tests {
         }
     }
 
-    /// Delegates everything to [`Scalar`] except `gen_q`, so that the trait's
-    /// default `gen_q` is tested too (future implementations may rely on it).
+    /// Delegates everything to [`Scalar`] except `gen_q` and `gen_pqr`, so that
+    /// the trait's defaults are tested too (future implementations may rely
+    /// on them).
     struct DefaultGenQ;
 
     impl Syndrome for DefaultGenQ {
@@ -461,7 +547,7 @@ mod tests {
     }
 
     #[test]
-    fn default_gen_q_matches_reference() {
+    fn default_gen_q_and_gen_pqr_match_reference() {
         let mut rng = rng(2);
         for len in [0, 1, 7, 64, 4096] {
             for n in [0, 1, 4, 16] {
@@ -470,6 +556,11 @@ mod tests {
                 let mut q = vec![0xee; len];
                 DefaultGenQ.gen_q(&as_slices(&data), &exps, &mut q);
                 assert_eq!(q, reference_q(&data, &exps, len));
+                let (mut p, mut r) = (vec![1; len], vec![3; len]);
+                DefaultGenQ.gen_pqr(&as_slices(&data), &exps, &mut p, &mut q, &mut r);
+                assert_eq!(p, reference_p(&data, len));
+                assert_eq!(q, reference_q(&data, &exps, len));
+                assert_eq!(r, reference_r(&data, &exps, len));
             }
         }
     }

@@ -53,6 +53,19 @@ pub fn reference_q(data: &[Vec<u8>], exps: &[u8], len: usize) -> Vec<u8> {
     q
 }
 
+/// R = Σ 4^{e_k}·D_k, byte by byte, with 4^e by repeated multiplication by 4
+/// (not through Q's exponents, so that the doubling trick is tested too).
+pub fn reference_r(data: &[Vec<u8>], exps: &[u8], len: usize) -> Vec<u8> {
+    let mut r = vec![0u8; len];
+    for (block, &e) in data.iter().zip(exps) {
+        let c = (0..e).fold(1u8, |x, _| mul_bitwise(x, 4));
+        for (r, d) in r.iter_mut().zip(block) {
+            *r ^= mul_bitwise(c, *d);
+        }
+    }
+    r
+}
+
 /// A deterministic generator, so that a failure reproduces.
 pub fn rng(seed: u64) -> StdRng {
     StdRng::seed_from_u64(seed)

@@ -5,12 +5,13 @@
 //!
 //! Syndromes are computed as md's and ISA-L's assembly does: for each group of
 //! `U` consecutive vectors (64 to 256 bytes), the loop walks every data block,
-//! keeping P and Q in registers, and stores them once. P and Q therefore never
-//! make a round trip through memory, and each data byte is read exactly once.
-//! Q is evaluated by Horner's rule in decreasing exponent order (see
-//! [`HornerPlan`]): one multiplication by g per block for md's contiguous
-//! exponents, and a multiplication by the constant g^gap where DDF layouts leave
-//! gaps.
+//! keeping P, Q (and R, for triple parity) in registers, and stores them once.
+//! The syndromes therefore never make a round trip through memory, and each
+//! data byte is read exactly once. Q is evaluated by Horner's rule in
+//! decreasing exponent order (see [`HornerPlan`]): one multiplication by g per
+//! block for md's contiguous exponents, and a multiplication by the constant
+//! g^gap where DDF layouts leave gaps. R follows the same order with base
+//! 4 = g^2: two multiplications by g per block, or by the constant 4^gap.
 //!
 //! Multiplication by g is a shift plus a conditional XOR of 0x1d (or one affine
 //! instruction with GFNI). Multiplication by any other constant c uses two
@@ -38,7 +39,7 @@ pub(super) mod neon;
 pub(super) mod x86;
 
 use super::scalar::HornerPlan;
-use super::{check_p_args, check_q_args, gf, recover, Scalar, Syndrome};
+use super::{check_p_args, check_q_args, gf, r_exp, recover, Scalar, Syndrome};
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 
@@ -147,6 +148,11 @@ struct Plan<V: Vector> {
     muls: Vec<V::Mul>,
     /// g^(smallest exponent), or None when it is g^0 = 1.
     final_mul: Option<V::Mul>,
+    /// R's counterparts of `muls` (same indices) and `final_mul`: the squares
+    /// of Q's multipliers, filled only for a plan that computes R. R's
+    /// multiplier for a step of one exponent is 4, two multiplications by g.
+    r_muls: Vec<V::Mul>,
+    r_final_mul: Option<V::Mul>,
 }
 
 impl<V: Vector> Plan<V> {
@@ -158,17 +164,22 @@ impl<V: Vector> Plan<V> {
             len: 0,
             muls: Vec::new(),
             final_mul: None,
+            r_muls: Vec::new(),
+            r_final_mul: None,
         }
     }
 
     /// Makes this empty plan the Horner plan for `data` with `exps`, or, for
-    /// P alone (`exps` None), the blocks in their order.
+    /// P alone (`exps` None), the blocks in their order. With `want_r`, R's
+    /// multipliers are prepared too: R follows the same Horner order as Q
+    /// with base 4 = g^2, so each of its multipliers is the square of Q's
+    /// (see [`r_exp`]).
     ///
     /// In place rather than a constructor: a plan returned by value was
     /// copied whole (4 KiB, a memcpy call) once its steps were written,
     /// a third of the kernel's time on a 4 x 4 KiB stripe.
     #[inline(always)]
-    unsafe fn fill(&mut self, data: &[&[u8]], exps: Option<&[u8]>) {
+    unsafe fn fill(&mut self, data: &[&[u8]], exps: Option<&[u8]>, want_r: bool) {
         assert!(data.len() <= gf::ORDER);
         assert_eq!(self.len, 0, "a plan is filled once");
         match exps {
@@ -184,9 +195,7 @@ impl<V: Vector> Plan<V> {
                 for block in data.iter().rev() {
                     self.push(block, 0);
                 }
-                if exps[0] != 0 {
-                    self.final_mul = Some(V::prepare(gf::pow2(exps[0])));
-                }
+                self.set_final(exps[0], want_r);
             }
             Some(exps) => {
                 let horner = HornerPlan::new(exps);
@@ -194,16 +203,29 @@ impl<V: Vector> Plan<V> {
                     let mut mul = 0;
                     if shift > 1 {
                         self.muls.push(V::prepare(gf::pow2(shift)));
+                        if want_r {
+                            self.r_muls.push(V::prepare(gf::pow2(r_exp(shift))));
+                        }
                         mul = self.muls.len() as u8;
                     }
                     self.push(data[k as usize], mul);
                 }
-                if horner.final_shift != 0 {
-                    self.final_mul = Some(V::prepare(gf::pow2(horner.final_shift)));
-                }
+                self.set_final(horner.final_shift, want_r);
             }
         }
         assert_eq!(self.len, data.len());
+    }
+
+    /// The final multipliers g^shift and, with `want_r`, 4^shift; none for
+    /// shift 0, where both are 1.
+    #[inline(always)]
+    unsafe fn set_final(&mut self, shift: u8, want_r: bool) {
+        if shift != 0 {
+            self.final_mul = Some(V::prepare(gf::pow2(shift)));
+            if want_r {
+                self.r_final_mul = Some(V::prepare(gf::pow2(r_exp(shift))));
+            }
+        }
     }
 
     #[inline(always)]
@@ -223,43 +245,44 @@ impl<V: Vector> Plan<V> {
     }
 }
 
-/// P and Q (Horner's, before its final multiplication unless `FINAL`) of the
-/// `U` vectors at byte offset `off` of every block in `plan`. With no blocks
-/// both are zero.
+/// P, Q and R of the `U` vectors at byte offset `off` of every block in
+/// `plan`, each only if wanted (the others are left zero). With no blocks all
+/// are zero. R needs a plan filled with `want_r`.
 #[inline(always)]
-unsafe fn syndromes<V: Vector, const U: usize, const WANT_P: bool, const WANT_Q: bool>(
+unsafe fn syndromes<
+    V: Vector,
+    const U: usize,
+    const WANT_P: bool,
+    const WANT_Q: bool,
+    const WANT_R: bool,
+>(
     plan: &Plan<V>,
     off: usize,
-) -> ([V; U], [V; U]) {
+) -> ([V; U], [V; U], [V; U]) {
     let mut p = [V::zero(); U];
     let mut q = [V::zero(); U];
+    let mut r = [V::zero(); U];
     let Some((first, rest)) = plan.steps().split_first() else {
-        return (p, q);
+        return (p, q, r);
     };
     for u in 0..U {
         let d = V::load(first.ptr.add(off + u * V::BYTES));
         p[u] = d;
         q[u] = d;
+        r[u] = d;
     }
     for step in rest {
         let mut d = [V::zero(); U];
         for (u, d) in d.iter_mut().enumerate() {
             *d = V::load(step.ptr.add(off + u * V::BYTES));
         }
+        // Q's multiplier is g (step.mul 0) or a gap's g^k, R's its square.
+        let gap = step.mul.checked_sub(1).map(usize::from);
         if WANT_Q {
-            if step.mul == 0 {
-                for q in q.iter_mut() {
-                    *q = q.mul2();
-                }
-            } else {
-                let m = &plan.muls[step.mul as usize - 1];
-                for q in q.iter_mut() {
-                    *q = q.mul(m);
-                }
-            }
-            for u in 0..U {
-                q[u] = q[u].xor(d[u]);
-            }
+            horner_step(&mut q, &d, gap.map(|i| &plan.muls[i]), 1);
+        }
+        if WANT_R {
+            horner_step(&mut r, &d, gap.map(|i| &plan.r_muls[i]), 2);
         }
         if WANT_P {
             for u in 0..U {
@@ -267,14 +290,41 @@ unsafe fn syndromes<V: Vector, const U: usize, const WANT_P: bool, const WANT_Q:
             }
         }
     }
-    if WANT_Q {
-        if let Some(m) = &plan.final_mul {
-            for q in q.iter_mut() {
-                *q = q.mul(m);
+    for (want, acc, m) in [
+        (WANT_Q, &mut q, &plan.final_mul),
+        (WANT_R, &mut r, &plan.r_final_mul),
+    ] {
+        if let (true, Some(m)) = (want, m) {
+            for v in acc.iter_mut() {
+                *v = v.mul(m);
             }
         }
     }
-    (p, q)
+    (p, q, r)
+}
+
+/// One step of Horner's rule on `U` vectors: acc = acc·m + d, where the
+/// multiplier m is the prepared `mul`, or else g^`doublings` (g or 4), which
+/// is cheaper as repeated multiplication by g.
+#[inline(always)]
+unsafe fn horner_step<V: Vector, const U: usize>(
+    acc: &mut [V; U],
+    d: &[V; U],
+    mul: Option<&V::Mul>,
+    doublings: usize,
+) {
+    for (a, d) in acc.iter_mut().zip(d) {
+        let mut v = *a;
+        match mul {
+            Some(m) => v = v.mul(m),
+            None => {
+                for _ in 0..doublings {
+                    v = v.mul2();
+                }
+            }
+        }
+        *a = v.xor(*d);
+    }
 }
 
 /// The work on one group of `N` consecutive vectors at byte offset `off`.
@@ -321,40 +371,56 @@ unsafe fn load_all<V: Vector, const N: usize>(src: *const u8, off: usize) -> [V;
     vectors
 }
 
-/// P and/or Q of a plan's blocks, stored to `p` and `q`.
-struct Generate<'a, V: Vector, const WANT_P: bool, const WANT_Q: bool> {
+/// The wanted ones of P, Q and R of a plan's blocks, stored to `p`, `q`, `r`.
+struct Generate<'a, V: Vector, const WANT_P: bool, const WANT_Q: bool, const WANT_R: bool> {
     plan: &'a Plan<V>,
     p: *mut u8,
     q: *mut u8,
+    r: *mut u8,
 }
 
-impl<V: Vector, const WANT_P: bool, const WANT_Q: bool> Group<V>
-    for Generate<'_, V, WANT_P, WANT_Q>
+impl<V: Vector, const WANT_P: bool, const WANT_Q: bool, const WANT_R: bool> Group<V>
+    for Generate<'_, V, WANT_P, WANT_Q, WANT_R>
 {
     #[inline(always)]
     unsafe fn run<const N: usize>(&self, off: usize) {
-        let (p, q) = syndromes::<V, N, WANT_P, WANT_Q>(self.plan, off);
+        let (p, q, r) = syndromes::<V, N, WANT_P, WANT_Q, WANT_R>(self.plan, off);
         if WANT_P {
             store_all(&p, self.p, off);
         }
         if WANT_Q {
             store_all(&q, self.q, off);
         }
+        if WANT_R {
+            store_all(&r, self.r, off);
+        }
     }
 }
 
-/// P and/or Q of `data` over the first `body` bytes.
+/// The wanted ones of P, Q and R of `data` over the first `body` bytes.
 #[inline(always)]
-unsafe fn generate<V: Vector, const U: usize, const WANT_P: bool, const WANT_Q: bool>(
+unsafe fn generate<
+    V: Vector,
+    const U: usize,
+    const WANT_P: bool,
+    const WANT_Q: bool,
+    const WANT_R: bool,
+>(
     data: &[&[u8]],
     exps: Option<&[u8]>,
-    p: *mut u8,
-    q: *mut u8,
+    outputs: [*mut u8; 3],
     body: usize,
 ) {
+    let [p, q, r] = outputs;
     let mut plan = Plan::<V>::empty();
-    plan.fill(data, if WANT_Q { exps } else { None });
-    over_groups::<V, U>(body, &Generate::<V, WANT_P, WANT_Q> { plan: &plan, p, q });
+    plan.fill(data, if WANT_Q || WANT_R { exps } else { None }, WANT_R);
+    let group = Generate::<V, WANT_P, WANT_Q, WANT_R> {
+        plan: &plan,
+        p,
+        q,
+        r,
+    };
+    over_groups::<V, U>(body, &group);
 }
 
 /// The two constants of two-data recovery: with A = P + P' and B = Q + Q',
@@ -388,7 +454,7 @@ struct RecoverTwo<'a, V: Vector> {
 impl<V: Vector> Group<V> for RecoverTwo<'_, V> {
     #[inline(always)]
     unsafe fn run<const N: usize>(&self, off: usize) {
-        let (partial_p, partial_q) = syndromes::<V, N, true, true>(self.plan, off);
+        let (partial_p, partial_q, _) = syndromes::<V, N, true, true, false>(self.plan, off);
         let (p, q) = (
             load_all::<V, N>(self.job.p, off),
             load_all::<V, N>(self.job.q, off),
@@ -409,7 +475,7 @@ impl<V: Vector> Group<V> for RecoverTwo<'_, V> {
 #[inline(always)]
 unsafe fn recover_two<V: Vector, const U: usize>(job: &TwoData, body: usize) {
     let mut plan = Plan::<V>::empty();
-    plan.fill(job.present, Some(job.present_exps));
+    plan.fill(job.present, Some(job.present_exps), false);
     let (coef_a, coef_b) = two_data_coefs(job.exp_x, job.exp_y);
     let group = RecoverTwo {
         plan: &plan,
@@ -491,7 +557,8 @@ unsafe fn xor_into<V: Vector, const U: usize>(dst: *mut u8, src: *const u8, body
 pub(super) unsafe trait Entries: Send + Sync + 'static {
     const NAME: &'static str;
     const BYTES: usize;
-    unsafe fn generate(data: &[&[u8]], exps: Option<&[u8]>, p: *mut u8, q: *mut u8, body: usize);
+    /// P, Q and R for the non-null ones of `outputs` (in that order).
+    unsafe fn generate(data: &[&[u8]], exps: Option<&[u8]>, outputs: [*mut u8; 3], body: usize);
     unsafe fn recover_two(job: &TwoData, body: usize);
     unsafe fn mul_into(dst: *mut u8, src: *const u8, c: u8, body: usize, accumulate: bool);
     unsafe fn xor_into(dst: *mut u8, src: *const u8, body: usize);
@@ -513,22 +580,26 @@ macro_rules! simd_entries {
             unsafe fn generate(
                 data: &[&[u8]],
                 exps: Option<&[u8]>,
-                p: *mut u8,
-                q: *mut u8,
+                outputs: [*mut u8; 3],
                 body: usize,
             ) {
                 use $crate::parity::simd::generate;
-                match (p.is_null(), q.is_null()) {
-                    (false, false) => {
-                        generate::<$vector, $unroll, true, true>(data, exps, p, q, body)
+                let (v, b) = (outputs, body);
+                // Only the combinations `Simd::gen` asks for are compiled.
+                match outputs.map(|o| !o.is_null()) {
+                    [true, true, true] => {
+                        generate::<$vector, $unroll, true, true, true>(data, exps, v, b)
                     }
-                    (false, true) => {
-                        generate::<$vector, $unroll, true, false>(data, exps, p, q, body)
+                    [true, true, false] => {
+                        generate::<$vector, $unroll, true, true, false>(data, exps, v, b)
                     }
-                    (true, false) => {
-                        generate::<$vector, $unroll, false, true>(data, exps, p, q, body)
+                    [true, false, false] => {
+                        generate::<$vector, $unroll, true, false, false>(data, exps, v, b)
                     }
-                    (true, true) => unreachable!("gen without outputs"),
+                    [false, true, false] => {
+                        generate::<$vector, $unroll, false, true, false>(data, exps, v, b)
+                    }
+                    _ => unreachable!("gen with outputs other than P, Q, PQ or PQR"),
                 }
             }
 
@@ -583,42 +654,46 @@ fn tails<'a>(blocks: &[&'a [u8]], start: usize) -> Vec<&'a [u8]> {
 }
 
 impl<E: Entries> Simd<E> {
-    /// P and/or Q over the body with SIMD, then the tail with Scalar.
+    /// P, Q and R, those given, over the body with SIMD, then the tail with
+    /// Scalar. The combinations are P, Q, P+Q and P+Q+R.
     fn gen(
         &self,
         data: &[&[u8]],
         exps: Option<&[u8]>,
         mut p: Option<&mut [u8]>,
         mut q: Option<&mut [u8]>,
+        mut r: Option<&mut [u8]>,
     ) {
         let len = p.as_ref().or(q.as_ref()).map_or(0, |b| b.len());
         let body = body_len::<E>(len);
         if data.is_empty() {
             // The empty sum is zero.
-            for out in [p, q].into_iter().flatten() {
+            for out in [p, q, r].into_iter().flatten() {
                 out.fill(0);
             }
             return;
         }
-        let p_ptr = p
-            .as_deref_mut()
-            .map_or(std::ptr::null_mut(), <[u8]>::as_mut_ptr);
-        let q_ptr = q
-            .as_deref_mut()
-            .map_or(std::ptr::null_mut(), <[u8]>::as_mut_ptr);
+        let ptr = |b: &mut Option<&mut [u8]>| {
+            b.as_deref_mut()
+                .map_or(std::ptr::null_mut(), <[u8]>::as_mut_ptr)
+        };
+        let outputs = [ptr(&mut p), ptr(&mut q), ptr(&mut r)];
         if body > 0 {
             // SAFETY: Simd<E> exists only on CPUs with E's features; the
-            // callers checked that every block, P and Q have `len` bytes.
-            unsafe { E::generate(data, exps, p_ptr, q_ptr, body) };
+            // callers checked that every block and output has `len` bytes.
+            unsafe { E::generate(data, exps, outputs, body) };
         }
         if body < len {
             let rest = tails(data, body);
-            match (p, q, exps) {
-                (Some(p), Some(q), Some(exps)) => {
+            match (p, q, r, exps) {
+                (Some(p), Some(q), Some(r), Some(exps)) => {
+                    Scalar.gen_pqr(&rest, exps, &mut p[body..], &mut q[body..], &mut r[body..])
+                }
+                (Some(p), Some(q), None, Some(exps)) => {
                     Scalar.gen_pq(&rest, exps, &mut p[body..], &mut q[body..])
                 }
-                (Some(p), None, _) => Scalar.gen_p(&rest, &mut p[body..]),
-                (None, Some(q), Some(exps)) => Scalar.gen_q(&rest, exps, &mut q[body..]),
+                (Some(p), None, None, _) => Scalar.gen_p(&rest, &mut p[body..]),
+                (None, Some(q), None, Some(exps)) => Scalar.gen_q(&rest, exps, &mut q[body..]),
                 _ => unreachable!("gen needs an output, and exponents for Q"),
             }
         }
@@ -632,18 +707,27 @@ impl<E: Entries> Syndrome for Simd<E> {
 
     fn gen_p(&self, data: &[&[u8]], p: &mut [u8]) {
         check_p_args(data, p.len());
-        self.gen(data, None, Some(p), None);
+        self.gen(data, None, Some(p), None, None);
     }
 
     fn gen_pq(&self, data: &[&[u8]], exps: &[u8], p: &mut [u8], q: &mut [u8]) {
         assert_eq!(q.len(), p.len(), "parity: P and Q lengths differ");
         check_q_args(data, exps, p.len());
-        self.gen(data, Some(exps), Some(p), Some(q));
+        self.gen(data, Some(exps), Some(p), Some(q), None);
+    }
+
+    fn gen_pqr(&self, data: &[&[u8]], exps: &[u8], p: &mut [u8], q: &mut [u8], r: &mut [u8]) {
+        assert!(
+            q.len() == p.len() && r.len() == p.len(),
+            "parity: P, Q and R lengths differ"
+        );
+        check_q_args(data, exps, p.len());
+        self.gen(data, Some(exps), Some(p), Some(q), Some(r));
     }
 
     fn gen_q(&self, data: &[&[u8]], exps: &[u8], q: &mut [u8]) {
         check_q_args(data, exps, q.len());
-        self.gen(data, Some(exps), None, Some(q));
+        self.gen(data, Some(exps), None, Some(q), None);
     }
 
     fn xor_into(&self, dst: &mut [u8], src: &[u8]) {
@@ -802,8 +886,9 @@ mod tests {
                     let skew = rng.gen_range(0..4);
                     let raw = random_blocks(&mut rng, n, len + skew);
                     let data: Vec<&[u8]> = raw.iter().map(|b| &b[skew..]).collect();
-                    let (mut p_ref, mut q_ref) = (vec![0; len], vec![0; len]);
-                    Scalar.gen_pq(&data, &exps, &mut p_ref, &mut q_ref);
+                    let (mut p_ref, mut q_ref, mut r_ref) =
+                        (vec![0; len], vec![0; len], vec![0; len]);
+                    Scalar.gen_pqr(&data, &exps, &mut p_ref, &mut q_ref, &mut r_ref);
                     for imp in simd_impls() {
                         let context = format!("{} len={len} exps={exps:?}", imp.name());
                         let (mut p, mut q) = (vec![0xa5; len], vec![0x5a; len]);
@@ -816,6 +901,12 @@ mod tests {
                         p.fill(0x33);
                         imp.gen_p(&data, &mut p);
                         assert_eq!(p, p_ref, "gen_p {context}");
+                        let mut r = vec![0x77; len];
+                        (p.fill(0x11), q.fill(0x22));
+                        imp.gen_pqr(&data, &exps, &mut p, &mut q, &mut r);
+                        assert_eq!(p, p_ref, "gen_pqr P {context}");
+                        assert_eq!(q, q_ref, "gen_pqr Q {context}");
+                        assert_eq!(r, r_ref, "gen_pqr R {context}");
                     }
                 }
             }

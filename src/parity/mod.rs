@@ -26,6 +26,7 @@
 //! [`recover`] are written once, on top of the trait, and are re-exported here.
 
 pub mod gf;
+pub mod rebuild;
 pub mod recover;
 mod scalar;
 mod select;
@@ -34,6 +35,7 @@ mod simd;
 #[cfg(test)]
 mod testutil;
 
+pub use rebuild::{plan_rebuild, rebuild, LostData, LostParity, Path, Survivors, TooManyLost};
 pub use recover::{recover_data_from_p, recover_data_from_q, recover_two_data};
 pub use scalar::Scalar;
 pub use select::{by_name, default_impl, select, select_from_env, ENV_VAR};
@@ -129,6 +131,29 @@ pub trait Syndrome: Send + Sync {
             out_x,
             out_y,
         );
+    }
+
+    /// Rebuilds the three data blocks with exponents `exps` into `outs` from
+    /// the survivors, P, Q and R: the work [`rebuild()`] does when three data
+    /// blocks are lost. Arguments must already be checked (equal lengths,
+    /// one exponent per survivor, all exponents distinct and below 255).
+    ///
+    /// The default computes the survivors' syndromes, then solves the 3×3
+    /// system by elimination with the element operations above (about a
+    /// dozen passes over the buffers); SIMD implementations fuse it into one
+    /// pass with the closed form documented in [`rebuild`](mod@rebuild).
+    #[allow(clippy::too_many_arguments)] // Each argument is a distinct input of the algebra.
+    fn recover_three(
+        &self,
+        present_data: &[&[u8]],
+        present_exps: &[u8],
+        p: &[u8],
+        q: &[u8],
+        r: &[u8],
+        exps: [u8; 3],
+        outs: [&mut [u8]; 3],
+    ) {
+        rebuild::three_data_composed(self, present_data, present_exps, [p, q, r], exps, outs);
     }
 }
 

@@ -17,6 +17,10 @@
 //!
 //! Each function takes the implementation to run on, so callers can pass
 //! [`default_impl()`](super::default_impl) or a specific one in tests.
+//!
+//! Stripes with a third parity block, R, are rebuilt through
+//! [`rebuild()`](super::rebuild()), which picks among these functions and the
+//! triple-parity paths for every loss pattern.
 
 use super::{check_exps_distinct, check_p_args, gf, Syndrome};
 
@@ -130,7 +134,7 @@ pub(crate) fn two_data_composed<S: Syndrome + ?Sized>(
 
 /// Asserts that the survivors' and the missing blocks' exponents together are
 /// distinct and in 0..=254; otherwise the missing blocks could not be solved for.
-fn check_recovery_exps(present_exps: &[u8], missing_exps: &[u8]) {
+pub(super) fn check_recovery_exps(present_exps: &[u8], missing_exps: &[u8]) {
     let mut all = [0u8; gf::ORDER + 2];
     assert!(
         present_exps.len() + missing_exps.len() <= gf::ORDER,

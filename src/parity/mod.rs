@@ -134,7 +134,7 @@ pub trait Syndrome: Send + Sync {
     }
 
     /// Rebuilds the three data blocks with exponents `exps` into `outs` from
-    /// the survivors, P, Q and R: the work [`rebuild()`] does when three data
+    /// the survivors and `parity` (P, Q and R in that order): the work [`rebuild()`] does when three data
     /// blocks are lost. Arguments must already be checked (equal lengths,
     /// one exponent per survivor, all exponents distinct and below 255).
     ///
@@ -142,18 +142,15 @@ pub trait Syndrome: Send + Sync {
     /// system by elimination with the element operations above (about a
     /// dozen passes over the buffers); SIMD implementations fuse it into one
     /// pass with the closed form documented in [`rebuild`](mod@rebuild).
-    #[allow(clippy::too_many_arguments)] // Each argument is a distinct input of the algebra.
     fn recover_three(
         &self,
         present_data: &[&[u8]],
         present_exps: &[u8],
-        p: &[u8],
-        q: &[u8],
-        r: &[u8],
+        parity: [&[u8]; 3],
         exps: [u8; 3],
         outs: [&mut [u8]; 3],
     ) {
-        rebuild::three_data_composed(self, present_data, present_exps, [p, q, r], exps, outs);
+        rebuild::three_data_composed(self, present_data, present_exps, parity, exps, outs);
     }
 }
 

@@ -234,9 +234,7 @@ pub fn rebuild<S: Syndrome + ?Sized>(
         (Path::PQR, [x, y, z]) => imp.recover_three(
             present,
             exps,
-            used(p),
-            used(q),
-            used(r),
+            [used(p), used(q), used(r)],
             [x.exp, y.exp, z.exp],
             [&mut *x.out, &mut *y.out, &mut *z.out],
         ),

@@ -692,7 +692,11 @@ macro_rules! simd_entries {
 
             #[target_feature(enable = $features)]
             unsafe fn recover_three(job: &$crate::parity::simd::ThreeData, body: usize) {
-                $crate::parity::simd::recover_three::<$vector, $unroll>(job, body)
+                // Three syndromes and three outputs per vector do not fit
+                // the registers eight vectors wide: spilled, the kernel ran
+                // at a fifth of its speed four wide.
+                const UNROLL: usize = if $unroll > 4 { 4 } else { $unroll };
+                $crate::parity::simd::recover_three::<$vector, UNROLL>(job, body)
             }
 
             #[target_feature(enable = $features)]

@@ -23,7 +23,7 @@
 //!
 //! R alone, and P with R, reuse Q's code unchanged: R's coefficient for
 //! exponent e is 4^e = g^(2e mod 255), so R is the Q of the doubled exponents
-//! (see [`r_exps`](super::r_exps)), which are distinct whenever the originals
+//! (see [`r_exps`]), which are distinct whenever the originals
 //! are. Lost parity blocks are recomputed last, from the complete data.
 //!
 //! # The algebra

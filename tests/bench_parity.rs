@@ -22,8 +22,8 @@ fn json_names_every_implementation_in_every_cell() {
             "0.01",
             "--json",
             "--data",
+            "2",
             "4",
-            "5",
             "--chunk",
             "4K",
             "8K",
@@ -63,10 +63,21 @@ fn json_names_every_implementation_in_every_cell() {
             )
         })
         .collect();
-    assert_eq!(geometries, [(4, 4096), (4, 8192), (5, 4096), (5, 8192)]);
+    assert_eq!(geometries, [(2, 4096), (2, 8192), (4, 4096), (4, 8192)]);
+    assert_eq!(
+        report["lost_data_members_three"],
+        serde_json::json!([0, 1, 2])
+    );
     for cell in cells {
         assert!(cell["memcpy"]["median_gbps"].as_f64().expect("memcpy") > 0.0);
-        for op in ["gen_pq", "recover_two"] {
+        // Two data members cannot lose three: that operation is null there
+        // and has no ratios.
+        if cell["data_members"] == 2 {
+            assert!(cell["recover_three"].is_null(), "{cell}");
+            assert!(cell["best_vs_isal"].get("recover_three").is_none());
+            assert!(cell["judged_vs_isal"].get("recover_three").is_none());
+        }
+        for op in operations(cell) {
             let results = cell[op].as_object().expect(op);
             for name in &implementations {
                 let speed = &results[*name];
@@ -103,7 +114,7 @@ fn json_names_every_implementation_in_every_cell() {
     if isal_loaded {
         let selected = report["selected"].as_str().unwrap();
         for cell in cells {
-            for op in ["gen_pq", "recover_two"] {
+            for op in operations(cell) {
                 let judged = &cell["judged_vs_isal"][op];
                 assert_eq!(judged["implementation"], selected, "{op}");
                 let gbps = |n: &str| cell[op][n]["median_gbps"].as_f64().unwrap();
@@ -123,7 +134,8 @@ fn json_names_every_implementation_in_every_cell() {
         let below: usize = cells
             .iter()
             .flat_map(|c| {
-                ["gen_pq", "recover_two"]
+                operations(c)
+                    .into_iter()
                     .map(|op| c["judged_vs_isal"][op]["ratio"].as_f64().unwrap())
             })
             .filter(|r| *r < 1.0)
@@ -132,6 +144,16 @@ fn json_names_every_implementation_in_every_cell() {
     } else {
         assert!(report["target"].is_null());
     }
+}
+
+/// The operations a cell of the JSON report has: all four, except
+/// three-member recovery with fewer than three data members.
+fn operations(cell: &serde_json::Value) -> Vec<&'static str> {
+    let mut ops = vec!["gen_pq", "recover_two", "gen_pqr"];
+    if cell["data_members"].as_u64().expect("data_members") >= 3 {
+        ops.push("recover_three");
+    }
+    ops
 }
 
 /// A one-cell run, as short as a measurement can be.
@@ -164,11 +186,13 @@ fn table_has_a_row_per_geometry_and_operation() {
             .any(|l| l.starts_with("3 x 4K") && l.contains("gen P+Q")),
         "{text}"
     );
-    assert!(
-        text.lines()
-            .any(|l| l.starts_with("3 x 4K") && l.contains("recover 2")),
-        "{text}"
-    );
+    for op in ["recover 2", "gen P+Q+R", "recover 3"] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("3 x 4K") && l.contains(op)),
+            "{op}: {text}"
+        );
+    }
 }
 
 #[test]

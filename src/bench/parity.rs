@@ -1,5 +1,7 @@
-//! `uraid bench parity`: P+Q generation and two-data recovery speed of every
-//! parity implementation, next to Intel ISA-L's on the same buffers and the
+//! `uraid bench parity`: P+Q and P+Q+R generation, two- and three-data
+//! recovery speed of every parity implementation, next to Intel ISA-L's on
+//! the same buffers (P+Q+R and three-data recovery as ISA-L's erasure code
+//! with three parity rows, since it has no triple-parity kernels) and the
 //! single-core memory copy speed of the same byte count.
 //!
 //! Speeds are GB/s of data bytes: 10^9 bytes per second, counting the data
@@ -19,7 +21,9 @@
 //! the same bytes as uraid.
 
 use crate::member::AlignedBuf;
-use crate::parity::{self, gf, recover_two_data, Scalar, Syndrome};
+use crate::parity::{
+    self, gf, rebuild, recover_two_data, LostData, LostParity, Path, Scalar, Survivors, Syndrome,
+};
 use crate::units::parse_size_bytes;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
@@ -54,8 +58,10 @@ const SECONDS_MAX: f64 = 60.0;
 /// md's chunks are whole pages, and ISA-L's pq_gen wants 64-byte multiples.
 const CHUNK_ALIGN_BYTES: u64 = 4096;
 
-/// The two data members lost in the recovery measurement.
+/// The two data members lost in the two-member recovery measurement.
 const LOST: (usize, usize) = (0, 1);
+/// The three data members lost in the three-member recovery measurement.
+const LOST_THREE: [usize; 3] = [0, 1, 2];
 
 pub fn run(args: &ParityArgs) -> Result<(), String> {
     let plan = Plan::from_args(args)?;
@@ -140,13 +146,14 @@ impl Plan {
 // happened to share or not share L1 sets and 4 KiB alias bits.
 // Page-aligned blocks all share them, as they do in the engine.
 
-/// One geometry's buffers: random data, its reference P and Q (from
+/// One geometry's buffers: random data, its reference P, Q and R (from
 /// [`Scalar`], with md's exponents 0..n-1, which are also ISA-L's).
 struct Stripe {
     data: Vec<AlignedBuf>,
     exps: Vec<u8>,
     p: AlignedBuf,
     q: AlignedBuf,
+    r: AlignedBuf,
     chunk_bytes: usize,
 }
 
@@ -161,19 +168,25 @@ impl Stripe {
             })
             .collect();
         let exps: Vec<u8> = (0..data_members as u8).collect();
-        let (mut p, mut q) = (
-            AlignedBuf::zeroed(chunk_bytes),
-            AlignedBuf::zeroed(chunk_bytes),
-        );
+        let [mut p, mut q, mut r] = [(); 3].map(|_| AlignedBuf::zeroed(chunk_bytes));
         let slices: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
-        Scalar.gen_pq(&slices, &exps, &mut p[..], &mut q[..]);
+        Scalar.gen_pqr(&slices, &exps, &mut p[..], &mut q[..], &mut r[..]);
         Stripe {
             data,
             exps,
             p,
             q,
+            r,
             chunk_bytes,
         }
+    }
+
+    /// The data members other than those in `lost`, and their exponents.
+    fn survivors(&self, lost: &[usize]) -> (Vec<&[u8]>, Vec<u8>) {
+        (0..self.data.len())
+            .filter(|k| !lost.contains(k))
+            .map(|k| (&self.data[k][..], self.exps[k]))
+            .unzip()
     }
 
     fn slices(&self) -> Vec<&[u8]> {
@@ -253,7 +266,8 @@ fn time_interleaved(contestants: &mut [&mut dyn FnMut()], per_contestant: Durati
 }
 
 /// Results of one geometry: per operation, each implementation's timing by
-/// name (ISA-L's as "isa-l"), and memcpy's.
+/// name (ISA-L's as "isa-l"), and memcpy's. `recover_three` is empty for
+/// stripes of fewer than three data members.
 struct Cell {
     label: String,
     data_members: usize,
@@ -261,33 +275,46 @@ struct Cell {
     data_bytes: usize,
     gen_pq: Vec<(&'static str, Timing)>,
     recover_two: Vec<(&'static str, Timing)>,
+    gen_pqr: Vec<(&'static str, Timing)>,
+    recover_three: Vec<(&'static str, Timing)>,
     memcpy: Timing,
 }
 
 const ISAL_NAME: &str = "isa-l";
 
+/// A contestant's work for one operation, run many times by the timing.
+type Run<'a> = Box<dyn FnMut() + 'a>;
+
+/// [`time_interleaved`] over boxed contestants.
+fn time_runs(runs: &mut [Run<'_>], per_contestant: Duration) -> Vec<Timing> {
+    let mut refs: Vec<&mut dyn FnMut()> = runs
+        .iter_mut()
+        .map(|r| &mut **r as &mut dyn FnMut())
+        .collect();
+    time_interleaved(&mut refs, per_contestant)
+}
+
 fn measure_cell(stripe: &Stripe, plan: &Plan, isal: Option<&isal::Isal>) -> Result<Cell, String> {
     let len = stripe.chunk_bytes;
     let data = stripe.slices();
+    let n = data.len();
     let (x, y) = LOST;
-    let present: Vec<&[u8]> = (0..data.len())
-        .filter(|k| *k != x && *k != y)
-        .map(|k| data[k])
-        .collect();
-    let present_exps: Vec<u8> = (0..data.len())
-        .filter(|k| *k != x && *k != y)
-        .map(|k| stripe.exps[k])
-        .collect();
-    let (p_ref, q_ref) = (&stripe.p[..], &stripe.q[..]);
+    let (present, present_exps) = stripe.survivors(&[x, y]);
+    let (p_ref, q_ref, r_ref) = (&stripe.p[..], &stripe.q[..], &stripe.r[..]);
 
     // One set of output buffers per contestant, checked after timing.
     let n_out = plan.impls.len() + usize::from(isal.is_some());
-    let mut outputs: Vec<[AlignedBuf; 2]> = (0..n_out)
-        .map(|_| [AlignedBuf::zeroed(len), AlignedBuf::zeroed(len)])
+    let mut outputs: Vec<[AlignedBuf; 3]> = (0..n_out)
+        .map(|_| [(); 3].map(|_| AlignedBuf::zeroed(len)))
         .collect();
     let mut isal_gen = isal.map(|lib| lib.pq_gen_job(&data, len));
     let isal_decode = isal
-        .map(|lib| lib.two_data_decoder(data.len(), x, y))
+        .map(|lib| lib.data_decoder(n, 2, &[x, y]))
+        .transpose()?;
+    let isal_encode_pqr = isal.map(|lib| lib.parity_encoder(n, 3));
+    let isal_decode_three = isal
+        .filter(|_| n >= LOST_THREE.len())
+        .map(|lib| lib.data_decoder(n, 3, &LOST_THREE))
         .transpose()?;
 
     let names: Vec<&'static str> = plan
@@ -299,9 +326,9 @@ fn measure_cell(stripe: &Stripe, plan: &Plan, isal: Option<&isal::Isal>) -> Resu
 
     // P+Q generation.
     let gen_times = {
-        let mut runs: Vec<Box<dyn FnMut() + '_>> = Vec::new();
+        let mut runs: Vec<Run> = Vec::new();
         let ours = &mut outputs[..plan.impls.len()];
-        for (imp, [p, q]) in plan.impls.iter().zip(ours.iter_mut()) {
+        for (imp, [p, q, _]) in plan.impls.iter().zip(ours.iter_mut()) {
             let (data, exps) = (&data, &stripe.exps);
             runs.push(Box::new(move || {
                 imp.gen_pq(black_box(data), exps, &mut p[..], &mut q[..]);
@@ -311,13 +338,9 @@ fn measure_cell(stripe: &Stripe, plan: &Plan, isal: Option<&isal::Isal>) -> Resu
         if let (Some(lib), Some(job)) = (isal, isal_gen.as_mut()) {
             runs.push(Box::new(move || lib.pq_gen(black_box(job))));
         }
-        let mut refs: Vec<&mut dyn FnMut()> = runs
-            .iter_mut()
-            .map(|r| &mut **r as &mut dyn FnMut())
-            .collect();
-        time_interleaved(&mut refs, plan.per_contestant)
+        time_runs(&mut runs, plan.per_contestant)
     };
-    for (name, [p, q]) in names.iter().zip(&outputs) {
+    for (name, [p, q, _]) in names.iter().zip(&outputs) {
         if *name != ISAL_NAME {
             check_same(name, "P", &p[..], p_ref, stripe)?;
             check_same(name, "Q", &q[..], q_ref, stripe)?;
@@ -330,9 +353,9 @@ fn measure_cell(stripe: &Stripe, plan: &Plan, isal: Option<&isal::Isal>) -> Resu
 
     // Two-data recovery, from the reference P and Q.
     let recover_times = {
-        let mut runs: Vec<Box<dyn FnMut() + '_>> = Vec::new();
+        let mut runs: Vec<Run> = Vec::new();
         let (ours, theirs) = outputs.split_at_mut(plan.impls.len());
-        for (imp, [out_x, out_y]) in plan.impls.iter().zip(ours.iter_mut()) {
+        for (imp, [out_x, out_y, _]) in plan.impls.iter().zip(ours.iter_mut()) {
             let (present, present_exps) = (&present, &present_exps);
             let exps = &stripe.exps;
             runs.push(Box::new(move || {
@@ -350,22 +373,91 @@ fn measure_cell(stripe: &Stripe, plan: &Plan, isal: Option<&isal::Isal>) -> Resu
                 black_box((out_x.as_ptr(), out_y.as_ptr()));
             }));
         }
-        if let (Some(decoder), Some([out_x, out_y])) = (isal_decode.as_ref(), theirs.first_mut()) {
+        if let (Some(decoder), Some([out_x, out_y, _])) = (isal_decode.as_ref(), theirs.first_mut())
+        {
             let mut sources: Vec<&[u8]> = present.clone();
             sources.extend([p_ref, q_ref]);
             runs.push(Box::new(move || {
-                decoder.decode(black_box(&sources), &mut out_x[..], &mut out_y[..]);
+                decoder.run(black_box(&sources), [&mut out_x[..], &mut out_y[..]]);
             }));
         }
-        let mut refs: Vec<&mut dyn FnMut()> = runs
-            .iter_mut()
-            .map(|r| &mut **r as &mut dyn FnMut())
-            .collect();
-        time_interleaved(&mut refs, plan.per_contestant)
+        time_runs(&mut runs, plan.per_contestant)
     };
-    for (name, [out_x, out_y]) in names.iter().zip(&outputs) {
+    for (name, [out_x, out_y, _]) in names.iter().zip(&outputs) {
         check_same(name, "recovered data member 0", &out_x[..], data[x], stripe)?;
         check_same(name, "recovered data member 1", &out_y[..], data[y], stripe)?;
+    }
+
+    // P+Q+R generation; ISA-L computes it as a three-row erasure code.
+    let gen_pqr_times = {
+        let mut runs: Vec<Run> = Vec::new();
+        let (ours, theirs) = outputs.split_at_mut(plan.impls.len());
+        for (imp, [p, q, r]) in plan.impls.iter().zip(ours.iter_mut()) {
+            let (data, exps) = (&data, &stripe.exps);
+            runs.push(Box::new(move || {
+                imp.gen_pqr(black_box(data), exps, &mut p[..], &mut q[..], &mut r[..]);
+                black_box((p.as_ptr(), q.as_ptr(), r.as_ptr()));
+            }));
+        }
+        if let (Some(encoder), Some([p, q, r])) = (isal_encode_pqr.as_ref(), theirs.first_mut()) {
+            let data = &data;
+            runs.push(Box::new(move || {
+                encoder.run(black_box(data), [&mut p[..], &mut q[..], &mut r[..]]);
+            }));
+        }
+        time_runs(&mut runs, plan.per_contestant)
+    };
+    for (name, [p, q, r]) in names.iter().zip(&outputs) {
+        check_same(name, "gen_pqr P", &p[..], p_ref, stripe)?;
+        check_same(name, "gen_pqr Q", &q[..], q_ref, stripe)?;
+        check_same(name, "gen_pqr R", &r[..], r_ref, stripe)?;
+    }
+
+    // Three-data recovery, from the reference P, Q and R, through the
+    // selector the engine calls.
+    let mut recover_three_times = Vec::new();
+    if n >= LOST_THREE.len() {
+        let (present, present_exps) = stripe.survivors(&LOST_THREE);
+        let survivors = Survivors {
+            data: &present,
+            exps: &present_exps,
+            p: Some(p_ref),
+            q: Some(q_ref),
+            r: Some(r_ref),
+        };
+        let lost_exps = LOST_THREE.map(|k| stripe.exps[k]);
+        let mut runs: Vec<Run> = Vec::new();
+        let (ours, theirs) = outputs.split_at_mut(plan.impls.len());
+        for (imp, outs) in plan.impls.iter().zip(ours.iter_mut()) {
+            let survivors = &survivors;
+            runs.push(Box::new(move || {
+                let mut lost = lost_exps
+                    .into_iter()
+                    .zip(outs.iter_mut())
+                    .map(|(exp, out)| LostData {
+                        exp,
+                        out: &mut out[..],
+                    });
+                let mut lost: [LostData; 3] = std::array::from_fn(|_| lost.next().unwrap());
+                let path = rebuild(*imp, black_box(survivors), &mut lost, LostParity::default());
+                assert_eq!(path, Ok(Path::PQR));
+            }));
+        }
+        if let (Some(decoder), Some([x, y, z])) = (isal_decode_three.as_ref(), theirs.first_mut()) {
+            let mut sources: Vec<&[u8]> = present.clone();
+            sources.extend([p_ref, q_ref, r_ref]);
+            runs.push(Box::new(move || {
+                decoder.run(black_box(&sources), [&mut x[..], &mut y[..], &mut z[..]]);
+            }));
+        }
+        recover_three_times = time_runs(&mut runs, plan.per_contestant);
+        drop(runs);
+        for (name, outs) in names.iter().zip(&outputs) {
+            for (out, k) in outs.iter().zip(LOST_THREE) {
+                let what = format!("recovered data member {k} of three");
+                check_same(name, &what, &out[..], data[k], stripe)?;
+            }
+        }
     }
 
     // Memory copy of the same byte count, from one contiguous buffer.
@@ -377,13 +469,16 @@ fn measure_cell(stripe: &Stripe, plan: &Plan, isal: Option<&isal::Isal>) -> Resu
     };
     let memcpy = time_interleaved(&mut [&mut copy as &mut dyn FnMut()], plan.per_contestant)[0];
 
+    let named = |times: Vec<Timing>| names.iter().copied().zip(times).collect();
     Ok(Cell {
         label: stripe.label(),
-        data_members: data.len(),
+        data_members: n,
         chunk_bytes: len,
         data_bytes: stripe.data_bytes(),
-        gen_pq: names.iter().copied().zip(gen_times).collect(),
-        recover_two: names.iter().copied().zip(recover_times).collect(),
+        gen_pq: named(gen_times),
+        recover_two: named(recover_times),
+        gen_pqr: named(gen_pqr_times),
+        recover_three: named(recover_three_times),
         memcpy,
     })
 }
@@ -443,11 +538,15 @@ fn judged_vs_isal(list: &Timings, bytes: usize) -> Option<(&'static str, f64)> {
 type Timings = [(&'static str, Timing)];
 
 /// The operations of a cell: the table's name, the JSON key, the timings.
-fn operations(c: &Cell) -> [(&'static str, &'static str, &Timings); 2] {
-    [
+fn operations(c: &Cell) -> Vec<(&'static str, &'static str, &Timings)> {
+    let all: [(_, _, &Timings); 4] = [
         ("gen P+Q", "gen_pq", &c.gen_pq),
         ("recover 2", "recover_two", &c.recover_two),
-    ]
+        ("gen P+Q+R", "gen_pqr", &c.gen_pqr),
+        ("recover 3", "recover_three", &c.recover_three),
+    ];
+    // A stripe of two data members has no three-member recovery.
+    all.into_iter().filter(|(_, _, t)| !t.is_empty()).collect()
 }
 
 struct Report {
@@ -461,7 +560,12 @@ const UNIT: &str =
 
 impl Report {
     fn json(&self) -> Value {
+        // An operation a cell does not have (recover_three of two data
+        // members) is null.
         let times = |list: &[(&str, Timing)], bytes| -> Value {
+            if list.is_empty() {
+                return Value::Null;
+            }
             list.iter()
                 .map(|(name, t)| (name.to_string(), t.json(bytes)))
                 .collect::<serde_json::Map<_, _>>()
@@ -478,11 +582,14 @@ impl Report {
                 Err(why) => json!({"loaded": false, "note": why}),
             },
             "lost_data_members": [LOST.0, LOST.1],
+            "lost_data_members_three": LOST_THREE,
             "cells": self.cells.iter().map(|c| json!({
                 "data_members": c.data_members,
                 "chunk_bytes": c.chunk_bytes,
                 "gen_pq": times(&c.gen_pq, c.data_bytes),
                 "recover_two": times(&c.recover_two, c.data_bytes),
+                "gen_pqr": times(&c.gen_pqr, c.data_bytes),
+                "recover_three": times(&c.recover_three, c.data_bytes),
                 "memcpy": c.memcpy.json(c.data_bytes),
                 "best_vs_isal": operations(c).iter().filter_map(|(_, key, list)| {
                     best_vs_isal(list, c.data_bytes).map(|(name, ratio)| {
@@ -537,7 +644,8 @@ impl Report {
 
     fn print_table(&self) {
         println!("Parity speed in {UNIT};");
-        println!("median of {SAMPLES} interleaved samples. Recovery rebuilds data members 0 and 1 from the rest, P and Q.");
+        println!("median of {SAMPLES} interleaved samples. Recovery rebuilds data members 0 and 1 from the rest, P and Q;");
+        println!("recover 3 rebuilds data members 0, 1 and 2 from the rest, P, Q and R (ISA-L: as a three-row erasure code).");
         println!(
             "CPU: {}; selected: {}",
             machine_json()["cpu"].as_str().unwrap_or("?"),
@@ -607,7 +715,7 @@ impl Report {
         }
         if self.judged() {
             let missed = self.misses();
-            let count = 2 * self.cells.len();
+            let count: usize = self.cells.iter().map(|c| operations(c).len()).sum();
             let target = self.target();
             if missed.is_empty() {
                 println!("target met: {target}, at all {count}");
@@ -739,28 +847,67 @@ mod isal {
             assert_eq!(status, 0, "ISA-L pq_gen failed");
         }
 
-        /// The decoder ISA-L users build for losing data members `x` and `y`
-        /// of `n` with P and Q: the generator matrix (identity, a row of ones,
-        /// a row of g^k), its rows for the survivors (data, then P, Q)
-        /// inverted, and the inverse's rows for x and y expanded into
-        /// multiplication tables.
-        pub fn two_data_decoder(
+        /// Row `row` of the generator matrix of `n` data members with P, Q
+        /// and R: the identity, then a row of ones, of g^k and of 4^k.
+        fn generator_row(n: usize, row: usize) -> Vec<u8> {
+            (0..n as u8)
+                .map(|k| match row.checked_sub(n) {
+                    None => u8::from(row == k as usize),
+                    Some(0) => 1,
+                    Some(1) => gf::pow2(k),
+                    _ => gf::pow2(crate::parity::r_exp(k)),
+                })
+                .collect()
+        }
+
+        /// ec_encode_data prepared for `matrix`, whose rows of `n`
+        /// coefficients each give one output from `n` sources.
+        fn coder(&self, n: usize, matrix: &[u8]) -> Coder<'_> {
+            let rows = matrix.len() / n;
+            let mut matrix = matrix.to_vec();
+            let mut tables = vec![0u8; 32 * n * rows];
+            // SAFETY: `matrix` is rows×n, `tables` 32·n·rows bytes as documented.
+            unsafe {
+                (self.init_tables)(
+                    n as c_int,
+                    rows as c_int,
+                    matrix.as_mut_ptr(),
+                    tables.as_mut_ptr(),
+                )
+            };
+            Coder {
+                isal: self,
+                n,
+                tables,
+            }
+        }
+
+        /// The first `parity_rows` of P, Q and R of `n` data members as an
+        /// erasure code, the way ISA-L users compute more than two parities.
+        pub fn parity_encoder(&self, n: usize, parity_rows: usize) -> Coder<'_> {
+            let matrix: Vec<u8> = (n..n + parity_rows)
+                .flat_map(|row| Self::generator_row(n, row))
+                .collect();
+            self.coder(n, &matrix)
+        }
+
+        /// The decoder ISA-L users build for losing the data members `lost`
+        /// of `n` with the first `parity_rows` of P, Q and R (as many as
+        /// are lost): the generator matrix's rows for the survivors (data,
+        /// then parity) inverted, and the inverse's rows for the lost
+        /// members expanded into multiplication tables.
+        pub fn data_decoder(
             &self,
             n: usize,
-            x: usize,
-            y: usize,
-        ) -> Result<Decoder<'_>, String> {
-            let generator_row = |row: usize| -> Vec<u8> {
-                (0..n)
-                    .map(|k| match row {
-                        r if r < n => u8::from(r == k),
-                        r if r == n => 1,
-                        _ => gf::pow2(k as u8),
-                    })
-                    .collect()
-            };
-            let rows: Vec<usize> = (0..n + 2).filter(|&r| r != x && r != y).collect();
-            let mut survivors: Vec<u8> = rows.iter().flat_map(|&r| generator_row(r)).collect();
+            parity_rows: usize,
+            lost: &[usize],
+        ) -> Result<Coder<'_>, String> {
+            assert_eq!(lost.len(), parity_rows);
+            let rows: Vec<usize> = (0..n + parity_rows).filter(|r| !lost.contains(r)).collect();
+            let mut survivors: Vec<u8> = rows
+                .iter()
+                .flat_map(|&r| Self::generator_row(n, r))
+                .collect();
             let mut inverse = vec![0u8; n * n];
             // SAFETY: both matrices are n×n bytes.
             let status = unsafe {
@@ -769,18 +916,11 @@ mod isal {
             if status != 0 {
                 return Err("ISA-L gf_invert_matrix found the survivors' matrix singular".into());
             }
-            let mut decode: Vec<u8> = [x, y]
+            let decode: Vec<u8> = lost
                 .iter()
                 .flat_map(|&r| inverse[r * n..(r + 1) * n].to_vec())
                 .collect();
-            let mut tables = vec![0u8; 32 * n * 2];
-            // SAFETY: `decode` is 2×n, `tables` 32·n·2 bytes as documented.
-            unsafe { (self.init_tables)(n as c_int, 2, decode.as_mut_ptr(), tables.as_mut_ptr()) };
-            Ok(Decoder {
-                isal: self,
-                n,
-                tables,
-            })
+            Ok(self.coder(n, &decode))
         }
     }
 
@@ -800,29 +940,32 @@ mod isal {
         }
     }
 
-    pub struct Decoder<'a> {
+    /// ec_encode_data with prepared tables: `tables.len() / 32 / n` outputs
+    /// from `n` sources.
+    pub struct Coder<'a> {
         isal: &'a Isal,
         n: usize,
         tables: Vec<u8>,
     }
 
-    impl Decoder<'_> {
-        /// ec_encode_data with the decode tables: `sources` are the n - 2
-        /// surviving data members, P and Q, in the order the matrix used.
-        pub fn decode(&self, sources: &[&[u8]], out_x: &mut [u8], out_y: &mut [u8]) {
+    impl Coder<'_> {
+        /// Computes every output from `sources`, in the order the matrix
+        /// used (for a decoder: the surviving data members, then the parity).
+        pub fn run<const ROWS: usize>(&self, sources: &[&[u8]], outs: [&mut [u8]; ROWS]) {
             assert_eq!(sources.len(), self.n);
-            let len = out_x.len();
-            assert!(out_y.len() == len && sources.iter().all(|s| s.len() == len));
+            assert_eq!(self.tables.len(), 32 * self.n * ROWS);
+            let len = outs[0].len();
+            assert!(outs.iter().all(|o| o.len() == len) && sources.iter().all(|s| s.len() == len));
             let mut inputs: Vec<*mut c_uchar> =
                 sources.iter().map(|s| s.as_ptr() as *mut c_uchar).collect();
-            let mut outputs = [out_x.as_mut_ptr(), out_y.as_mut_ptr()];
-            // SAFETY: n inputs and 2 outputs of `len` bytes each; inputs are
-            // only read, despite the C type; the tables match n and 2 rows.
+            let mut outputs = outs.map(|o| o.as_mut_ptr());
+            // SAFETY: n inputs and ROWS outputs of `len` bytes each; inputs
+            // are only read, despite the C type; the tables match n and ROWS.
             unsafe {
                 (self.isal.encode_data)(
                     len as c_int,
                     self.n as c_int,
-                    2,
+                    ROWS as c_int,
                     self.tables.as_ptr() as *mut c_uchar,
                     inputs.as_mut_ptr(),
                     outputs.as_mut_ptr(),

@@ -1,15 +1,17 @@
-//! RAID parity: md's P and Q syndromes over GF(2^8), and recovery from them.
+//! RAID parity: md's P and Q syndromes over GF(2^8), dRAID's third syndrome R,
+//! and recovery from them.
 //!
 //! This layer is pure code: it computes on byte slices and does no I/O.
 //!
 //! # The algebra
 //!
 //! A stripe has data blocks D_k, each with a coefficient exponent e_k in 0..=254,
-//! and up to two parity blocks, computed bytewise in GF(2^8) (see [`gf`]):
+//! and up to three parity blocks, computed bytewise in GF(2^8) (see [`gf`]):
 //!
 //! ```text
 //! P = Σ_k D_k               (XOR)
 //! Q = Σ_k g^{e_k} · D_k     (g = {02})
+//! R = Σ_k 4^{e_k} · D_k     (4 = g^2; dRAID's triple parity, md has no R)
 //! ```
 //!
 //! md's coefficient order depends on the layout, and DDF layouts leave gaps (for
@@ -18,12 +20,23 @@
 //! of one stripe must be distinct: two blocks sharing a coefficient could not be
 //! told apart by Q.
 //!
+//! R's coefficient for block k is the square of its Q coefficient a_k = g^{e_k}:
+//! 4^{e_k} = g^{2·e_k mod 255}, because g^255 = 1. What R needs is therefore
+//! that the a_k be distinct (and they are nonzero), which distinct exponents in
+//! 0..=254 give: then the rows (1, a_k, a_k^2) of P, Q and R form a Vandermonde
+//! matrix, and any loss of up to three blocks among the data, P, Q and R can be
+//! rebuilt (see [`rebuild`](mod@rebuild)). Since doubling modulo 255 permutes
+//! 0..=254, R is also the Q of the exponents 2·e_k mod 255 ([`r_exps`]), which
+//! lets every Q routine serve R.
+//!
 //! # Implementations
 //!
 //! The bulk work is behind the object-safe [`Syndrome`] trait so that SIMD
 //! implementations can be added next to the portable [`Scalar`] one and chosen
 //! at run time ([`implementations`], [`default_impl`]). The recovery functions in
-//! [`recover`] are written once, on top of the trait, and are re-exported here.
+//! [`recover`] (md's RAID-6 cases) and the selector [`rebuild()`] for every
+//! loss pattern of up to three parity blocks are written once, on top of the
+//! trait, and are re-exported here.
 
 pub mod gf;
 pub mod rebuild;
@@ -134,7 +147,7 @@ pub trait Syndrome: Send + Sync {
     }
 
     /// Rebuilds the three data blocks with exponents `exps` into `outs` from
-    /// the survivors, P, Q and R: the work [`rebuild()`] does when three data
+    /// the survivors and `parity` (P, Q and R in that order): the work [`rebuild()`] does when three data
     /// blocks are lost. Arguments must already be checked (equal lengths,
     /// one exponent per survivor, all exponents distinct and below 255).
     ///
@@ -142,18 +155,15 @@ pub trait Syndrome: Send + Sync {
     /// system by elimination with the element operations above (about a
     /// dozen passes over the buffers); SIMD implementations fuse it into one
     /// pass with the closed form documented in [`rebuild`](mod@rebuild).
-    #[allow(clippy::too_many_arguments)] // Each argument is a distinct input of the algebra.
     fn recover_three(
         &self,
         present_data: &[&[u8]],
         present_exps: &[u8],
-        p: &[u8],
-        q: &[u8],
-        r: &[u8],
+        parity: [&[u8]; 3],
         exps: [u8; 3],
         outs: [&mut [u8]; 3],
     ) {
-        rebuild::three_data_composed(self, present_data, present_exps, [p, q, r], exps, outs);
+        rebuild::three_data_composed(self, present_data, present_exps, parity, exps, outs);
     }
 }
 

@@ -23,7 +23,7 @@
 //!
 //! R alone, and P with R, reuse Q's code unchanged: R's coefficient for
 //! exponent e is 4^e = g^(2e mod 255), so R is the Q of the doubled exponents
-//! (see [`r_exps`](super::r_exps)), which are distinct whenever the originals
+//! (see [`r_exps`]), which are distinct whenever the originals
 //! are. Lost parity blocks are recomputed last, from the complete data.
 //!
 //! # The algebra
@@ -234,9 +234,7 @@ pub fn rebuild<S: Syndrome + ?Sized>(
         (Path::PQR, [x, y, z]) => imp.recover_three(
             present,
             exps,
-            used(p),
-            used(q),
-            used(r),
+            [used(p), used(q), used(r)],
             [x.exp, y.exp, z.exp],
             [&mut *x.out, &mut *y.out, &mut *z.out],
         ),

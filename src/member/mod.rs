@@ -25,7 +25,7 @@ pub use fault::{
 };
 pub use file::{CacheMode, FileMember, OpenOptions, RingAlways};
 pub use memory::MemoryMember;
-pub use throttle::{ThrottleLimits, ThrottleStats, ThrottledMember};
+pub use throttle::{Pacer, ThrottleLimits, ThrottleStats, ThrottledMember};
 
 use std::io;
 use std::os::unix::io::RawFd;

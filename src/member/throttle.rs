@@ -225,9 +225,11 @@ impl Buckets {
     }
 }
 
-/// A member limited in bandwidth and IOPS. See the module documentation.
-pub struct ThrottledMember {
-    inner: MemberRef,
+/// The pacing of a throttle, apart from any member: token buckets whose
+/// limits can change while I/Os wait. `ThrottledMember` wraps a member in
+/// one; the fault injector keeps one so that a served array's member can be
+/// slowed down and sped up again live.
+pub struct Pacer {
     buckets: Mutex<Buckets>,
     /// Bumped on every change of limits, to wake the I/Os waiting under the
     /// old ones.
@@ -246,11 +248,16 @@ fn lock(buckets: &Mutex<Buckets>) -> MutexGuard<'_, Buckets> {
     buckets.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl ThrottledMember {
-    /// Wraps `inner`; limits that fail `ThrottleLimits::check` are refused.
-    pub fn new(inner: MemberRef, limits: ThrottleLimits) -> io::Result<ThrottledMember> {
-        let member = ThrottledMember {
-            inner,
+impl Default for Pacer {
+    fn default() -> Pacer {
+        Pacer::new()
+    }
+}
+
+impl Pacer {
+    /// A pacer that lets everything through until limits are set.
+    pub fn new() -> Pacer {
+        Pacer {
             buckets: Mutex::new(Buckets::new(ThrottleLimits::UNLIMITED)),
             generation: AtomicU64::new(0),
             limited: AtomicBool::new(false),
@@ -258,13 +265,7 @@ impl ThrottledMember {
             bytes: AtomicU64::new(0),
             throttled_ios: AtomicU64::new(0),
             waited_us: AtomicU64::new(0),
-        };
-        member.set_limits(limits)?;
-        Ok(member)
-    }
-
-    pub fn inner(&self) -> &MemberRef {
-        &self.inner
+        }
     }
 
     pub fn limits(&self) -> ThrottleLimits {
@@ -272,14 +273,10 @@ impl ThrottledMember {
     }
 
     /// Changes the limits at once: the buckets start full at the new rates,
-    /// and I/Os waiting under the old limits go ahead.
-    pub fn set_limits(&self, limits: ThrottleLimits) -> io::Result<()> {
-        limits.check().map_err(|why| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{}: {why}", self.inner.name()),
-            )
-        })?;
+    /// and I/Os waiting under the old limits go ahead. Limits that fail
+    /// `ThrottleLimits::check` are refused with the reason.
+    pub fn set_limits(&self, limits: ThrottleLimits) -> Result<(), String> {
+        limits.check()?;
         let mut buckets = lock(&self.buckets);
         *buckets = Buckets::new(limits);
         self.limited
@@ -297,22 +294,8 @@ impl ThrottledMember {
         }
     }
 
-    /// One line for status output, e.g. `bw=10M,iops=200; 1200 I/Os, 300
-    /// throttled, waited 2.5s`.
-    pub fn describe(&self) -> String {
-        let s = self.stats();
-        format!(
-            "{}; {} I/Os, {} bytes, {} throttled, waited {}",
-            self.limits(),
-            s.ios,
-            s.bytes,
-            s.throttled_ios,
-            format_us(s.waited_us / 1000 * 1000)
-        )
-    }
-
     /// Waits until an I/O of `len_bytes` may go.
-    fn admit(&self, len_bytes: u64) {
+    pub fn admit(&self, len_bytes: u64) {
         self.ios.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(len_bytes, Ordering::Relaxed);
         if !self.limited.load(Ordering::Acquire) {
@@ -336,6 +319,64 @@ impl ThrottledMember {
         let waited_us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
         self.throttled_ios.fetch_add(1, Ordering::Relaxed);
         self.waited_us.fetch_add(waited_us, Ordering::Relaxed);
+    }
+}
+
+/// A member limited in bandwidth and IOPS. See the module documentation.
+pub struct ThrottledMember {
+    inner: MemberRef,
+    pacer: Pacer,
+}
+
+impl ThrottledMember {
+    /// Wraps `inner`; limits that fail `ThrottleLimits::check` are refused.
+    pub fn new(inner: MemberRef, limits: ThrottleLimits) -> io::Result<ThrottledMember> {
+        let member = ThrottledMember {
+            inner,
+            pacer: Pacer::new(),
+        };
+        member.set_limits(limits)?;
+        Ok(member)
+    }
+
+    pub fn inner(&self) -> &MemberRef {
+        &self.inner
+    }
+
+    pub fn limits(&self) -> ThrottleLimits {
+        self.pacer.limits()
+    }
+
+    /// Changes the limits at once: see `Pacer::set_limits`.
+    pub fn set_limits(&self, limits: ThrottleLimits) -> io::Result<()> {
+        self.pacer.set_limits(limits).map_err(|why| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: {why}", self.inner.name()),
+            )
+        })
+    }
+
+    pub fn stats(&self) -> ThrottleStats {
+        self.pacer.stats()
+    }
+
+    /// One line for status output, e.g. `bw=10M,iops=200; 1200 I/Os, 300
+    /// throttled, waited 2.5s`.
+    pub fn describe(&self) -> String {
+        let s = self.stats();
+        format!(
+            "{}; {} I/Os, {} bytes, {} throttled, waited {}",
+            self.limits(),
+            s.ios,
+            s.bytes,
+            s.throttled_ios,
+            format_us(s.waited_us / 1000 * 1000)
+        )
+    }
+
+    fn admit(&self, len_bytes: u64) {
+        self.pacer.admit(len_bytes);
     }
 }
 

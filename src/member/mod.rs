@@ -13,6 +13,7 @@ mod fault;
 mod file;
 pub mod mapped;
 mod memory;
+mod model;
 pub mod probe;
 mod throttle;
 mod uring;
@@ -25,6 +26,7 @@ pub use fault::{
 };
 pub use file::{CacheMode, FileMember, OpenOptions, RingAlways};
 pub use memory::MemoryMember;
+pub use model::{model_names, DeviceModel, MODELS};
 pub use throttle::{Pacer, ThrottleLimits, ThrottleStats, ThrottledMember};
 
 use std::io;

@@ -11,6 +11,7 @@
 //!
 //! Member sectors are relative to each member's data offset.
 
+pub mod draid_spec;
 mod layout_names;
 mod linear;
 mod raid0;
@@ -19,6 +20,7 @@ mod raid10;
 mod raid456;
 mod reshape;
 
+pub use draid_spec::DraidSpec;
 pub use layout_names::{layout_from_name, layout_name, level_from_name, level_name};
 pub use raid0::Raid0Layout;
 pub use raid10::Raid10;

@@ -22,6 +22,7 @@
 //! latency:DURATION[:jitter=DURATION][:read|write|both]
 //! throttle:RATE[:iops=N][:burst=DURATION]        bytes/s, reads and writes together
 //! throttle:iops=N | throttle:off                 off lifts it
+//! throttle:[RATE:]model=NAME                     the rate falls over the member as NAME's does
 //! torn[:WRITES][:keep=BLOCKS]                    the next WRITES writes (default 1)
 //! write-cache[:on|off][:capacity=SIZE]
 //! crash[:KEEP]                                   keep each unflushed block with P=KEEP
@@ -36,6 +37,7 @@
 //! when a fault consumes itself (a torn write) or heals (a rewritten bad
 //! sector), and the cache mutex only while the cache holds data.
 
+use super::model::ModelName;
 use super::throttle::{Pacer, ThrottleLimits};
 use super::{check_io, Member, MemberRef};
 use rand::rngs::StdRng;
@@ -367,7 +369,10 @@ impl fmt::Display for Fault {
                 if limits.burst_ms != ThrottleLimits::UNLIMITED.burst_ms {
                     write!(f, ":burst={}", format_us(limits.burst_ms * 1000))?;
                 }
-                Ok(())
+                match limits.model {
+                    Some(model) => write!(f, ":model={}", model.0),
+                    None => Ok(()),
+                }
             }
             Fault::Torn(t) => {
                 write!(f, "torn")?;
@@ -550,6 +555,7 @@ fn parse_throttle(args: &[Arg]) -> Result<Fault, String> {
             Arg::Word("off" | "none" | "unlimited") => off = true,
             Arg::Key("iops", value) => limits.iops = Some(parse_u64("iops", value)?),
             Arg::Key("burst", value) => limits.burst_ms = parse_duration_us(value)?.div_ceil(1000),
+            Arg::Key("model", value) => limits.model = Some(ModelName::parse(value)?),
             Arg::Key("bw" | "rate", value) | Arg::Word(value) => positional(&mut rate, value)?,
             other => return Err(unexpected(other)),
         }
@@ -568,7 +574,11 @@ fn parse_throttle(args: &[Arg]) -> Result<Fault, String> {
         return Err("a limit of 0 would stop all I/O (throttle:off lifts a throttle)".into());
     }
     if limits.is_unlimited() {
-        return Err("throttle needs a rate in bytes per second, e.g. throttle:50M, or off".into());
+        return Err(
+            "throttle needs a rate in bytes per second (throttle:50M), a device model \
+             (throttle:model=hdd-14t), or off"
+                .into(),
+        );
     }
     Ok(Fault::Throttle(limits))
 }
@@ -1549,7 +1559,8 @@ impl Member for FaultyMember {
         std::thread::sleep(decision.delay);
         // A failing read still costs the drive its time, as a medium error
         // does after the retries.
-        self.pacer.admit(buf.len() as u64);
+        self.pacer
+            .admit(buf.len() as u64, offset_bytes, self.size_bytes());
         if let Some(err) = decision.error {
             return Err(err);
         }
@@ -1572,7 +1583,8 @@ impl Member for FaultyMember {
         bump(&self.counters.writes, 1);
         let decision = self.decide(Dir::Write, offset_bytes, buf.len() as u64)?;
         std::thread::sleep(decision.delay);
-        self.pacer.admit(buf.len() as u64);
+        self.pacer
+            .admit(buf.len() as u64, offset_bytes, self.size_bytes());
         if let Some(err) = decision.error {
             return Err(err);
         }
@@ -1722,6 +1734,8 @@ mod tests {
             ("throttle:iops=20", "throttle:iops=20"),
             ("throttle:1M:burst=200ms", "throttle:1M:burst=200ms"),
             ("throttle:off", "throttle:off"),
+            ("throttle:model=HDD-14T", "throttle:model=hdd-14t"),
+            ("throttle:model=hdd-4t:8M", "throttle:8M:model=hdd-4t"),
         ] {
             let fault: Fault = text.parse().unwrap();
             assert_eq!(fault.to_string(), canonical);
@@ -1793,6 +1807,23 @@ mod tests {
     }
 
     #[test]
+    fn a_throttle_with_a_disk_model_is_slower_at_the_end() {
+        let m = member(8 << 20);
+        m.apply_str("throttle:8M:model=hdd-14t").unwrap();
+        assert_eq!(m.faults()[0].to_string(), "throttle:8M:model=hdd-14t");
+        // The second half of the member streams at 265 MB/s's shape down to
+        // 145: on average about 1.5 times the cost of the start, so 4 MiB
+        // there at 8 MiB/s takes well over the 0.5 s it would at the start.
+        let chunk = vec![3u8; 256 << 10];
+        let start = Instant::now();
+        for i in 16..32u64 {
+            m.write_at(&chunk, i * chunk.len() as u64).unwrap();
+        }
+        let elapsed = start.elapsed();
+        assert!(elapsed >= Duration::from_millis(650), "{elapsed:?}");
+    }
+
+    #[test]
     fn bad_input_is_refused_in_one_line() {
         for text in [
             "",
@@ -1822,6 +1853,7 @@ mod tests {
             "throttle:off:50M",
             "throttle:50M:burst=0ms",
             "throttle:50M:speed=1",
+            "throttle:model=floppy",
             "torn:x",
             "torn:1:keep=-1",
             "write-cache:maybe",

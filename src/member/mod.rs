@@ -26,7 +26,7 @@ pub use fault::{
 };
 pub use file::{CacheMode, FileMember, OpenOptions, RingAlways};
 pub use memory::MemoryMember;
-pub use model::{model_names, DeviceModel, MODELS};
+pub use model::{model_names, DeviceModel, ModelName, MODELS};
 pub use throttle::{Pacer, ThrottleLimits, ThrottleStats, ThrottledMember};
 
 use std::io;

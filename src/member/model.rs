@@ -100,6 +100,31 @@ pub const MODELS: &[DeviceModel] = &[
     },
 ];
 
+/// A known model's name: small and `Copy`, so that settings which follow a
+/// model (a throttle) can hold one, and written as the name in JSON.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ModelName(pub &'static str);
+
+impl ModelName {
+    /// The name of a known model; the error lists the known ones.
+    pub fn parse(name: &str) -> Result<ModelName, String> {
+        DeviceModel::by_name(name).map(|m| ModelName(m.name))
+    }
+}
+
+impl serde::Serialize for ModelName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ModelName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ModelName, D::Error> {
+        let name = <String as serde::Deserialize>::deserialize(d)?;
+        ModelName::parse(&name).map_err(serde::de::Error::custom)
+    }
+}
+
 /// The names of the models, for messages.
 pub fn model_names() -> String {
     MODELS.iter().map(|m| m.name).collect::<Vec<_>>().join(", ")

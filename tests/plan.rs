@@ -60,6 +60,12 @@ fn plan_json_has_the_documented_fields() {
     assert_eq!(a["ure_per_bit"], 1e-15);
     assert!(a["notes"].as_array().unwrap().len() >= 5);
     assert_eq!(v["members"]["member_bytes"], 4_000_000_000_000u64);
+    // Without --level only the comparison is shown; a model brings its
+    // own read error rate.
+    let ssd = plan_json(&["--raid-devices", "6", "--device-model", "nvme"]);
+    assert_eq!(ssd["assumptions"]["ure_per_bit"], 1e-17);
+    let layouts = ssd["layouts"].as_array().unwrap();
+    assert!(layouts.iter().all(|l| l["requested"] == false));
 }
 
 /// The published figures for 90 × 16 TB: ZFS took about 29 h onto a

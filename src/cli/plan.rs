@@ -41,7 +41,7 @@ pub struct PlanArgs {
     /// Annual failure rate of a member: 1.5% or 0.015.
     #[arg(long, value_name = "RATE")]
     afr: Option<String>,
-    /// Unrecoverable read errors per bit read, e.g. 1e-15.
+    /// Unrecoverable read errors per bit read (default: the model's, else 1e-15).
     #[arg(long, value_name = "PER_BIT")]
     ure: Option<String>,
     #[arg(long)]
@@ -139,6 +139,12 @@ fn build(args: &PlanArgs) -> Result<Plan, String> {
         Some(text) => crate::units::parse_size_bytes(text)?,
         None => plan::DEFAULT_CHUNK_BYTES,
     };
+    // A drive's own data sheet rate when a model is named: flash is read
+    // back a hundred times more reliably than a nearline disk.
+    let default_ure = match &args.device_model {
+        Some(name) => DeviceModel::by_name(name)?.ure_per_bit,
+        None => plan::DEFAULT_URE_PER_BIT,
+    };
     let number = |what: &str, text: &Option<String>, default: f64| {
         text.as_deref()
             .map_or(Ok(default), |t| parse_number(what, t))
@@ -147,7 +153,7 @@ fn build(args: &PlanArgs) -> Result<Plan, String> {
         number("efficiency", &args.efficiency, 1.0)?,
         number("imbalance", &args.imbalance, plan::DEFAULT_IMBALANCE)?,
         number("annual failure rate", &args.afr, plan::DEFAULT_AFR)?,
-        number("read error rate", &args.ure, plan::DEFAULT_URE_PER_BIT)?,
+        number("read error rate", &args.ure, default_ure)?,
         chunk,
     );
     assumptions.check()?;

@@ -44,6 +44,9 @@ pub struct DeviceModel {
     pub seek_s: f64,
     /// Spindle speed; `None` for solid state.
     pub rpm: Option<u32>,
+    /// Unrecoverable read errors per bit read, as data sheets state them:
+    /// 1 in 10^15 for nearline disks, 10^17 for enterprise flash.
+    pub ure_per_bit: f64,
 }
 
 const MB: f64 = 1e6;
@@ -61,6 +64,7 @@ pub const MODELS: &[DeviceModel] = &[
         inner_bytes_per_s: 145.0 * MB,
         seek_s: 8.5e-3,
         rpm: Some(7200),
+        ure_per_bit: 1e-15,
     },
     DeviceModel {
         name: "hdd-16t",
@@ -70,6 +74,7 @@ pub const MODELS: &[DeviceModel] = &[
         inner_bytes_per_s: 145.0 * MB,
         seek_s: 8.5e-3,
         rpm: Some(7200),
+        ure_per_bit: 1e-15,
     },
     DeviceModel {
         name: "hdd-4t",
@@ -79,6 +84,7 @@ pub const MODELS: &[DeviceModel] = &[
         inner_bytes_per_s: 100.0 * MB,
         seek_s: 8.5e-3,
         rpm: Some(7200),
+        ure_per_bit: 1e-15,
     },
     DeviceModel {
         name: "ssd-sata",
@@ -88,6 +94,7 @@ pub const MODELS: &[DeviceModel] = &[
         inner_bytes_per_s: 530.0 * MB,
         seek_s: 0.1e-3,
         rpm: None,
+        ure_per_bit: 1e-17,
     },
     DeviceModel {
         name: "nvme",
@@ -97,6 +104,7 @@ pub const MODELS: &[DeviceModel] = &[
         inner_bytes_per_s: 2500.0 * MB,
         seek_s: 0.02e-3,
         rpm: None,
+        ure_per_bit: 1e-17,
     },
 ];
 

@@ -44,6 +44,8 @@ pub struct PlanArgs {
     /// Unrecoverable read errors per bit read (default: the model's, else 1e-15).
     #[arg(long, value_name = "PER_BIT")]
     ure: Option<String>,
+    /// The plan as JSON: members, assumptions, and per layout level,
+    /// rebuild_seconds, rebalance_seconds, capacity_bytes, p_data_loss, ...
     #[arg(long)]
     json: bool,
 }

@@ -15,4 +15,5 @@ pub mod format;
 pub mod geometry;
 pub mod member;
 pub mod parity;
+pub mod plan;
 pub mod units;

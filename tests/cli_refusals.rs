@@ -788,3 +788,80 @@ fn reshape_refusals() {
         "backup file",
     );
 }
+
+#[test]
+fn plan_refuses_bad_layouts_sizes_and_assumptions() {
+    let base = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut args = vec!["plan", "--raid-devices", "12"];
+        args.extend_from_slice(extra);
+        args
+    };
+    let speed = ["--member-size", "4TB", "--member-speed", "200MB/s"];
+    let with_speed = |extra: &[&'static str]| {
+        let mut args = base(&speed);
+        args.extend_from_slice(extra);
+        args
+    };
+    for (args, reason) in [
+        (with_speed(&["--level", "raid7"]), "unknown level"),
+        (
+            with_speed(&["--level", "draid4:8d"]),
+            "parity 4 is not 1, 2 or 3",
+        ),
+        (with_speed(&["--level", "draid2:11d:1s"]), "do not fit"),
+        (with_speed(&["--level", "draid1:8d:90c"]), "has 90 children"),
+        (with_speed(&["--level", "draid1:8d:101s"]), "more than 100"),
+        (
+            with_speed(&["--level", "draid1:1d:256c"]),
+            "outside 2..=255",
+        ),
+        (with_speed(&["--level", "draid2:8d:4s"]), "do not fit"),
+        (with_speed(&["--level", "draid1:8x"]), "unexpected '8x'"),
+        (with_speed(&["--efficiency", "0"]), "efficiency 0"),
+        (with_speed(&["--efficiency", "fast"]), "efficiency 'fast'"),
+        (with_speed(&["--afr", "150%"]), "annual failure rate"),
+        (
+            with_speed(&["--ure", "0.5"]),
+            "unrecoverable read error rate",
+        ),
+        (with_speed(&["--imbalance", "0.5"]), "imbalance"),
+        (with_speed(&["--chunk", "3K"]), "power of two"),
+        (with_speed(&["--device-model", "hdd-14t"]), "not both"),
+        (base(&["--device-model", "floppy"]), "unknown device model"),
+        (
+            base(&["--device-model", "hdd-4t", "--member-size", "5TB"]),
+            "larger than hdd-4t",
+        ),
+        (base(&["--member-size", "4TB"]), "--device-model"),
+        (
+            base(&["--member-size", "abc", "--member-speed", "1M"]),
+            "member size 'abc'",
+        ),
+        (
+            base(&["--member-size", "4TB", "--member-speed", "0"]),
+            "above zero",
+        ),
+        (
+            vec!["plan", "--raid-devices", "1", "--device-model", "nvme"],
+            "from 2 to 255",
+        ),
+        (
+            vec!["plan", "--raid-devices", "x", "--device-model", "nvme"],
+            "from 2 to 255",
+        ),
+        (
+            vec![
+                "plan",
+                "--raid-devices",
+                "3",
+                "--device-model",
+                "nvme",
+                "--level",
+                "raid6",
+            ],
+            "at least 4",
+        ),
+    ] {
+        refused(&args, &[], reason);
+    }
+}

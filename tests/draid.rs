@@ -279,9 +279,9 @@ fn impossible_specs_and_md_only_operations_are_refused_with_one_line() {
     let files = sparse_files(dir.path(), "m", &[64 * MIB; 6]);
     let names = paths(&files);
     for (spec, words) in [
-        ("draid2:8d:6c:1s", "does not fit"),
-        ("draid4", "parity must be 1, 2 or 3"),
-        ("draid1:0d", "at least one data column"),
+        ("draid2:8d:6c:1s", "do not fit"),
+        ("draid4", "is not 1, 2 or 3"),
+        ("draid1:0d", "at least 1 data column"),
         ("draid2:2d:7c", "says 7 children but 6"),
         ("draid1:1d:1s:200s", "given twice"),
     ] {

@@ -1297,3 +1297,105 @@ fn status_json_shows_events_mismatch_cnt_and_speed_limits() {
     assert_eq!(entry["speed_limit_max_kib_per_s"], 12345, "{entry}");
     assert_eq!(entry["mismatch_cnt"], 0, "{entry}");
 }
+
+// ---------------------------------------------------------------------------
+// A throttled member, slowed down and sped up again while served.
+
+/// `--inject DEV throttle:RATE` slows a member down live: a check, which
+/// reads every member whole, takes at least the member's bytes over the
+/// rate; status shows the throttle; a bad rate is refused and changes
+/// nothing; `throttle:off` and `restore` lift it.
+#[test]
+fn a_member_throttled_live_slows_a_check_and_lifts_again() {
+    let dir = scratch("fail-throttle");
+    let files = create_array(
+        dir.path(),
+        "m",
+        &["--level", "raid1", "--raid-devices", "2"],
+        2,
+        16 * MIB,
+    );
+    let members = paths(&files);
+    let served = serve(dir.path(), &["--fault-injection"], &members);
+    let slow = members[1];
+    let faults_of = |status: &serde_json::Value| -> Vec<String> {
+        status["detail"]["injected_faults"]
+            .as_object()
+            .and_then(|by_path| {
+                by_path
+                    .iter()
+                    .find(|(path, _)| same_path(path, slow))
+                    .map(|(_, faults)| faults.clone())
+            })
+            .and_then(|faults| serde_json::from_value(faults).ok())
+            .unwrap_or_default()
+    };
+    let timed_check = || -> Duration {
+        let finished_before = status_events(&array_status(&served.control))
+            .iter()
+            .filter(|(e, _, _)| e == "RebuildFinished")
+            .count();
+        let start = Instant::now();
+        manage_ok(&served.control, &["--action", "check"]);
+        wait_status(
+            &served.control,
+            "the check to finish",
+            Duration::from_secs(60),
+            |s| {
+                status_whole_and_idle(s)
+                    && status_events(s)
+                        .iter()
+                        .filter(|(e, _, _)| e == "RebuildFinished")
+                        .count()
+                        > finished_before
+            },
+        );
+        start.elapsed()
+    };
+
+    let reply = manage_ok(&served.control, &["--inject", slow, "throttle:4M"]);
+    assert!(reply.contains("throttle:4M"), "{reply}");
+    let status = array_status(&served.control);
+    assert_eq!(faults_of(&status), ["throttle:4M"], "{}", status["detail"]);
+    let out = run_limited_ok(
+        uraid().args(["detail", "--control"]).arg(&served.control),
+        Duration::from_secs(20),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Injected faults"), "{text}");
+    assert!(text.contains("throttle:4M"), "{text}");
+
+    for bad in ["throttle:0", "throttle:abc"] {
+        let err = manage_refused(&served.control, &["--inject", slow, bad]);
+        assert!(err.contains(bad), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert_eq!(
+            faults_of(&array_status(&served.control)),
+            ["throttle:4M"],
+            "after a refused {bad}"
+        );
+    }
+
+    // About 15 MiB of data area at 4 MiB/s: close to 4 s; 2 s is a floor
+    // that only a throttle that is not applied would miss.
+    let throttled = timed_check();
+    eprintln!("check with {slow} at throttle:4M took {throttled:?}");
+    assert!(throttled >= Duration::from_secs(2), "{throttled:?}");
+
+    manage_ok(&served.control, &["--inject", slow, "throttle:off"]);
+    assert!(faults_of(&array_status(&served.control)).is_empty());
+    let free = timed_check();
+    eprintln!("check unthrottled took {free:?}");
+    assert!(free < throttled, "{free:?} against {throttled:?}");
+
+    manage_ok(&served.control, &["--inject", slow, "throttle:2M:iops=100"]);
+    assert_eq!(
+        faults_of(&array_status(&served.control)),
+        ["throttle:2M:iops=100"]
+    );
+    manage_ok(&served.control, &["--inject", slow, "restore"]);
+    let status = array_status(&served.control);
+    assert!(faults_of(&status).is_empty());
+    assert!(status["detail"].get("injected_faults").is_none());
+    served.stop();
+}

@@ -69,7 +69,13 @@ pub fn run(args: &CreateArgs) -> CliResult {
         if args.layout.is_some() {
             return Err("a dRAID's layout is in its spec (draidP:Dd:Cc:Ss), not --layout".into());
         }
-        let spec = DraidSpec::parse(&args.level, Some(args.raid_devices as usize))?;
+        let spec = DraidSpec::parse(&args.level, Some(args.raid_devices))?;
+        if spec.children != args.raid_devices {
+            return Err(format!(
+                "'{}' says {} children but {} raid devices are given",
+                args.level, spec.children, args.raid_devices
+            ));
+        }
         (
             spec.level(),
             Some(format!("{}d:{}s", spec.data, spec.spares)),

@@ -9,6 +9,7 @@ mod copy;
 mod create;
 mod detail;
 mod manage;
+mod plan;
 mod serve;
 mod status;
 mod tuning;
@@ -75,6 +76,9 @@ enum Command {
     /// Measure: the seeds' workloads over NBD against the raw members and nbdkit;
     /// `bench parity` compares the parity implementations with ISA-L.
     Bench(bench::BenchArgs),
+    /// Predict rebuild time, time at reduced redundancy, capacity and the chance
+    /// of losing data, for a layout against raid5/6/10 and dRAID layouts.
+    Plan(plan::PlanArgs),
     /// Read the array's contents (offline, degraded if members are missing) into a file.
     CopyOut {
         #[arg(long)]
@@ -163,6 +167,7 @@ pub fn main() -> i32 {
         Command::Bench(args) => bench::run(&args),
         Command::Manage(args) => manage::run(&args),
         Command::Status { json, control } => status::run(control.as_deref(), json),
+        Command::Plan(args) => plan::run(&args),
         Command::CopyIn { input, devices } => copy::copy_in(&input, &devices),
         Command::CopyOut { output, devices } => copy::copy_out(&output, &devices),
     };

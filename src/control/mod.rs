@@ -68,7 +68,7 @@ pub enum Request {
         action: String,
     },
     /// Fault injection on a member: "pull", "offline:2s", "eio:read:1M+64K",
-    /// "eio-rate:0.01", "latency:5ms", "torn", "restore", ...
+    /// "eio-rate:0.01", "latency:5ms", "throttle:50M", "torn", "restore", ...
     Inject {
         device: PathBuf,
         fault: String,

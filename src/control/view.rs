@@ -64,6 +64,10 @@ pub struct DetailView {
     /// how it was chosen (md prints its choice in the kernel log).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub parity: Option<String>,
+    /// Faults injected into members and in force (serve --fault-injection),
+    /// by member path, in `uraid manage --inject`'s syntax.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty", default)]
+    pub injected_faults: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 /// mdadm --detail's lines for a reshape in progress.
@@ -323,6 +327,7 @@ impl DetailView {
             reshape,
             tuning: array.tuning.iter().cloned().collect(),
             tuning_saved: false,
+            injected_faults: array.injected_faults.iter().cloned().collect(),
             // Only the serving process knows what it runs.
             parity: (array.serving && array.level.has_parity()).then(|| {
                 let how = if std::env::var_os(crate::parity::ENV_VAR).is_some() {
@@ -455,6 +460,12 @@ impl DetailView {
             }
             if let Some(parity) = &self.parity {
                 let _ = writeln!(o, "{:>22} : {parity}", "parity");
+            }
+        }
+        if !self.injected_faults.is_empty() {
+            let _ = writeln!(o, "\n    Injected faults (uraid):");
+            for (path, faults) in &self.injected_faults {
+                let _ = writeln!(o, "{path:>22} : {}", faults.join(", "));
             }
         }
         o

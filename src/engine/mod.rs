@@ -537,6 +537,16 @@ impl Engine {
         snapshot.events = self.events.recent();
         snapshot.bitmap_line = self.live_bitmap().map(|b| b.mdstat_line());
         snapshot.tuning = self.tunables();
+        snapshot.injected_faults = self
+            .injectors
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(path, injector)| {
+                let faults: Vec<String> = injector.faults().iter().map(|f| f.to_string()).collect();
+                (!faults.is_empty()).then(|| (path.clone(), faults))
+            })
+            .collect();
         snapshot
     }
 
@@ -1024,6 +1034,10 @@ pub struct Snapshot {
     pub bitmap_line: Option<String>,
     /// The knobs in force, as (name, value); empty when not served.
     pub tuning: Vec<(String, String)>,
+    /// Injected faults in force, by member path, in the command-line
+    /// syntax; only members with some, and only when served with fault
+    /// injection, so that a slowed or failing member is never a mystery.
+    pub injected_faults: Vec<(String, Vec<String>)>,
 }
 
 impl Snapshot {
@@ -1050,6 +1064,7 @@ impl Snapshot {
             events: Vec::new(),
             bitmap_line: None,
             tuning: Vec::new(),
+            injected_faults: Vec::new(),
         }
     }
 }

@@ -1,160 +1,197 @@
-//! dRAID's spec string, as ZFS writes it: `draidP[:Dd][:Cc][:Ss]`.
+//! The dRAID layout spec string, `draid[P][:Dd][:Cc][:Ss]`, as ZFS spells
+//! it: P parity columns per group (1 to 3, default 1), D data columns per
+//! group, C children, S distributed spares. Pure parsing and the arithmetic
+//! that follows from the four numbers alone (group width, groups per slice,
+//! usable capacity), so that the planner and the dRAID geometry can share
+//! one reading of a spec.
 //!
-//! P is the parity columns per group (1..=3), D the data columns per group
-//! (default min(C−S−P, 8), as `zpool create` chooses), C the children and S
-//! the distributed spares (default 0). C may come from elsewhere (uraid's
-//! `--raid-devices`); given twice, the two must agree.
+//! Defaults follow ZFS: S is 0, D is min(C − S − P, 8), and C may come from
+//! the caller (the `--raid-devices` of the command) when the spec omits it.
 
-use super::Level;
 use std::fmt;
+use std::str::FromStr;
 
-/// ZFS's limits (`VDEV_DRAID_MAX_CHILDREN`, the spare limit of
-/// `vdev_draid_init`).
-pub const MAX_CHILDREN: usize = 255;
-pub const MAX_SPARES: usize = 100;
-/// ZFS's default data columns per group.
-pub const DEFAULT_DATA: usize = 8;
+/// Most parity columns a group may have: three independent syndromes
+/// (P, Q, R) are all that the 1, 2, 4 coefficients give.
+pub const MAX_PARITY: u32 = 3;
+/// Fewest and most children: ZFS's permutation maps cover 2..=255.
+pub const MIN_CHILDREN: u32 = 2;
+pub const MAX_CHILDREN: u32 = 255;
+/// Most distributed spares.
+pub const MAX_SPARES: u32 = 100;
+/// Data columns per group when the spec does not say.
+pub const DEFAULT_DATA: u32 = 8;
+/// The height of one row on each child: a whole 16 MiB block fits even when
+/// D is 1.
+pub const ROW_BYTES: u64 = 16 << 20;
+/// Space kept at the end of each child for a future expansion.
+pub const RESERVE_BYTES: u64 = 32 << 20;
 
-/// A dRAID's shape, before it has members.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A validated dRAID layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct DraidSpec {
-    pub parity: usize,
-    pub data: usize,
-    pub children: usize,
-    pub spares: usize,
+    pub parity: u32,
+    pub data: u32,
+    pub children: u32,
+    pub spares: u32,
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 impl DraidSpec {
-    /// Parses `text` (`draid2:8d:24c:1s`, `draid1`, ...); `raid_devices` is
-    /// C when the string leaves it out. One line of error for each way the
-    /// spec can be impossible.
-    pub fn parse(text: &str, raid_devices: Option<usize>) -> Result<DraidSpec, String> {
-        let mut parts = text.trim().split(':');
-        let head = parts.next().unwrap_or_default();
-        let parity = match head.strip_prefix("draid") {
-            Some("") => 1,
-            Some(p) => p
-                .parse::<usize>()
-                .ok()
-                .filter(|p| (1..=3).contains(p))
-                .ok_or_else(|| format!("dRAID parity must be 1, 2 or 3, got '{p}' in '{text}'"))?,
-            None => {
-                return Err(format!(
-                    "'{text}' is not a dRAID spec (draidP[:Dd][:Cc][:Ss])"
-                ))
-            }
-        };
-        let (mut data, mut children, mut spares) = (None, None, None);
-        for part in parts {
-            let (number, kind) = part.split_at(part.len().saturating_sub(1));
-            let value: usize = number.parse().map_err(|_| {
-                format!("'{part}' in '{text}' is not a number followed by d, c or s")
-            })?;
-            let slot = match kind {
-                "d" => &mut data,
-                "c" => &mut children,
-                "s" => &mut spares,
-                _ => return Err(format!("'{part}' in '{text}' is not Nd, Nc or Ns")),
-            };
-            if slot.replace(value).is_some() {
-                return Err(format!("'{part}' is given twice in '{text}'"));
-            }
-        }
-        let children = match (children, raid_devices) {
-            (Some(c), Some(n)) if c != n => {
-                return Err(format!(
-                    "'{text}' says {c} children but {n} raid devices are given"
-                ))
-            }
-            (Some(c), _) | (None, Some(c)) => c,
-            (None, None) => return Err(format!("'{text}' needs its children count (Nc)")),
-        };
-        let spares = spares.unwrap_or(0);
-        let data = match data {
-            Some(d) => d,
-            None => children
-                .checked_sub(spares + parity)
-                .filter(|d| *d >= 1)
-                .map(|d| d.min(DEFAULT_DATA))
-                .ok_or_else(|| {
-                    format!(
-                        "'{text}': {children} children leave no data column beside {parity} parity and {spares} spares"
-                    )
-                })?,
-        };
-        let spec = DraidSpec {
-            parity,
-            data,
-            children,
-            spares,
-        };
-        spec.check()?;
-        Ok(spec)
+    /// Parses a spec; `children` stands in when the spec has no `:Cc`. The
+    /// error is one line naming the spec.
+    pub fn parse(text: &str, children: Option<u32>) -> Result<DraidSpec, String> {
+        parse(text, children).map_err(|why| format!("invalid dRAID spec '{text}': {why}"))
     }
 
-    /// Refuses shapes that cannot be laid out.
-    pub fn check(&self) -> Result<(), String> {
-        if !(1..=3).contains(&self.parity) {
-            return Err(format!(
-                "dRAID parity must be 1, 2 or 3, got {}",
-                self.parity
-            ));
+    /// Checks the four numbers against each other; one line saying what is
+    /// wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=MAX_PARITY).contains(&self.parity) {
+            return Err(format!("parity {} is not 1, 2 or 3", self.parity));
         }
-        if self.data == 0 {
-            return Err("a dRAID group needs at least one data column (0d)".into());
-        }
-        if !(2..=MAX_CHILDREN).contains(&self.children) {
+        if !(MIN_CHILDREN..=MAX_CHILDREN).contains(&self.children) {
             return Err(format!(
-                "a dRAID has 2 to {MAX_CHILDREN} children, got {}",
+                "{} children is outside {MIN_CHILDREN}..={MAX_CHILDREN}",
                 self.children
             ));
         }
         if self.spares > MAX_SPARES {
             return Err(format!(
-                "a dRAID has at most {MAX_SPARES} distributed spares, got {}",
+                "{} distributed spares is more than {MAX_SPARES}",
                 self.spares
             ));
         }
-        if self.data + self.parity + self.spares > self.children {
+        if self.data == 0 {
+            return Err("a group needs at least 1 data column".into());
+        }
+        let width = self.data + self.parity;
+        if width > self.children.saturating_sub(self.spares) {
             return Err(format!(
-                "{self}: a group of {} data + {} parity columns does not fit in {} children less {} spares",
+                "{}d + {}p = {width} columns do not fit in {} children less {} spares",
                 self.data, self.parity, self.children, self.spares
             ));
         }
         Ok(())
     }
 
-    pub fn level(&self) -> Level {
-        match self.parity {
-            1 => Level::Draid1,
-            2 => Level::Draid2,
-            _ => Level::Draid3,
-        }
+    /// Columns per redundancy group, W = D + P.
+    pub fn group_width(&self) -> u32 {
+        self.data + self.parity
     }
 
-    /// The superblock's layout word (docs/DRAID-FORMAT.md): D in bits 0-7,
-    /// S in bits 8-15.
-    pub fn layout_word(&self) -> u32 {
-        assert!(self.data < 256 && self.spares < 256);
-        self.data as u32 | (self.spares as u32) << 8
+    /// Children that hold groups (the rest of each slice is spare space),
+    /// N = C − S.
+    pub fn ndisks(&self) -> u32 {
+        self.children - self.spares
     }
 
-    /// The spec of a layout word, for `children` children of `level`.
-    pub fn from_layout(level: Level, layout: u32, children: usize) -> Option<DraidSpec> {
-        if !level.is_draid() || layout >> 16 != 0 {
-            return None;
-        }
-        let spec = DraidSpec {
-            parity: level.parity_members(),
-            data: (layout & 0xff) as usize,
-            children,
-            spares: ((layout >> 8) & 0xff) as usize,
+    /// Groups per slice: the fewest whole groups that fill whole rows of N,
+    /// LCM(W, N) / W.
+    pub fn groups_per_slice(&self) -> u64 {
+        let (w, n) = (u64::from(self.group_width()), u64::from(self.ndisks()));
+        n / gcd(w, n)
+    }
+
+    /// Usable bytes with every child `child_bytes` large, by ZFS's rule: keep
+    /// the reserve, round each child down to whole rows, then the N
+    /// children's space down to whole groups, of which D/W is data.
+    pub fn capacity_bytes(&self, child_bytes: u64) -> u64 {
+        let per_child = child_bytes.saturating_sub(RESERVE_BYTES) / ROW_BYTES * ROW_BYTES;
+        let group_bytes = u64::from(self.group_width()) * ROW_BYTES;
+        let all = u128::from(per_child) * u128::from(self.ndisks());
+        let whole_groups = all / u128::from(group_bytes) * u128::from(group_bytes);
+        let data = whole_groups * u128::from(self.data) / u128::from(self.group_width());
+        u64::try_from(data).unwrap_or(u64::MAX)
+    }
+}
+
+/// A count with its one-letter unit (`8d`), or `None` if the letter is not
+/// the one given.
+fn counted(part: &str, letter: char) -> Option<Result<u32, String>> {
+    let digits = part.strip_suffix(letter)?;
+    Some(
+        digits
+            .parse::<u32>()
+            .map_err(|_| format!("'{part}' is not a whole number followed by '{letter}'")),
+    )
+}
+
+fn parse(text: &str, default_children: Option<u32>) -> Result<DraidSpec, String> {
+    let lower = text.trim().to_ascii_lowercase();
+    let mut parts = lower.split(':');
+    let head = parts.next().unwrap_or("");
+    let parity_text = head
+        .strip_prefix("draid")
+        .ok_or("a dRAID spec starts with 'draid', e.g. draid2:8d:90c:1s")?;
+    let parity = match parity_text {
+        "" => 1,
+        digits => digits
+            .parse::<u32>()
+            .map_err(|_| format!("parity '{digits}' is not a whole number"))?,
+    };
+    let (mut data, mut children, mut spares) = (None, None, None);
+    for part in parts {
+        let (slot, value, name) = if let Some(v) = counted(part, 'd') {
+            (&mut data, v?, "data count")
+        } else if let Some(v) = counted(part, 'c') {
+            (&mut children, v?, "children count")
+        } else if let Some(v) = counted(part, 's') {
+            (&mut spares, v?, "spare count")
+        } else {
+            return Err(format!(
+                "unexpected '{part}' (expected Nd data, Nc children or Ns spares)"
+            ));
         };
-        spec.check().ok().map(|()| spec)
+        if slot.replace(value).is_some() {
+            return Err(format!("the {name} is given twice"));
+        }
+    }
+    let children = children
+        .or(default_children)
+        .ok_or("the number of children is not given (add :Nc)")?;
+    let spares = spares.unwrap_or(0);
+    let data = match data {
+        Some(d) => d,
+        None => {
+            let room = children.saturating_sub(spares).saturating_sub(parity);
+            if room == 0 {
+                return Err(format!(
+                    "too few children: {children} children less {spares} spares leave no \
+                     room for {parity} parity and a data column"
+                ));
+            }
+            room.min(DEFAULT_DATA)
+        }
+    };
+    let spec = DraidSpec {
+        parity,
+        data,
+        children,
+        spares,
+    };
+    spec.validate()?;
+    Ok(spec)
+}
+
+impl FromStr for DraidSpec {
+    type Err = String;
+
+    /// Parses a spec that names its children.
+    fn from_str(text: &str) -> Result<DraidSpec, String> {
+        DraidSpec::parse(text, None)
     }
 }
 
 impl fmt::Display for DraidSpec {
+    /// The full form, every number spelled out: `draid2:8d:90c:1s`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -168,50 +205,102 @@ impl fmt::Display for DraidSpec {
 mod tests {
     use super::*;
 
-    #[test]
-    fn parses_zfs_spec_strings() {
-        let spec = DraidSpec::parse("draid2:8d:24c:1s", None).unwrap();
-        assert_eq!(
-            (spec.parity, spec.data, spec.children, spec.spares),
-            (2, 8, 24, 1)
-        );
-        assert_eq!(spec.to_string(), "draid2:8d:24c:1s");
-        // C from --raid-devices, D by ZFS's default.
-        let spec = DraidSpec::parse("draid1:2s", Some(11)).unwrap();
-        assert_eq!(
-            (spec.parity, spec.data, spec.children, spec.spares),
-            (1, 8, 11, 2)
-        );
-        let spec = DraidSpec::parse("draid", Some(5)).unwrap();
-        assert_eq!((spec.parity, spec.data), (1, 4));
-        let spec = DraidSpec::parse("draid3:4d:1s", Some(12)).unwrap();
-        assert_eq!(spec.level(), Level::Draid3);
-        assert_eq!(
-            DraidSpec::from_layout(Level::Draid3, spec.layout_word(), 12),
-            Some(spec)
-        );
+    fn spec(p: u32, d: u32, c: u32, s: u32) -> DraidSpec {
+        DraidSpec {
+            parity: p,
+            data: d,
+            children: c,
+            spares: s,
+        }
     }
 
     #[test]
-    fn refuses_impossible_specs_with_one_line() {
-        for (text, devices, words) in [
-            ("draid4:2d", Some(10), "parity must be 1, 2 or 3"),
-            ("draid2:8d:10c:1s", None, "does not fit"),
-            ("draid1:8d:12c", Some(10), "says 12 children but 10"),
-            ("draid1:0d", Some(4), "at least one data column"),
-            ("draid2:1d:1c", None, "2 to 255 children"),
-            ("draid1:1d:300c", None, "2 to 255 children"),
-            ("draid1:1d:200c:101s", None, "at most 100"),
-            ("draid2:xd", Some(8), "not a number"),
-            ("draid2:8q", Some(8), "not Nd, Nc or Ns"),
-            ("draid2:8d:4d", Some(20), "given twice"),
-            ("draid2", None, "needs its children count"),
-            ("draid2:2s", Some(4), "leave no data column"),
-            ("raid6", Some(4), "not a dRAID spec"),
+    fn specs_parse_with_zfs_defaults() {
+        assert_eq!("draid2:8d:90c:1s".parse(), Ok(spec(2, 8, 90, 1)));
+        assert_eq!("DRAID1:4d:11c:1s".parse(), Ok(spec(1, 4, 11, 1)));
+        assert_eq!(DraidSpec::parse("draid", Some(90)), Ok(spec(1, 8, 90, 0)));
+        assert_eq!(DraidSpec::parse("draid3", Some(8)), Ok(spec(3, 5, 8, 0)));
+        assert_eq!(DraidSpec::parse("draid2:2s", Some(6)), Ok(spec(2, 2, 6, 2)));
+        // The spec's own children win over the caller's.
+        assert_eq!(
+            DraidSpec::parse("draid1:24c", Some(90)),
+            Ok(spec(1, 8, 24, 0))
+        );
+        assert_eq!(
+            DraidSpec::parse("draid1:4d:1s:11c", None),
+            Ok(spec(1, 4, 11, 1))
+        );
+        for text in [
+            "draid2:8d:90c:1s",
+            "draid1:1d:2c:0s",
+            "draid3:16d:255c:100s",
         ] {
-            let error = DraidSpec::parse(text, devices).unwrap_err();
-            assert!(error.contains(words), "{text}: {error}");
-            assert!(!error.contains('\n'), "{text}: {error}");
+            assert_eq!(text.parse::<DraidSpec>().unwrap().to_string(), text);
         }
+    }
+
+    #[test]
+    fn bad_specs_are_refused_in_one_line() {
+        for (text, children, why) in [
+            ("raidz2", Some(8), "starts with 'draid'"),
+            ("draid4:8d:90c", None, "parity 4 is not 1, 2 or 3"),
+            ("draid0:8d:90c", None, "parity 0"),
+            ("draidx", Some(8), "parity 'x'"),
+            ("draid1:8d", None, "children is not given"),
+            ("draid1:1d:1c", None, "outside 2..=255"),
+            ("draid1:8d:256c", None, "outside 2..=255"),
+            ("draid1:1d:255c:101s", None, "more than 100"),
+            ("draid2:8d:10c:1s", None, "do not fit"),
+            ("draid1:0d:10c", None, "at least 1 data"),
+            ("draid2:3c:1s", None, "too few children"),
+            ("draid1:8d:8d:20c", None, "given twice"),
+            ("draid1:8x:20c", None, "unexpected '8x'"),
+            ("draid1:d:20c", None, "'d' is not a whole number"),
+        ] {
+            let err = DraidSpec::parse(text, children).unwrap_err();
+            assert!(
+                err.starts_with(&format!("invalid dRAID spec '{text}': ")),
+                "{err}"
+            );
+            assert!(err.contains(why), "{text}: {err}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+    }
+
+    #[test]
+    fn derived_sizes_match_the_brief_examples() {
+        let docs = spec(1, 4, 11, 1);
+        assert_eq!((docs.group_width(), docs.ndisks()), (5, 10));
+        assert_eq!(docs.groups_per_slice(), 2);
+        assert_eq!(spec(1, 8, 12, 0).groups_per_slice(), 4);
+        assert_eq!(spec(2, 8, 68, 2).groups_per_slice(), 33);
+        assert_eq!(spec(1, 8, 14, 2).groups_per_slice(), 4);
+        // 10 children of 1 GiB: 992 MiB each after the reserve, 62 rows;
+        // 620 rows over groups of 5 columns is 124 groups, 4/5 of it data.
+        let gib = 1u64 << 30;
+        assert_eq!(docs.capacity_bytes(gib), 620 * ROW_BYTES * 4 / 5);
+        // About (C − S) · X · D / W for large children.
+        let x = 16_000_000_000_000u64;
+        let approx = 89.0 * x as f64 * 8.0 / 9.0;
+        let exact = spec(1, 8, 90, 1).capacity_bytes(x) as f64;
+        assert!((exact / approx - 1.0).abs() < 1e-3, "{exact} {approx}");
+    }
+}
+
+impl DraidSpec {
+    /// The level of a dRAID with this many parity columns.
+    pub fn level(&self) -> super::Level {
+        match self.parity {
+            1 => super::Level::Draid1,
+            2 => super::Level::Draid2,
+            _ => super::Level::Draid3,
+        }
+    }
+
+    /// The layout word of uraid's dRAID superblock (docs/DRAID-FORMAT.md):
+    /// D in bits 0-7, S in bits 8-15.
+    pub fn layout_word(&self) -> u32 {
+        assert!(self.data < 256 && self.spares < 256, "checked by validate");
+        self.data | self.spares << 8
     }
 }

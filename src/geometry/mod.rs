@@ -16,7 +16,7 @@
 //! Member sectors are relative to each member's data offset.
 
 mod draid;
-mod draid_spec;
+pub mod draid_spec;
 mod layout_names;
 mod linear;
 mod raid0;

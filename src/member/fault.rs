@@ -7,7 +7,8 @@
 //! (ENODEV, like a SCSI device deleted from sysfs), an offline drive that comes
 //! back (EIO, like `echo offline > .../device/state` and later `running`), bad
 //! sectors that stay bad until rewritten, random errors at a seeded rate, added
-//! latency, torn writes, and a volatile write cache that a `crash()` empties.
+//! latency, a bandwidth and IOPS limit (a slow or worn drive), torn writes,
+//! and a volatile write cache that a `crash()` empties.
 //!
 //! Every change is described by a [`Fault`], which is plain serde data (so the
 //! control socket can carry it as JSON) and also has a compact command-line
@@ -19,6 +20,9 @@
 //! eio[:read|write|both]:OFFSET+LEN[:noremap]     bad sectors
 //! eio-rate:P[:read|write|both][:seed=N]          0 <= P <= 1; eio-rate:0 clears
 //! latency:DURATION[:jitter=DURATION][:read|write|both]
+//! throttle:RATE[:iops=N][:burst=DURATION]        bytes/s, reads and writes together
+//! throttle:iops=N | throttle:off                 off lifts it
+//! throttle:[RATE:]model=NAME                     the rate falls over the member as NAME's does
 //! torn[:WRITES][:keep=BLOCKS]                    the next WRITES writes (default 1)
 //! write-cache[:on|off][:capacity=SIZE]
 //! crash[:KEEP]                                   keep each unflushed block with P=KEEP
@@ -33,6 +37,8 @@
 //! when a fault consumes itself (a torn write) or heals (a rewritten bad
 //! sector), and the cache mutex only while the cache holds data.
 
+use super::model::ModelName;
+use super::throttle::{Pacer, ThrottleLimits};
 use super::{check_io, Member, MemberRef};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -239,18 +245,22 @@ pub enum Fault {
     Eio(BadRange),
     EioRate(EioRate),
     Latency(Latency),
+    /// A bandwidth and IOPS limit for reads and writes together, as a slow
+    /// drive has; unlimited lifts it.
+    Throttle(ThrottleLimits),
     Torn(Torn),
     WriteCache(WriteCache),
     Crash(Crash),
     Heal(Heal),
-    /// Clears every fault (pull, offline, bad ranges, rate, latency, torn).
+    /// Clears every fault (pull, offline, bad ranges, rate, latency,
+    /// throttle, torn).
     /// The write cache setting stays: it is how the drive is built, not a
     /// fault.
     Restore {},
 }
 
 const FAULT_KINDS: &str =
-    "pull, offline, eio, eio-rate, latency, torn, write-cache, crash, heal or restore";
+    "pull, offline, eio, eio-rate, latency, throttle, torn, write-cache, crash, heal or restore";
 
 impl Fault {
     /// Checks values that are wrong whatever the member (a rate above 1, an
@@ -283,6 +293,7 @@ impl Fault {
                     format_us(MAX_LATENCY_US)
                 )),
             },
+            Fault::Throttle(limits) => limits.check(),
             Fault::WriteCache(w) => match w.capacity_bytes {
                 Some(0) => Err("the cache capacity is zero".to_string()),
                 Some(c) if c > MAX_WRITE_CACHE_BYTES => Err(format!(
@@ -345,6 +356,23 @@ impl fmt::Display for Fault {
                     write!(f, ":jitter={}", format_us(l.jitter_us))?;
                 }
                 write!(f, "{}", ops(l.ops))
+            }
+            Fault::Throttle(limits) if limits.is_unlimited() => write!(f, "throttle:off"),
+            Fault::Throttle(limits) => {
+                write!(f, "throttle")?;
+                if let Some(bw) = limits.bytes_per_s {
+                    write!(f, ":{}", format_bytes(bw))?;
+                }
+                if let Some(iops) = limits.iops {
+                    write!(f, ":iops={iops}")?;
+                }
+                if limits.burst_ms != ThrottleLimits::UNLIMITED.burst_ms {
+                    write!(f, ":burst={}", format_us(limits.burst_ms * 1000))?;
+                }
+                match limits.model {
+                    Some(model) => write!(f, ":model={}", model.0),
+                    None => Ok(()),
+                }
             }
             Fault::Torn(t) => {
                 write!(f, "torn")?;
@@ -411,6 +439,7 @@ fn parse_fault(text: &str) -> Result<Fault, String> {
         "eio" => parse_eio(&args),
         "eio-rate" => parse_eio_rate(&args),
         "latency" => parse_latency(&args),
+        "throttle" => parse_throttle(&args),
         "torn" => parse_torn(&args),
         "write-cache" | "cache" => parse_write_cache(&args),
         "crash" => parse_crash(&args),
@@ -517,6 +546,41 @@ fn parse_latency(args: &[Arg]) -> Result<Fault, String> {
         jitter_us,
         ops,
     }))
+}
+
+fn parse_throttle(args: &[Arg]) -> Result<Fault, String> {
+    let (mut limits, mut rate, mut off) = (ThrottleLimits::UNLIMITED, None, false);
+    for arg in args {
+        match arg {
+            Arg::Word("off" | "none" | "unlimited") => off = true,
+            Arg::Key("iops", value) => limits.iops = Some(parse_u64("iops", value)?),
+            Arg::Key("burst", value) => limits.burst_ms = parse_duration_us(value)?.div_ceil(1000),
+            Arg::Key("model", value) => limits.model = Some(ModelName::parse(value)?),
+            Arg::Key("bw" | "rate", value) | Arg::Word(value) => positional(&mut rate, value)?,
+            other => return Err(unexpected(other)),
+        }
+    }
+    if let Some(rate) = rate {
+        let bytes = rate.strip_suffix("/s").unwrap_or(rate);
+        limits.bytes_per_s = Some(parse_bytes(bytes)?);
+    }
+    if off {
+        return match limits.is_unlimited() {
+            true => Ok(Fault::Throttle(ThrottleLimits::UNLIMITED)),
+            false => Err("throttle:off takes no rate".to_string()),
+        };
+    }
+    if limits.bytes_per_s == Some(0) || limits.iops == Some(0) {
+        return Err("a limit of 0 would stop all I/O (throttle:off lifts a throttle)".into());
+    }
+    if limits.is_unlimited() {
+        return Err(
+            "throttle needs a rate in bytes per second (throttle:50M), a device model \
+             (throttle:model=hdd-14t), or off"
+                .into(),
+        );
+    }
+    Ok(Fault::Throttle(limits))
 }
 
 fn parse_torn(args: &[Arg]) -> Result<Fault, String> {
@@ -719,6 +783,8 @@ pub struct FaultPlan {
     pub bad_ranges: Vec<BadRange>,
     pub eio_rate: Option<EioRate>,
     pub latency: Option<Latency>,
+    /// `Some` while a bandwidth or IOPS limit is in force (never unlimited).
+    pub throttle: Option<ThrottleLimits>,
     pub torn: Option<Torn>,
     /// `Some` while the volatile write cache is on.
     pub write_cache: Option<WriteCache>,
@@ -753,6 +819,7 @@ impl FaultPlan {
         faults.extend(self.bad_ranges.iter().copied().map(Fault::Eio));
         faults.extend(self.eio_rate.map(Fault::EioRate));
         faults.extend(self.latency.map(Fault::Latency));
+        faults.extend(self.throttle.map(Fault::Throttle));
         faults.extend(self.torn.map(Fault::Torn));
         faults.extend(self.write_cache.map(Fault::WriteCache));
         faults
@@ -1003,6 +1070,9 @@ pub struct FaultyMember {
     /// entirely while it is empty.
     cache_dirty_blocks: AtomicU64,
     counters: Counters,
+    /// Paces reads and writes while the plan holds a throttle; its limits
+    /// change only under the plan's write lock, so the two always agree.
+    pacer: Pacer,
 }
 
 impl FaultyMember {
@@ -1020,6 +1090,7 @@ impl FaultyMember {
             cache: Mutex::new(BlockCache::default()),
             cache_dirty_blocks: AtomicU64::new(0),
             counters: Counters::default(),
+            pacer: Pacer::new(),
         }
     }
 
@@ -1043,8 +1114,16 @@ impl FaultyMember {
     /// Replaces the faults in force. The cache contents are not touched: a
     /// plan without a write cache still writes back what the cache holds on
     /// the next flush.
-    pub fn set_plan(&self, plan: FaultPlan) {
-        *self.write_plan() = plan;
+    pub fn set_plan(&self, mut plan: FaultPlan) {
+        let mut current = self.write_plan();
+        let limits = plan.throttle.unwrap_or(ThrottleLimits::UNLIMITED);
+        if self.pacer.set_limits(limits).is_err() {
+            // A hand-built plan with a limit that would stall I/O for good:
+            // run unthrottled rather than hang, and say so in the plan.
+            plan.throttle = None;
+            let _ = self.pacer.set_limits(ThrottleLimits::UNLIMITED);
+        }
+        *current = plan;
     }
 
     /// The faults in force, as faults.
@@ -1088,6 +1167,14 @@ impl FaultyMember {
         if c.delayed_ios > 0 {
             line += &format!(", {} delayed I/Os", c.delayed_ios);
         }
+        let paced = self.pacer.stats();
+        if paced.throttled_ios > 0 {
+            line += &format!(
+                ", {} throttled I/Os waited {}",
+                paced.throttled_ios,
+                format_us(paced.waited_us / 1000 * 1000)
+            );
+        }
         let dirty = self.unflushed_blocks();
         if dirty > 0 {
             line += &format!(", {dirty} unflushed blocks");
@@ -1102,7 +1189,9 @@ impl FaultyMember {
 
     /// Clears every fault: see `Fault::Restore`.
     pub fn restore(&self) {
-        self.write_plan().restore();
+        let mut plan = self.write_plan();
+        plan.restore();
+        let _ = self.pacer.set_limits(ThrottleLimits::UNLIMITED);
     }
 
     /// Drops every write since the last flush, as a power cut would.
@@ -1176,6 +1265,14 @@ impl FaultyMember {
             Fault::Latency(latency) => {
                 let any = latency.delay_us > 0 || latency.jitter_us > 0;
                 self.write_plan().latency = any.then_some(*latency);
+                Ok(())
+            }
+            Fault::Throttle(limits) => {
+                let mut plan = self.write_plan();
+                self.pacer
+                    .set_limits(*limits)
+                    .map_err(|why| invalid(self, &why))?;
+                plan.throttle = (!limits.is_unlimited()).then_some(*limits);
                 Ok(())
             }
             Fault::Torn(torn) => {
@@ -1460,6 +1557,10 @@ impl Member for FaultyMember {
         bump(&self.counters.reads, 1);
         let decision = self.decide(Dir::Read, offset_bytes, buf.len() as u64)?;
         std::thread::sleep(decision.delay);
+        // A failing read still costs the drive its time, as a medium error
+        // does after the retries.
+        self.pacer
+            .admit(buf.len() as u64, offset_bytes, self.size_bytes());
         if let Some(err) = decision.error {
             return Err(err);
         }
@@ -1482,6 +1583,8 @@ impl Member for FaultyMember {
         bump(&self.counters.writes, 1);
         let decision = self.decide(Dir::Write, offset_bytes, buf.len() as u64)?;
         std::thread::sleep(decision.delay);
+        self.pacer
+            .admit(buf.len() as u64, offset_bytes, self.size_bytes());
         if let Some(err) = decision.error {
             return Err(err);
         }
@@ -1615,6 +1718,112 @@ mod tests {
     }
 
     #[test]
+    fn throttles_parse_print_and_serialize() {
+        let fifty: Fault = "throttle:50M".parse().unwrap();
+        assert_eq!(
+            fifty,
+            Fault::Throttle(ThrottleLimits {
+                bytes_per_s: Some(50 << 20),
+                ..ThrottleLimits::UNLIMITED
+            })
+        );
+        for (text, canonical) in [
+            ("throttle:50M", "throttle:50M"),
+            ("throttle:50M/s:iops=200", "throttle:50M:iops=200"),
+            ("throttle:iops=200:8M", "throttle:8M:iops=200"),
+            ("throttle:iops=20", "throttle:iops=20"),
+            ("throttle:1M:burst=200ms", "throttle:1M:burst=200ms"),
+            ("throttle:off", "throttle:off"),
+            ("throttle:model=HDD-14T", "throttle:model=hdd-14t"),
+            ("throttle:model=hdd-4t:8M", "throttle:8M:model=hdd-4t"),
+        ] {
+            let fault: Fault = text.parse().unwrap();
+            assert_eq!(fault.to_string(), canonical);
+            assert_eq!(canonical.parse::<Fault>().unwrap(), fault);
+        }
+        assert_eq!(
+            serde_json::to_string(&fifty).unwrap(),
+            format!(r#"{{"throttle":{{"bytes_per_s":{}}}}}"#, 50u64 << 20)
+        );
+        assert_eq!(
+            serde_json::from_str::<Fault>(r#"{"throttle":{}}"#).unwrap(),
+            "throttle:off".parse().unwrap()
+        );
+        let err = "throttle:0".parse::<Fault>().unwrap_err();
+        assert!(err.contains("would stop all I/O"), "{err}");
+        let err = "throttle:abc".parse::<Fault>().unwrap_err();
+        assert!(err.contains("'abc' is not a number"), "{err}");
+    }
+
+    #[test]
+    fn a_throttled_member_is_paced_and_restore_lifts_it() {
+        let m = member(8 << 20);
+        m.apply_str("throttle:8M").unwrap();
+        assert_eq!(m.faults(), vec!["throttle:8M".parse::<Fault>().unwrap()]);
+        assert!(m.describe().starts_with("throttle:8M;"), "{}", m.describe());
+        // 4 MiB at 8 MiB/s is half a second, less the 50 ms burst; the
+        // bound is loose on purpose, only the lower one says anything.
+        let start = Instant::now();
+        let chunk = vec![7u8; 256 << 10];
+        for i in 0..8u64 {
+            m.write_at(&chunk, i * chunk.len() as u64).unwrap();
+        }
+        let mut back = vec![0u8; 256 << 10];
+        for i in 0..8u64 {
+            m.read_at(&mut back, i * (256 << 10)).unwrap();
+        }
+        // Reads and writes share the one budget: 4 MiB in all.
+        let elapsed = start.elapsed();
+        assert!(elapsed >= Duration::from_millis(400), "{elapsed:?}");
+        assert!(m.describe().contains("throttled I/Os"), "{}", m.describe());
+
+        // A refused throttle changes nothing.
+        assert!(m
+            .apply(&Fault::Throttle(ThrottleLimits {
+                bytes_per_s: Some(0),
+                ..ThrottleLimits::UNLIMITED
+            }))
+            .is_err());
+        assert_eq!(m.plan().throttle.unwrap().bytes_per_s, Some(8 << 20));
+
+        // Heal is about bad sectors: the throttle stays. Restore lifts it.
+        m.apply_str("heal").unwrap();
+        assert!(m.plan().throttle.is_some());
+        m.apply_str("restore").unwrap();
+        assert!(m.faults().is_empty());
+        let start = Instant::now();
+        for i in 0..8u64 {
+            m.write_at(&chunk, i * chunk.len() as u64).unwrap();
+        }
+        assert!(start.elapsed() < Duration::from_millis(400));
+
+        // throttle:off lifts it the same way.
+        m.apply_str("throttle:1M").unwrap();
+        m.apply_str("throttle:off").unwrap();
+        assert_eq!(m.plan().throttle, None);
+        let start = Instant::now();
+        m.write_at(&vec![1u8; 1 << 20], 0).unwrap();
+        assert!(start.elapsed() < Duration::from_millis(400));
+    }
+
+    #[test]
+    fn a_throttle_with_a_disk_model_is_slower_at_the_end() {
+        let m = member(8 << 20);
+        m.apply_str("throttle:8M:model=hdd-14t").unwrap();
+        assert_eq!(m.faults()[0].to_string(), "throttle:8M:model=hdd-14t");
+        // The second half of the member streams at 265 MB/s's shape down to
+        // 145: on average about 1.5 times the cost of the start, so 4 MiB
+        // there at 8 MiB/s takes well over the 0.5 s it would at the start.
+        let chunk = vec![3u8; 256 << 10];
+        let start = Instant::now();
+        for i in 16..32u64 {
+            m.write_at(&chunk, i * chunk.len() as u64).unwrap();
+        }
+        let elapsed = start.elapsed();
+        assert!(elapsed >= Duration::from_millis(650), "{elapsed:?}");
+    }
+
+    #[test]
     fn bad_input_is_refused_in_one_line() {
         for text in [
             "",
@@ -1635,6 +1844,16 @@ mod tests {
             "latency",
             "latency:5",
             "latency:61s",
+            "throttle",
+            "throttle:0",
+            "throttle:abc",
+            "throttle:50M:iops=0",
+            "throttle:50M:iops=x",
+            "throttle:50M:60M",
+            "throttle:off:50M",
+            "throttle:50M:burst=0ms",
+            "throttle:50M:speed=1",
+            "throttle:model=floppy",
             "torn:x",
             "torn:1:keep=-1",
             "write-cache:maybe",

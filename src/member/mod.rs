@@ -13,6 +13,7 @@ mod fault;
 mod file;
 pub mod mapped;
 mod memory;
+mod model;
 pub mod probe;
 mod throttle;
 mod uring;
@@ -25,7 +26,8 @@ pub use fault::{
 };
 pub use file::{CacheMode, FileMember, OpenOptions, RingAlways};
 pub use memory::MemoryMember;
-pub use throttle::{ThrottleLimits, ThrottleStats, ThrottledMember};
+pub use model::{model_names, DeviceModel, ModelName, MODELS};
+pub use throttle::{Pacer, ThrottleLimits, ThrottleStats, ThrottledMember};
 
 use std::io;
 use std::os::unix::io::RawFd;

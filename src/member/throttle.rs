@@ -10,6 +10,7 @@
 //! I/Os, so lifting a limit takes effect at once.
 
 use super::fault::{format_bytes, format_us, parse_bytes, parse_duration_us};
+use super::model::{DeviceModel, ModelName};
 use super::{check_io, Member, MemberRef};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -48,6 +49,13 @@ pub struct ThrottleLimits {
     /// How much of each rate may be used at once after an idle spell.
     #[serde(default = "default_burst_ms", skip_serializing_if = "is_default_burst")]
     pub burst_ms: u64,
+    /// A device model (`member::DeviceModel`) whose shape the byte rate
+    /// follows, so that a member is as much slower at its end as a disk is
+    /// at its inner tracks: the rate holds at offset 0 (the model's own
+    /// outer bandwidth when no rate is given) and falls with the model's
+    /// bandwidth at the I/O's fraction of the member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelName>,
 }
 
 impl Default for ThrottleLimits {
@@ -61,10 +69,34 @@ impl ThrottleLimits {
         bytes_per_s: None,
         iops: None,
         burst_ms: DEFAULT_BURST_MS,
+        model: None,
     };
 
     pub fn is_unlimited(&self) -> bool {
-        self.bytes_per_s.is_none() && self.iops.is_none()
+        self.bytes_per_s.is_none() && self.iops.is_none() && self.model.is_none()
+    }
+
+    /// The device model the rate follows, if any.
+    pub fn device_model(&self) -> Option<DeviceModel> {
+        self.model
+            .and_then(|name| DeviceModel::by_name(name.0).ok())
+    }
+
+    /// The byte rate at offset 0: the one given, else the model's outer
+    /// bandwidth.
+    pub fn outer_bytes_per_s(&self) -> Option<u64> {
+        self.bytes_per_s
+            .or_else(|| self.device_model().map(|m| m.outer_bytes_per_s as u64))
+    }
+
+    /// What an I/O of `len_bytes` at `fraction` of the member costs in
+    /// bytes at the outer rate: more towards the end under a disk model.
+    fn byte_cost(&self, len_bytes: u64, fraction: f64) -> f64 {
+        let len = len_bytes as f64;
+        match self.device_model() {
+            Some(m) => len * m.outer_bytes_per_s / m.bandwidth_at(fraction),
+            None => len,
+        }
     }
 
     /// Refuses limits that would stall I/O for good or hide the limit.
@@ -97,6 +129,9 @@ impl fmt::Display for ThrottleLimits {
         if self.burst_ms != DEFAULT_BURST_MS {
             parts.push(format!("burst={}", format_us(self.burst_ms * 1000)));
         }
+        if let Some(model) = self.model {
+            parts.push(format!("model={}", model.0));
+        }
         if self.is_unlimited() && parts.is_empty() {
             return write!(f, "unlimited");
         }
@@ -126,6 +161,9 @@ impl FromStr for ThrottleLimits {
                         .parse()
                         .map_err(|_| why(format!("iops '{value}' is not a whole number")))?;
                     limits.iops = Some(iops);
+                }
+                Some(("model", value)) => {
+                    limits.model = Some(ModelName::parse(value).map_err(why)?);
                 }
                 Some(("burst", value)) => {
                     let us = parse_duration_us(value).map_err(why)?;
@@ -200,14 +238,17 @@ impl Buckets {
     fn new(limits: ThrottleLimits) -> Buckets {
         Buckets {
             limits,
-            bytes: limits.bytes_per_s.map(|r| Bucket::new(r, limits.burst_ms)),
+            bytes: limits
+                .outer_bytes_per_s()
+                .map(|r| Bucket::new(r, limits.burst_ms)),
             ios: limits.iops.map(|r| Bucket::new(r, limits.burst_ms)),
             refilled_at: Instant::now(),
         }
     }
 
-    /// Charges one I/O of `len_bytes`; returns how long it must wait.
-    fn charge(&mut self, len_bytes: u64, now: Instant) -> Duration {
+    /// Charges one I/O of `len_bytes` at `fraction` of the member; returns
+    /// how long it must wait.
+    fn charge(&mut self, len_bytes: u64, fraction: f64, now: Instant) -> Duration {
         let elapsed_s = now
             .saturating_duration_since(self.refilled_at)
             .as_secs_f64();
@@ -215,7 +256,7 @@ impl Buckets {
         let mut wait_s: f64 = 0.0;
         if let Some(bucket) = &mut self.bytes {
             bucket.refill(elapsed_s);
-            wait_s = wait_s.max(bucket.take(len_bytes as f64));
+            wait_s = wait_s.max(bucket.take(self.limits.byte_cost(len_bytes, fraction)));
         }
         if let Some(bucket) = &mut self.ios {
             bucket.refill(elapsed_s);
@@ -225,9 +266,11 @@ impl Buckets {
     }
 }
 
-/// A member limited in bandwidth and IOPS. See the module documentation.
-pub struct ThrottledMember {
-    inner: MemberRef,
+/// The pacing of a throttle, apart from any member: token buckets whose
+/// limits can change while I/Os wait. `ThrottledMember` wraps a member in
+/// one; the fault injector keeps one so that a served array's member can be
+/// slowed down and sped up again live.
+pub struct Pacer {
     buckets: Mutex<Buckets>,
     /// Bumped on every change of limits, to wake the I/Os waiting under the
     /// old ones.
@@ -246,11 +289,16 @@ fn lock(buckets: &Mutex<Buckets>) -> MutexGuard<'_, Buckets> {
     buckets.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl ThrottledMember {
-    /// Wraps `inner`; limits that fail `ThrottleLimits::check` are refused.
-    pub fn new(inner: MemberRef, limits: ThrottleLimits) -> io::Result<ThrottledMember> {
-        let member = ThrottledMember {
-            inner,
+impl Default for Pacer {
+    fn default() -> Pacer {
+        Pacer::new()
+    }
+}
+
+impl Pacer {
+    /// A pacer that lets everything through until limits are set.
+    pub fn new() -> Pacer {
+        Pacer {
             buckets: Mutex::new(Buckets::new(ThrottleLimits::UNLIMITED)),
             generation: AtomicU64::new(0),
             limited: AtomicBool::new(false),
@@ -258,13 +306,7 @@ impl ThrottledMember {
             bytes: AtomicU64::new(0),
             throttled_ios: AtomicU64::new(0),
             waited_us: AtomicU64::new(0),
-        };
-        member.set_limits(limits)?;
-        Ok(member)
-    }
-
-    pub fn inner(&self) -> &MemberRef {
-        &self.inner
+        }
     }
 
     pub fn limits(&self) -> ThrottleLimits {
@@ -272,14 +314,10 @@ impl ThrottledMember {
     }
 
     /// Changes the limits at once: the buckets start full at the new rates,
-    /// and I/Os waiting under the old limits go ahead.
-    pub fn set_limits(&self, limits: ThrottleLimits) -> io::Result<()> {
-        limits.check().map_err(|why| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{}: {why}", self.inner.name()),
-            )
-        })?;
+    /// and I/Os waiting under the old limits go ahead. Limits that fail
+    /// `ThrottleLimits::check` are refused with the reason.
+    pub fn set_limits(&self, limits: ThrottleLimits) -> Result<(), String> {
+        limits.check()?;
         let mut buckets = lock(&self.buckets);
         *buckets = Buckets::new(limits);
         self.limited
@@ -297,22 +335,9 @@ impl ThrottledMember {
         }
     }
 
-    /// One line for status output, e.g. `bw=10M,iops=200; 1200 I/Os, 300
-    /// throttled, waited 2.5s`.
-    pub fn describe(&self) -> String {
-        let s = self.stats();
-        format!(
-            "{}; {} I/Os, {} bytes, {} throttled, waited {}",
-            self.limits(),
-            s.ios,
-            s.bytes,
-            s.throttled_ios,
-            format_us(s.waited_us / 1000 * 1000)
-        )
-    }
-
-    /// Waits until an I/O of `len_bytes` may go.
-    fn admit(&self, len_bytes: u64) {
+    /// Waits until an I/O of `len_bytes` at byte `offset` of a member of
+    /// `size_bytes` may go (the place matters only under a device model).
+    pub fn admit(&self, len_bytes: u64, offset: u64, size_bytes: u64) {
         self.ios.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(len_bytes, Ordering::Relaxed);
         if !self.limited.load(Ordering::Acquire) {
@@ -320,7 +345,8 @@ impl ThrottledMember {
         }
         let generation = self.generation.load(Ordering::Acquire);
         let start = Instant::now();
-        let wait = lock(&self.buckets).charge(len_bytes, start);
+        let fraction = offset as f64 / size_bytes.max(1) as f64;
+        let wait = lock(&self.buckets).charge(len_bytes, fraction, start);
         if wait.is_zero() {
             return;
         }
@@ -336,6 +362,64 @@ impl ThrottledMember {
         let waited_us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
         self.throttled_ios.fetch_add(1, Ordering::Relaxed);
         self.waited_us.fetch_add(waited_us, Ordering::Relaxed);
+    }
+}
+
+/// A member limited in bandwidth and IOPS. See the module documentation.
+pub struct ThrottledMember {
+    inner: MemberRef,
+    pacer: Pacer,
+}
+
+impl ThrottledMember {
+    /// Wraps `inner`; limits that fail `ThrottleLimits::check` are refused.
+    pub fn new(inner: MemberRef, limits: ThrottleLimits) -> io::Result<ThrottledMember> {
+        let member = ThrottledMember {
+            inner,
+            pacer: Pacer::new(),
+        };
+        member.set_limits(limits)?;
+        Ok(member)
+    }
+
+    pub fn inner(&self) -> &MemberRef {
+        &self.inner
+    }
+
+    pub fn limits(&self) -> ThrottleLimits {
+        self.pacer.limits()
+    }
+
+    /// Changes the limits at once: see `Pacer::set_limits`.
+    pub fn set_limits(&self, limits: ThrottleLimits) -> io::Result<()> {
+        self.pacer.set_limits(limits).map_err(|why| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: {why}", self.inner.name()),
+            )
+        })
+    }
+
+    pub fn stats(&self) -> ThrottleStats {
+        self.pacer.stats()
+    }
+
+    /// One line for status output, e.g. `bw=10M,iops=200; 1200 I/Os, 300
+    /// throttled, waited 2.5s`.
+    pub fn describe(&self) -> String {
+        let s = self.stats();
+        format!(
+            "{}; {} I/Os, {} bytes, {} throttled, waited {}",
+            self.limits(),
+            s.ios,
+            s.bytes,
+            s.throttled_ios,
+            format_us(s.waited_us / 1000 * 1000)
+        )
+    }
+
+    fn admit(&self, len_bytes: u64, offset: u64) {
+        self.pacer.admit(len_bytes, offset, self.size_bytes());
     }
 }
 
@@ -355,13 +439,13 @@ impl Member for ThrottledMember {
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()> {
         // Refuse a malformed I/O before it spends tokens.
         check_io(self, offset_bytes, buf.len() as u64)?;
-        self.admit(buf.len() as u64);
+        self.admit(buf.len() as u64, offset_bytes);
         self.inner.read_at(buf, offset_bytes)
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
         check_io(self, offset_bytes, buf.len() as u64)?;
-        self.admit(buf.len() as u64);
+        self.admit(buf.len() as u64, offset_bytes);
         self.inner.write_at(buf, offset_bytes)
     }
 
@@ -428,6 +512,25 @@ mod tests {
             limits("iops=10")
         );
         assert!(serde_json::from_str::<ThrottleLimits>(r#"{"bps":10}"#).is_err());
+    }
+
+    #[test]
+    fn a_model_makes_the_end_of_a_member_dearer() {
+        let l = limits("model=hdd-14t");
+        assert_eq!(l.outer_bytes_per_s(), Some(265_000_000));
+        assert_eq!(l.to_string(), "model=hdd-14t");
+        assert_eq!(l.byte_cost(1000, 0.0), 1000.0);
+        assert!((l.byte_cost(1000, 1.0) - 1000.0 * 265.0 / 145.0).abs() < 1e-6);
+        let json = serde_json::to_string(&limits("bw=1M,model=nvme")).unwrap();
+        assert_eq!(json, r#"{"bytes_per_s":1048576,"model":"nvme"}"#);
+        assert_eq!(
+            serde_json::from_str::<ThrottleLimits>(&json).unwrap(),
+            limits("bw=1M,model=nvme")
+        );
+        assert!(serde_json::from_str::<ThrottleLimits>(r#"{"model":"floppy"}"#).is_err());
+        assert!("model=floppy".parse::<ThrottleLimits>().is_err());
+        // Flat models cost the same everywhere.
+        assert_eq!(limits("model=nvme").byte_cost(1000, 0.9), 1000.0);
     }
 
     #[test]

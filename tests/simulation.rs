@@ -14,7 +14,9 @@
 //! * member faults — pull, bad ranges (read, write or both, remapped or
 //!   not), a random error rate, torn writes — and restores, never on more
 //!   members at once than the level can lose (raid5 1, raid6 2, raid1 n-1,
-//!   raid10 1; a member that is missing, failed or being rebuilt counts);
+//!   raid10 1, dRAID its parity; a member that is missing, failed or being
+//!   rebuilt counts, and so does a role a distributed spare stands in for,
+//!   whose space lies on every child);
 //! * `manage_fail` of a member and `manage_add` of a fresh one (an image
 //!   file), whose rebuild runs in the background while the steps go on;
 //!   some arrays also start with a hot spare;
@@ -30,6 +32,10 @@
 //!   which the engine must resume it when it starts. md's refusals (no room
 //!   left, no spare, a degraded array, a change that would shrink the array
 //!   unasked) end the step;
+//! * dRAID arrays (one to three parity columns, one 16 MiB slice per
+//!   child, with or without a distributed spare): a failure is rebuilt onto
+//!   the distributed spare, and a disk added later takes the role back
+//!   while the steps go on;
 //! * orderly restarts (shutdown, assemble, start);
 //! * crashes: power fails. The engine is dropped without a shutdown (in
 //!   half of the crashes every member is first cut off, so that power fails
@@ -251,24 +257,37 @@ impl Config {
                 let layout = pick(rng, &["n2", "f2", "o2"]);
                 (rng.gen_range(3..=5), Some(layout), 1)
             }
+            // dRAID with one 16 MiB slice per child: a group as wide as
+            // the children left by the spares (so a slice is one row),
+            // and at most one distributed spare.
+            Level::Draid1 | Level::Draid2 | Level::Draid3 => {
+                let parity = level.parity_members();
+                let spares = usize::from(rng.gen_bool(0.5));
+                let width = rng.gen_range(parity + 2..=parity + 4);
+                let layout = format!("{}d:{spares}s", width - parity);
+                (width + spares, Some(layout.leak() as &'static str), parity)
+            }
             other => panic!("no simulation for {other}"),
         };
         let chunk_bytes = (level != Level::Raid1).then(|| 4096u64 << rng.gen_range(0..4));
         let block = if rng.gen_bool(0.2) { 4096 } else { 512 };
         let data_bytes = match chunk_bytes {
+            _ if level.is_draid() => 16 << 20,
             Some(chunk) => chunk * rng.gen_range(16..=40),
             None => 4096 * rng.gen_range(64..=200),
         };
         // Room for the superblock area and mdadm's data offset (1 MiB for
-        // members this small) in front, or the 1.0 superblock behind.
-        let member_bytes = data_bytes + (1536 << 10);
+        // members this small) in front, or the 1.0 superblock behind; a
+        // dRAID child also keeps a metadata slot per distributed spare.
+        let spare_slots = if level.is_draid() { 2 << 20 } else { 0 };
+        let member_bytes = data_bytes + (1536 << 10) + spare_slots;
         Config {
             level,
             disks,
             spares: usize::from(rng.gen_bool(0.3)),
             chunk_bytes,
             layout: layout.map(String::from),
-            metadata: if rng.gen_bool(0.3) {
+            metadata: if rng.gen_bool(0.3) && !level.is_draid() {
                 Metadata::V1_0
             } else {
                 Metadata::V1_2
@@ -444,6 +463,10 @@ impl Layout {
         }
         for stripe in 0..layout.geometry.stripe_count() {
             let map = layout.geometry.stripe(stripe);
+            // A row is named by where its P lies: on md's levels every
+            // strip of the row is there too; a dRAID column may wrap to
+            // the next 16 MiB row, P never does.
+            let row = map.p.expect("a parity level").member_sector;
             for (i, strip) in map.data.iter().enumerate() {
                 let place = strip.copies[0];
                 for k in 0..map.strip_sectors {
@@ -451,10 +474,8 @@ impl Layout {
                     // A grow's new geometry reaches past the array's end
                     // until the reshape is done; a shrink's old one does.
                     if s < sectors {
-                        layout.row_of[s] = place.member_sector + k;
-                        layout
-                            .data_at
-                            .insert((place.member, place.member_sector + k), s);
+                        layout.row_of[s] = row + k;
+                        layout.data_at.insert((place.member, row + k), s);
                     }
                 }
             }
@@ -1060,7 +1081,7 @@ impl Sim {
                 .map(|(stripe, _)| *stripe)
                 .filter(|stripe| !self.stripe_suspect(*stripe))
                 .collect();
-            if self.cfg.level != Level::Raid6 || !outside.is_empty() {
+            if self.cfg.level.parity_members() < 2 || !outside.is_empty() {
                 fail!(
                     self,
                     "a check {why} found {found} mismatched sectors, in stripes {mismatched:?} \
@@ -1086,7 +1107,7 @@ impl Sim {
     fn stripe_suspect(&self, stripe: u64) -> bool {
         let layout = self.settled_layout();
         let map = layout.geometry.stripe(stripe);
-        let first = map.data[0].copies[0].member_sector;
+        let first = map.p.expect("a parity level").member_sector;
         self.model
             .suspect
             .range((layout.id, first)..(layout.id, first + map.strip_sectors))
@@ -1959,7 +1980,11 @@ fn simulate(level: Level) {
         Some(seed) => vec![seed],
         None => {
             let first = env_u64("URAID_SIM_FIRST_SEED").unwrap_or(1);
-            let count = env_u64("URAID_SIM_SEEDS").unwrap_or(40);
+            // A dRAID's smallest array is a 16 MiB slice per child, whose
+            // resync after each crash costs as much as a raid array many
+            // times over: fewer seeds keep its run as long as the others'.
+            let default_seeds = if level.is_draid() { 5 } else { 40 };
+            let count = env_u64("URAID_SIM_SEEDS").unwrap_or(default_seeds);
             let regressions = REGRESSION_SEEDS
                 .iter()
                 .filter(|(l, _)| *l == level)
@@ -2014,6 +2039,21 @@ fn simulate(level: Level) {
             failures[0].1
         );
     }
+}
+
+#[test]
+fn sim_draid1() {
+    simulate(Level::Draid1);
+}
+
+#[test]
+fn sim_draid2() {
+    simulate(Level::Draid2);
+}
+
+#[test]
+fn sim_draid3() {
+    simulate(Level::Draid3);
 }
 
 #[test]

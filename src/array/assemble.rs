@@ -295,6 +295,30 @@ pub fn assemble_members(members: Vec<(String, MemberRef)>) -> Result<Assembled, 
             member,
         });
     }
+    // A dRAID's distributed spares are devices like the others, found in
+    // their slots on the children: they join before replacements are
+    // settled, since one may be the original a replacement copies.
+    let mut spare_router = None;
+    if level.is_draid() {
+        let geometry = Geometry::new(&GeometryParams {
+            level,
+            layout: freshest.layout,
+            chunk_sectors: freshest.chunk_sectors as u64,
+            raid_disks: raid_disks as u32,
+            dev_sectors: freshest.size_sectors,
+            member_data_sectors: member_data_sectors.clone(),
+            raid0_layout_feature: false,
+        })?;
+        let draid = geometry
+            .draid()
+            .expect("a dRAID level builds a dRAID geometry");
+        spare_router = Some(attach_distributed_spares(
+            &freshest,
+            draid,
+            &mut slots,
+            &mut devices,
+        ));
+    }
     // A replacement whose original is not here (failed, or not given) is
     // all the role has: it goes on as a member being rebuilt, from where
     // its copy stopped (md's raid5_run promotes it the same way). One of
@@ -355,42 +379,46 @@ pub fn assemble_members(members: Vec<(String, MemberRef)>) -> Result<Assembled, 
     } else {
         Geometry::new(&params)?
     };
-    let mut assembled = Assembled {
+    if let Some(router) = &spare_router {
+        router.set(in_sync_members(&slots));
+    }
+    Ok(Assembled {
         sb: freshest,
         geometry,
         slots,
         devices,
-        spare_router: None,
-    };
-    if let Some(draid) = assembled.geometry.draid().cloned() {
-        attach_distributed_spares(&mut assembled, &draid);
-    }
-    Ok(assembled)
+        spare_router,
+    })
+}
+
+fn in_sync_members(slots: &Slots) -> Vec<Option<MemberRef>> {
+    slots
+        .iter()
+        .map(|s| s.as_ref().map(|s| s.member.clone()))
+        .collect()
 }
 
 /// Adds a dRAID's distributed spares to its devices, each with the
-/// superblock kept in its metadata slot, and routes their I/O to the
-/// members in sync. A spare whose superblock cannot be read (every child
-/// holding it is missing) is left out, as a missing device is.
-fn attach_distributed_spares(array: &mut Assembled, draid: &Draid) {
+/// superblock kept in its metadata slot, and returns the router of their
+/// I/O. A spare whose superblock cannot be read (every child holding it is
+/// missing) is left out, as a missing device is.
+fn attach_distributed_spares(
+    freshest: &MemberSuper,
+    draid: &Draid,
+    slots: &mut Slots,
+    devices: &mut Vec<FoundDevice>,
+) -> Arc<SpareRouter> {
     let area = SpareArea {
-        data_offset_sectors: array.sb.data_offset_sectors,
-        dev_sectors: array.sb.size_sectors,
+        data_offset_sectors: freshest.data_offset_sectors,
+        dev_sectors: freshest.size_sectors,
     };
-    let block_bytes = array
-        .slots
+    let block_bytes = slots
         .iter()
         .flatten()
         .map(|s| s.member.logical_block_bytes())
         .max()
         .unwrap_or(512);
-    let in_sync = |slots: &Slots| -> Vec<Option<MemberRef>> {
-        slots
-            .iter()
-            .map(|s| s.as_ref().map(|s| s.member.clone()))
-            .collect()
-    };
-    let router = SpareRouter::new(in_sync(&array.slots));
+    let router = SpareRouter::new(in_sync_members(slots));
     for spare in 0..draid.spares() {
         let member: MemberRef = Arc::new(DistributedSpare::new(
             draid,
@@ -402,25 +430,24 @@ fn attach_distributed_spares(array: &mut Assembled, draid: &Draid) {
         let Ok(Some(sb)) = read_superblock(&*member) else {
             continue;
         };
-        if sb.set_uuid != array.sb.set_uuid {
+        if sb.set_uuid != freshest.set_uuid {
             continue;
         }
-        let state = device_state(&array.sb, &sb, &array.slots);
+        let state = device_state(freshest, &sb, slots);
         if let DeviceState::Active { role } = state {
-            array.slots[role] = Some(Slot {
+            slots[role] = Some(Slot {
                 member: member.clone(),
                 data_offset_bytes: sb.data_offset_sectors * SECTOR_BYTES,
             });
         }
-        array.devices.push(FoundDevice {
+        devices.push(FoundDevice {
             path: member.name().to_string(),
             sb,
             state,
             member,
         });
     }
-    router.set(in_sync(&array.slots));
-    array.spare_router = Some(router);
+    router
 }
 
 /// md's view of one device against the freshest superblock (super_1_validate).

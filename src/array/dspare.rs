@@ -28,7 +28,7 @@ use crate::member::{check_io, Member, MemberRef};
 use crate::units::SECTOR_BYTES;
 use std::cell::Cell;
 use std::io;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, Weak};
 
 /// The in-sync member of every role, shared by an array's distributed
 /// spares; the owner of the member table keeps it current.
@@ -107,7 +107,11 @@ pub struct DistributedSpare {
     spare: usize,
     draid: Draid,
     area: SpareArea,
-    router: Arc<SpareRouter>,
+    /// Weak: the router may list this spare in the role it stands in for,
+    /// and a strong reference both ways would keep every member (and its
+    /// file lock) alive after the array is dropped. The array's owner
+    /// holds the router.
+    router: Weak<SpareRouter>,
     block_bytes: u32,
 }
 
@@ -142,13 +146,19 @@ impl DistributedSpare {
             spare,
             draid: draid.clone(),
             area,
-            router,
+            router: Arc::downgrade(&router),
             block_bytes,
         }
     }
 
     pub fn spare(&self) -> usize {
         self.spare
+    }
+
+    fn router(&self) -> io::Result<Arc<SpareRouter>> {
+        self.router
+            .upgrade()
+            .ok_or_else(|| io::Error::other(format!("{}: the array is gone", self.name)))
     }
 
     /// Runs `io` on the child holding member byte `offset` (in the data
@@ -161,7 +171,7 @@ impl DistributedSpare {
         let slice_end = (member_sector / slice_sectors + 1) * slice_sectors;
         let piece = (len as u64).min((slice_end - member_sector) * SECTOR_BYTES) as usize;
         let child = self.draid.spare_child(self.spare, member_sector);
-        let member = self.router.role(child).ok_or_else(|| {
+        let member = self.router()?.role(child).ok_or_else(|| {
             io::Error::other(format!(
                 "{}: its space on child {child} is unavailable (the child is missing or not in sync)",
                 self.name
@@ -227,7 +237,7 @@ impl Member for DistributedSpare {
             |at, range| {
                 // The first child that answers: every child holds a copy.
                 let mut last = io::Error::other(format!("{}: no child to read from", self.name));
-                for child in self.router.present() {
+                for child in self.router()?.present() {
                     match child.read_at(&mut buf.borrow_mut()[range.clone()], at) {
                         Ok(()) => return Ok(()),
                         Err(e) => last = e,
@@ -248,7 +258,7 @@ impl Member for DistributedSpare {
                 // Every child gets the metadata; one copy is enough to keep.
                 let mut written = 0;
                 let mut last = None;
-                for child in self.router.present() {
+                for child in self.router()?.present() {
                     match child.write_at(&buf[range.clone()], at) {
                         Ok(()) => written += 1,
                         Err(e) => last = Some(e),
@@ -268,7 +278,7 @@ impl Member for DistributedSpare {
     }
 
     fn flush(&self) -> io::Result<()> {
-        for child in self.router.present() {
+        for child in self.router()?.present() {
             child.flush()?;
         }
         Ok(())

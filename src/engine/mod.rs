@@ -257,7 +257,9 @@ impl Engine {
         let geometry = array.geometry.clone();
         // A resync is owed from where the last one stopped; md records that
         // point in resync_offset when it shuts down mid-resync.
-        let resync_owed = !array.is_clean() && level.md_number() > 0 && level != Level::Raid0;
+        // Levels with redundancy: md's positive numbers but raid0, and dRAID.
+        let redundant = (level.md_number() > 0 && level != Level::Raid0) || level.is_draid();
+        let resync_owed = !array.is_clean() && redundant;
         // A reshape goes first and rewrites the rows it moves; the resync
         // owed runs over the new geometry once it ends.
         let resync_from = (resync_owed && !reshaping)

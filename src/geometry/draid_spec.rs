@@ -201,6 +201,24 @@ impl fmt::Display for DraidSpec {
     }
 }
 
+impl DraidSpec {
+    /// The level of a dRAID with this many parity columns.
+    pub fn level(&self) -> super::Level {
+        match self.parity {
+            1 => super::Level::Draid1,
+            2 => super::Level::Draid2,
+            _ => super::Level::Draid3,
+        }
+    }
+
+    /// The layout word of uraid's dRAID superblock (docs/DRAID-FORMAT.md):
+    /// D in bits 0-7, S in bits 8-15.
+    pub fn layout_word(&self) -> u32 {
+        assert!(self.data < 256 && self.spares < 256, "checked by validate");
+        self.data | self.spares << 8
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,23 +302,5 @@ mod tests {
         let approx = 89.0 * x as f64 * 8.0 / 9.0;
         let exact = spec(1, 8, 90, 1).capacity_bytes(x) as f64;
         assert!((exact / approx - 1.0).abs() < 1e-3, "{exact} {approx}");
-    }
-}
-
-impl DraidSpec {
-    /// The level of a dRAID with this many parity columns.
-    pub fn level(&self) -> super::Level {
-        match self.parity {
-            1 => super::Level::Draid1,
-            2 => super::Level::Draid2,
-            _ => super::Level::Draid3,
-        }
-    }
-
-    /// The layout word of uraid's dRAID superblock (docs/DRAID-FORMAT.md):
-    /// D in bits 0-7, S in bits 8-15.
-    pub fn layout_word(&self) -> u32 {
-        assert!(self.data < 256 && self.spares < 256, "checked by validate");
-        self.data | self.spares << 8
     }
 }

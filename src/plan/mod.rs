@@ -12,9 +12,10 @@
 //! and the spare writes X bytes: neither does both.
 //!
 //! **Rebuild onto a distributed spare** (dRAID with S ≥ 1): every degraded
-//! group has W − 1 surviving columns to read and one column to write, and
+//! stripe has one column to write and D columns to read (uraid's engine
+//! reads the fewest a recovery needs, where ZFS reads all W − 1), and
 //! both are spread over the C − 1 survivors. Each survivor therefore reads
-//! (W − 1)·X/(C − 1) and writes X/(C − 1): W·X/(C − 1) in all, times the
+//! D·X/(C − 1) and writes X/(C − 1): (D + 1)·X/(C − 1) in all, times the
 //! imbalance of the permutation maps (the busiest child over the average).
 //! Reads and writes share the disk, so they add. The failed member's
 //! replacement is filled afterwards ("rebalance"), one disk's write of X,
@@ -260,7 +261,7 @@ impl Assumptions {
 const NOTES: &[&str] = &[
     "One member has failed; the rebuild covers the whole member, as md's recovery does, not only written data.",
     "Hot spare (raid levels, dRAID without distributed spares): survivors read the member once and the spare writes it once, in step; time is one pass at the members' mean bandwidth.",
-    "Distributed spare: each of the C-1 survivors reads (W-1)X/(C-1) and writes X/(C-1), all W-1 surviving columns being read; reads and writes share the disk; times the imbalance.",
+    "Distributed spare: each of the C-1 survivors reads DX/(C-1) and writes X/(C-1) (uraid reads the D columns a recovery needs, ZFS all W-1); reads and writes share the disk; times the imbalance.",
     "Rebalance: the replacement disk is written whole at one disk's bandwidth, with redundancy already restored; hot-spare layouts have none.",
     "Reduced redundancy lasts the rebuild; the time to notice the failure and to fetch a replacement is not counted.",
     "A further failure beyond the layout's tolerance during the window loses data: dRAID spreads every group over all children, so any two children share groups.",
@@ -333,11 +334,11 @@ pub fn plan(scheme: Scheme, members: &Members, a: &Assumptions) -> LayoutPlan {
         Scheme::Raid5 => (n - 1, 0, f64::from(n - 1) * x),
         Scheme::Raid6 => (n - 1, 1, f64::from(n - 1) * x),
         Scheme::Raid10 => (1, 0, x),
-        Scheme::Draid(s) => (n - 1, s.parity - 1, f64::from(s.group_width() - 1) * x),
+        Scheme::Draid(s) => (n - 1, s.parity - 1, f64::from(s.data) * x),
     };
     let (target, busiest, rebuild, rebalance) = match scheme {
         Scheme::Draid(s) if s.spares > 0 => {
-            let share = f64::from(s.group_width()) / f64::from(n - 1) * a.imbalance;
+            let share = f64::from(s.data + 1) / f64::from(n - 1) * a.imbalance;
             let rebuild = share * pass / a.efficiency;
             ("distributed spare", share * x, rebuild, pass / a.efficiency)
         }

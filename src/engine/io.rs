@@ -899,40 +899,25 @@ impl View<'_> {
         }
         let p = p.map(|(_, buf)| buf);
         let q = q.map(|(_, buf)| buf);
-        let present: Vec<usize> = (0..map.data.len()).filter(|i| !lost.contains(i)).collect();
-        let present_exps: Vec<u8> = present.iter().map(|&i| map.data[i].q_exponent).collect();
+        let present: Vec<&[u8]> = (0..map.data.len())
+            .filter(|i| !lost.contains(i))
+            .map(|i| &strips[i][..])
+            .collect();
         let mut outputs: Vec<AlignedBuf> = lost
             .iter()
             .map(|_| AlignedBuf::zeroed(window.len()))
             .collect();
         {
-            let present_data: Vec<&[u8]> = present.iter().map(|&i| &strips[i][..]).collect();
-            let syndrome = self.engine.syndrome;
-            match (lost, &mut outputs[..], &p, &q) {
-                ([_], [x], Some(p), _) => {
-                    parity::recover_data_from_p(syndrome, &present_data, p, x)
-                }
-                ([i], [x], None, Some(q)) => parity::recover_data_from_q(
-                    syndrome,
-                    &present_data,
-                    &present_exps,
-                    q,
-                    map.data[*i].q_exponent,
-                    x,
-                ),
-                ([i, j], [x, y], Some(p), Some(q)) => parity::recover_two_data(
-                    syndrome,
-                    &present_data,
-                    &present_exps,
-                    p,
-                    q,
-                    map.data[*i].q_exponent,
-                    map.data[*j].q_exponent,
-                    x,
-                    y,
-                ),
-                _ => return Err(lost_error(map, "too many members lost to reconstruct")),
-            }
+            let mut outs: Vec<&mut [u8]> = outputs.iter_mut().map(|o| &mut o[..]).collect();
+            recover_lost(
+                self.engine.syndrome,
+                map,
+                &present,
+                lost,
+                p.as_deref(),
+                q.as_deref(),
+                &mut outs,
+            )?;
         }
         for (&i, out) in lost.iter().zip(outputs) {
             strips[i] = out;
@@ -1462,6 +1447,51 @@ pub(super) fn run_writes(max: usize, targets: &[WriteTarget]) -> Vec<Option<io::
         }
     }
     first_errors(targets.len(), owner, batch::run(&mut ops))
+}
+
+/// Rebuilds the data strips of `map` listed in `lost` (in data order) from
+/// the `present` ones (the others, in data order) and the parity strips read
+/// (`p`, `q`, None where not read), into `outputs` (one per lost strip). The
+/// stripe algebra of every reconstruction lives here, so that a new parity
+/// column changes one function.
+pub(super) fn recover_lost(
+    syndrome: &dyn parity::Syndrome,
+    map: &StripeMap,
+    present: &[&[u8]],
+    lost: &[usize],
+    p: Option<&[u8]>,
+    q: Option<&[u8]>,
+    outputs: &mut [&mut [u8]],
+) -> io::Result<()> {
+    let present_exps: Vec<u8> = (0..map.data.len())
+        .filter(|i| !lost.contains(i))
+        .map(|i| map.data[i].q_exponent)
+        .collect();
+    match (lost, outputs, p, q) {
+        ([], [], _, _) => {}
+        ([_], [x], Some(p), _) => parity::recover_data_from_p(syndrome, present, p, x),
+        ([i], [x], None, Some(q)) => parity::recover_data_from_q(
+            syndrome,
+            present,
+            &present_exps,
+            q,
+            map.data[*i].q_exponent,
+            x,
+        ),
+        ([i, j], [x, y], Some(p), Some(q)) => parity::recover_two_data(
+            syndrome,
+            present,
+            &present_exps,
+            p,
+            q,
+            map.data[*i].q_exponent,
+            map.data[*j].q_exponent,
+            x,
+            y,
+        ),
+        _ => return Err(lost_error(map, "too many members lost to reconstruct")),
+    }
+    Ok(())
 }
 
 /// Runs member reads (member, byte offset, buffer) as one batch, each split

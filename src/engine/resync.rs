@@ -6,7 +6,7 @@
 //! I/O. Its position is what a shutdown records (resync_offset, or the
 //! rebuilt member's recovery_offset) so that a restart resumes.
 
-use super::Engine;
+use super::{rebuild, Engine};
 use crate::array::resync;
 use crate::geometry::Geometry;
 use crate::units::SECTOR_BYTES;
@@ -79,7 +79,7 @@ pub struct SyncWorker {
     /// The next stripe to process; shared with a rebuilding member's entry.
     next_stripe: Mutex<Arc<AtomicU64>>,
     first_stripe: AtomicU64,
-    stop: AtomicBool,
+    pub(super) stop: AtomicBool,
     mismatch_sectors: AtomicU64,
     started: Mutex<Option<Instant>>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -118,7 +118,7 @@ impl SyncWorker {
         self.stripe_count.store(stripe_count, Ordering::SeqCst);
     }
 
-    fn stripe_count(&self) -> u64 {
+    pub(super) fn stripe_count(&self) -> u64 {
         self.stripe_count.load(Ordering::SeqCst)
     }
 
@@ -322,6 +322,9 @@ impl Throttle {
 fn run(weak: Weak<Engine>, action: SyncAction) {
     let mut throttle = Throttle::new();
     let mut retries = 0usize;
+    // Up to here the job goes one stripe at a time (after a batch that met
+    // an error, or a stripe batches do not handle); past it, in batches.
+    let mut one_by_one_until = 0u64;
     let outcome = loop {
         let Some(engine) = weak.upgrade() else { return };
         let worker = &engine.sync;
@@ -338,6 +341,13 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
         let guided = action == SyncAction::Resync
             || (matches!(action, SyncAction::Recovery { .. })
                 && worker.bitmap_guided.load(Ordering::SeqCst));
+        if rebuild::batched(action) && stripe >= one_by_one_until {
+            match rebuild::run_batches(&engine, action, &next, guided, &mut throttle) {
+                rebuild::Ended::Yielded => {}
+                rebuild::Ended::OneByOne { until } => one_by_one_until = until.max(stripe + 1),
+            }
+            continue;
+        }
         if guided && !engine.stripe_needs_resync(stripe) {
             // The bitmap says this region was quiet at the crash.
             next.store(stripe + 1, Ordering::SeqCst);
@@ -401,7 +411,7 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                 worker
                     .mismatch_sectors
                     .fetch_add(mismatches, Ordering::SeqCst);
-                engine.sync_progressed(action, stripe + 1);
+                engine.sync_progressed(action, stripe, stripe + 1);
                 throttle.account(
                     &engine,
                     map.strip_sectors * SECTOR_BYTES / 1024,

@@ -48,7 +48,7 @@ use std::sync::{Arc, MutexGuard};
 /// member's share of a batch is then a handful of large requests (md's
 /// max_sectors_kb is 1280 KiB), and the buffers of the batches in flight
 /// stay within a few times this per member.
-const BATCH_BYTES_PER_MEMBER: u64 = 8 << 20;
+const BATCH_BYTES_PER_MEMBER: u64 = 4 << 20;
 
 /// Batches handed to the writer and not yet written: one being written
 /// while the next waits for it, so that the writer never waits for a read.
@@ -146,15 +146,15 @@ struct Written {
     /// The position after the batch, stored once it is written.
     end: u64,
     target: MemberRef,
-    /// Byte offset on the target and length, for each buffer.
-    writes: Vec<(u64, usize)>,
-    buffers: Vec<AlignedBuf>,
+    /// Byte offset on the target, and the bytes of `buffer` that go there.
+    writes: Vec<(u64, std::ops::Range<usize>)>,
+    buffer: AlignedBuf,
 }
 
 /// The writer's answer for one batch, in the order they were sent.
 struct Done {
     result: io::Result<()>,
-    buffers: Vec<AlignedBuf>,
+    buffer: AlignedBuf,
 }
 
 /// The writer stage: writes each batch, then moves the shared position past
@@ -175,7 +175,7 @@ fn write_batches(batches: Receiver<Written>, done: Sender<Done>, next: &AtomicU6
         }
         let answer = Done {
             result,
-            buffers: batch.buffers,
+            buffer: batch.buffer,
         };
         if done.send(answer).is_err() {
             return;
@@ -185,8 +185,8 @@ fn write_batches(batches: Receiver<Written>, done: Sender<Done>, next: &AtomicU6
 
 fn write_batch(batch: &Written, max_io: usize) -> io::Result<()> {
     let mut ops = Vec::new();
-    for (&(offset, len), buf) in batch.writes.iter().zip(&batch.buffers) {
-        for (k, part) in buf[..len].chunks(max_io).enumerate() {
+    for (offset, range) in &batch.writes {
+        for (k, part) in batch.buffer[range.clone()].chunks(max_io).enumerate() {
             let at = offset + (k * max_io) as u64;
             ops.push(IoOp::write(batch.target.as_ref(), at, part));
         }
@@ -294,8 +294,15 @@ impl<'e> Pipeline<'e> {
                 _locks: locks,
             });
             pos = planned.end;
-            if kib > 0 {
-                throttle.account(engine, kib, &engine.sync.stop);
+            throttle.count(kib);
+            if throttle.would_wait(engine) {
+                // The job gives way (a speed limit, foreground I/O): the
+                // batches in flight let their stripes go first, so that
+                // foreground writes to them do not wait out the pause.
+                while !self.in_flight.is_empty() {
+                    self.settle_oldest();
+                }
+                throttle.wait(engine, &engine.sync.stop);
             }
         }
     }
@@ -309,9 +316,9 @@ impl<'e> Pipeline<'e> {
         match self.done.recv() {
             Ok(Done {
                 result: Ok(()),
-                buffers,
+                buffer,
             }) => {
-                self.pool.extend(buffers);
+                self.give([buffer]);
                 if !self.failed {
                     self.engine
                         .sync_progressed(self.action, batch.start, batch.end);
@@ -484,16 +491,24 @@ impl<'e> Pipeline<'e> {
         let mut read_bufs = self.buffers(&reads);
         {
             let mut requests: Vec<(MemberRef, u64, &mut [u8])> = Vec::new();
-            for (run, buf) in reads.runs.iter().zip(read_bufs.iter_mut()) {
+            // Each member's runs lie in order in its buffer: split it as
+            // they come.
+            let mut rest: Vec<&mut [u8]> = read_bufs.iter_mut().map(|b| &mut b[..]).collect();
+            let mut taken = vec![0usize; rest.len()];
+            for run in &reads.runs {
                 let entry = table.entry(run.role)?;
                 let at = entry.slot.data_offset_bytes + run.sector * SECTOR_BYTES;
-                let len = (run.sectors * SECTOR_BYTES) as usize;
-                requests.push((entry.slot.member.clone(), at, &mut buf[..len]));
+                let buf = std::mem::take(&mut rest[run.role]);
+                let (_, buf) = buf.split_at_mut(run.at - taken[run.role]);
+                let (this, tail) = buf.split_at_mut(run.bytes());
+                rest[run.role] = tail;
+                taken[run.role] = run.at + run.bytes();
+                requests.push((entry.slot.member.clone(), at, this));
             }
             let errors = run_reads(engine.max_member_io(), &mut requests);
             if errors.iter().any(Option::is_some) {
                 drop(requests);
-                self.pool.extend(read_bufs);
+                self.give(read_bufs);
                 return None;
             }
         }
@@ -525,9 +540,9 @@ impl<'e> Pipeline<'e> {
                 }
             }
         }
-        self.pool.extend(read_bufs);
+        self.give(read_bufs);
         if !ok {
-            self.pool.extend(write_bufs);
+            self.give(write_bufs);
             return None;
         }
         let base = target.slot.data_offset_bytes;
@@ -537,25 +552,28 @@ impl<'e> Pipeline<'e> {
             writes: writes
                 .runs
                 .iter()
-                .map(|r| {
-                    (
-                        base + r.sector * SECTOR_BYTES,
-                        (r.sectors * SECTOR_BYTES) as usize,
-                    )
-                })
+                .map(|r| (base + r.sector * SECTOR_BYTES, r.at..r.at + r.bytes()))
                 .collect(),
-            buffers: write_bufs,
+            buffer: write_bufs.pop().expect("one buffer for the target"),
         })
     }
 
-    /// One buffer per run, from the pool where one is large enough.
+    /// Keeps buffers for the next batches.
+    fn give(&mut self, buffers: impl IntoIterator<Item = AlignedBuf>) {
+        self.pool
+            .extend(buffers.into_iter().filter(|b| !b.is_empty()));
+    }
+
+    /// One buffer per member, from the pool where one is large enough
+    /// (the smallest such).
     fn buffers(&mut self, runs: &Runs) -> Vec<AlignedBuf> {
         let size = batch_budget(self.engine) as usize;
-        runs.runs
+        runs.filled
             .iter()
-            .map(|run| {
-                let len = (run.sectors * SECTOR_BYTES) as usize;
-                match self.pool.iter().position(|b| b.len() >= len) {
+            .map(|&len| {
+                let fits = self.pool.iter().enumerate().filter(|(_, b)| b.len() >= len);
+                match fits.min_by_key(|(_, b)| b.len()).map(|(k, _)| k) {
+                    _ if len == 0 => AlignedBuf::zeroed(0),
                     Some(k) => self.pool.swap_remove(k),
                     None => AlignedBuf::zeroed(len.max(size)),
                 }
@@ -590,36 +608,48 @@ enum Work {
     },
 }
 
-/// Where a strip lies in a batch's buffers: run, byte offset, length.
+/// Where a strip lies in a batch's buffers: the buffer (one per member),
+/// byte offset, length.
 #[derive(Clone, Copy)]
 struct Slice {
-    run: usize,
+    buf: usize,
     offset: usize,
     len: usize,
 }
 
 impl Slice {
     fn of<'b>(&self, bufs: &'b [AlignedBuf]) -> &'b [u8] {
-        &bufs[self.run][self.offset..self.offset + self.len]
+        &bufs[self.buf][self.offset..self.offset + self.len]
     }
 
     fn of_mut<'b>(&self, bufs: &'b mut [AlignedBuf]) -> &'b mut [u8] {
-        &mut bufs[self.run][self.offset..self.offset + self.len]
+        &mut bufs[self.buf][self.offset..self.offset + self.len]
     }
 }
 
-/// A run of sectors contiguous on one member: one read or one write.
+/// A run of sectors contiguous on one member: one read or one write, into
+/// or from its member's buffer at `at`.
 struct Run {
     role: usize,
     sector: u64,
     sectors: u64,
+    at: usize,
 }
 
-/// The member extents of a batch, gathered into runs as they are added:
-/// an extent that starts where its member's last run ends extends it.
+impl Run {
+    fn bytes(&self) -> usize {
+        (self.sectors * SECTOR_BYTES) as usize
+    }
+}
+
+/// The member extents of a batch, gathered into runs as they are added (an
+/// extent that starts where its member's last run ends extends it), and
+/// laid out back to back in one buffer per member.
 struct Runs {
     runs: Vec<Run>,
     last: Vec<Option<usize>>,
+    /// Bytes of each member's buffer in use.
+    filled: Vec<usize>,
 }
 
 impl Runs {
@@ -627,33 +657,33 @@ impl Runs {
         Runs {
             runs: Vec::new(),
             last: vec![None; roles],
+            filled: vec![0; roles],
         }
     }
 
     fn add(&mut self, role: usize, sector: u64, sectors: u64) -> Slice {
         let len = (sectors * SECTOR_BYTES) as usize;
+        let offset = self.filled[role];
+        self.filled[role] += len;
+        let slice = Slice {
+            buf: role,
+            offset,
+            len,
+        };
         if let Some(k) = self.last[role] {
             let run = &mut self.runs[k];
             if run.sector + run.sectors == sector {
-                let offset = (run.sectors * SECTOR_BYTES) as usize;
                 run.sectors += sectors;
-                return Slice {
-                    run: k,
-                    offset,
-                    len,
-                };
+                return slice;
             }
         }
         self.runs.push(Run {
             role,
             sector,
             sectors,
+            at: offset,
         });
         self.last[role] = Some(self.runs.len() - 1);
-        Slice {
-            run: self.runs.len() - 1,
-            offset: 0,
-            len,
-        }
+        slice
     }
 }

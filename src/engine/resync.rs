@@ -277,24 +277,41 @@ impl Throttle {
     /// Accounts `kib` per member done, and waits while the job runs too
     /// fast; `stop` ends a wait early.
     pub(super) fn account(&mut self, engine: &Engine, kib: u64, stop: &AtomicBool) {
+        self.count(kib);
+        self.wait(engine, stop);
+    }
+
+    /// Accounts `kib` per member done, without waiting.
+    pub(super) fn count(&mut self, kib: u64) {
         self.done_kib += kib;
         // A 30-second window, as md measures its speed over SYNC_MARKS.
         if self.mark.elapsed() > Duration::from_secs(30) {
             self.mark = Instant::now();
             self.done_kib = kib;
         }
-        let min = engine
-            .sync
-            .speed_limit_min_kib_per_s
-            .load(Ordering::Relaxed);
-        let max = engine
-            .sync
-            .speed_limit_max_kib_per_s
-            .load(Ordering::Relaxed)
-            .max(1);
+    }
+
+    /// Whether `wait` would wait now: the job is above the maximum, or
+    /// above the minimum while foreground I/O has come since the last look.
+    pub(super) fn would_wait(&self, engine: &Engine) -> bool {
+        let (min, max) = limits(engine);
+        let speed = self.speed();
+        let foreground = engine.foreground_ios.load(Ordering::Relaxed);
+        speed > max as f64 || (speed > min as f64 && foreground != self.foreground_seen)
+    }
+
+    /// The rate since the mark, KiB/s.
+    fn speed(&self) -> f64 {
+        let elapsed = self.mark.elapsed().as_secs_f64().max(1e-3);
+        self.done_kib as f64 / elapsed
+    }
+
+    /// Waits while the job runs too fast; `stop` ends a wait early.
+    pub(super) fn wait(&mut self, engine: &Engine, stop: &AtomicBool) {
+        let (min, max) = limits(engine);
         loop {
             let elapsed = self.mark.elapsed().as_secs_f64().max(1e-3);
-            let speed = self.done_kib as f64 / elapsed;
+            let speed = self.speed();
             if speed > max as f64 {
                 // Sleep just long enough to fall back to the maximum.
                 let wanted = self.done_kib as f64 / max as f64;
@@ -317,6 +334,14 @@ impl Throttle {
             return;
         }
     }
+}
+
+/// md's speed_limit_min and speed_limit_max, KiB/s per member.
+fn limits(engine: &Engine) -> (u64, u64) {
+    let sync = &engine.sync;
+    let min = sync.speed_limit_min_kib_per_s.load(Ordering::Relaxed);
+    let max = sync.speed_limit_max_kib_per_s.load(Ordering::Relaxed);
+    (min, max.max(1))
 }
 
 fn run(weak: Weak<Engine>, action: SyncAction) {

@@ -265,8 +265,8 @@ impl<'e> Pipeline<'e> {
                 Plan::OneByOne => return Ended::OneByOne { until: pos + 1 },
                 Plan::Batch(planned) => planned,
             };
-            let slots = planned.stripes.iter().map(|m| m.stripe).collect::<Vec<_>>();
-            let locks = self.lock(&slots);
+            let numbers: Vec<u64> = planned.stripes.iter().map(|m| m.stripe).collect();
+            let locks = self.lock(&numbers);
             let strip_bytes = |m: &StripeMap| (m.strip_sectors * SECTOR_BYTES) as usize;
             for map in &planned.stripes {
                 // The batch may rewrite this stripe's parity: none stays hot.

@@ -905,7 +905,6 @@ impl View<'_> {
             self.read_places(&mut reads)?;
         }
         let present: Vec<usize> = (0..map.data.len()).filter(|i| !lost.contains(i)).collect();
-        let present_exps: Vec<u8> = present.iter().map(|&i| map.recovery_exponent(i)).collect();
         let mut outputs: Vec<AlignedBuf> = lost
             .iter()
             .map(|_| AlignedBuf::zeroed(window.len()))
@@ -913,28 +912,15 @@ impl View<'_> {
         {
             let present_data: Vec<&[u8]> = present.iter().map(|&i| &strips[i][..]).collect();
             let block = |k: usize| parity_bufs[k].as_ref().map(|(_, b)| &b[..]);
-            let survivors = parity::Survivors {
-                data: &present_data,
-                exps: &present_exps,
-                p: block(0),
-                q: block(1),
-                r: block(2),
-            };
-            let mut lost_data: Vec<parity::LostData> = lost
-                .iter()
-                .zip(outputs.iter_mut())
-                .map(|(&i, out)| parity::LostData {
-                    exp: map.recovery_exponent(i),
-                    out: &mut out[..],
-                })
-                .collect();
-            parity::rebuild(
+            let mut outs: Vec<&mut [u8]> = outputs.iter_mut().map(|o| &mut o[..]).collect();
+            recover_lost(
                 self.engine.syndrome,
-                &survivors,
-                &mut lost_data,
-                parity::LostParity::default(),
-            )
-            .map_err(|_| lost_error(map, "too many members lost to reconstruct"))?;
+                map,
+                &present_data,
+                lost,
+                [block(0), block(1), block(2)],
+                &mut outs,
+            )?;
         }
         for (&i, out) in lost.iter().zip(outputs) {
             strips[i] = out;
@@ -1485,6 +1471,48 @@ pub(super) fn run_writes(max: usize, targets: &[WriteTarget]) -> Vec<Option<io::
         }
     }
     first_errors(targets.len(), owner, batch::run(&mut ops))
+}
+
+/// Rebuilds the data strips of `map` listed in `lost` (in data order) from
+/// the `present` ones (the others, in data order) and the parity strips read
+/// (`p`, `q`, None where not read), into `outputs` (one per lost strip). The
+/// stripe algebra of every reconstruction lives here, so that a new parity
+/// column changes one function.
+pub(super) fn recover_lost(
+    syndrome: &dyn parity::Syndrome,
+    map: &StripeMap,
+    present: &[&[u8]],
+    lost: &[usize],
+    [p, q, r]: [Option<&[u8]>; 3],
+    outputs: &mut [&mut [u8]],
+) -> io::Result<()> {
+    let present_exps: Vec<u8> = (0..map.data.len())
+        .filter(|i| !lost.contains(i))
+        .map(|i| map.recovery_exponent(i))
+        .collect();
+    let survivors = parity::Survivors {
+        data: present,
+        exps: &present_exps,
+        p,
+        q,
+        r,
+    };
+    let mut lost_data: Vec<parity::LostData> = lost
+        .iter()
+        .zip(outputs.iter_mut())
+        .map(|(&i, out)| parity::LostData {
+            exp: map.recovery_exponent(i),
+            out: &mut **out,
+        })
+        .collect();
+    parity::rebuild(
+        syndrome,
+        &survivors,
+        &mut lost_data,
+        parity::LostParity::default(),
+    )
+    .map_err(|_| lost_error(map, "too many members lost to reconstruct"))?;
+    Ok(())
 }
 
 /// Runs member reads (member, byte offset, buffer) as one batch, each split

@@ -665,10 +665,11 @@ impl Engine {
         }
     }
 
-    /// Called by the job after each stripe.
-    pub(super) fn sync_progressed(&self, action: SyncAction, next_stripe: u64) {
+    /// Called by the job when the stripes from `from_stripe` up to
+    /// `next_stripe` are done.
+    pub(super) fn sync_progressed(&self, action: SyncAction, from_stripe: u64, next_stripe: u64) {
         let total = self.geometry().stripe_count().max(1);
-        let before = (next_stripe - 1) * 100 / total;
+        let before = from_stripe * 100 / total;
         let now = next_stripe * 100 / total;
         // mdadm --monitor's RebuildNN events at 20, 40, 60 and 80 percent,
         // with the position checkpointed so a restart resumes there.

@@ -7,13 +7,14 @@
 //! it in. So a failing member never waits for in-flight I/O to drain, and
 //! I/O never holds a lock across a member call.
 
-use super::io::View;
+use super::io::{recover_lost, View};
 use super::Engine;
 use crate::array::{
     write_array_state_failing, Assembled, Cleanliness, DeviceState, Slot, SuperblockError,
 };
 use crate::geometry::{Place, StripeMap};
 use crate::member::AlignedBuf;
+use crate::parity::Syndrome;
 use crate::units::SECTOR_BYTES;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -453,37 +454,97 @@ impl View<'_> {
             .filter(|&i| !map.data[i].copies.iter().any(|c| self.present(c)))
             .collect();
         let strips = self.read_window(map, 0..strip_bytes, &lost)?;
-        let views: Vec<&[u8]> = strips.iter().map(|s| &s[..]).collect();
         for (i, strip) in map.data.iter().enumerate() {
             if strip.copies[0].member == role {
                 write(&strip.copies[0], &strips[i])?;
             }
         }
-        if map.parity_places().any(|p| p.member == role) {
+        let parity = map.parity_places().find(|p| p.member == role);
+        if let Some(place) = parity {
             // Aligned, as the strips read above: O_DIRECT members take
-            // them without a bounce copy.
-            let mut p = AlignedBuf::zeroed(strip_bytes);
-            let mut q = AlignedBuf::zeroed(strip_bytes);
-            let mut r = AlignedBuf::zeroed(strip_bytes);
-            let syndrome = self.engine.syndrome;
-            let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
-            match (map.q, map.r) {
-                (None, _) => syndrome.gen_p(&views, &mut p),
-                (Some(_), None) => syndrome.gen_pq(&views, &exps, &mut p, &mut q),
-                (Some(_), Some(_)) => syndrome.gen_pqr(&views, &exps, &mut p, &mut q, &mut r),
-            }
-            for (place, buf) in [(map.p, &p), (map.q, &q), (map.r, &r)] {
-                if let Some(place) = place.filter(|p| p.member == role) {
-                    write(&place, buf)?;
-                }
-            }
+            // it without a bounce copy.
+            let mut out = AlignedBuf::zeroed(strip_bytes);
+            let data: Vec<Option<&[u8]>> = strips.iter().map(|s| Some(&s[..])).collect();
+            rebuild_strip(self.engine.syndrome, map, role, &data, None, None, &mut out)?;
+            write(&place, &out)?;
         }
         Ok(())
     }
 }
 
+/// Computes the strip `role` holds in stripe `map` (of a parity level) into
+/// `out`, from the other strips as read: `data[i]` is data strip i, None
+/// where it was not read (its member is lost, or is `role` itself); `p` and
+/// `q` are the parity strips, None where not read. Lost data strips are
+/// reconstructed first when the role's strip needs them. Every rebuild of a
+/// strip goes through here, the one-stripe path and the batched one alike,
+/// so that a new parity column is taught to rebuild in one place.
+pub(super) fn rebuild_strip(
+    syndrome: &dyn Syndrome,
+    map: &StripeMap,
+    role: usize,
+    data: &[Option<&[u8]>],
+    p: Option<&[u8]>,
+    q: Option<&[u8]>,
+    out: &mut [u8],
+) -> io::Result<()> {
+    let own = map.data.iter().position(|d| d.copies[0].member == role);
+    if let Some(i) = own {
+        if let Some(strip) = data[i] {
+            out.copy_from_slice(strip);
+            return Ok(());
+        }
+    }
+    let lost: Vec<usize> = (0..data.len()).filter(|&i| data[i].is_none()).collect();
+    let present: Vec<&[u8]> = data.iter().flatten().copied().collect();
+    // The role's own data strip is recovered straight into `out`; any other
+    // lost strip into a scratch buffer, needed to compute the role's parity.
+    let mut scratch: Vec<AlignedBuf> = lost
+        .iter()
+        .filter(|&&i| Some(i) != own)
+        .map(|_| AlignedBuf::zeroed(out.len()))
+        .collect();
+    {
+        let mut scratch_iter = scratch.iter_mut();
+        let mut own_out = own.is_some().then_some(&mut *out);
+        let mut outputs: Vec<&mut [u8]> = lost
+            .iter()
+            .map(|&i| match own_out.take_if(|_| Some(i) == own) {
+                Some(o) => o,
+                None => &mut scratch_iter.next().expect("one per other lost strip")[..],
+            })
+            .collect();
+        recover_lost(syndrome, map, &present, &lost, [p, q, None], &mut outputs)?;
+    }
+    if own.is_some() {
+        return Ok(());
+    }
+    let mut recovered = scratch.iter();
+    let full: Vec<&[u8]> = data
+        .iter()
+        .map(|d| d.unwrap_or_else(|| &recovered.next().expect("recovered above")[..]))
+        .collect();
+    if map.p.is_some_and(|p| p.member == role) {
+        syndrome.gen_p(&full, out);
+    } else if map.q.is_some_and(|q| q.member == role) {
+        let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
+        syndrome.gen_q(&full, &exps, out);
+    } else if map.r.is_some_and(|r| r.member == role) {
+        // R is the Q of the doubled exponents (4^e = 2^(2e)).
+        let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
+        let mut doubled = [0u8; crate::parity::gf::ORDER];
+        syndrome.gen_q(&full, crate::parity::r_exps(&exps, &mut doubled), out);
+    } else {
+        return Err(io::Error::other(format!(
+            "stripe {}: role {role} holds no strip this rebuild computes",
+            map.stripe
+        )));
+    }
+    Ok(())
+}
+
 /// The places `role` holds in stripe `map` (data copies, P, Q).
-fn places_of(map: &StripeMap, role: usize) -> Vec<&Place> {
+pub(super) fn places_of(map: &StripeMap, role: usize) -> Vec<&Place> {
     map.data
         .iter()
         .flat_map(|d| d.copies.iter())

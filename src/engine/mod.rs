@@ -15,6 +15,7 @@ mod manage;
 mod members;
 mod paritycache;
 mod readcache;
+mod rebuild;
 mod reshape;
 mod resize;
 mod resync;

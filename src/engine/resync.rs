@@ -6,7 +6,7 @@
 //! I/O. Its position is what a shutdown records (resync_offset, or the
 //! rebuilt member's recovery_offset) so that a restart resumes.
 
-use super::Engine;
+use super::{rebuild, Engine};
 use crate::array::resync;
 use crate::geometry::Geometry;
 use crate::units::SECTOR_BYTES;
@@ -79,7 +79,7 @@ pub struct SyncWorker {
     /// The next stripe to process; shared with a rebuilding member's entry.
     next_stripe: Mutex<Arc<AtomicU64>>,
     first_stripe: AtomicU64,
-    stop: AtomicBool,
+    pub(super) stop: AtomicBool,
     mismatch_sectors: AtomicU64,
     started: Mutex<Option<Instant>>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -118,7 +118,7 @@ impl SyncWorker {
         self.stripe_count.store(stripe_count, Ordering::SeqCst);
     }
 
-    fn stripe_count(&self) -> u64 {
+    pub(super) fn stripe_count(&self) -> u64 {
         self.stripe_count.load(Ordering::SeqCst)
     }
 
@@ -277,24 +277,41 @@ impl Throttle {
     /// Accounts `kib` per member done, and waits while the job runs too
     /// fast; `stop` ends a wait early.
     pub(super) fn account(&mut self, engine: &Engine, kib: u64, stop: &AtomicBool) {
+        self.count(kib);
+        self.wait(engine, stop);
+    }
+
+    /// Accounts `kib` per member done, without waiting.
+    pub(super) fn count(&mut self, kib: u64) {
         self.done_kib += kib;
         // A 30-second window, as md measures its speed over SYNC_MARKS.
         if self.mark.elapsed() > Duration::from_secs(30) {
             self.mark = Instant::now();
             self.done_kib = kib;
         }
-        let min = engine
-            .sync
-            .speed_limit_min_kib_per_s
-            .load(Ordering::Relaxed);
-        let max = engine
-            .sync
-            .speed_limit_max_kib_per_s
-            .load(Ordering::Relaxed)
-            .max(1);
+    }
+
+    /// Whether `wait` would wait now: the job is above the maximum, or
+    /// above the minimum while foreground I/O has come since the last look.
+    pub(super) fn would_wait(&self, engine: &Engine) -> bool {
+        let (min, max) = limits(engine);
+        let speed = self.speed();
+        let foreground = engine.foreground_ios.load(Ordering::Relaxed);
+        speed > max as f64 || (speed > min as f64 && foreground != self.foreground_seen)
+    }
+
+    /// The rate since the mark, KiB/s.
+    fn speed(&self) -> f64 {
+        let elapsed = self.mark.elapsed().as_secs_f64().max(1e-3);
+        self.done_kib as f64 / elapsed
+    }
+
+    /// Waits while the job runs too fast; `stop` ends a wait early.
+    pub(super) fn wait(&mut self, engine: &Engine, stop: &AtomicBool) {
+        let (min, max) = limits(engine);
         loop {
             let elapsed = self.mark.elapsed().as_secs_f64().max(1e-3);
-            let speed = self.done_kib as f64 / elapsed;
+            let speed = self.speed();
             if speed > max as f64 {
                 // Sleep just long enough to fall back to the maximum.
                 let wanted = self.done_kib as f64 / max as f64;
@@ -319,9 +336,20 @@ impl Throttle {
     }
 }
 
+/// md's speed_limit_min and speed_limit_max, KiB/s per member.
+fn limits(engine: &Engine) -> (u64, u64) {
+    let sync = &engine.sync;
+    let min = sync.speed_limit_min_kib_per_s.load(Ordering::Relaxed);
+    let max = sync.speed_limit_max_kib_per_s.load(Ordering::Relaxed);
+    (min, max.max(1))
+}
+
 fn run(weak: Weak<Engine>, action: SyncAction) {
     let mut throttle = Throttle::new();
     let mut retries = 0usize;
+    // Up to here the job goes one stripe at a time (after a batch that met
+    // an error, or a stripe batches do not handle); past it, in batches.
+    let mut one_by_one_until = 0u64;
     let outcome = loop {
         let Some(engine) = weak.upgrade() else { return };
         let worker = &engine.sync;
@@ -338,6 +366,13 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
         let guided = action == SyncAction::Resync
             || (matches!(action, SyncAction::Recovery { .. })
                 && worker.bitmap_guided.load(Ordering::SeqCst));
+        if rebuild::batched(action) && stripe >= one_by_one_until {
+            match rebuild::run_batches(&engine, action, &next, guided, &mut throttle) {
+                rebuild::Ended::Yielded => {}
+                rebuild::Ended::OneByOne { until } => one_by_one_until = until.max(stripe + 1),
+            }
+            continue;
+        }
         if guided && !engine.stripe_needs_resync(stripe) {
             // The bitmap says this region was quiet at the crash.
             next.store(stripe + 1, Ordering::SeqCst);
@@ -401,7 +436,7 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                 worker
                     .mismatch_sectors
                     .fetch_add(mismatches, Ordering::SeqCst);
-                engine.sync_progressed(action, stripe + 1);
+                engine.sync_progressed(action, stripe, stripe + 1);
                 throttle.account(
                     &engine,
                     map.strip_sectors * SECTOR_BYTES / 1024,

@@ -465,7 +465,7 @@ impl View<'_> {
             // it without a bounce copy.
             let mut out = AlignedBuf::zeroed(strip_bytes);
             let data: Vec<Option<&[u8]>> = strips.iter().map(|s| Some(&s[..])).collect();
-            rebuild_strip(self.engine.syndrome, map, role, &data, None, None, &mut out)?;
+            rebuild_strip(self.engine.syndrome, map, role, &data, [None; 3], &mut out)?;
             write(&place, &out)?;
         }
         Ok(())
@@ -484,8 +484,7 @@ pub(super) fn rebuild_strip(
     map: &StripeMap,
     role: usize,
     data: &[Option<&[u8]>],
-    p: Option<&[u8]>,
-    q: Option<&[u8]>,
+    parity: [Option<&[u8]>; 3],
     out: &mut [u8],
 ) -> io::Result<()> {
     let own = map.data.iter().position(|d| d.copies[0].member == role);
@@ -514,7 +513,7 @@ pub(super) fn rebuild_strip(
                 None => &mut scratch_iter.next().expect("one per other lost strip")[..],
             })
             .collect();
-        recover_lost(syndrome, map, &present, &lost, [p, q, None], &mut outputs)?;
+        recover_lost(syndrome, map, &present, &lost, parity, &mut outputs)?;
     }
     if own.is_some() {
         return Ok(());

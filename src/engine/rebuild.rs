@@ -219,8 +219,6 @@ enum Plan {
     /// Nothing left to do.
     End,
     Batch(Planned),
-    /// The stripe at the start needs the one-stripe path.
-    OneByOne,
 }
 
 /// The job's thread's side: plans, locks, reads, computes, hands over.
@@ -262,7 +260,6 @@ impl<'e> Pipeline<'e> {
             }
             let planned = match self.plan(pos) {
                 Plan::End => return Ended::Yielded,
-                Plan::OneByOne => return Ended::OneByOne { until: pos + 1 },
                 Plan::Batch(planned) => planned,
             };
             let numbers: Vec<u64> = planned.stripes.iter().map(|m| m.stripe).collect();
@@ -372,13 +369,6 @@ impl<'e> Pipeline<'e> {
                 continue;
             }
             let map = geometry.stripe(end);
-            if map.r.is_some() {
-                // A third parity column is rebuilt by the one-stripe path.
-                if stripes.is_empty() && end == pos {
-                    return Plan::OneByOne;
-                }
-                break;
-            }
             let bytes = map.strip_sectors * SECTOR_BYTES;
             let mut this = vec![0u64; share.len()];
             for place in map
@@ -467,8 +457,8 @@ impl<'e> Pipeline<'e> {
                     .collect();
                 // As many parity strips as data strips are missing, P first.
                 let missing = data.iter().filter(|d| d.is_none()).count();
-                let mut parity =
-                    [map.p, map.q].map(|p| p.filter(|p| p.member != role && view.present(p)));
+                let mut parity = [map.p, map.q, map.r]
+                    .map(|p| p.filter(|p| p.member != role && view.present(p)));
                 let mut wanted = missing;
                 for p in parity.iter_mut() {
                     if wanted == 0 {
@@ -477,13 +467,12 @@ impl<'e> Pipeline<'e> {
                         wanted -= 1;
                     }
                 }
-                let [p, q] = parity.map(|p| p.map(|p| read(&p)));
+                let parity = parity.map(|p| p.map(|p| read(&p)));
                 let out = writes.add(0, place.member_sector, sectors);
                 work.push(Work::Rebuild {
                     map: index,
                     data,
-                    p,
-                    q,
+                    parity,
                     out,
                 });
             }
@@ -523,17 +512,15 @@ impl<'e> Pipeline<'e> {
                 Work::Rebuild {
                     map,
                     data,
-                    p,
-                    q,
+                    parity,
                     out,
                 } => {
                     let data: Vec<Option<&[u8]>> =
                         data.iter().map(|d| d.map(|d| d.of(&read_bufs))).collect();
-                    let p = p.map(|p| p.of(&read_bufs));
-                    let q = q.map(|q| q.of(&read_bufs));
+                    let parity = parity.map(|p| p.map(|p| p.of(&read_bufs)));
                     let out = out.of_mut(&mut write_bufs);
                     let map = &planned.stripes[*map];
-                    if rebuild_strip(engine.syndrome, map, role, &data, p, q, out).is_err() {
+                    if rebuild_strip(engine.syndrome, map, role, &data, parity, out).is_err() {
                         ok = false;
                         break;
                     }
@@ -602,8 +589,8 @@ enum Work {
         /// The stripe's index in the batch.
         map: usize,
         data: Vec<Option<Slice>>,
-        p: Option<Slice>,
-        q: Option<Slice>,
+        /// P, Q and R, those read.
+        parity: [Option<Slice>; 3],
         out: Slice,
     },
 }

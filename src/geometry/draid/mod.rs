@@ -284,9 +284,24 @@ impl Draid {
         self.perms.position(row, unrotated)
     }
 
+    /// Slices per band: as many as there are children, or fewer in the
+    /// last band. The stripes of a band take its slices in turn, so that
+    /// work in stripe order (a rebuild's batches) meets every slice of the
+    /// band at once, and with them the C different children that hold
+    /// their spare columns: a rebuild onto a distributed spare writes to
+    /// every survivor, not to one slice's spare child after another.
+    fn band_of(&self, slice: u64) -> (u64, u64) {
+        let full = self.children as u64;
+        let first = slice / full * full;
+        (first, full.min(self.slices - first))
+    }
+
     fn stripe_at(&self, stripe: u64) -> StripeAt {
-        let slice = stripe / self.stripes_per_slice();
-        let within = stripe % self.stripes_per_slice();
+        let full = self.children as u64 * self.stripes_per_slice();
+        let (band_first, band_slices) = self.band_of(stripe / full * self.children as u64);
+        let in_band = stripe % full;
+        let slice = band_first + in_band % band_slices;
+        let within = in_band / band_slices;
         let per_group = self.stripes_per_group();
         // Stripes of a slice are ordered by the row their group starts in,
         // then by height in the group, then by group.
@@ -306,10 +321,11 @@ impl Draid {
     fn stripe_number(&self, slice: u64, group: usize, k: u64) -> u64 {
         let row = group * self.width() / self.ndisks();
         let in_row = (self.first_group[row + 1] - self.first_group[row]) as u64;
-        slice * self.stripes_per_slice()
-            + self.first_group[row] as u64 * self.stripes_per_group()
+        let within = self.first_group[row] as u64 * self.stripes_per_group()
             + k * in_row
-            + (group - self.first_group[row]) as u64
+            + (group - self.first_group[row]) as u64;
+        let (band_first, band_slices) = self.band_of(slice);
+        band_first * self.stripes_per_slice() + within * band_slices + (slice - band_first)
     }
 
     /// Where column `column` of stripe `at` starts.
@@ -364,17 +380,39 @@ impl Draid {
         }
     }
 
-    /// Where stripe `stripe` starts in member sectors, the unit resync and
-    /// recovery progress is kept in; for `stripe_count()` the end of the
-    /// used space. This is the start of the stripe's first column (P), which
-    /// always lies in the row its group starts in: a data column may have
-    /// wrapped into the next row. It never decreases with the stripe number,
-    /// though the stripes of groups sharing a start row share a position.
+    /// Where resync and recovery stand after `stripe` stripes, in member
+    /// sectors as md counts them (recovery_offset, resync_offset): the
+    /// stripe's share of the used space, stripe_count() being its end. The
+    /// stripes of a band take its slices in turn, so a stripe's own sectors
+    /// do not grow with its number; this share does, strictly, which is
+    /// all a resumed job needs to find its stripe again.
     pub fn resync_position_sectors(&self, stripe: u64) -> u64 {
-        if stripe >= self.stripe_count() {
-            return self.slices * self.devslice_sectors();
+        let total = self.slices * self.devslice_sectors();
+        let stripe = stripe.min(self.stripe_count());
+        (u128::from(stripe) * u128::from(total) / u128::from(self.stripe_count())) as u64
+    }
+
+    /// The stripe a job resumes at from `position` (the inverse of
+    /// `resync_position_sectors`), as `Geometry::stripe_at_resync_position`
+    /// finds it, for the tests of this module.
+    #[cfg(test)]
+    pub(super) fn stripe_at_resync_position_for_test(&self, position: u64) -> u64 {
+        let (mut low, mut high) = (0u64, self.stripe_count());
+        while low < high {
+            let mid = low + (high - low) / 2;
+            if self.resync_position_sectors(mid) < position {
+                low = mid + 1;
+            } else {
+                high = mid;
+            }
         }
-        let at = self.stripe_at(stripe);
+        low
+    }
+
+    /// The first member sector of stripe `stripe`'s P column, which always
+    /// lies in the row its group starts in (a data column may wrap into the
+    /// next row).
+    fn first_sector(&self, at: StripeAt) -> u64 {
         at.slice * self.devslice_sectors() + at.row as u64 * ROW_SECTORS + at.k * self.chunk_sectors
     }
 
@@ -382,8 +420,8 @@ impl Draid {
     /// starts at its resync position: one chunk, or for a group that wraps
     /// into the next row everything up to the end of its chunk there.
     pub fn bitmap_sectors(&self, stripe: u64) -> Range<u64> {
-        let start = self.resync_position_sectors(stripe);
         let at = self.stripe_at(stripe);
+        let start = self.first_sector(at);
         let start_pos = at.group * self.width() % self.ndisks();
         let wraps = start_pos + self.width() > self.ndisks();
         let end = start + self.chunk_sectors + if wraps { ROW_SECTORS } else { 0 };

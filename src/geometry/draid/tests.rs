@@ -242,7 +242,9 @@ fn locate_and_stripe_of_agree_with_the_stripe_map() {
 }
 
 /// Resync and recovery progress is kept in member sectors and resumed by
-/// a binary search over stripes, which needs positions that never go down.
+/// a binary search over stripes, which needs positions that grow with the
+/// stripe number and find their stripe again; the bitmap's range of a
+/// stripe covers its cells.
 #[test]
 fn resync_positions_never_decrease() {
     for g in [
@@ -253,12 +255,13 @@ fn resync_positions_never_decrease() {
         let mut last = 0;
         for stripe in 0..=g.stripe_count() {
             let position = g.resync_position_sectors(stripe);
-            assert!(position >= last, "stripe {stripe}");
+            assert!(stripe == 0 || position > last, "stripe {stripe}");
+            assert_eq!(g.stripe_at_resync_position_for_test(position), stripe);
             last = position;
             if stripe < g.stripe_count() {
                 let map = g.stripe(stripe);
                 let range = g.bitmap_sectors(stripe);
-                assert_eq!(map.p.unwrap().member_sector, position);
+                assert_eq!(map.p.unwrap().member_sector, range.start);
                 for place in map
                     .parity_places()
                     .chain(map.data.iter().map(|d| d.copies[0]))
@@ -410,4 +413,32 @@ fn draid_levels_are_not_md_levels() {
         assert_eq!(level_from_name(level_name(level)), Some(level));
     }
     assert_eq!(Level::from_md_number(6), Some(Level::Raid6));
+}
+
+/// Consecutive stripes of a band lie in different slices, whose spare
+/// columns are on different children: a rebuild's batch writes to many.
+#[test]
+fn consecutive_stripes_take_the_slices_of_a_band_in_turn() {
+    let g = small(2, 8, 24, 1, 30);
+    let children = 24u64;
+    let per_slice = g.stripe_count() / g.slices();
+    let slices: Vec<u64> = (0..children)
+        .map(|s| g.slice_of(g.stripe(s).p.unwrap().member_sector))
+        .collect();
+    assert_eq!(slices, (0..children).collect::<Vec<_>>());
+    let spare_children: std::collections::BTreeSet<usize> = (0..children)
+        .map(|s| g.spare_child(0, g.stripe(s).p.unwrap().member_sector))
+        .collect();
+    assert_eq!(
+        spare_children.len(),
+        24,
+        "every child holds one slice's spare column"
+    );
+    // The last band is short (30 slices = 24 + 6): its stripes take its 6
+    // slices in turn.
+    let last = g.stripe_count() - 6 * per_slice;
+    let tail: Vec<u64> = (last..last + 6)
+        .map(|s| g.slice_of(g.stripe(s).p.unwrap().member_sector))
+        .collect();
+    assert_eq!(tail, (24..30).collect::<Vec<_>>());
 }

@@ -369,6 +369,13 @@ impl<'e> Pipeline<'e> {
                 continue;
             }
             let map = geometry.stripe(end);
+            if places_of(&map, self.role).is_empty() {
+                // Nothing of the role here (most of a dRAID's stripes): no
+                // I/O and no lock (no write to it touches the target), so
+                // it takes none of the budget; the position passes it.
+                end += 1;
+                continue;
+            }
             let bytes = map.strip_sectors * SECTOR_BYTES;
             let mut this = vec![0u64; share.len()];
             for place in map

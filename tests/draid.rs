@@ -35,6 +35,27 @@ fn copy_out_of(members: &[&str], dir: &Path) -> Vec<u8> {
     copy_out(members, dir)
 }
 
+/// Offline, the children at `lost` left out, the array reads `expected`.
+fn assert_copy_out_without(
+    names: &[&str],
+    lost: &[usize],
+    expected: &[u8],
+    dir: &Path,
+    what: &str,
+) {
+    let some: Vec<&str> = names
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !lost.contains(i))
+        .map(|(_, m)| *m)
+        .collect();
+    assert_same_bytes(
+        &copy_out_of(&some, dir),
+        expected,
+        &format!("{what}: copy-out without children {lost:?}"),
+    );
+}
+
 #[test]
 fn a_lost_child_is_rebuilt_onto_the_distributed_spare_and_moved_back_to_a_new_disk() {
     let dir = scratch("draid-spare");
@@ -121,17 +142,7 @@ fn a_lost_child_is_rebuilt_onto_the_distributed_spare_and_moved_back_to_a_new_di
     now[3] = new.to_str().unwrap();
     assert_same_bytes(&copy_out_of(&now, dir.path()), &second_data, "copy-out");
     for lost in [[0usize, 1], [3, 10], [5, 7]] {
-        let some: Vec<&str> = now
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !lost.contains(i))
-            .map(|(_, m)| *m)
-            .collect();
-        assert_same_bytes(
-            &copy_out_of(&some, dir.path()),
-            &second_data,
-            &format!("copy-out without children {lost:?}"),
-        );
+        assert_copy_out_without(&now, &lost, &second_data, dir.path(), "after the rebalance");
     }
 }
 
@@ -185,17 +196,7 @@ fn every_loss_within_parity_reads_back_and_one_more_is_refused() {
                 .collect();
         }
         for lost in sets.iter().filter(|s| s.len() <= parity) {
-            let some: Vec<&str> = names
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| !lost.contains(i))
-                .map(|(_, m)| *m)
-                .collect();
-            assert_same_bytes(
-                &copy_out_of(&some, dir.path()),
-                &data,
-                &format!("{spec} without children {lost:?}"),
-            );
+            assert_copy_out_without(&names, lost, &data, dir.path(), spec);
         }
         // One more than parity: refused with one line, nothing read.
         let few: Vec<&str> = names[parity + 1..].to_vec();

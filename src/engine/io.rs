@@ -1502,7 +1502,7 @@ pub(super) fn recover_lost(
         .zip(outputs.iter_mut())
         .map(|(&i, out)| parity::LostData {
             exp: map.recovery_exponent(i),
-            out: &mut **out,
+            out,
         })
         .collect();
     parity::rebuild(

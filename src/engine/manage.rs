@@ -306,43 +306,64 @@ impl Engine {
         }
     }
 
-    /// After a dRAID role moved from distributed spare to a real disk, the
-    /// other spares in use whose space in that role's spare columns lay on
-    /// the spare just freed (a chain) have lost that part: they are
-    /// rebuilt from the start, which the array's redundancy allows (only
-    /// they are not in sync). Called with the array locked.
-    fn rebuild_chained_spares(&self, array: &mut crate::array::Assembled, role: usize) {
+    /// The distributed spares in use in roles other than `role`. A
+    /// distributed spare keeps its data on every child: when `role` takes a
+    /// new member (a rebuild onto a spare or a disk, a replace, the
+    /// rebalance off a spare), the part of each one that lay on the old
+    /// member is not on the new one, so they are rebuilt from the start,
+    /// which the array's redundancy allows (only they are then not in
+    /// sync). Called with the array locked; the table's change goes in the
+    /// same update as the role's (see [`restart_spares_in_table`]): in
+    /// between, a read routed to the new member would find nothing there.
+    fn spares_on_every_child(
+        &self,
+        array: &crate::array::Assembled,
+        role: usize,
+    ) -> Vec<(usize, String)> {
         if self.spare_router.is_none() {
-            return;
+            return Vec::new();
         }
-        let chained: Vec<(usize, String)> = array
+        let mut in_place = self.spares_rebuilt_in_place.lock().unwrap();
+        if let Some(at) = in_place.iter().position(|r| *r == role) {
+            in_place.swap_remove(at);
+            return Vec::new();
+        }
+        let spares: Vec<(usize, String)> = array
             .devices
             .iter()
             .filter_map(|d| match d.state {
-                DeviceState::Active { role: r } if r != role && is_spare_name(&d.path) => {
+                DeviceState::Active { role: r } | DeviceState::Recovering { role: r, .. }
+                    if r != role && is_spare_name(&d.path) =>
+                {
                     Some((r, d.path.clone()))
                 }
                 _ => None,
             })
             .collect();
-        for (r, path) in chained {
-            self.update_table(|t| {
-                if let Some(entry) = t.by_role[r].as_mut() {
-                    entry.rebuilt_below = Some(Arc::new(AtomicU64::new(0)));
-                }
-            });
+        in_place.extend(spares.iter().map(|(r, _)| *r));
+        spares
+    }
+
+    /// The device side of restarting `spares` (see [`spares_on_every_child`]).
+    fn restart_spares(
+        &self,
+        array: &mut crate::array::Assembled,
+        spares: &[(usize, String)],
+        why: &str,
+    ) {
+        for (r, path) in spares {
             for d in array.devices.iter_mut() {
-                if d.path == path {
+                if d.path == *path {
                     d.state = DeviceState::Recovering {
-                        role: r,
+                        role: *r,
                         recovery_offset_sectors: 0,
                     };
                 }
             }
             self.events.push(
                 "RebuildStarted",
-                &path,
-                &format!("distributed spare in role {r} rebuilt after a rebalance"),
+                path,
+                &format!("distributed spare in role {r} rebuilt after {why}"),
             );
         }
     }
@@ -688,14 +709,46 @@ impl Engine {
         }
     }
 
+    /// Whether the job whose position is `next` still builds what the table
+    /// holds for its role. A job and the member it builds are tied by that
+    /// position, which the member's entry shares (writes below it reach the
+    /// member): once the member failed and another took the role, or an
+    /// entry with a new position replaced it, the job is a stale one. Its
+    /// writes would land on a member whose position it does not move, and
+    /// its end would declare in sync a member it never wholly built.
+    pub(super) fn job_owns_target(&self, action: SyncAction, next: &Arc<AtomicU64>) -> bool {
+        let table = self.table();
+        let shares = |e: Option<&MemberEntry>| {
+            e.and_then(|e| e.rebuilt_below.as_ref())
+                .is_some_and(|below| Arc::ptr_eq(below, next))
+        };
+        match action {
+            SyncAction::Recovery { role } => shares(table.by_role[role].as_ref()),
+            SyncAction::Replace { role } => match &table.replacing[role] {
+                Some(replacement) => shares(Some(replacement)),
+                None => shares(table.by_role[role].as_ref()),
+            },
+            _ => true,
+        }
+    }
+
     /// A member rebuilt to the end holds its role: it is in sync, on disk
     /// too, and another missing role may take the next spare.
-    fn recovery_finished(self: &Arc<Engine>, role: usize) {
+    fn recovery_finished(self: &Arc<Engine>, role: usize, next: &Arc<AtomicU64>) {
         let mut array = self.array.lock().unwrap();
+        if !self.job_owns_target(SyncAction::Recovery { role }, next) {
+            // A stale job (see job_owns_target): the member now in the
+            // role still needs its own rebuild.
+            drop(array);
+            self.start_recovery_if_possible();
+            return;
+        }
+        let spares = self.spares_on_every_child(&array, role);
         self.update_table(|t| {
             if let Some(entry) = t.by_role[role].as_mut() {
                 entry.rebuilt_below = None;
             }
+            restart_spares_in_table(t, &spares);
         });
         let mut path = String::new();
         for d in array.devices.iter_mut() {
@@ -704,6 +757,7 @@ impl Engine {
                 path = d.path.clone();
             }
         }
+        self.restart_spares(&mut array, &spares, "a rebuild");
         let slot = self.table().by_role[role].as_ref().map(|e| e.slot.clone());
         array.slots[role] = slot;
         self.write_state(&mut array);
@@ -716,10 +770,23 @@ impl Engine {
     }
 
     /// Called by the job's thread as it ends.
-    pub(super) fn sync_ended(self: &Arc<Engine>, action: SyncAction, outcome: Outcome) {
+    pub(super) fn sync_ended(
+        self: &Arc<Engine>,
+        action: SyncAction,
+        outcome: Outcome,
+        next: &Arc<AtomicU64>,
+    ) {
         match (action, outcome) {
+            // A stale job (see job_owns_target), however it ended: the
+            // member that holds the role now gets its own rebuild, and the
+            // role is left as it is.
+            (SyncAction::Recovery { .. } | SyncAction::Replace { .. }, _)
+                if !self.job_owns_target(action, next) =>
+            {
+                self.start_recovery_if_possible()
+            }
             (SyncAction::Recovery { role }, Outcome::Finished { .. }) => {
-                self.recovery_finished(role)
+                self.recovery_finished(role, next)
             }
             // The original failed during the copy and the replacement took
             // its role as a member being rebuilt (see fail_member): the job
@@ -730,7 +797,7 @@ impl Engine {
                         .as_ref()
                         .is_some_and(|e| e.rebuilt_below.is_some()) =>
             {
-                self.recovery_finished(role)
+                self.recovery_finished(role, next)
             }
             (SyncAction::Check | SyncAction::Repair, Outcome::Stopped | Outcome::Failed) => {
                 // A spare added or a member failed while the check ran:
@@ -753,10 +820,12 @@ impl Engine {
             }
             (SyncAction::Replace { role }, Outcome::Finished { .. }) => {
                 let mut array = self.array.lock().unwrap();
+                let spares = self.spares_on_every_child(&array, role);
                 let replacement = self.update_table(|t| {
                     let mut entry = t.replacing[role].take()?;
                     entry.rebuilt_below = None;
                     t.by_role[role] = Some(entry.clone());
+                    restart_spares_in_table(t, &spares);
                     Some(entry)
                 });
                 let Some(replacement) = replacement else {
@@ -778,7 +847,7 @@ impl Engine {
                         new_path = d.path.clone();
                     }
                 }
-                self.rebuild_chained_spares(&mut array, role);
+                self.restart_spares(&mut array, &spares, "a replace");
                 array.slots[role] = Some(replacement.slot.clone());
                 self.write_state(&mut array);
                 drop(array);
@@ -803,14 +872,14 @@ impl Engine {
             (SyncAction::Replace { role }, Outcome::Failed)
                 if self.table().replacing[role].is_none() =>
             {
-                self.recovery_failed(role)
+                self.recovery_failed(action, next)
             }
             // md fails a replacement whose copy cannot go on.
             (SyncAction::Replace { role }, Outcome::Failed) => {
                 self.abandon_replacement(role, None, "copy failed")
             }
             (_, Outcome::Stopped) => {}
-            (SyncAction::Recovery { role }, Outcome::Failed) => self.recovery_failed(role),
+            (SyncAction::Recovery { .. }, Outcome::Failed) => self.recovery_failed(action, next),
             (_, Outcome::Failed) => self.events.push("SyncFailed", "", action.word()),
             (SyncAction::Reshape, Outcome::Finished { .. }) => {
                 unreachable!("the reshape job ends on its own (engine/reshape.rs)")
@@ -821,9 +890,19 @@ impl Engine {
     /// The new member could not be written, or nothing is left to rebuild
     /// it from: it leaves the array as faulty, so that no automatic retry
     /// loops on it; a fresh --add starts over. A spare may take the role.
-    fn recovery_failed(self: &Arc<Engine>, role: usize) {
+    fn recovery_failed(self: &Arc<Engine>, action: SyncAction, next: &Arc<AtomicU64>) {
+        let (SyncAction::Recovery { role } | SyncAction::Replace { role }) = action else {
+            unreachable!("only a rebuild has a member being built");
+        };
         {
             let mut array = self.array.lock().unwrap();
+            if !self.job_owns_target(action, next) {
+                // A stale job failed (its member left the role): the
+                // member that holds the role now is not to blame.
+                drop(array);
+                self.start_recovery_if_possible();
+                return;
+            }
             self.update_table(|t| t.by_role[role] = None);
             let path = array.mark_faulty(
                 |d| matches!(d.state, DeviceState::Recovering { role: r, .. } if r == role),
@@ -834,5 +913,16 @@ impl Engine {
                 .push("RebuildFailed", &path, &format!("role {role}"));
         }
         self.start_recovery_if_possible();
+    }
+}
+
+/// The table side of restarting distributed spares (see
+/// `Engine::spares_on_every_child`): each gets a fresh position at 0, so a
+/// job still running on the old one is stale and stops.
+fn restart_spares_in_table(t: &mut super::members::MemberTable, spares: &[(usize, String)]) {
+    for (r, _) in spares {
+        if let Some(entry) = t.by_role[*r].as_mut() {
+            entry.rebuilt_below = Some(Arc::new(AtomicU64::new(0)));
+        }
     }
 }

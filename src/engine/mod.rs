@@ -160,6 +160,12 @@ pub struct Engine {
     /// A dRAID's distributed spares route their I/O to the members in
     /// sync in the table: kept current wherever the table changes.
     spare_router: Option<Arc<crate::array::SpareRouter>>,
+    /// Roles whose distributed spare is being rebuilt in place, because a
+    /// role whose child held part of its data took a new member (see
+    /// `spares_on_every_child`). Their end brings no new member to any
+    /// child, so it restarts no other spare: without this, two spares in
+    /// use would restart each other for ever.
+    spares_rebuilt_in_place: Mutex<Vec<usize>>,
 }
 
 impl Engine {
@@ -418,6 +424,7 @@ impl Engine {
             journal,
             journal_clean,
             spare_router,
+            spares_rebuilt_in_place: Mutex::new(Vec::new()),
         });
         engine.route_spares(&engine.table());
         if !options.read_only {
@@ -587,7 +594,13 @@ impl Engine {
         }
         let from = self.geometry().stripe_at_resync_position(offset);
         let device = &array.devices[index];
-        let next = Arc::new(AtomicU64::new(from));
+        // An entry that has a position keeps it: whoever starts the job
+        // (a spare's add racing the end of a check, say) then moves the
+        // position that writes to the member look at (see job_owns_target).
+        let next = table
+            .entry(role)
+            .and_then(|e| e.rebuilt_below.clone())
+            .unwrap_or_else(|| Arc::new(AtomicU64::new(from)));
         let entry = members::MemberEntry {
             slot: members::slot_of(device),
             rebuilt_below: Some(next.clone()),

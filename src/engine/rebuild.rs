@@ -114,6 +114,7 @@ pub(super) fn run_batches(
             role,
             guided,
             done,
+            next,
             in_flight: VecDeque::new(),
             handed_end: 0,
             failed: false,
@@ -227,6 +228,8 @@ struct Pipeline<'e> {
     action: SyncAction,
     role: usize,
     guided: bool,
+    /// The job's position, shared with the entry of the member it builds.
+    next: &'e Arc<AtomicU64>,
     done: Receiver<Done>,
     in_flight: VecDeque<InFlight<'e>>,
     /// The end of the last batch handed to the writer.
@@ -405,6 +408,12 @@ impl<'e> Pipeline<'e> {
     /// being built for it.
     fn target(&self, table: &super::members::MemberTable) -> Option<MemberEntry> {
         let role = self.role;
+        // Only the member whose position this job moves (see
+        // Engine::job_owns_target): any other takes the one-stripe path,
+        // which ends a stale job.
+        if !self.engine.job_owns_target(self.action, self.next) {
+            return None;
+        }
         match self.action {
             SyncAction::Recovery { .. } => table.entry(role).cloned(),
             // As the one-stripe path: the replacement, or, its original gone,

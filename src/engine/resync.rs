@@ -358,6 +358,12 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
         if worker.stop.load(Ordering::SeqCst) {
             break Outcome::Stopped;
         }
+        if !engine.job_owns_target(action, &next) {
+            // Its member left the role (failed, or replaced by one with a
+            // rebuild of its own): what this job does is no longer wanted,
+            // and its end must not touch the role (see sync_ended).
+            break Outcome::Stopped;
+        }
         if stripe >= worker.stripe_count() {
             break Outcome::Finished {
                 mismatch_sectors: worker.mismatch_sectors.load(Ordering::SeqCst),
@@ -388,7 +394,12 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
             let step = match action {
                 SyncAction::Recovery { role } => {
                     let view = engine.view(stripe);
-                    match view.table.entry(role).cloned() {
+                    let target = view.table.entry(role).cloned().filter(|e| {
+                        e.rebuilt_below
+                            .as_ref()
+                            .is_some_and(|below| Arc::ptr_eq(below, &next))
+                    });
+                    match target {
                         Some(target) => view.rebuild_onto(&map, role, &target).map(|_| 0),
                         None => Err(std::io::Error::other("the member being rebuilt is gone")),
                     }
@@ -493,7 +504,8 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                 );
             }
         }
+        let next = engine.sync.next_stripe.lock().unwrap().clone();
         engine.sync.ended(action, outcome);
-        engine.sync_ended(action, outcome);
+        engine.sync_ended(action, outcome, &next);
     }
 }

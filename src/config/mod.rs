@@ -266,7 +266,10 @@ fn split_words(line: &str, number: usize) -> Vec<Word> {
                 _ => word.push(c),
             }
         }
-        words.push(Word { line: number, text: word });
+        words.push(Word {
+            line: number,
+            text: word,
+        });
     }
     words
 }
@@ -645,9 +648,8 @@ fn array_line(line: usize, words: &[Word]) -> Result<ArrayIdent, (usize, String)
         };
         match key.as_str() {
             "uuid" => {
-                ident.uuid = Some(
-                    normalize_uuid(value).ok_or_else(|| bad(format!("bad uuid: {value}")))?,
-                )
+                ident.uuid =
+                    Some(normalize_uuid(value).ok_or_else(|| bad(format!("bad uuid: {value}")))?)
             }
             "name" => {
                 if value.len() > 32 {
@@ -736,7 +738,9 @@ fn sysfs_line(line: usize, words: &[Word]) -> Result<SysfsLine, (usize, String)>
             target = Some(new_target);
             continue;
         }
-        let Some((key, value)) = t.split_once('=').filter(|(k, v)| !k.is_empty() && !v.is_empty())
+        let Some((key, value)) = t
+            .split_once('=')
+            .filter(|(k, v)| !k.is_empty() && !v.is_empty())
         else {
             return Err(bad(format!("cannot parse '{t}': expected ATTRIBUTE=VALUE")));
         };

@@ -81,7 +81,10 @@ fn continuations_comments_and_quotes_follow_mdadm() {
     // new one (mdadm reads its first word as the keyword).
     assert_eq!(c.devices[0], DevicePattern::Glob("/srv/my disks/*".into()));
     // '#' inside a word is part of it.
-    assert_eq!(error("dev#ice /a\n"), "uraid.conf:1: unknown keyword 'dev#ice'");
+    assert_eq!(
+        error("dev#ice /a\n"),
+        "uraid.conf:1: unknown keyword 'dev#ice'"
+    );
 }
 
 #[test]
@@ -103,21 +106,51 @@ fn keywords_are_case_insensitive_and_cut_to_three_letters() {
 #[test]
 fn bad_lines_name_file_and_line() {
     let cases: &[(&str, &str)] = &[
-        ("DEVICE /a\n\nARAY uuid=1\n", "uraid.conf:3: unknown keyword 'ARAY'"),
-        ("DEVICE disks/*\n", "uraid.conf:1: DEVICE takes absolute paths"),
-        ("ARRAY /dev/md/x uuid=1234\n", "uraid.conf:1: bad uuid: 1234"),
-        ("ARRAY /dev/md/x\n", "uraid.conf:1: ARRAY line /dev/md/x has no identity"),
+        (
+            "DEVICE /a\n\nARAY uuid=1\n",
+            "uraid.conf:3: unknown keyword 'ARAY'",
+        ),
+        (
+            "DEVICE disks/*\n",
+            "uraid.conf:1: DEVICE takes absolute paths",
+        ),
+        (
+            "ARRAY /dev/md/x uuid=1234\n",
+            "uraid.conf:1: bad uuid: 1234",
+        ),
+        (
+            "ARRAY /dev/md/x\n",
+            "uraid.conf:1: ARRAY line /dev/md/x has no identity",
+        ),
         (
             "ARRAY /dev/md/x\n  uuid=bead5eb6:31c17a27:da120ba2:7dfda40d\n  colour=red\n",
             "uraid.conf:3: unrecognised word on ARRAY line: colour=red",
         ),
-        ("ARRAY name=a level=raid7\n", "uraid.conf:1: unknown raid level: raid7"),
-        ("ARRAY name=a metadata=ddf\n", "uraid.conf:1: metadata format ddf unknown"),
+        (
+            "ARRAY name=a level=raid7\n",
+            "uraid.conf:1: unknown raid level: raid7",
+        ),
+        (
+            "ARRAY name=a metadata=ddf\n",
+            "uraid.conf:1: metadata format ddf unknown",
+        ),
         ("ARRAY name=a name=b\n", "uraid.conf:1: name= given twice"),
-        ("ARRAY /dev/sda name=a\n", "uraid.conf:1: /dev/sda is an invalid name"),
-        ("MONITORDELAY soon\n", "uraid.conf:1: MONITORDELAY takes seconds"),
-        ("MAILADDR a@b\nMAILADDR c@d\n", "uraid.conf:2: MAILADDR given twice"),
-        ("PROGRAM /bin/a -x\n", "uraid.conf:1: PROGRAM takes one word"),
+        (
+            "ARRAY /dev/sda name=a\n",
+            "uraid.conf:1: /dev/sda is an invalid name",
+        ),
+        (
+            "MONITORDELAY soon\n",
+            "uraid.conf:1: MONITORDELAY takes seconds",
+        ),
+        (
+            "MAILADDR a@b\nMAILADDR c@d\n",
+            "uraid.conf:2: MAILADDR given twice",
+        ),
+        (
+            "PROGRAM /bin/a -x\n",
+            "uraid.conf:1: PROGRAM takes one word",
+        ),
         (
             "SYSFS uuid=bead5eb6:31c17a27:da120ba2:7dfda40d\n  stripe_cahce_size=8192\n",
             "uraid.conf:2: unknown knob 'stripe_cahce_size'",
@@ -126,8 +159,14 @@ fn bad_lines_name_file_and_line() {
             "SYSFS name=/dev/md/x stripe_cache_size=5\n",
             "uraid.conf:1: stripe_cache_size 5 is outside 17..32768",
         ),
-        ("SYSFS stripe_cache_size=512\n", "uraid.conf:1: SYSFS line names no array"),
-        ("SYSFS name=x sync_speed_max=fast\n", "uraid.conf:1: sync_speed_max=fast"),
+        (
+            "SYSFS stripe_cache_size=512\n",
+            "uraid.conf:1: SYSFS line names no array",
+        ),
+        (
+            "SYSFS name=x sync_speed_max=fast\n",
+            "uraid.conf:1: sync_speed_max=fast",
+        ),
         (
             "SYSFS name=x rmw_level=1 rmw_level=2\n",
             "uraid.conf:1: rmw_level given twice",
@@ -135,7 +174,10 @@ fn bad_lines_name_file_and_line() {
     ];
     for (text, want) in cases {
         let got = error(text);
-        assert!(got.starts_with(want), "{text:?}: got {got:?}, want {want:?}");
+        assert!(
+            got.starts_with(want),
+            "{text:?}: got {got:?}, want {want:?}"
+        );
         assert!(!got.contains('\n'), "{got}");
     }
 }
@@ -182,7 +224,9 @@ fn sysfs_lines_apply_last_to_first_so_the_first_wins() {
             value: "1024".into()
         }
     );
-    assert!(c.sysfs_for("00000000:00000000:00000000:00000000", "x").is_empty());
+    assert!(c
+        .sysfs_for("00000000:00000000:00000000:00000000", "x")
+        .is_empty());
 }
 
 #[test]

@@ -346,3 +346,64 @@ pub fn split_knobs(knobs: &[Knob]) -> (Vec<(String, String)>, Option<u64>, Optio
     }
     (settings, min, max)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probed(path: &str, sb: MemberSuper) -> Probed {
+        Probed {
+            path: PathBuf::from(path),
+            sb,
+        }
+    }
+
+    #[test]
+    fn version_090_lines_name_the_minor_and_count_spares() {
+        let sb = crate::format::sb090::tests::sample();
+        let minor = sb.v090.as_ref().unwrap().md_minor;
+        let uuid = sb.uuid_string();
+        let mut spare = sb.clone();
+        let extra = spare.v090.as_mut().unwrap();
+        extra.this_disk.state = 0;
+        let text = brief_examine(&[probed("/a", sb.clone()), probed("/b", spare)], false);
+        assert_eq!(
+            text,
+            format!("ARRAY /dev/md{minor} UUID={uuid}\n   spares=1\n")
+        );
+        let text = brief_examine(&[probed("/a", sb.clone())], true);
+        assert_eq!(
+            text,
+            format!(
+                "ARRAY /dev/md{minor} level=raid1 num-devices={} UUID={uuid}\n   devices=/a\n",
+                sb.raid_disks
+            )
+        );
+    }
+
+    #[test]
+    fn version_one_lines_follow_mdadm_spacing() {
+        let mut sb = crate::format::sb1::tests::sample(Metadata::V1_2);
+        let uuid = sb.uuid_string();
+        sb.set_name = "host:data".into();
+        assert_eq!(
+            brief_line(&sb, false),
+            format!("ARRAY /dev/md/data  metadata=1.2 UUID={uuid}")
+        );
+        sb.set_name = String::new();
+        assert_eq!(
+            brief_line(&sb, true),
+            format!(
+                "ARRAY  level=raid5 metadata=1.2 num-devices={} UUID={uuid}",
+                sb.raid_disks
+            )
+        );
+        // Two creations under one UUID are two arrays, the later first.
+        let mut other = sb.clone();
+        other.ctime_secs += 1;
+        other.set_name = "x".into();
+        let text = brief_examine(&[probed("/a", sb), probed("/b", other)], false);
+        assert!(text.starts_with("ARRAY /dev/md/x  metadata=1.2"), "{text}");
+        assert_eq!(text.lines().count(), 2);
+    }
+}

@@ -8,6 +8,7 @@
 pub mod array;
 pub mod bench;
 pub mod cli;
+pub mod config;
 pub mod control;
 pub mod engine;
 pub mod export;

@@ -8,6 +8,7 @@ pub mod dspare;
 mod reshape;
 mod reshape_raid10;
 mod resync;
+pub mod scan;
 mod stripe_io;
 mod superblocks;
 mod takeover;

@@ -10,6 +10,7 @@ mod create;
 mod detail;
 mod manage;
 mod plan;
+mod scan;
 mod serve;
 mod status;
 mod tuning;
@@ -42,7 +43,16 @@ enum Command {
         /// Print each member's internal write-intent bitmap, as mdadm --examine-bitmap (-X).
         #[arg(long, short = 'X')]
         bitmap: bool,
-        #[arg(required = true)]
+        /// One ARRAY line per array found, as mdadm --examine --scan (for uraid.conf).
+        #[arg(long, conflicts_with_all = ["json", "bitmap"])]
+        scan: bool,
+        /// With --scan: add level=, num-devices= and devices=.
+        #[arg(long, short = 'v', requires = "scan")]
+        verbose: bool,
+        /// With --scan and no devices: the config whose DEVICE lines to search.
+        #[arg(long, value_name = "FILE", requires = "scan")]
+        config: Option<PathBuf>,
+        #[arg(required_unless_present = "scan")]
         devices: Vec<PathBuf>,
     },
     /// Describe an array from its members, as mdadm --detail does.
@@ -153,9 +163,17 @@ pub fn main() -> i32 {
     let result = match cli.command {
         Command::Create(args) => create::run(&args),
         Command::Examine {
+            scan: true,
+            verbose,
+            config,
+            devices,
+            ..
+        } => scan::run_examine(&devices, verbose, config.as_deref()),
+        Command::Examine {
             json,
             bitmap: true,
             devices,
+            ..
         } => examine::run_bitmap(&devices, json),
         Command::Examine { json, devices, .. } => examine::run(&devices, json),
         Command::Detail {

@@ -1,6 +1,7 @@
 //! `uraid serve`: assemble an array and export it over NBD until SIGINT or
 //! SIGTERM; then finish in-flight I/O, mark the array clean and exit 0.
 
+use super::scan::{find_for_serve, split_knobs, Wanted};
 use super::CliResult;
 use crate::array::{assemble_members, open_members};
 use crate::control::{self, view::array_label, ControlServer};
@@ -33,8 +34,27 @@ pub struct ServeArgs {
     /// The array's knobs for this run, over its saved settings (see `--set help`).
     #[command(flatten)]
     tuning: super::tuning::TuningArgs,
-    /// The member devices or image files.
-    #[arg(required = true)]
+    /// Find the members by their superblocks among the config's DEVICE
+    /// paths (or the devices given), as mdadm --assemble --scan; one of
+    /// --uuid, --name, --all says which array.
+    #[arg(long)]
+    scan: bool,
+    /// The config file for --scan (default /etc/uraid/uraid.conf).
+    #[arg(long, value_name = "FILE", requires = "scan")]
+    config: Option<PathBuf>,
+    /// With --scan: the array with this UUID (any punctuation).
+    #[arg(long, requires = "scan", conflicts_with_all = ["name", "all"])]
+    uuid: Option<String>,
+    /// With --scan: the array of this name (`data`, `host:data` or `/dev/md/data`).
+    #[arg(long, requires = "scan", conflicts_with = "all")]
+    name: Option<String>,
+    /// With --scan: list the arrays found; serve runs one array per process
+    /// (serve each with --uuid), so this serves none and exits 1.
+    #[arg(long, requires = "scan")]
+    all: bool,
+    /// The member devices or image files (with --scan: where to search
+    /// instead of the config's DEVICE lines).
+    #[arg(required_unless_present = "scan")]
     devices: Vec<PathBuf>,
 }
 
@@ -62,8 +82,21 @@ fn wait_for_stop_signal(set: &libc::sigset_t) -> i32 {
 }
 
 pub fn run(args: &ServeArgs) -> CliResult {
+    let (paths, knobs) = if args.scan {
+        let wanted = match (&args.uuid, &args.name, args.all) {
+            (Some(uuid), _, _) => Wanted::Uuid(uuid),
+            (_, Some(name), _) => Wanted::Name(name),
+            (_, _, true) => Wanted::All,
+            _ => return Err("--scan needs --uuid UUID, --name NAME or --all".into()),
+        };
+        let found = find_for_serve(wanted, args.config.as_deref(), &args.devices, args.force)?;
+        (found.paths, found.knobs)
+    } else {
+        (args.devices.clone(), Vec::new())
+    };
+    let (config_settings, speed_min, speed_max) = split_knobs(&knobs);
     let signals = block_stop_signals();
-    let mut members = open_members(&args.devices, !args.read_only).map_err(|e| e.to_string())?;
+    let mut members = open_members(&paths, !args.read_only).map_err(|e| e.to_string())?;
     let mut injectors = Vec::new();
     if args.fault_injection {
         for (name, member) in members.iter_mut() {
@@ -91,9 +124,10 @@ pub fn run(args: &ServeArgs) -> CliResult {
     let uuid = array.sb.uuid_string();
     let defaults =
         crate::engine::tuning::TuningValues::defaults(array.geometry.stripe(0).data_sectors());
-    let (tuning, accept_data_loss) = super::tuning::values_for_serve(
+    let (tuning, accept_data_loss) = super::tuning::values_for_serve_with(
         &uuid,
         defaults,
+        &config_settings,
         &args.tuning,
         crate::array::has_journal_feature(&array.sb),
     )?;
@@ -108,6 +142,7 @@ pub fn run(args: &ServeArgs) -> CliResult {
     )
     .map_err(|e| e.to_string())?;
     engine.set_injectors(injectors);
+    engine.set_speed_limits(speed_min, speed_max);
     let size = engine.size_bytes();
     let options = ServeOptions {
         export_name: label.clone(),

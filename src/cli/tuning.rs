@@ -108,15 +108,41 @@ pub fn values_for_serve(
     args: &TuningArgs,
     journaled: bool,
 ) -> Result<(TuningValues, bool), String> {
+    values_for_serve_with(uuid, defaults, &[], args, journaled)
+}
+
+/// [`values_for_serve`] with the knobs of the config's SYSFS lines for the
+/// array between its saved settings and this run's options (mdadm writes
+/// SYSFS values after assembly, over what the array had; the command line
+/// is the latest word).
+pub fn values_for_serve_with(
+    uuid: &str,
+    defaults: TuningValues,
+    config: &[(String, String)],
+    args: &TuningArgs,
+    journaled: bool,
+) -> Result<(TuningValues, bool), String> {
     let stored = saved::load(uuid)?;
     let accept = stored.accept_data_loss || args.i_accept_data_loss;
     let given = args.pairs()?;
     let (mut values, warnings) = saved::apply(defaults, &stored, accept || journaled)?;
     // A saved write policy that this run sets anew needs no warning.
-    if !given.iter().any(|(k, _)| k == "write_policy") {
+    if !given
+        .iter()
+        .chain(config.iter())
+        .any(|(k, _)| k == "write_policy")
+    {
         for warning in warnings {
             eprintln!("uraid: {warning}");
         }
+    }
+    for (k, v) in config {
+        if given.iter().any(|(g, _)| g == k) {
+            continue;
+        }
+        values
+            .set(k, v, accept || journaled)
+            .map_err(|e| format!("SYSFS {k}={v}: {e}"))?;
     }
     for (k, v) in given {
         values.set(&k, &v, accept || journaled)?;

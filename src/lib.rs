@@ -16,4 +16,5 @@ pub mod geometry;
 pub mod member;
 pub mod parity;
 pub mod plan;
+pub mod smart;
 pub mod units;

@@ -330,9 +330,9 @@ pub fn parse(stdout: &[u8], process_exit: Option<i32>) -> Health {
             ..h
         };
     }
-    for bit in 5..8 {
+    for (bit, meaning) in EXIT_BITS.iter().enumerate().skip(5) {
         if exit & (1 << bit) != 0 {
-            h.add(Status::Warning, format!("smartctl: {}", EXIT_BITS[bit]));
+            h.add(Status::Warning, format!("smartctl: {meaning}"));
         }
     }
     if h.passed.is_none() && h.status == Status::Passed {

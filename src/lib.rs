@@ -9,6 +9,7 @@ pub mod array;
 pub mod bench;
 pub mod cli;
 pub mod control;
+pub mod doctor;
 pub mod engine;
 pub mod export;
 pub mod format;

@@ -8,6 +8,7 @@ mod bench;
 mod copy;
 mod create;
 mod detail;
+mod doctor;
 mod manage;
 mod plan;
 mod scan;
@@ -89,6 +90,9 @@ enum Command {
     /// Predict rebuild time, time at reduced redundancy, capacity and the chance
     /// of losing data, for a layout against raid5/6/10 and dRAID layouts.
     Plan(plan::PlanArgs),
+    /// Check the host for an array: CPU, SIMD, memory, kernel interfaces,
+    /// governor, and the members' block queues; ok/warn/fail/unavailable.
+    Doctor(doctor::DoctorArgs),
     /// Read the array's contents (offline, degraded if members are missing) into a file.
     CopyOut {
         #[arg(long)]
@@ -186,6 +190,7 @@ pub fn main() -> i32 {
         Command::Manage(args) => manage::run(&args),
         Command::Status { json, control } => status::run(control.as_deref(), json),
         Command::Plan(args) => plan::run(&args),
+        Command::Doctor(args) => doctor::run(&args),
         Command::CopyIn { input, devices } => copy::copy_in(&input, &devices),
         Command::CopyOut { output, devices } => copy::copy_out(&output, &devices),
     };

@@ -31,6 +31,10 @@ pub struct ServeArgs {
     /// (pull, offline, I/O errors, latency, torn writes): for rehearsals and tests.
     #[arg(long)]
     fault_injection: bool,
+    /// Seconds between SMART polls of members that are block devices
+    /// (`smartctl -j -H -A -i`, or $URAID_SMARTCTL); 0 polls never.
+    #[arg(long, value_name = "S", default_value_t = 300)]
+    smart_interval: u64,
     /// The array's knobs for this run, over its saved settings (see `--set help`).
     #[command(flatten)]
     tuning: super::tuning::TuningArgs,
@@ -165,12 +169,30 @@ pub fn run(args: &ServeArgs) -> CliResult {
             return Err(e.to_string());
         }
     };
+    // In its own thread: a smartctl that hangs never holds up serving.
+    let smart = if args.smart_interval > 0 {
+        match crate::smart::SmartPoller::start(
+            engine.clone(),
+            std::time::Duration::from_secs(args.smart_interval),
+        ) {
+            Ok(poller) => Some(poller),
+            Err(e) => {
+                eprintln!("uraid: SMART polling not started: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
     eprintln!(
         "uraid: serving {level} array {uuid} ({size} bytes) on {uri} (control {})",
         control_path.display()
     );
     let signal = wait_for_stop_signal(&signals);
     eprintln!("uraid: signal {signal}: finishing in-flight I/O and marking the array clean");
+    if let Some(smart) = smart {
+        smart.stop();
+    }
     server.shutdown();
     control.stop();
     engine.shutdown().map_err(|e| e.to_string())?;

@@ -21,6 +21,10 @@ pub struct DeviceRow {
     pub raid_device: Option<usize>,
     pub state: String,
     pub path: Option<String>,
+    /// The member's health as `uraid serve` last polled it (SMART), for
+    /// block devices.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub health: Option<crate::engine::MemberHealth>,
 }
 
 /// Everything mdadm --detail shows, as data.
@@ -220,6 +224,7 @@ impl DetailView {
                         raid_device: Some(role),
                         state,
                         path: Some(d.path.clone()),
+                        health: None,
                     }
                 }
                 None => DeviceRow {
@@ -229,6 +234,7 @@ impl DetailView {
                     raid_device: Some(role),
                     state: "removed".into(),
                     path: None,
+                    health: None,
                 },
             });
         }
@@ -260,7 +266,15 @@ impl DetailView {
                 raid_device,
                 state,
                 path: Some(d.path.clone()),
+                health: None,
             });
+        }
+        for row in rows.iter_mut() {
+            row.health = array
+                .member_health
+                .iter()
+                .find(|(p, _)| Some(p) == row.path.as_ref())
+                .map(|(_, h)| h.clone());
         }
         let bitmap = sb.feature_map & MD_FEATURE_BITMAP_OFFSET != 0;
         let layout = match level {
@@ -460,6 +474,17 @@ impl DetailView {
             }
             if let Some(parity) = &self.parity {
                 let _ = writeln!(o, "{:>22} : {parity}", "parity");
+            }
+        }
+        let health: Vec<(&str, &crate::engine::MemberHealth)> = self
+            .devices
+            .iter()
+            .filter_map(|r| Some((r.path.as_deref()?, r.health.as_ref()?)))
+            .collect();
+        if !health.is_empty() {
+            let _ = writeln!(o, "\n    Member health (uraid, SMART):");
+            for (path, h) in health {
+                let _ = writeln!(o, "{path:>22} : {}", h.summary);
             }
         }
         if !self.injected_faults.is_empty() {

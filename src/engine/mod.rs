@@ -125,6 +125,9 @@ pub struct Engine {
     /// Fault injectors wrapped around the members, by device path, when the
     /// array is served with fault injection enabled.
     injectors: Mutex<Vec<(String, Arc<crate::member::FaultyMember>)>>,
+    /// What a health source outside the engine (SMART) last said of each
+    /// member, by device path: shown, never acted on here.
+    member_health: Mutex<Vec<(String, MemberHealth)>>,
     /// The live write-intent bitmap, when the array has one.
     bitmap: RwLock<Option<Arc<bitmap::LiveBitmap>>>,
     /// The consistency-check period.
@@ -402,6 +405,7 @@ impl Engine {
             last_mismatch_sectors: AtomicU64::new(0),
             me: OnceLock::new(),
             injectors: Mutex::new(Vec::new()),
+            member_health: Mutex::new(Vec::new()),
             bitmap: RwLock::new(live_bitmap.map(Arc::new)),
             schedule: schedule::CheckSchedule::default(),
             tunables: tuning::Tunables::new(
@@ -557,6 +561,7 @@ impl Engine {
                 (!faults.is_empty()).then(|| (path.clone(), faults))
             })
             .collect();
+        snapshot.member_health = self.member_health.lock().unwrap().clone();
         snapshot
     }
 
@@ -849,6 +854,22 @@ impl Engine {
         )
     }
 
+    /// Records what a health source says of the member at `path` (None
+    /// forgets it), for detail and status.
+    pub fn set_member_health(&self, path: &str, health: Option<MemberHealth>) {
+        let mut all = self.member_health.lock().unwrap();
+        all.retain(|(p, _)| p != path);
+        if let Some(health) = health {
+            all.push((path.to_string(), health));
+        }
+    }
+
+    /// Adds an event from outside the engine (a health source's
+    /// prediction) to the array's log, which status and monitors read.
+    pub fn raise_event(&self, event: &str, device: &str, detail: &str) {
+        self.events.push(event, device, detail);
+    }
+
     /// Registers the fault injectors of the members (serve --fault-injection).
     pub fn set_injectors(&self, injectors: Vec<(String, Arc<crate::member::FaultyMember>)>) {
         *self.injectors.lock().unwrap() = injectors;
@@ -1054,6 +1075,18 @@ pub struct Snapshot {
     /// syntax; only members with some, and only when served with fault
     /// injection, so that a slowed or failing member is never a mystery.
     pub injected_faults: Vec<(String, Vec<String>)>,
+    /// A health source's word on members (SMART), by member path.
+    pub member_health: Vec<(String, MemberHealth)>,
+}
+
+/// A member's health as a source outside the engine sees it: a status
+/// ("passed", "warning", "failing", "unavailable"), a line for people,
+/// and the source's figures as data.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MemberHealth {
+    pub status: String,
+    pub summary: String,
+    pub detail: serde_json::Value,
 }
 
 impl Snapshot {
@@ -1081,6 +1114,7 @@ impl Snapshot {
             bitmap_line: None,
             tuning: Vec::new(),
             injected_faults: Vec::new(),
+            member_health: Vec::new(),
         }
     }
 }

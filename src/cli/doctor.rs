@@ -1,0 +1,102 @@
+//! `uraid doctor [--json] [DEVICE...]`: the host checks, and the queues of
+//! the devices given or of the members of the arrays served here.
+
+use super::CliResult;
+use crate::control::{self, Request};
+use crate::doctor::{self, ArrayNeed, Targets};
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct DoctorArgs {
+    /// A list of {check, status, value, reason, fix} on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Member devices or image files whose queues to check (default: the
+    /// members of the arrays served here).
+    devices: Vec<PathBuf>,
+}
+
+/// The served arrays (through their control sockets): each one's
+/// members and stripe_cache_size. A socket nobody answers is skipped.
+fn served_arrays() -> Vec<(ArrayNeed, Vec<PathBuf>)> {
+    let Ok(entries) = std::fs::read_dir(control::default_socket_dir()) else {
+        return Vec::new();
+    };
+    let mut sockets: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "ctl"))
+        .collect();
+    sockets.sort();
+    sockets
+        .iter()
+        .filter_map(|socket| control::request(socket, &Request::Status).ok())
+        .map(|reply| {
+            let detail = &reply.detail;
+            let members: Vec<PathBuf> = detail["devices"]
+                .as_array()
+                .map(|rows| {
+                    rows.iter()
+                        .filter_map(|r| r["path"].as_str().map(PathBuf::from))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let stripe_cache_size = detail["tuning"]["stripe_cache_size"]
+                .as_str()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(crate::engine::tuning::STRIPE_CACHE_DEFAULT);
+            let need = ArrayNeed {
+                name: detail["name"].as_str().unwrap_or("array").to_string(),
+                members: members.len(),
+                stripe_cache_size,
+            };
+            (need, members)
+        })
+        .collect()
+}
+
+pub fn run(args: &DoctorArgs) -> CliResult {
+    for device in &args.devices {
+        std::fs::metadata(device).map_err(|e| format!("{}: {e}", device.display()))?;
+    }
+    let served = served_arrays();
+    let targets = if args.devices.is_empty() {
+        Targets {
+            devices: served.iter().flat_map(|(_, m)| m.clone()).collect(),
+            arrays: served.into_iter().map(|(a, _)| a).collect(),
+        }
+    } else {
+        // The devices given, as one array at md's default stripe cache,
+        // beside the arrays already served.
+        let mut arrays: Vec<ArrayNeed> = served.into_iter().map(|(a, _)| a).collect();
+        arrays.push(ArrayNeed {
+            name: "the devices given".into(),
+            members: args.devices.len(),
+            stripe_cache_size: crate::engine::tuning::STRIPE_CACHE_DEFAULT,
+        });
+        Targets {
+            devices: args.devices.clone(),
+            arrays,
+        }
+    };
+    let checks = doctor::run(&targets);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&checks).expect("serializable")
+        );
+    } else {
+        for check in &checks {
+            println!("{}", check.line());
+        }
+    }
+    if doctor::any_failed(&checks) {
+        let failed: Vec<&str> = checks
+            .iter()
+            .filter(|c| c.status == doctor::Status::Fail)
+            .map(|c| c.check.as_str())
+            .collect();
+        return Err(format!("failed: {}", failed.join(", ")));
+    }
+    Ok(())
+}

@@ -89,7 +89,7 @@ pub enum Request {
 }
 
 /// What the server reports about its array.
-#[derive(Serialize, Deserialize, Debug, Clone)]
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
 pub struct StatusReply {
     pub mdstat: String,
     pub detail_text: String,

@@ -5,7 +5,8 @@
 
 pub mod view;
 
-use crate::engine::{Engine, Snapshot};
+use crate::array::DeviceState;
+use crate::engine::{Engine, Snapshot, SyncAction};
 use serde::{Deserialize, Serialize};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -88,7 +89,7 @@ pub enum Request {
 }
 
 /// What the server reports about its array.
-#[derive(Serialize, Deserialize, Debug, Clone)]
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
 pub struct StatusReply {
     pub mdstat: String,
     pub detail_text: String,
@@ -117,6 +118,56 @@ pub struct StatusReply {
     /// The write journal's ring and counters, when the array has one.
     #[serde(default)]
     pub journal: Option<crate::engine::JournalStats>,
+    /// The array's UUID (mdadm's form), name ("homehost:name") and level.
+    #[serde(default)]
+    pub uuid: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub level: String,
+    /// Roles, roles in sync (/proc/mdstat's [n/m]), and the devices
+    /// /proc/mdstat marks (F) and (S).
+    #[serde(default)]
+    pub raid_disks: u32,
+    #[serde(default)]
+    pub in_sync_disks: u32,
+    #[serde(default)]
+    pub failed_disks: u32,
+    #[serde(default)]
+    pub spare_disks: u32,
+    /// The array's size in KiB (/proc/mdstat's blocks).
+    #[serde(default)]
+    pub array_kib: u64,
+    /// The background job running, if any.
+    #[serde(default)]
+    pub sync: Option<SyncStatus>,
+    /// Every device of the array, with its I/O counters.
+    #[serde(default)]
+    pub members: Vec<MemberStatus>,
+}
+
+/// A running background job, counted as md counts it.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
+pub struct SyncStatus {
+    /// md's sync_action word: resync, recover, check, repair or reshape.
+    pub action: String,
+    /// Done and total in KiB per member, as /proc/mdstat prints them.
+    pub done_kib: u64,
+    pub total_kib: u64,
+    /// Average speed since the job started, KiB/s per member.
+    pub speed_kib_per_s: u64,
+}
+
+/// One device of the array.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
+pub struct MemberStatus {
+    pub path: String,
+    /// in_sync, rebuilding, replacement, spare, faulty or journal.
+    pub state: String,
+    /// The role it holds or is being rebuilt into.
+    pub role: Option<usize>,
+    /// Its I/O counters since it was opened.
+    pub io: Option<crate::member::IoCounts>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -144,6 +195,61 @@ pub fn status_of(snapshot: &Snapshot, nbd_uri: &str, homehost: &str) -> StatusRe
         bitmap_dirty_chunks: None,
         stripe_cache: None,
         journal: None,
+        uuid: snapshot.sb.uuid_string(),
+        name: snapshot.sb.set_name.clone(),
+        level: snapshot.level.to_string(),
+        raid_disks: snapshot.sb.raid_disks,
+        in_sync_disks: (snapshot.sb.raid_disks as usize)
+            .saturating_sub(snapshot.missing_roles.len()) as u32,
+        failed_disks: snapshot
+            .devices
+            .iter()
+            .filter(|d| {
+                matches!(
+                    d.state,
+                    DeviceState::Faulty | DeviceState::Stale { .. } | DeviceState::Duplicate { .. }
+                )
+            })
+            .count() as u32,
+        spare_disks: snapshot
+            .devices
+            .iter()
+            .filter(|d| matches!(d.state, DeviceState::Spare))
+            .count() as u32,
+        array_kib: snapshot.array_sectors / 2,
+        sync: snapshot.sync.as_ref().map(|p| SyncStatus {
+            action: match p.action {
+                SyncAction::Resync => "resync",
+                SyncAction::Recovery { .. } | SyncAction::Replace { .. } => "recover",
+                SyncAction::Check => "check",
+                SyncAction::Repair => "repair",
+                SyncAction::Reshape => "reshape",
+            }
+            .into(),
+            done_kib: p.done_kib,
+            total_kib: p.total_kib,
+            speed_kib_per_s: p.speed_kib_per_s,
+        }),
+        members: snapshot.devices.iter().map(member_status).collect(),
+    }
+}
+
+fn member_status(d: &crate::engine::SnapshotDevice) -> MemberStatus {
+    let (state, role) = match d.state {
+        DeviceState::Active { role } => ("in_sync", Some(role)),
+        DeviceState::Recovering { role, .. } => ("rebuilding", Some(role)),
+        DeviceState::Replacement { role, .. } => ("replacement", Some(role)),
+        DeviceState::Spare => ("spare", None),
+        DeviceState::Journal => ("journal", None),
+        DeviceState::Faulty | DeviceState::Stale { .. } | DeviceState::Duplicate { .. } => {
+            ("faulty", None)
+        }
+    };
+    MemberStatus {
+        path: d.path.clone(),
+        state: state.into(),
+        role,
+        io: d.io.clone(),
     }
 }
 

@@ -14,6 +14,7 @@ use super::paritycache::Which;
 use super::Engine;
 use crate::export::{ExtentUse, FileExtent};
 use crate::geometry::{Located, Place, StripeMap};
+use crate::member::stats as counted;
 use crate::member::{batch, AlignedBuf, IoOp, MemberRef};
 use crate::parity;
 use crate::units::SECTOR_BYTES;
@@ -349,6 +350,7 @@ impl Engine {
                                 place.member,
                                 slot.member.clone(),
                             )),
+                            member: Some(slot.member.clone()),
                         });
                         piece_at += piece;
                     }
@@ -765,9 +767,8 @@ impl View<'_> {
         for (i, part) in buf.chunks_mut(max).enumerate() {
             let at = at + (i * max) as u64;
             // One retry: a transient error should not cost a member.
-            member
-                .read_at(part, at)
-                .or_else(|_| member.read_at(part, at))
+            counted::read_at(member.as_ref(), part, at)
+                .or_else(|_| counted::read_at(member.as_ref(), part, at))
                 .map_err(|source| member_error(place.member, source))?;
         }
         Ok(())

@@ -13,6 +13,7 @@ use crate::array::{
     write_array_state_failing, Assembled, Cleanliness, DeviceState, Slot, SuperblockError,
 };
 use crate::geometry::{Place, StripeMap};
+use crate::member::stats as counted;
 use crate::member::AlignedBuf;
 use crate::parity::Syndrome;
 use crate::units::SECTOR_BYTES;
@@ -419,7 +420,7 @@ impl View<'_> {
         // error of the original; the target's own failure ends the job.
         let write = |place: &Place, buf: &[u8]| -> io::Result<()> {
             let at = target.slot.data_offset_bytes + place.member_sector * SECTOR_BYTES;
-            target.slot.member.write_at(buf, at).map_err(|e| {
+            counted::write_at(target.slot.member.as_ref(), buf, at).map_err(|e| {
                 io::Error::new(
                     e.kind(),
                     format!("writing {}: {e}", target.slot.member.name()),
@@ -559,10 +560,7 @@ fn read_back(map: &StripeMap, role: usize, target: &MemberEntry) -> io::Result<(
     let mut buf = AlignedBuf::zeroed((map.strip_sectors * SECTOR_BYTES) as usize);
     for place in places_of(map, role) {
         let at = target.slot.data_offset_bytes + place.member_sector * SECTOR_BYTES;
-        target
-            .slot
-            .member
-            .read_at(&mut buf, at)
+        counted::read_at(target.slot.member.as_ref(), &mut buf, at)
             .map_err(|e| member_error(role, e))?;
     }
     Ok(())

@@ -1049,6 +1049,9 @@ pub struct SnapshotDevice {
     pub path: String,
     pub dev_number: u32,
     pub state: DeviceState,
+    /// The member's I/O counters since it was opened (members that keep
+    /// none: a distributed spare).
+    pub io: Option<crate::member::IoCounts>,
 }
 
 /// The live state of an array, for status, detail and monitoring.
@@ -1101,6 +1104,7 @@ impl Snapshot {
                     path: d.path.clone(),
                     dev_number: d.sb.dev_number,
                     state: d.state.clone(),
+                    io: d.member.io_stats().map(|s| s.counts()),
                 })
                 .collect(),
             level: array.level(),

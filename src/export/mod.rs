@@ -229,6 +229,9 @@ pub struct FileExtent {
     pub len: usize,
     /// Keeps `fd` open while the extent is in use.
     pub owner: Box<dyn std::any::Any + Send>,
+    /// The member whose I/O counters a read of the extent on a ring
+    /// counts in (`Member::io_stats`).
+    pub member: Option<crate::member::MemberRef>,
 }
 
 /// Implements [`BlockBackend::write_zeroes`] by writing buffers of zeroes, for

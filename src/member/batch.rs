@@ -98,8 +98,8 @@ impl<'a> IoOp<'a> {
     /// Does the op through the `Member` trait, synchronously.
     pub(super) fn run_through_trait(&mut self) -> io::Result<()> {
         match &mut self.buffer {
-            Buffer::Read(buf) => self.member.read_at(buf, self.offset_bytes),
-            Buffer::Write(buf) => self.member.write_at(buf, self.offset_bytes),
+            Buffer::Read(buf) => super::stats::read_at(self.member, buf, self.offset_bytes),
+            Buffer::Write(buf) => super::stats::write_at(self.member, buf, self.offset_bytes),
         }
     }
 }

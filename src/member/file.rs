@@ -53,6 +53,7 @@ pub struct FileMember {
     in_memory: bool,
     /// A writable file in memory, mapped (see `Member::mapped`).
     mapped: Option<super::mapped::Mapped>,
+    stats: super::stats::IoStats,
 }
 
 // From linux/fs.h: _IOR(0x12, 114, size_t), _IO(0x12, 104), _IO(0x12, 119).
@@ -174,6 +175,7 @@ impl FileMember {
             memory_align_bytes,
             in_memory,
             mapped,
+            stats: Default::default(),
         })
     }
 
@@ -432,6 +434,10 @@ impl Member for FileMember {
     fn mapped(&self) -> Option<&super::mapped::Mapped> {
         self.mapped.as_ref()
     }
+
+    fn io_stats(&self) -> Option<&super::stats::IoStats> {
+        Some(&self.stats)
+    }
 }
 
 /// Whether a file lives on a file system whose pages exist only in memory
@@ -485,5 +491,9 @@ impl Member for RingAlways {
             fd: self.0.as_raw_fd(),
             memory_align_bytes: self.0.memory_align_bytes,
         })
+    }
+
+    fn io_stats(&self) -> Option<&super::stats::IoStats> {
+        self.0.io_stats()
     }
 }

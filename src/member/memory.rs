@@ -8,6 +8,7 @@ pub struct MemoryMember {
     name: String,
     block_bytes: u32,
     data: Mutex<Vec<u8>>,
+    stats: super::stats::IoStats,
 }
 
 impl MemoryMember {
@@ -22,6 +23,7 @@ impl MemoryMember {
             name: name.to_string(),
             block_bytes,
             data: Mutex::new(vec![0; size_bytes as usize]),
+            stats: Default::default(),
         }
     }
 
@@ -38,6 +40,10 @@ impl Member for MemoryMember {
 
     fn in_memory(&self) -> bool {
         true
+    }
+
+    fn io_stats(&self) -> Option<&super::stats::IoStats> {
+        Some(&self.stats)
     }
 
     fn size_bytes(&self) -> u64 {

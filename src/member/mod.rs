@@ -15,6 +15,7 @@ pub mod mapped;
 mod memory;
 mod model;
 pub mod probe;
+pub mod stats;
 mod throttle;
 mod uring;
 
@@ -27,6 +28,7 @@ pub use fault::{
 pub use file::{CacheMode, FileMember, OpenOptions, RingAlways};
 pub use memory::MemoryMember;
 pub use model::{model_names, DeviceModel, ModelName, MODELS};
+pub use stats::{IoCounts, IoStats, OpCounts};
 pub use throttle::{Pacer, ThrottleLimits, ThrottleStats, ThrottledMember};
 
 use std::io;
@@ -82,6 +84,12 @@ pub trait Member: Send + Sync {
     /// (`mapped::Mapped`): writable files on tmpfs or ramfs.
     /// Wrappers must say no, as for `raw_io`.
     fn mapped(&self) -> Option<&mapped::Mapped> {
+        None
+    }
+
+    /// The member's I/O counters (`stats`), kept by the member that does
+    /// the I/O; wrappers hand out their inner member's.
+    fn io_stats(&self) -> Option<&stats::IoStats> {
         None
     }
 

@@ -428,6 +428,12 @@ impl Member for ThrottledMember {
         self.inner.name()
     }
 
+    /// The inner member's: an injected error or delay is counted as the
+    /// member's own, where the engine sees it.
+    fn io_stats(&self) -> Option<&super::stats::IoStats> {
+        self.inner.io_stats()
+    }
+
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }

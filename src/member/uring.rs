@@ -203,6 +203,10 @@ impl Ring {
                 match slot.advance(cqe.result()) {
                     Next::Again => pending.push_back(i),
                     Next::Done(result) => {
+                        if let Some(stats) = ops[i].member.io_stats() {
+                            let elapsed = slot.queued.elapsed();
+                            stats.record(slot.write, slot.len, result.is_ok(), elapsed);
+                        }
                         results[i] = Some(result.map_err(|e| {
                             let what = if slot.write { "write" } else { "read" };
                             io_error(ops[i].member.name(), what, slot.offset_bytes, slot.len, e)
@@ -282,6 +286,8 @@ struct Slot {
     bounce: Option<AlignedBuf>,
     /// Index into the per-member depth table.
     member: usize,
+    /// When the op was queued, for the member's latency histogram.
+    queued: std::time::Instant,
 }
 
 /// What an op does after a completion.
@@ -321,6 +327,7 @@ impl Slot {
             retries: 0,
             bounce,
             member,
+            queued: std::time::Instant::now(),
         }
     }
 
@@ -401,6 +408,7 @@ mod tests {
             retries: 0,
             bounce: None,
             member: 0,
+            queued: std::time::Instant::now(),
         }
     }
 

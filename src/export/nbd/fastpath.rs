@@ -62,6 +62,8 @@ struct Op {
     remaining: usize,
     /// A member read failed or came back short.
     failed: bool,
+    /// When its reads were queued, for the members' latency counters.
+    queued: std::time::Instant,
 }
 
 /// A read that has finished: its bytes are in `buf[..len]` unless it
@@ -168,6 +170,7 @@ impl FastReads {
             extents,
             buf,
             failed: false,
+            queued: std::time::Instant::now(),
         });
     }
 
@@ -222,8 +225,13 @@ impl FastReads {
             // Every extent lies inside its member, so a short read is a
             // failure too (the file shrank under it): the slow path, which
             // knows what to do with a member that fails, reads it again.
-            if result < 0 || result as usize != op.extents[extent].len {
+            let ok = result >= 0 && result as usize == op.extents[extent].len;
+            if !ok {
                 op.failed = true;
+            }
+            let run = &op.extents[extent];
+            if let Some(stats) = run.member.as_ref().and_then(|m| m.io_stats()) {
+                stats.record(false, run.len, ok, op.queued.elapsed());
             }
             if op.remaining == 0 {
                 let op = self.ops[index].take().expect("checked above");

@@ -52,6 +52,12 @@ enum Command {
         /// The control socket of a running `uraid serve`.
         #[arg(long)]
         control: Option<PathBuf>,
+        /// One `ARRAY` line per served array, as mdadm --detail --scan.
+        #[arg(long, short = 's')]
+        scan: bool,
+        /// With --scan: level, member count and members too (mdadm -Dsv).
+        #[arg(long, short = 'v', requires = "scan")]
+        verbose: bool,
         devices: Vec<PathBuf>,
     },
     /// Write an image into the array (offline), keeping parity consistent.
@@ -159,9 +165,17 @@ pub fn main() -> i32 {
         } => examine::run_bitmap(&devices, json),
         Command::Examine { json, devices, .. } => examine::run(&devices, json),
         Command::Detail {
+            scan: true,
+            control,
+            verbose,
+            devices,
+            ..
+        } => detail::run_scan(control.as_deref(), &devices, verbose),
+        Command::Detail {
             json,
             control,
             devices,
+            ..
         } => detail::run(control.as_deref(), &devices, json),
         Command::Serve(args) => serve::run(&args),
         Command::Bench(args) => bench::run(&args),

@@ -14,6 +14,7 @@ pub mod export;
 pub mod format;
 pub mod geometry;
 pub mod member;
+pub mod monitor;
 pub mod parity;
 pub mod plan;
 pub mod units;

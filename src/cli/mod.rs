@@ -9,6 +9,7 @@ mod copy;
 mod create;
 mod detail;
 mod manage;
+mod monitor;
 mod plan;
 mod serve;
 mod status;
@@ -69,6 +70,8 @@ enum Command {
     },
     /// Change a running array: fail, remove, add members; check or repair; speed limits.
     Manage(manage::ManageArgs),
+    /// Watch served arrays and report events, as mdadm --monitor does.
+    Monitor(monitor::MonitorArgs),
     /// Serve an array over NBD until SIGINT or SIGTERM.
     Serve(serve::ServeArgs),
     /// /proc/mdstat-style status of the arrays uraid serves.
@@ -180,6 +183,7 @@ pub fn main() -> i32 {
         Command::Serve(args) => serve::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Manage(args) => manage::run(&args),
+        Command::Monitor(args) => monitor::run(&args),
         Command::Status { json, control } => status::run(control.as_deref(), json),
         Command::Plan(args) => plan::run(&args),
         Command::CopyIn { input, devices } => copy::copy_in(&input, &devices),

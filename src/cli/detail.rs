@@ -60,3 +60,89 @@ pub fn run(control_socket: Option<&Path>, devices: &[PathBuf], json: bool) -> Cl
     }
     Ok(())
 }
+
+/// `detail --scan`: mdadm --detail --scan's line for every served array (or
+/// the one given): `ARRAY /dev/md/<name> metadata=1.2 [spares=N] UUID=...`,
+/// with --verbose also `level= num-devices=` and the member list.
+pub fn run_scan(control_socket: Option<&Path>, devices: &[PathBuf], verbose: bool) -> CliResult {
+    if !devices.is_empty() {
+        return Err(
+            "detail --scan lists the served arrays: give no member devices (examine reads members)"
+                .into(),
+        );
+    }
+    for socket in super::status::sockets(control_socket) {
+        match control::request(&socket, &Request::Status) {
+            Ok(status) => print!("{}", scan_line(&status.detail, verbose)),
+            Err(e) if control_socket.is_some() => return Err(e),
+            Err(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// One array's line, from its detail (Detail.c's brief output: spares are
+/// the devices neither faulty nor in sync, a member being rebuilt included).
+pub(crate) fn scan_line(detail: &serde_json::Value, verbose: bool) -> String {
+    let text = |key: &str| detail[key].as_str().unwrap_or_default();
+    let uuid = text("uuid");
+    let device = format!(
+        "/dev/md/{}",
+        crate::control::registry::label_for(text("name"), uuid)
+    );
+    let mut line = format!("ARRAY {device}");
+    if verbose {
+        line.push_str(&format!(
+            " level={} num-devices={}",
+            text("raid_level"),
+            detail["raid_devices"].as_u64().unwrap_or(0)
+        ));
+    }
+    line.push_str(&format!(" metadata={}", text("version")));
+    let spares = detail["spare_devices"].as_u64().unwrap_or(0);
+    if spares > 0 {
+        line.push_str(&format!(" spares={spares}"));
+    }
+    line.push_str(&format!(" UUID={uuid}"));
+    if verbose {
+        let mut members: Vec<&str> = detail["devices"]
+            .as_array()
+            .map(|rows| rows.iter().filter_map(|r| r["path"].as_str()).collect())
+            .unwrap_or_default();
+        members.sort_unstable();
+        if !members.is_empty() {
+            line.push_str(&format!("\n   devices={}", members.join(",")));
+        }
+    }
+    line.push('\n');
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scan_line;
+
+    #[test]
+    fn scan_lines_follow_mdadm() {
+        let mut detail = serde_json::json!({
+            "uuid": "01234567:89abcdef:00112233:44556677",
+            "name": "box:vol",
+            "version": "1.2",
+            "raid_level": "raid5",
+            "raid_devices": 3,
+            "spare_devices": 0,
+            "devices": [{"path": "/d/b"}, {"path": "/d/a"}, {"path": null}],
+        });
+        assert_eq!(
+            scan_line(&detail, false),
+            "ARRAY /dev/md/vol metadata=1.2 UUID=01234567:89abcdef:00112233:44556677\n"
+        );
+        detail["spare_devices"] = 2.into();
+        detail["name"] = "".into();
+        assert_eq!(
+            scan_line(&detail, true),
+            "ARRAY /dev/md/01234567 level=raid5 num-devices=3 metadata=1.2 spares=2 \
+             UUID=01234567:89abcdef:00112233:44556677\n   devices=/d/a,/d/b\n"
+        );
+    }
+}

@@ -10,6 +10,7 @@ mod create;
 mod detail;
 mod doctor;
 mod manage;
+mod monitor;
 mod plan;
 mod scan;
 mod serve;
@@ -63,6 +64,12 @@ enum Command {
         /// The control socket of a running `uraid serve`.
         #[arg(long)]
         control: Option<PathBuf>,
+        /// One `ARRAY` line per served array, as mdadm --detail --scan.
+        #[arg(long, short = 's')]
+        scan: bool,
+        /// With --scan: level, member count and members too (mdadm -Dsv).
+        #[arg(long, short = 'v', requires = "scan")]
+        verbose: bool,
         devices: Vec<PathBuf>,
     },
     /// Write an image into the array (offline), keeping parity consistent.
@@ -74,6 +81,8 @@ enum Command {
     },
     /// Change a running array: fail, remove, add members; check or repair; speed limits.
     Manage(manage::ManageArgs),
+    /// Watch served arrays and report events, as mdadm --monitor does.
+    Monitor(monitor::MonitorArgs),
     /// Serve an array over NBD until SIGINT or SIGTERM.
     Serve(serve::ServeArgs),
     /// /proc/mdstat-style status of the arrays uraid serves.
@@ -181,13 +190,22 @@ pub fn main() -> i32 {
         } => examine::run_bitmap(&devices, json),
         Command::Examine { json, devices, .. } => examine::run(&devices, json),
         Command::Detail {
+            scan: true,
+            control,
+            verbose,
+            devices,
+            ..
+        } => detail::run_scan(control.as_deref(), &devices, verbose),
+        Command::Detail {
             json,
             control,
             devices,
+            ..
         } => detail::run(control.as_deref(), &devices, json),
         Command::Serve(args) => serve::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Manage(args) => manage::run(&args),
+        Command::Monitor(args) => monitor::run(&args),
         Command::Status { json, control } => status::run(control.as_deref(), json),
         Command::Plan(args) => plan::run(&args),
         Command::Doctor(args) => doctor::run(&args),

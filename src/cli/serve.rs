@@ -4,13 +4,13 @@
 use super::scan::{find_for_serve, split_knobs, Wanted};
 use super::CliResult;
 use crate::array::{assemble_members, open_members};
-use crate::control::{self, view::array_label, ControlServer};
+use crate::control::registry::{self, Registration};
+use crate::control::ControlServer;
 use crate::engine::{Engine, EngineOptions};
 use crate::export::nbd::{self, Listener, ServeOptions};
 use crate::export::BlockBackend;
 use crate::member::FaultyMember;
-use std::os::unix::fs::DirBuilderExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[derive(clap::Args, Debug)]
@@ -110,12 +110,8 @@ pub fn run(args: &ServeArgs) -> CliResult {
         }
     }
     let array = assemble_members(members).map_err(|e| e.to_string())?;
-    let label = array_label(&array.sb.set_name).to_string();
-    let label = if label.is_empty() {
-        array.sb.uuid_string()[..8].to_string()
-    } else {
-        label
-    };
+    let set_name = array.sb.set_name.clone();
+    let label = registry::label_for(&set_name, &array.sb.uuid_string());
     let (nbd_address, control_path) = addresses(args, &label)?;
     let listener: Listener = nbd_address
         .parse()
@@ -184,6 +180,29 @@ pub fn run(args: &ServeArgs) -> CliResult {
     } else {
         None
     };
+    // Registered once both sockets answer, so that whoever lists it can
+    // reach it; a registry that cannot be written costs only the listing.
+    let entry = registry::Entry {
+        uuid: uuid.clone(),
+        name: set_name,
+        label: label.clone(),
+        level: level.to_string(),
+        pid: std::process::id(),
+        control: absolute(&control_path),
+        nbd_uri: uri.clone(),
+        members: args
+            .devices
+            .iter()
+            .map(|d| absolute(d).display().to_string())
+            .collect(),
+        started_secs: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    };
+    let registration = Registration::register(&entry)
+        .map_err(|e| eprintln!("uraid: not registered for status and monitor --scan: {e}"))
+        .ok();
     eprintln!(
         "uraid: serving {level} array {uuid} ({size} bytes) on {uri} (control {})",
         control_path.display()
@@ -193,6 +212,7 @@ pub fn run(args: &ServeArgs) -> CliResult {
     if let Some(smart) = smart {
         smart.stop();
     }
+    drop(registration);
     server.shutdown();
     control.stop();
     engine.shutdown().map_err(|e| e.to_string())?;
@@ -224,14 +244,9 @@ fn refuse_live_socket(address: &str) -> Result<(), String> {
 
 /// The NBD address and control socket path, with defaults in the socket folder.
 fn addresses(args: &ServeArgs, label: &str) -> Result<(String, PathBuf), String> {
-    let dir = control::default_socket_dir();
-    let needs_dir = args.nbd.is_none() || args.control.is_none();
-    if needs_dir {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let dir = registry::runtime_dir();
+    if args.nbd.is_none() || args.control.is_none() {
+        registry::ensure_private_dir(&dir)?;
     }
     let nbd = args
         .nbd
@@ -242,4 +257,19 @@ fn addresses(args: &ServeArgs, label: &str) -> Result<(String, PathBuf), String>
         .clone()
         .unwrap_or_else(|| dir.join(format!("{label}.ctl")));
     Ok((nbd, control))
+}
+
+/// `path` from the root, for clients that run elsewhere: the folder made
+/// canonical (the file itself may be a socket or a device link).
+fn absolute(path: &Path) -> PathBuf {
+    let joined = std::env::current_dir()
+        .map(|cwd| cwd.join(path))
+        .unwrap_or_else(|_| path.to_path_buf());
+    match (joined.parent(), joined.file_name()) {
+        (Some(parent), Some(name)) => parent
+            .canonicalize()
+            .map(|p| p.join(name))
+            .unwrap_or(joined.clone()),
+        _ => joined,
+    }
 }

@@ -1,30 +1,35 @@
 //! `uraid status`: /proc/mdstat for the arrays uraid serves.
 
 use super::CliResult;
-use crate::control::{self, Request, StatusReply};
+use crate::control::{self, registry, Request, StatusReply};
 use std::path::{Path, PathBuf};
 
-/// The control sockets to ask: the one given, or every one in the default folder.
-fn sockets(control_socket: Option<&Path>) -> Result<Vec<PathBuf>, String> {
+/// The control sockets to ask: the one given, or every registered server's
+/// and any other in the socket folder (a server that could not register).
+pub(crate) fn sockets(control_socket: Option<&Path>) -> Vec<PathBuf> {
     if let Some(socket) = control_socket {
-        return Ok(vec![socket.to_path_buf()]);
+        return vec![socket.to_path_buf()];
     }
-    let dir = control::default_socket_dir();
-    let mut found: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+    let mut found: Vec<PathBuf> = registry::list().into_iter().map(|e| e.control).collect();
+    let known: Vec<PathBuf> = found.iter().filter_map(|p| p.canonicalize().ok()).collect();
+    let dir = registry::runtime_dir();
+    let mut loose: Vec<PathBuf> = match std::fs::read_dir(&dir) {
         Ok(entries) => entries
             .flatten()
             .map(|e| e.path())
             .filter(|p| p.extension().is_some_and(|x| x == "ctl"))
+            .filter(|p| !p.canonicalize().is_ok_and(|c| known.contains(&c)))
             .collect(),
         Err(_) => Vec::new(),
     };
-    found.sort();
-    Ok(found)
+    loose.sort();
+    found.extend(loose);
+    found
 }
 
 pub fn run(control_socket: Option<&Path>, json: bool) -> CliResult {
     let mut replies: Vec<StatusReply> = Vec::new();
-    for socket in sockets(control_socket)? {
+    for socket in sockets(control_socket) {
         match control::request(&socket, &Request::Status) {
             Ok(reply) => replies.push(reply),
             // Without an explicit socket, a stale one is skipped, not fatal.

@@ -3,6 +3,7 @@
 //! line. `uraid status`, `uraid detail --control` and, later, `uraid manage`
 //! are its clients.
 
+pub mod registry;
 pub mod view;
 
 use crate::array::DeviceState;
@@ -86,6 +87,12 @@ pub enum Request {
         min_kib_per_s: Option<u64>,
         max_kib_per_s: Option<u64>,
     },
+    /// The status (as `Status`) once an event numbered above `after` is
+    /// logged, or when `timeout_ms` has passed: a monitor's long poll.
+    WaitEvents {
+        after: u64,
+        timeout_ms: u64,
+    },
 }
 
 /// What the server reports about its array.
@@ -144,6 +151,16 @@ pub struct StatusReply {
     /// Every device of the array, with its I/O counters.
     #[serde(default)]
     pub members: Vec<MemberStatus>,
+    /// The server's process: a new one is a new instance of the array
+    /// (its event numbers start again).
+    #[serde(default)]
+    pub pid: u32,
+    /// The background job running (resync, recovery, check, ...) and its
+    /// progress in whole percent, as /proc/mdstat's figure read by atoi.
+    #[serde(default)]
+    pub sync_action: Option<String>,
+    #[serde(default)]
+    pub sync_percent: Option<u32>,
 }
 
 /// A running background job, counted as md counts it.
@@ -231,6 +248,12 @@ pub fn status_of(snapshot: &Snapshot, nbd_uri: &str, homehost: &str) -> StatusRe
             speed_kib_per_s: p.speed_kib_per_s,
         }),
         members: snapshot.devices.iter().map(member_status).collect(),
+        pid: 0,
+        sync_action: snapshot.sync.as_ref().map(|p| p.action.word().to_string()),
+        sync_percent: snapshot
+            .sync
+            .as_ref()
+            .map(|p| (p.done_kib * 100 / p.total_kib.max(1)).min(100) as u32),
     }
 }
 
@@ -282,10 +305,19 @@ impl ControlServer {
         let thread = std::thread::Builder::new()
             .name("uraid-control".into())
             .spawn(move || {
+                let mut waiters: Vec<JoinHandle<()>> = Vec::new();
                 while !thread_stop.load(Ordering::SeqCst) {
                     match listener.accept() {
                         Ok((stream, _)) => {
-                            if let Err(e) = handle(stream, &engine, &nbd_uri, &homehost) {
+                            waiters.retain(|w| !w.is_finished());
+                            let context = Context {
+                                engine: &engine,
+                                nbd_uri: &nbd_uri,
+                                homehost: &homehost,
+                                stop: &thread_stop,
+                                waiters: &mut waiters,
+                            };
+                            if let Err(e) = handle(stream, context) {
                                 eprintln!("uraid: control connection: {e}");
                             }
                         }
@@ -294,6 +326,9 @@ impl ControlServer {
                         }
                         Err(e) => eprintln!("uraid: control socket: {e}"),
                     }
+                }
+                for waiter in waiters {
+                    let _ = waiter.join();
                 }
             })?;
         Ok(ControlServer {
@@ -312,25 +347,62 @@ impl ControlServer {
     }
 }
 
-fn handle(
-    stream: UnixStream,
-    engine: &Arc<Engine>,
-    nbd_uri: &str,
-    homehost: &str,
-) -> io::Result<()> {
+/// Long polls waiting at once; more are answered at once (the client
+/// polls again), so that waiting clients cannot pile up threads.
+const MAX_WAITERS: usize = 32;
+
+/// The longest wait a client may ask for.
+const MAX_WAIT: Duration = Duration::from_secs(3600);
+
+/// What a connection's handler needs from the server.
+struct Context<'a> {
+    engine: &'a Arc<Engine>,
+    nbd_uri: &'a str,
+    homehost: &'a str,
+    stop: &'a Arc<AtomicBool>,
+    waiters: &'a mut Vec<JoinHandle<()>>,
+}
+
+fn handle(stream: UnixStream, context: Context) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut line = String::new();
     BufReader::new((&stream).take(MAX_REQUEST_BYTES)).read_line(&mut line)?;
+    let (engine, nbd_uri, homehost) = (context.engine, context.nbd_uri, context.homehost);
     let reply = match serde_json::from_str::<Request>(line.trim()) {
+        // A long poll waits in a thread of its own: the other clients of
+        // the socket are served meanwhile, one at a time as before.
+        Ok(Request::WaitEvents { after, timeout_ms })
+            if timeout_ms > 0
+                && context.waiters.len() < MAX_WAITERS
+                && engine.last_event_seq() <= after =>
+        {
+            let (engine, stop) = (engine.clone(), context.stop.clone());
+            let (nbd_uri, homehost) = (nbd_uri.to_string(), homehost.to_string());
+            let timeout = Duration::from_millis(timeout_ms).min(MAX_WAIT);
+            let waiter = std::thread::Builder::new()
+                .name("uraid-control-wait".into())
+                .spawn(move || {
+                    engine.wait_for_event(after, timeout, || stop.load(Ordering::SeqCst));
+                    let reply = execute(&engine, Request::Status, &nbd_uri, &homehost);
+                    let _ = send_reply(&stream, &reply);
+                })?;
+            context.waiters.push(waiter);
+            return Ok(());
+        }
         Ok(request) => execute(engine, request, nbd_uri, homehost),
         Err(e) => Reply::Error {
             message: format!("bad request: {e}"),
         },
     };
-    let mut out = serde_json::to_string(&reply).expect("serializable");
+    send_reply(&stream, &reply)
+}
+
+fn send_reply(stream: &UnixStream, reply: &Reply) -> io::Result<()> {
+    let mut out = serde_json::to_string(reply).expect("serializable");
     out.push('\n');
-    (&stream).write_all(out.as_bytes())
+    let mut stream = stream;
+    stream.write_all(out.as_bytes())
 }
 
 fn done(result: Result<(), String>, message: String) -> Reply {
@@ -342,8 +414,9 @@ fn done(result: Result<(), String>, message: String) -> Reply {
 
 fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str) -> Reply {
     match request {
-        Request::Status => {
+        Request::Status | Request::WaitEvents { .. } => {
             let mut status = status_of(&engine.snapshot(), nbd_uri, homehost);
+            status.pid = std::process::id();
             status.mismatch_cnt = engine.mismatch_sectors();
             status.check_period_days = engine
                 .check_schedule()
@@ -486,6 +559,10 @@ pub fn command(path: &Path, request: &Request) -> Result<String, String> {
 }
 
 fn exchange(path: &Path, request: &Request) -> Result<Reply, String> {
+    exchange_within(path, request, Duration::from_secs(30))
+}
+
+fn exchange_within(path: &Path, request: &Request, limit: Duration) -> Result<Reply, String> {
     let stream = UnixStream::connect(path).map_err(|e| {
         format!(
             "{}: cannot reach a running uraid serve: {e}",
@@ -493,7 +570,7 @@ fn exchange(path: &Path, request: &Request) -> Result<Reply, String> {
         )
     })?;
     stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
+        .set_read_timeout(Some(limit))
         .map_err(|e| e.to_string())?;
     let mut line = serde_json::to_string(request).expect("serializable");
     line.push('\n');
@@ -517,16 +594,24 @@ pub fn request(path: &Path, request: &Request) -> Result<StatusReply, String> {
     }
 }
 
-/// Where sockets go by default: /run/uraid for root, else a per-user folder.
+/// The status once an event numbered above `after` is logged, or after
+/// `timeout` (a server that predates the request answers at once with an
+/// error, and the caller polls).
+pub fn wait_events(path: &Path, after: u64, timeout: Duration) -> Result<StatusReply, String> {
+    let request = Request::WaitEvents {
+        after,
+        timeout_ms: timeout.as_millis() as u64,
+    };
+    match exchange_within(path, &request, timeout + Duration::from_secs(30))? {
+        Reply::Ok { status } => Ok(*status),
+        Reply::Done { message } => Err(format!("unexpected reply: {message}")),
+        Reply::Error { message } => Err(message),
+    }
+}
+
+/// Where sockets go by default: the runtime folder (see `registry`).
 pub fn default_socket_dir() -> PathBuf {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return PathBuf::from("/run/uraid");
-    }
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(dir) => PathBuf::from(dir).join("uraid"),
-        None => std::env::temp_dir().join(format!("uraid-{}", unsafe { libc::geteuid() })),
-    }
+    registry::runtime_dir()
 }
 
 /// A reshape request in md's numbers, from the names a user gave.

@@ -539,6 +539,27 @@ impl Engine {
         Ok(())
     }
 
+    /// The sequence number of the last event logged (0: none yet).
+    pub fn last_event_seq(&self) -> u64 {
+        self.events.last_seq()
+    }
+
+    /// Waits until an event after `after` is logged, `timeout` passes or
+    /// `give_up` says so; true if one was.
+    pub fn wait_for_event(
+        &self,
+        after: u64,
+        timeout: std::time::Duration,
+        give_up: impl Fn() -> bool,
+    ) -> bool {
+        self.events.wait_after(
+            after,
+            timeout,
+            std::time::Duration::from_millis(200),
+            give_up,
+        )
+    }
+
     /// A snapshot of the array for status and detail.
     pub fn snapshot(&self) -> Snapshot {
         let mut snapshot = Snapshot::from_assembled(&self.array.lock().unwrap());

@@ -248,6 +248,38 @@ fn oneshot_test_reports_each_array_and_exits() {
         String::from_utf8_lossy(&listed.stdout),
         "TestMessage event detected on md device /dev/md/mon-once-x\n"
     );
+    // PROGRAM from the config file, as mdadm.conf's: the command line
+    // names no alert, and the config's program gets the calls.
+    let log = dir.path().join("config-events.log");
+    let program = logging_program(dir.path(), &log);
+    let config = dir.path().join("uraid.conf");
+    std::fs::write(
+        &config,
+        format!("PROGRAM {}\nMONITORDELAY 5\n", program.display()),
+    )
+    .unwrap();
+    run_limited_ok(
+        uraid()
+            .args(["monitor", "--oneshot", "--test", "--config"])
+            .arg(&config)
+            .arg("--control")
+            .arg(&served_x.control),
+        Duration::from_secs(30),
+    );
+    assert_eq!(calls(&log, "/dev/md/mon-once-x"), ["TestMessage"]);
+    // A bad config line stops the monitor before it starts, with file:line.
+    std::fs::write(&config, "PROGRAM /bin/true\nMONITORDELY 5\n").unwrap();
+    let bad = uraid()
+        .args(["monitor", "--scan", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let text = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        text.contains("uraid.conf:2: ") && text.lines().count() == 1,
+        "{text}"
+    );
 }
 
 #[test]

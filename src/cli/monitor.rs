@@ -32,9 +32,14 @@ pub struct MonitorArgs {
     /// A TestMessage event for every array at start.
     #[arg(long, short = 't')]
     test: bool,
-    /// Seconds between passes (an event ends the wait early).
-    #[arg(long, short = 'd', default_value_t = 60, value_name = "SECONDS")]
-    delay: u64,
+    /// Seconds between passes (an event ends the wait early); default
+    /// the config's MONITORDELAY, else 60.
+    #[arg(long, short = 'd', value_name = "SECONDS")]
+    delay: Option<u64>,
+    /// The config file whose PROGRAM, MAILADDR and MONITORDELAY apply where
+    /// the command line gives none (default /etc/uraid/uraid.conf).
+    #[arg(long, short = 'c', value_name = "FILE")]
+    config: Option<PathBuf>,
     /// RebuildNN events each time progress crosses a multiple of N percent.
     #[arg(long, short = 'r', default_value_t = 20, value_name = "N")]
     increment: u32,
@@ -44,6 +49,15 @@ pub struct MonitorArgs {
 }
 
 pub fn run(args: &MonitorArgs) -> CliResult {
+    // As mdadm: the command line first, then the config's lines.
+    let config = crate::config::Config::load_or_default(args.config.as_deref())
+        .map_err(|e| e.to_string())?;
+    let program = args
+        .program
+        .clone()
+        .or_else(|| config.program.as_ref().map(PathBuf::from));
+    let mail_addr = args.mail.clone().or_else(|| config.mail_addr.clone());
+    let delay = args.delay.or(config.monitor_delay).unwrap_or(60);
     let arrays = match (args.scan, args.control.is_empty()) {
         (true, false) => return Err("give --scan or --control SOCKET..., not both".into()),
         (false, true) => {
@@ -52,7 +66,7 @@ pub fn run(args: &MonitorArgs) -> CliResult {
         (true, true) => Arrays::Scan,
         (false, false) => Arrays::Sockets(args.control.clone()),
     };
-    if args.scan && args.program.is_none() && args.mail.is_none() && !args.syslog {
+    if args.scan && program.is_none() && mail_addr.is_none() && !args.syslog {
         return Err("No mail address or alert command - not monitoring.".into());
     }
     if !(1..=99).contains(&args.increment) {
@@ -61,7 +75,7 @@ pub fn run(args: &MonitorArgs) -> CliResult {
             args.increment
         ));
     }
-    if args.delay == 0 {
+    if delay == 0 {
         return Err("--delay 0: give at least one second".into());
     }
     if !(args.program_timeout.is_finite() && args.program_timeout > 0.0) {
@@ -70,7 +84,7 @@ pub fn run(args: &MonitorArgs) -> CliResult {
             args.program_timeout
         ));
     }
-    if let Some(program) = &args.program {
+    if let Some(program) = &program {
         if !alert::is_executable(program) {
             return Err(format!(
                 "--program {}: not an executable file",
@@ -78,7 +92,7 @@ pub fn run(args: &MonitorArgs) -> CliResult {
             ));
         }
     }
-    let mail = match &args.mail {
+    let mail = match &mail_addr {
         Some(address) => {
             if address.trim().is_empty() || address.contains(['\n', '\r']) {
                 return Err(format!("--mail {address:?}: not a mail address"));
@@ -93,7 +107,7 @@ pub fn run(args: &MonitorArgs) -> CliResult {
     monitor::run(Options {
         arrays,
         sinks: alert::Sinks {
-            program: args.program.clone(),
+            program,
             timeout: Duration::from_secs_f64(args.program_timeout),
             mail,
             syslog: args.syslog,
@@ -101,7 +115,7 @@ pub fn run(args: &MonitorArgs) -> CliResult {
         },
         oneshot: args.oneshot,
         test: args.test,
-        delay: Duration::from_secs(args.delay),
+        delay: Duration::from_secs(delay),
         increment: args.increment,
         metrics: args.metrics.clone(),
     })

@@ -344,7 +344,25 @@ impl Engine {
         spares
     }
 
-    /// The device side of restarting `spares` (see [`spares_on_every_child`]).
+    /// The device side of restarting `spares` (see [`spares_on_every_child`]),
+    /// on disk before the caller records the new member in sync: the
+    /// superblocks are written in-sync members first, so in one pass a
+    /// crash could keep the member's new state and lose the spares' (their
+    /// own superblocks say they are rebuilding), and a spare would come
+    /// back in sync with nothing of its own on the new member.
+    fn restart_spares_durably(
+        &self,
+        array: &mut crate::array::Assembled,
+        spares: &[(usize, String)],
+        why: &str,
+    ) {
+        if spares.is_empty() {
+            return;
+        }
+        self.restart_spares(array, spares, why);
+        self.write_state(array);
+    }
+
     fn restart_spares(
         &self,
         array: &mut crate::array::Assembled,
@@ -750,6 +768,7 @@ impl Engine {
             }
             restart_spares_in_table(t, &spares);
         });
+        self.restart_spares_durably(&mut array, &spares, "a rebuild");
         let mut path = String::new();
         for d in array.devices.iter_mut() {
             if matches!(d.state, DeviceState::Recovering { role: r, .. } if r == role) {
@@ -757,7 +776,6 @@ impl Engine {
                 path = d.path.clone();
             }
         }
-        self.restart_spares(&mut array, &spares, "a rebuild");
         let slot = self.table().by_role[role].as_ref().map(|e| e.slot.clone());
         array.slots[role] = slot;
         self.write_state(&mut array);
@@ -820,6 +838,9 @@ impl Engine {
             }
             (SyncAction::Replace { role }, Outcome::Finished { .. }) => {
                 let mut array = self.array.lock().unwrap();
+                if self.table().replacing[role].is_none() {
+                    return;
+                }
                 let spares = self.spares_on_every_child(&array, role);
                 let replacement = self.update_table(|t| {
                     let mut entry = t.replacing[role].take()?;
@@ -831,6 +852,7 @@ impl Engine {
                 let Some(replacement) = replacement else {
                     return;
                 };
+                self.restart_spares_durably(&mut array, &spares, "a replace");
                 let (mut old_path, mut new_path) = (String::new(), String::new());
                 for d in array.devices.iter_mut() {
                     if matches!(d.state, DeviceState::Active { role: r } if r == role) {
@@ -847,7 +869,6 @@ impl Engine {
                         new_path = d.path.clone();
                     }
                 }
-                self.restart_spares(&mut array, &spares, "a replace");
                 array.slots[role] = Some(replacement.slot.clone());
                 self.write_state(&mut array);
                 drop(array);

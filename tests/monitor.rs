@@ -253,9 +253,13 @@ fn oneshot_test_reports_each_array_and_exits() {
     let log = dir.path().join("config-events.log");
     let program = logging_program(dir.path(), &log);
     let config = dir.path().join("uraid.conf");
+    let uuid = served_x.detail_json()["uuid"].as_str().unwrap().to_string();
     std::fs::write(
         &config,
-        format!("PROGRAM {}\nMONITORDELAY 5\n", program.display()),
+        format!(
+            "PROGRAM {}\nMONITORDELAY 5\nARRAY /dev/md/mon-once-x UUID={uuid} spares=1\n",
+            program.display()
+        ),
     )
     .unwrap();
     run_limited_ok(
@@ -266,7 +270,12 @@ fn oneshot_test_reports_each_array_and_exits() {
             .arg(&served_x.control),
         Duration::from_secs(30),
     );
-    assert_eq!(calls(&log, "/dev/md/mon-once-x"), ["TestMessage"]);
+    // The ARRAY line wants a spare the array lacks: SparesMissing, as
+    // mdadm checks it, at first sight.
+    assert_eq!(
+        calls(&log, "/dev/md/mon-once-x"),
+        ["TestMessage", "SparesMissing"]
+    );
     // A bad config line stops the monitor before it starts, with file:line.
     std::fs::write(&config, "PROGRAM /bin/true\nMONITORDELY 5\n").unwrap();
     let bad = uraid()

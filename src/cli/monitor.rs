@@ -118,5 +118,10 @@ pub fn run(args: &MonitorArgs) -> CliResult {
         delay: Duration::from_secs(delay),
         increment: args.increment,
         metrics: args.metrics.clone(),
+        spares_wanted: config
+            .arrays
+            .iter()
+            .filter_map(|a| Some((a.uuid.clone()?, a.spares?)))
+            .collect(),
     })
 }

@@ -38,6 +38,9 @@ pub struct Options {
     pub delay: Duration,
     pub increment: u32,
     pub metrics: Option<String>,
+    /// The spares each array should have (the config's ARRAY `spares=`,
+    /// by UUID in mdadm's form): fewer at first sight is SparesMissing.
+    pub spares_wanted: Vec<(String, u32)>,
 }
 
 /// One array the monitor follows.
@@ -196,7 +199,7 @@ fn pass(
                     }
                     w.errored = true;
                 } else {
-                    alerts = observe(w, &reply, options.increment, &mut notes);
+                    alerts = observe(w, &reply, options, &mut notes);
                     latest.lock().unwrap().insert(key.clone(), reply);
                     if w.waiter.is_none() && !options.oneshot {
                         w.waiter = Some(start_waiter(w, options.delay, wake.clone()));
@@ -226,12 +229,12 @@ fn pass(
 fn observe(
     w: &mut Watched,
     reply: &StatusReply,
-    increment: u32,
+    options: &Options,
     notes: &mut Vec<String>,
 ) -> Vec<Alert> {
     let mut alerts = Vec::new();
     if let Some(tracked) = w.tracked.as_mut() {
-        match tracker::update(tracked, reply, increment, notes) {
+        match tracker::update(tracked, reply, options.increment, notes) {
             Some(found) => return found,
             None => {
                 alerts.push(Alert::new("DeviceDisappeared", &tracked.md));
@@ -240,7 +243,12 @@ fn observe(
             }
         }
     }
-    let (tracked, found) = tracker::first_sight(reply, w.errored);
+    let wanted = options
+        .spares_wanted
+        .iter()
+        .find(|(uuid, _)| *uuid == reply.uuid)
+        .map(|(_, n)| *n);
+    let (tracked, found) = tracker::first_sight(reply, w.errored, wanted);
     w.md = tracked.md.clone();
     w.tracked = Some(tracked);
     w.errored = false;

@@ -111,8 +111,14 @@ pub fn md_device(reply: &StatusReply) -> String {
 
 /// The first reply of an array (or of a new instance of it): its past
 /// events are history, not news. `announce` gives NewArray (an array found
-/// by --scan, or back after an error), as mdadm does.
-pub fn first_sight(reply: &StatusReply, announce: bool) -> (Tracked, Vec<Alert>) {
+/// by --scan, or back after an error), as mdadm does; fewer spares than
+/// `spares_wanted` (the config's ARRAY spares=) is SparesMissing, checked at
+/// first sight only, as mdadm checks it.
+pub fn first_sight(
+    reply: &StatusReply,
+    announce: bool,
+    spares_wanted: Option<u32>,
+) -> (Tracked, Vec<Alert>) {
     let md = md_device(reply);
     let mut alerts = Vec::new();
     if announce {
@@ -120,6 +126,9 @@ pub fn first_sight(reply: &StatusReply, announce: bool) -> (Tracked, Vec<Alert>)
     }
     if degraded(reply) {
         alerts.push(Alert::new("DegradedArray", &md));
+    }
+    if spares_wanted.is_some_and(|n| reply.spare_disks < n) {
+        alerts.push(Alert::new("SparesMissing", &md));
     }
     let tracked = Tracked {
         md,
@@ -265,7 +274,7 @@ mod tests {
     #[test]
     fn history_is_skipped_and_news_forwarded_once() {
         let old = [(1, "Fail", "/d/a", "")];
-        let (mut t, alerts) = first_sight(&reply(7, &old, None), true);
+        let (mut t, alerts) = first_sight(&reply(7, &old, None), true, None);
         assert_eq!(names(&alerts), ["NewArray"]);
         assert_eq!(t.md, "/dev/md/vol");
         let mut notes = Vec::new();
@@ -306,7 +315,7 @@ mod tests {
 
     #[test]
     fn rebuild_steps_follow_the_increment_with_the_observed_percent() {
-        let (mut t, _) = first_sight(&reply(1, &[], None), false);
+        let (mut t, _) = first_sight(&reply(1, &[], None), false, None);
         let mut notes = Vec::new();
         let started = [(1, "RebuildStarted", "", "check")];
         let steps = |t: &mut Tracked, p| {
@@ -335,7 +344,7 @@ mod tests {
     fn first_sight_degraded_and_mismatches_and_gaps() {
         let mut r = reply(1, &[(5, "RebuildStarted", "", "check")], Some(50));
         r.detail["active_devices"] = 2.into();
-        let (mut t, alerts) = first_sight(&r, false);
+        let (mut t, alerts) = first_sight(&r, false, None);
         assert_eq!(names(&alerts), ["DegradedArray"]);
         let mut notes = Vec::new();
         let done = [(9, "RebuildFinished", "", "check: mismatches found: 16")];

@@ -618,7 +618,14 @@ impl Engine {
         if !self.runnable() {
             return;
         }
-        let from = self.geometry().stripe_at_resync_position(offset);
+        // One view of the geometry: a reshape may start as this runs, and
+        // a reshaping geometry has no resync position (its own job
+        // restarts recovery when it ends).
+        let geometry = self.geometry();
+        if matches!(*geometry, crate::geometry::Geometry::Reshaping(_)) {
+            return;
+        }
+        let from = geometry.stripe_at_resync_position(offset);
         let device = &array.devices[index];
         // An entry that has a position keeps it: whoever starts the job
         // (a spare's add racing the end of a check, say) then moves the

@@ -236,6 +236,19 @@ fn predicted_failure_is_replaced_onto_the_spare_with_data_intact() {
         "only the failing member is predicted to fail: {events:?}"
     );
     assert_eq!(health_of(&status["detail"], devs[1])["status"], "failing");
+    // And in the metrics the monitor serves.
+    let reply: uraid::control::StatusReply =
+        uraid::control::request(&rig.served.control, &uraid::control::Request::Status).unwrap();
+    let metrics = uraid::monitor::metrics::render(&[reply]);
+    for (dev, verdict) in [(devs[1], "failing"), (devs[0], "passed")] {
+        let wanted = format!("member=\"{dev}\",status=\"{verdict}\"}} 1");
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("uraid_member_smart_status{") && l.ends_with(&wanted)),
+            "{wanted} not in:\n{metrics}"
+        );
+    }
 
     assert_same_bytes(
         &nbdcopy_out(rig.served.uri(), rig.dir.path()),

@@ -185,6 +185,10 @@ pub struct MemberStatus {
     pub role: Option<usize>,
     /// Its I/O counters since it was opened.
     pub io: Option<crate::member::IoCounts>,
+    /// Its SMART verdict (passed, warning, failing, unavailable), when it is
+    /// a block device that serve polls.
+    #[serde(default)]
+    pub smart: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -247,7 +251,11 @@ pub fn status_of(snapshot: &Snapshot, nbd_uri: &str, homehost: &str) -> StatusRe
             total_kib: p.total_kib,
             speed_kib_per_s: p.speed_kib_per_s,
         }),
-        members: snapshot.devices.iter().map(member_status).collect(),
+        members: snapshot
+            .devices
+            .iter()
+            .map(|d| member_status(d, snapshot))
+            .collect(),
         pid: 0,
         sync_action: snapshot.sync.as_ref().map(|p| p.action.word().to_string()),
         sync_percent: snapshot
@@ -257,7 +265,7 @@ pub fn status_of(snapshot: &Snapshot, nbd_uri: &str, homehost: &str) -> StatusRe
     }
 }
 
-fn member_status(d: &crate::engine::SnapshotDevice) -> MemberStatus {
+fn member_status(d: &crate::engine::SnapshotDevice, snapshot: &Snapshot) -> MemberStatus {
     let (state, role) = match d.state {
         DeviceState::Active { role } => ("in_sync", Some(role)),
         DeviceState::Recovering { role, .. } => ("rebuilding", Some(role)),
@@ -273,6 +281,11 @@ fn member_status(d: &crate::engine::SnapshotDevice) -> MemberStatus {
         state: state.into(),
         role,
         io: d.io.clone(),
+        smart: snapshot
+            .member_health
+            .iter()
+            .find(|(path, _)| *path == d.path)
+            .map(|(_, h)| h.status.clone()),
     }
 }
 

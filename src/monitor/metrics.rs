@@ -417,6 +417,11 @@ fn families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
         Gauge,
         "Each device of the array, with its state (in_sync, rebuilding, replacement, spare, faulty, journal) and role.",
     );
+    let mut member_smart = Family::new(
+        "uraid_member_smart_status",
+        Gauge,
+        "SMART verdict of each member that is polled (passed, warning, failing, unavailable): 1 for the one in force.",
+    );
     let mut member_errors = Family::new(
         "uraid_member_io_errors",
         Counter,
@@ -513,6 +518,18 @@ fn families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
                 ],
                 1,
             );
+            if let Some(verdict) = &m.smart {
+                for status in ["passed", "warning", "failing", "unavailable"] {
+                    member_smart.int(
+                        vec![
+                            ("device", device.clone()),
+                            ("member", m.path.clone()),
+                            ("status", status.to_string()),
+                        ],
+                        u64::from(verdict == status),
+                    );
+                }
+            }
             let Some(io) = &m.io else { continue };
             for (op, counts) in [("read", &io.read), ("write", &io.write)] {
                 let labels = vec![
@@ -554,6 +571,7 @@ fn families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
         journal_size,
         journal_failed,
         member_state,
+        member_smart,
         member_errors,
         member_bytes,
         member_latency,

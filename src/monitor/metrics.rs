@@ -653,6 +653,7 @@ mod tests {
                     state: "in_sync".into(),
                     role: Some(role),
                     io: None,
+                    smart: None,
                 })
                 .collect(),
             ..Default::default()

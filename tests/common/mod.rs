@@ -82,22 +82,25 @@ pub fn array_bytes(members: &[&str]) -> u64 {
 /// Runs a shell script as root inside user-mode Linux (tests/kernel/uml-run),
 /// with md and loop loaded. Returns stdout; panics with the output on failure.
 pub fn in_kernel(script: &str, timeout_s: u32) -> String {
+    in_kernel_with_disks(&format!("#!/bin/bash\nset -eu\n{script}"), &[], timeout_s)
+}
+
+/// Runs a whole bash script (its own `set` options included) inside
+/// user-mode Linux with `disks` attached as /dev/ubda, /dev/ubdb, ...
+pub fn in_kernel_with_disks(script: &str, disks: &[PathBuf], timeout_s: u32) -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = scratch("uml-script");
     let script_path = dir.path().join("script.sh");
-    std::fs::write(&script_path, format!("#!/bin/bash\nset -eu\n{script}")).unwrap();
-    let out = Command::new(root.join("tests/kernel/uml-run"))
-        .args([
-            "--mem",
-            "768M",
-            "--timeout",
-            &timeout_s.to_string(),
-            "--",
-            "bash",
-        ])
-        .arg(&script_path)
-        .output()
-        .expect("run tests/kernel/uml-run (install user-mode-linux: tests/kernel/install-deps)");
+    std::fs::write(&script_path, script).unwrap();
+    let mut cmd = Command::new(root.join("tests/kernel/uml-run"));
+    cmd.args(["--mem", "768M", "--timeout", &timeout_s.to_string()]);
+    for d in disks {
+        cmd.arg("--disk").arg(d);
+    }
+    let out =
+        cmd.args(["--", "bash"]).arg(&script_path).output().expect(
+            "run tests/kernel/uml-run (install user-mode-linux: tests/kernel/install-deps)",
+        );
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(

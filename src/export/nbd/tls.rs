@@ -224,7 +224,7 @@ fn load_psk_file(path: &Path) -> Result<HashMap<String, Vec<u8>>, String> {
 }
 
 fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    if hex.len() % 2 != 0 || !hex.is_ascii() {
+    if !hex.len().is_multiple_of(2) || !hex.is_ascii() {
         return None;
     }
     (0..hex.len())

@@ -6,9 +6,11 @@
 
 mod common;
 use common::*;
+use std::io::{Read, Write};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
+use uraid::export::nbd::proto;
 
 const MIB: u64 = 1 << 20;
 const LIMIT: Duration = Duration::from_secs(30);
@@ -71,6 +73,23 @@ fn qemu_img_info(object: &str, port: u16) -> Result<String, String> {
     }
 }
 
+/// Sends one option on a raw connection and returns the reply's type.
+fn option_reply(sock: &mut std::net::TcpStream, option: u32, data: &[u8]) -> u32 {
+    let mut msg = proto::IHAVEOPT.to_be_bytes().to_vec();
+    msg.extend_from_slice(&option.to_be_bytes());
+    msg.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    msg.extend_from_slice(data);
+    sock.write_all(&msg).unwrap();
+    let mut head = [0u8; 20];
+    sock.read_exact(&mut head).unwrap();
+    assert_eq!(head[0..8], proto::OPTION_REPLY_MAGIC.to_be_bytes());
+    assert_eq!(head[8..12], option.to_be_bytes());
+    let len = u32::from_be_bytes(head[16..20].try_into().unwrap());
+    let mut rest = vec![0u8; len as usize];
+    sock.read_exact(&mut rest).unwrap();
+    u32::from_be_bytes(head[12..16].try_into().unwrap())
+}
+
 /// A psktool key file with one user and a random 32-byte key.
 fn psk_file(path: &Path, user: &str, seed: u64) {
     let key: String = random_bytes(seed, 32)
@@ -120,6 +139,30 @@ fn psk_require_round_trip_and_refusals() {
         "plaintext against require",
     );
     assert!(!stderr.contains("export-size"), "{stderr}");
+    // The same on the wire: TLS_REQD for every option but STARTTLS, which
+    // is acknowledged.
+    let mut raw = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    raw.set_read_timeout(Some(LIMIT)).unwrap();
+    let mut greeting = [0u8; 18];
+    raw.read_exact(&mut greeting).unwrap();
+    raw.write_all(&3u32.to_be_bytes()).unwrap();
+    assert_eq!(
+        option_reply(&mut raw, proto::OPT_LIST, &[]),
+        proto::REP_ERR_TLS_REQD
+    );
+    let go = proto::encode_info_request(&proto::InfoRequest {
+        name: String::new(),
+        requests: vec![],
+    });
+    assert_eq!(
+        option_reply(&mut raw, proto::OPT_GO, &go),
+        proto::REP_ERR_TLS_REQD
+    );
+    assert_eq!(
+        option_reply(&mut raw, proto::OPT_STARTTLS, &[]),
+        proto::REP_ACK
+    );
+    drop(raw);
     // A wrong key fails the TLS handshake (TLS 1.3's PSK binder).
     refused(
         &format!(
@@ -324,6 +367,22 @@ fn tls_on_serves_both_and_plaintext_tcp_warns() {
         keys.display()
     ))
     .unwrap_or_else(|e| panic!("TLS under --tls on: {e}"));
+    assert!(tls.contains("with TLS"), "{tls}");
+    served.stop();
+
+    // A unix socket may carry TLS too, and says nothing about it.
+    let served = serve(
+        d,
+        &["--tls", "require", "--tls-psk", keys.to_str().unwrap()],
+        &members,
+    );
+    assert!(!served.stderr().contains("WARNING"), "{}", served.stderr());
+    let socket = served.uri().split("socket=").nth(1).unwrap().to_string();
+    let tls = nbdinfo(&format!(
+        "nbds+unix://carol@/?socket={socket}&tls-psk-file={}",
+        keys.display()
+    ))
+    .unwrap_or_else(|e| panic!("TLS on a unix socket: {e}"));
     assert!(tls.contains("with TLS"), "{tls}");
     served.stop();
 

@@ -99,7 +99,7 @@ pub(crate) fn run(shared: Arc<Shared>, sock: Sock, id: u64, peer: String) {
             .as_ref()
             .expect("STARTTLS is only acked with TLS set");
         let deadline = shared.options.handshake_timeout.map(|t| Instant::now() + t);
-        match tls.start(&sock, shared.wake_fd(), deadline) {
+        match tls.start(&sock, shared.wake_fd(), deadline, shared.options.io_timeout) {
             Ok((inner, relay)) => {
                 let inner = Arc::new(inner);
                 // STARTTLS inside TLS is refused, so this returns None.

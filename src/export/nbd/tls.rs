@@ -18,7 +18,7 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use openssl::ssl::{
     ErrorCode, HandshakeError, SslAcceptor, SslFiletype, SslMethod, SslStream, SslVerifyMode,
@@ -140,6 +140,7 @@ impl Tls {
         sock: &Sock,
         wake: RawFd,
         deadline: Option<Instant>,
+        linger: Option<Duration>,
     ) -> Result<(Sock, std::thread::JoinHandle<()>), String> {
         let fd = dup(sock.raw()).map_err(|e| format!("dup: {e}"))?;
         let stream = FdStream(fd);
@@ -188,7 +189,7 @@ impl Tls {
         let inner = Sock::new(inner).map_err(|e| format!("socketpair: {e}"))?;
         let relay = std::thread::Builder::new()
             .name("nbd-tls".into())
-            .spawn(move || relay(tls, outer))
+            .spawn(move || relay(tls, outer, linger))
             .map_err(|e| format!("cannot start the TLS relay: {e}"))?;
         Ok((inner, relay))
     }
@@ -322,8 +323,10 @@ fn wants(e: &openssl::ssl::Error) -> Option<i16> {
 /// Moves bytes both ways between the TLS session and the plaintext socket
 /// until either side ends. Each direction is buffered up to RELAY_BUFFER
 /// and non-blocking, so a connection that writes replies while its client
-/// sends requests never waits on itself.
-fn relay(mut tls: SslStream<FdStream>, plain: OwnedFd) {
+/// sends requests never waits on itself. Once the connection has ended,
+/// its last replies wait at most `linger` for a client that does not read
+/// them, so that a stopping server is not held up.
+fn relay(mut tls: SslStream<FdStream>, plain: OwnedFd, linger: Option<Duration>) {
     let tls_fd = tls.get_ref().0.as_raw_fd();
     let plain_fd = plain.as_raw_fd();
     let mut to_plain: Vec<u8> = Vec::new();
@@ -417,9 +420,13 @@ fn relay(mut tls: SslStream<FdStream>, plain: OwnedFd) {
         if tls_events == 0 && plain_events == 0 {
             break;
         }
+        let timeout = match linger {
+            Some(t) if !plain_open => t.as_millis().min(i32::MAX as u128) as i32,
+            _ => -1,
+        };
         // SAFETY: fds is a valid array of two pollfd.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if rc < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
+        if rc == 0 || (rc < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted) {
             break;
         }
     }

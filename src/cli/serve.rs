@@ -7,7 +7,7 @@ use crate::array::{assemble_members, open_members};
 use crate::control::registry::{self, Registration};
 use crate::control::ControlServer;
 use crate::engine::{Engine, EngineOptions};
-use crate::export::nbd::{self, Listener, ServeOptions};
+use crate::export::nbd::{self, Listener, ServeOptions, Tls, TlsCredentials, TlsMode};
 use crate::export::BlockBackend;
 use crate::member::FaultyMember;
 use std::path::{Path, PathBuf};
@@ -21,6 +21,24 @@ pub struct ServeArgs {
     /// The control socket for status, detail and manage (default: next to the NBD socket).
     #[arg(long)]
     control: Option<PathBuf>,
+    /// TLS through NBD's STARTTLS, as nbdkit's --tls: off (never), on
+    /// (offered; plaintext clients served too) or require (nothing but
+    /// STARTTLS until TLS is up). on and require need --tls-psk or
+    /// --tls-certificates.
+    #[arg(long, value_enum, default_value_t = TlsArg::Off)]
+    tls: TlsArg,
+    /// A psktool key file (lines `username:hexkey`): clients authenticate
+    /// with a user name and its pre-shared key.
+    #[arg(long, value_name = "FILE", conflicts_with = "tls_certificates")]
+    tls_psk: Option<PathBuf>,
+    /// A directory with ca-cert.pem, server-cert.pem and server-key.pem
+    /// (nbdkit's and qemu-nbd's layout).
+    #[arg(long, value_name = "DIR")]
+    tls_certificates: Option<PathBuf>,
+    /// With --tls-certificates: clients must present a certificate signed
+    /// by ca-cert.pem.
+    #[arg(long, requires = "tls_certificates")]
+    tls_verify_peer: bool,
     /// Serve without writing anything, superblocks included.
     #[arg(long)]
     read_only: bool,
@@ -62,6 +80,40 @@ pub struct ServeArgs {
     devices: Vec<PathBuf>,
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum TlsArg {
+    Off,
+    On,
+    Require,
+}
+
+/// Loads the TLS credentials the arguments name, before anything is served.
+fn tls_config(args: &ServeArgs) -> Result<Option<Tls>, String> {
+    let mode = match args.tls {
+        TlsArg::Off => {
+            if args.tls_psk.is_some() || args.tls_certificates.is_some() {
+                return Err(
+                    "--tls-psk and --tls-certificates need --tls on or --tls require".into(),
+                );
+            }
+            return Ok(None);
+        }
+        TlsArg::On => TlsMode::On,
+        TlsArg::Require => TlsMode::Require,
+    };
+    let credentials = match (&args.tls_psk, &args.tls_certificates) {
+        (Some(file), _) => TlsCredentials::Psk(file.clone()),
+        (None, Some(dir)) => TlsCredentials::X509 {
+            dir: dir.clone(),
+            verify_peer: args.tls_verify_peer,
+        },
+        (None, None) => {
+            return Err("--tls on and require need --tls-psk FILE or --tls-certificates DIR".into())
+        }
+    };
+    Tls::load(mode, &credentials).map(Some)
+}
+
 /// Blocks SIGINT and SIGTERM in this thread and every thread it starts, so
 /// that they are taken only by the sigwait below, at a point where an
 /// orderly stop is possible.
@@ -99,6 +151,7 @@ pub fn run(args: &ServeArgs) -> CliResult {
         (args.devices.clone(), Vec::new())
     };
     let (config_settings, speed_min, speed_max) = split_knobs(&knobs);
+    let tls = tls_config(args)?;
     let signals = block_stop_signals();
     let mut members = open_members(&paths, !args.read_only).map_err(|e| e.to_string())?;
     let mut injectors = Vec::new();
@@ -120,6 +173,19 @@ pub fn run(args: &ServeArgs) -> CliResult {
     // starting the engine marks the members active.
     refuse_live_socket(&nbd_address)?;
     refuse_live_socket(&format!("unix:{}", control_path.display()))?;
+    if matches!(listener, Listener::Tcp { .. }) {
+        match &tls {
+            None => eprintln!(
+                "uraid: WARNING: {nbd_address} without TLS: anyone who reaches this port can read \
+                 and write the array (use --tls require, or a unix socket)"
+            ),
+            Some(t) if t.mode == TlsMode::On => eprintln!(
+                "uraid: WARNING: {nbd_address} with --tls on also serves plaintext clients: \
+                 anyone who reaches this port can read and write the array (use --tls require)"
+            ),
+            Some(_) => {}
+        }
+    }
     let level = array.level();
     let uuid = array.sb.uuid_string();
     let defaults =
@@ -147,6 +213,7 @@ pub fn run(args: &ServeArgs) -> CliResult {
     let options = ServeOptions {
         export_name: label.clone(),
         description: format!("uraid {level} array {uuid}"),
+        tls,
         ..ServeOptions::default()
     };
     let server = match nbd::serve(&listener, engine.clone() as Arc<dyn BlockBackend>, options) {

@@ -90,22 +90,66 @@ pub(crate) fn run(shared: Arc<Shared>, sock: Sock, id: u64, peer: String) {
         log.line("connected");
     }
     let sock = Arc::new(sock);
-    let mut reader = SockReader::new(&sock, shared.wake_fd());
-    match handshake(&shared, &sock, &mut reader) {
-        Ok(Some((structured, size))) => {
-            transmission(&shared, &sock, reader, structured, size, &log)
+    if let Some(no_zeroes) = negotiate_and_serve(&shared, &sock, &log, None) {
+        // STARTTLS acknowledged: the handshake, then negotiation again
+        // inside TLS, on the relay's plaintext side.
+        let tls = shared
+            .options
+            .tls
+            .as_ref()
+            .expect("STARTTLS is only acked with TLS set");
+        let deadline = shared.options.handshake_timeout.map(|t| Instant::now() + t);
+        match tls.start(&sock, shared.wake_fd(), deadline, shared.options.io_timeout) {
+            Ok((inner, relay)) => {
+                let inner = Arc::new(inner);
+                // STARTTLS inside TLS is refused, so this returns None.
+                negotiate_and_serve(&shared, &inner, &log, Some(no_zeroes));
+                inner.shutdown();
+                let _ = relay.join();
+            }
+            Err(e) => log.line(format_args!("refused: {e}")),
         }
-        Ok(None) => {}
+    }
+    sock.shutdown();
+    if shared.options.log_connections {
+        log.line("closed");
+    }
+}
+
+/// Negotiates on `sock` and serves the transmission phase if the client
+/// gets there; returns `Some(no_zeroes)` when the client asked for TLS
+/// instead (the ACK has been sent and nothing else read).
+fn negotiate_and_serve(
+    shared: &Arc<Shared>,
+    sock: &Arc<Sock>,
+    log: &Log,
+    tls_flags: Option<bool>,
+) -> Option<bool> {
+    let mut reader = SockReader::new(sock, shared.wake_fd());
+    match handshake(shared, sock, &mut reader, tls_flags) {
+        Ok(Negotiated::Transmission(structured, size)) => {
+            transmission(shared, sock, reader, structured, size, log)
+        }
+        Ok(Negotiated::StartTls(no_zeroes)) => return Some(no_zeroes),
+        Ok(Negotiated::Aborted) => {}
         // A client that leaves, or a server that stops, is not worth a log
         // line; a liveness probe (connect, then close) looks exactly so.
         Err(ConnError::Read(ReadError::Eof)) | Err(ConnError::Read(ReadError::Stopped)) => {}
         Err(ConnError::Write(e)) if client_gone(&e) => {}
         Err(e) => log.line(format_args!("during negotiation: {e}")),
     }
-    sock.shutdown();
-    if shared.options.log_connections {
-        log.line("closed");
-    }
+    None
+}
+
+/// How option negotiation ended without an error.
+enum Negotiated {
+    /// In transmission, with or without structured replies, and the export
+    /// size the client was given.
+    Transmission(bool, u64),
+    Aborted,
+    /// STARTTLS was acknowledged: TLS starts on the socket now. Holds the
+    /// client's NO_ZEROES flag, which still applies inside TLS.
+    StartTls(bool),
 }
 
 /// Whether a write failed only because the client closed the connection.
@@ -138,24 +182,32 @@ fn send_option_reply(
     )
 }
 
-/// Negotiates until the client enters transmission (returns whether it
-/// negotiated structured replies, and the export size it was given), aborts (returns `None`), or breaks the
-/// protocol.
+/// Negotiates until the client enters transmission, aborts, asks for TLS,
+/// or breaks the protocol. Inside TLS (`tls_flags` holds whether the client
+/// asked for NO_ZEROES before it) there is no greeting: the client goes on
+/// with its options.
 fn handshake(
     shared: &Shared,
     sock: &Sock,
     reader: &mut SockReader,
-) -> Result<Option<(bool, u64)>, ConnError> {
+    tls_flags: Option<bool>,
+) -> Result<Negotiated, ConnError> {
     // Read once: what the client is told is what the connection enforces,
     // even if the array's size changes during the handshake.
     let size = shared.backend.size_bytes();
     let deadline = shared.options.handshake_timeout.map(|t| Instant::now() + t);
-    let offered = proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES;
-    send(shared, sock, &[&proto::encode_greeting(offered)])?;
-    let mut flags = [0u8; 4];
-    reader.read_exact(&mut flags, deadline)?;
-    let client_flags = proto::decode_client_flags(&flags, offered)?;
-    let no_zeroes = client_flags & proto::FLAG_C_NO_ZEROES != 0;
+    let in_tls = tls_flags.is_some();
+    let mut no_zeroes = tls_flags.unwrap_or(false);
+    if !in_tls {
+        let offered = proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES;
+        send(shared, sock, &[&proto::encode_greeting(offered)])?;
+        let mut flags = [0u8; 4];
+        reader.read_exact(&mut flags, deadline)?;
+        let client_flags = proto::decode_client_flags(&flags, offered)?;
+        no_zeroes = client_flags & proto::FLAG_C_NO_ZEROES != 0;
+    }
+    let tls_required =
+        !in_tls && matches!(&shared.options.tls, Some(tls) if tls.mode == super::TlsMode::Require);
     let export = &shared.export;
     let options = &shared.options;
     let name_ok = |name: &str| name.is_empty() || name == options.export_name;
@@ -186,6 +238,16 @@ fn handshake(
         let mut data = vec![0u8; header.length as usize];
         reader.read_exact(&mut data, deadline)?;
 
+        if tls_required && option != proto::OPT_STARTTLS && option != proto::OPT_ABORT {
+            if option == proto::OPT_EXPORT_NAME {
+                return Err(ConnError::Refused(
+                    "OPT_EXPORT_NAME before STARTTLS, which this server requires".into(),
+                ));
+            }
+            let msg = b"this server requires TLS: send NBD_OPT_STARTTLS first";
+            send_option_reply(shared, sock, option, proto::REP_ERR_TLS_REQD, msg)?;
+            continue;
+        }
         match option {
             proto::OPT_EXPORT_NAME => {
                 // This option cannot be answered with an error, so every
@@ -208,12 +270,12 @@ fn handshake(
                     sock,
                     &[&proto::encode_export_name_reply(size, flags, no_zeroes)],
                 )?;
-                return Ok(Some((structured, size)));
+                return Ok(Negotiated::Transmission(structured, size));
             }
             proto::OPT_ABORT => {
                 // The client may already have closed; a failed ACK is fine.
                 let _ = send_option_reply(shared, sock, option, proto::REP_ACK, &[]);
-                return Ok(None);
+                return Ok(Negotiated::Aborted);
             }
             proto::OPT_LIST => {
                 if !data.is_empty() {
@@ -267,7 +329,7 @@ fn handshake(
                 }
                 send_option_reply(shared, sock, option, proto::REP_ACK, &[])?;
                 if option == proto::OPT_GO {
-                    return Ok(Some((structured, size)));
+                    return Ok(Negotiated::Transmission(structured, size));
                 }
             }
             proto::OPT_STRUCTURED_REPLY => {
@@ -280,13 +342,19 @@ fn handshake(
                 send_option_reply(shared, sock, option, proto::REP_ACK, &[])?;
             }
             proto::OPT_STARTTLS => {
-                send_option_reply(
-                    shared,
-                    sock,
-                    option,
-                    proto::REP_ERR_UNSUP,
-                    b"TLS is not supported",
-                )?;
+                let (reply, msg): (u32, &[u8]) = if in_tls {
+                    (proto::REP_ERR_INVALID, b"TLS is already active")
+                } else if options.tls.is_none() {
+                    (proto::REP_ERR_UNSUP, b"TLS is not enabled on this server")
+                } else if !data.is_empty() {
+                    (proto::REP_ERR_INVALID, b"OPT_STARTTLS takes no data")
+                } else {
+                    // Nothing agreed before TLS carries over: negotiation
+                    // starts afresh inside it.
+                    send_option_reply(shared, sock, option, proto::REP_ACK, &[])?;
+                    return Ok(Negotiated::StartTls(no_zeroes));
+                };
+                send_option_reply(shared, sock, option, reply, msg)?;
             }
             _ => {
                 // Including LIST/SET_META_CONTEXT (no block status yet) and

@@ -16,7 +16,8 @@
 //!
 //! - Handshake: fixed newstyle with NO_ZEROES; `OPT_EXPORT_NAME`, `OPT_LIST`,
 //!   `OPT_INFO`/`OPT_GO` (INFO_EXPORT, NAME, DESCRIPTION, BLOCK_SIZE),
-//!   `OPT_STRUCTURED_REPLY` and `OPT_ABORT`; everything else (TLS, meta
+//!   `OPT_STRUCTURED_REPLY`, `OPT_ABORT` and `OPT_STARTTLS` (when
+//!   [`ServeOptions::tls`] is set: see `tls`); everything else (meta
 //!   contexts, extended headers) is answered `NBD_REP_ERR_UNSUP`. One export,
 //!   reachable by its configured name or the empty name.
 //! - Transmission: READ, WRITE, FLUSH, TRIM, WRITE_ZEROES (NO_HOLE,
@@ -42,6 +43,8 @@ mod io;
 mod listen;
 pub mod proto;
 mod server;
+mod tls;
 
 pub use listen::{BoundAddr, Listener};
 pub use server::{serve, ServeOptions, ServerHandle, Stopper};
+pub use tls::{Tls, TlsCredentials, TlsMode};

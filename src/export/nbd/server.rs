@@ -51,6 +51,9 @@ pub struct ServeOptions {
     /// busy connections than this, staged writes are stored by the worker
     /// that read them (`conn::Conn::serves_inline`).
     pub cpus: usize,
+    /// TLS offered or required through `NBD_OPT_STARTTLS`; `None` answers
+    /// it `NBD_REP_ERR_UNSUP`.
+    pub tls: Option<super::Tls>,
 }
 
 impl Default for ServeOptions {
@@ -68,6 +71,7 @@ impl Default for ServeOptions {
             require_block_size: false,
             log_connections: false,
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            tls: None,
         }
     }
 }

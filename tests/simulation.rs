@@ -1150,6 +1150,8 @@ impl Sim {
                 member,
             });
         }
+        // The spares hold their router weakly: it lives until the check ends.
+        let _router = self.add_distributed_spares(snapshot, &mut slots);
         (0..self.geometry.stripe_count())
             .filter_map(|stripe| {
                 let report =
@@ -1158,6 +1160,50 @@ impl Sim {
                 (report.mismatch_sectors > 0).then_some((stripe, report.mismatch_sectors))
             })
             .collect()
+    }
+
+    /// A dRAID's distributed spares in sync in a role, read as the engine
+    /// reads them (each sector from the child that holds its column), so
+    /// that the offline check sees every column the engine's check sees.
+    fn add_distributed_spares(
+        &self,
+        snapshot: &Snapshot,
+        slots: &mut uraid::array::Slots,
+    ) -> Option<Arc<uraid::array::SpareRouter>> {
+        let Geometry::Draid(draid) = &self.geometry else {
+            return None;
+        };
+        let roles: Vec<Option<MemberRef>> = slots
+            .iter()
+            .map(|s| s.as_ref().map(|s| s.member.clone()))
+            .collect();
+        let router = uraid::array::SpareRouter::new(roles);
+        let area = uraid::array::SpareArea {
+            data_offset_sectors: snapshot.sb.data_offset_sectors,
+            dev_sectors: snapshot.sb.size_sectors,
+        };
+        for d in &snapshot.devices {
+            let DeviceState::Active { role } = d.state else {
+                continue;
+            };
+            let Some(spare) = (0..draid.spares())
+                .find(|&s| d.path == uraid::array::dspare::spare_name(draid.parity(), s))
+            else {
+                continue;
+            };
+            let member: MemberRef = Arc::new(uraid::array::DistributedSpare::new(
+                draid,
+                spare,
+                area,
+                router.clone(),
+                self.cfg.block as u32,
+            ));
+            slots[role] = Some(uraid::array::Slot {
+                data_offset_bytes: area.data_offset_sectors * 512,
+                member,
+            });
+        }
+        Some(router)
     }
 
     /// Drops the engine and waits until no thread holds it any more.

@@ -1196,7 +1196,7 @@ impl Sim {
                 spare,
                 area,
                 router.clone(),
-                self.cfg.block as u32,
+                self.cfg.block,
             ));
             slots[role] = Some(uraid::array::Slot {
                 data_offset_bytes: area.data_offset_sectors * 512,

@@ -43,8 +43,14 @@ mod io;
 mod listen;
 pub mod proto;
 mod server;
+#[cfg(feature = "tls")]
 mod tls;
+#[cfg(not(feature = "tls"))]
+#[path = "tls_off.rs"]
+mod tls;
+mod tls_config;
 
 pub use listen::{BoundAddr, Listener};
 pub use server::{serve, ServeOptions, ServerHandle, Stopper};
-pub use tls::{Tls, TlsCredentials, TlsMode};
+pub use tls::Tls;
+pub use tls_config::{TlsCredentials, TlsMode};

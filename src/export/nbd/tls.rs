@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,27 +26,7 @@ use openssl::ssl::{
 };
 
 use super::io::{poll_one, PollResult, Sock};
-
-/// How a server offers TLS, with nbdkit's `--tls` meanings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TlsMode {
-    /// `NBD_OPT_STARTTLS` is offered; plaintext clients are served too.
-    On,
-    /// Every option but `NBD_OPT_STARTTLS` (and `NBD_OPT_ABORT`) is refused
-    /// with `NBD_REP_ERR_TLS_REQD` until TLS is up.
-    Require,
-}
-
-/// Where the server's TLS credentials come from.
-#[derive(Clone, Debug)]
-pub enum TlsCredentials {
-    /// A psktool key file: lines `username:hexkey`.
-    Psk(PathBuf),
-    /// A directory with `ca-cert.pem`, `server-cert.pem` and
-    /// `server-key.pem` (nbdkit's and qemu's layout); with `verify_peer`,
-    /// clients must present a certificate signed by the CA.
-    X509 { dir: PathBuf, verify_peer: bool },
-}
+use super::tls_config::{TlsCredentials, TlsMode};
 
 /// A loaded TLS configuration, shared by every connection.
 #[derive(Clone)]

@@ -95,9 +95,7 @@ impl Engine {
                 DeviceState::Spare => (None, true),
                 DeviceState::Replacement { role, .. } => {
                     drop(array);
-                    if self.sync.action() == Some(SyncAction::Replace { role }) {
-                        self.sync.stop();
-                    }
+                    self.sync.stop_if(|a| a == SyncAction::Replace { role });
                     self.abandon_replacement(role, None, "failed by request");
                     return Ok(());
                 }
@@ -113,11 +111,10 @@ impl Engine {
                         .table()
                         .entry(role)
                         .is_some_and(|e| e.rebuilt_below.is_some());
-                if self.sync.action() == Some(SyncAction::Recovery { role })
-                    || (rebuilding && self.sync.action() == Some(SyncAction::Replace { role }))
-                {
-                    self.sync.stop();
-                }
+                self.sync.stop_if(|a| {
+                    a == SyncAction::Recovery { role }
+                        || (rebuilding && a == SyncAction::Replace { role })
+                });
                 self.fail_member(role, "failed by request");
             }
             None if spare => {
@@ -319,13 +316,13 @@ impl Engine {
         &self,
         array: &crate::array::Assembled,
         role: usize,
+        newcomer: &str,
     ) -> Vec<(usize, String)> {
         if self.spare_router.is_none() {
             return Vec::new();
         }
         let mut in_place = self.spares_rebuilt_in_place.lock().unwrap();
-        if let Some(at) = in_place.iter().position(|r| *r == role) {
-            in_place.swap_remove(at);
+        if in_place.remove(newcomer) {
             return Vec::new();
         }
         let spares: Vec<(usize, String)> = array
@@ -340,7 +337,7 @@ impl Engine {
                 _ => None,
             })
             .collect();
-        in_place.extend(spares.iter().map(|(r, _)| *r));
+        in_place.extend(spares.iter().map(|(_, path)| path.clone()));
         spares
     }
 
@@ -685,6 +682,12 @@ impl Engine {
             role,
             recovery_offset_sectors: 0,
         };
+        // A spare that takes a role afresh is a new member there, whatever
+        // it was rebuilding in a role it left.
+        self.spares_rebuilt_in_place
+            .lock()
+            .unwrap()
+            .remove(&device.path);
         let path = device.path.clone();
         let next = Arc::new(AtomicU64::new(0));
         let entry = MemberEntry {
@@ -761,7 +764,11 @@ impl Engine {
             self.start_recovery_if_possible();
             return;
         }
-        let spares = self.spares_on_every_child(&array, role);
+        let newcomer = path_where(
+            &array,
+            |s| matches!(s, DeviceState::Recovering { role: r, .. } if *r == role),
+        );
+        let spares = self.spares_on_every_child(&array, role, &newcomer);
         self.update_table(|t| {
             if let Some(entry) = t.by_role[role].as_mut() {
                 entry.rebuilt_below = None;
@@ -841,7 +848,11 @@ impl Engine {
                 if self.table().replacing[role].is_none() {
                     return;
                 }
-                let spares = self.spares_on_every_child(&array, role);
+                let newcomer = path_where(
+                    &array,
+                    |s| matches!(s, DeviceState::Replacement { role: r, .. } if *r == role),
+                );
+                let spares = self.spares_on_every_child(&array, role, &newcomer);
                 let replacement = self.update_table(|t| {
                     let mut entry = t.replacing[role].take()?;
                     entry.rebuilt_below = None;
@@ -946,4 +957,14 @@ fn restart_spares_in_table(t: &mut super::members::MemberTable, spares: &[(usize
             entry.rebuilt_below = Some(Arc::new(AtomicU64::new(0)));
         }
     }
+}
+
+/// The name of the first device whose state `pick` accepts ("" if none).
+fn path_where(array: &crate::array::Assembled, pick: impl Fn(&DeviceState) -> bool) -> String {
+    array
+        .devices
+        .iter()
+        .find(|d| pick(&d.state))
+        .map(|d| d.path.clone())
+        .unwrap_or_default()
 }

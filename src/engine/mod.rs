@@ -163,12 +163,14 @@ pub struct Engine {
     /// A dRAID's distributed spares route their I/O to the members in
     /// sync in the table: kept current wherever the table changes.
     spare_router: Option<Arc<crate::array::SpareRouter>>,
-    /// Roles whose distributed spare is being rebuilt in place, because a
-    /// role whose child held part of its data took a new member (see
-    /// `spares_on_every_child`). Their end brings no new member to any
-    /// child, so it restarts no other spare: without this, two spares in
-    /// use would restart each other for ever.
-    spares_rebuilt_in_place: Mutex<Vec<usize>>,
+    /// Distributed spares (by name) being rebuilt in the role they already
+    /// held, because a role whose child held part of their data took a new
+    /// member (see `spares_on_every_child`). Their end brings no new member
+    /// to any child, so it restarts no other spare: without this, two
+    /// spares in use would restart each other for ever. Keyed by the
+    /// spare, not the role: a disk that later takes the role is a new
+    /// member there, whatever the spare was doing.
+    spares_rebuilt_in_place: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Engine {
@@ -428,7 +430,7 @@ impl Engine {
             journal,
             journal_clean,
             spare_router,
-            spares_rebuilt_in_place: Mutex::new(Vec::new()),
+            spares_rebuilt_in_place: Mutex::new(Default::default()),
         });
         engine.route_spares(&engine.table());
         if !options.read_only {

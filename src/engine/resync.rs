@@ -188,6 +188,30 @@ impl SyncWorker {
         self.interrupted.lock().unwrap().take()
     }
 
+    /// Stops the running job only if it is one that `wanted` picks, and
+    /// waits for it; returns whether it stopped one. The look and the flag
+    /// go under the action lock: a caller that looked first and stopped
+    /// after could stop the job that started in between (the end of the
+    /// job it meant starts the next one), which then would not run.
+    pub fn stop_if(&self, wanted: impl Fn(SyncAction) -> bool) -> bool {
+        let handle = {
+            let current = self.action.lock().unwrap();
+            if !current.is_some_and(&wanted) {
+                return false;
+            }
+            self.stop.store(true, Ordering::SeqCst);
+            // `start` stores the handle before it lets the action lock go,
+            // so this is the job just looked at.
+            self.thread.lock().unwrap().take()
+        };
+        if let Some(handle) = handle {
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
+        }
+        true
+    }
+
     /// Stops the running job for good: no job starts after this (an
     /// orderly shutdown). Returns what `stop` returns.
     pub fn close(&self) -> Option<(SyncAction, u64)> {

@@ -50,7 +50,7 @@ fn raid6_over_nbd_peers_serves_degrades_rebuilds_and_copies_out() {
     let d = dir.path();
     let files = sparse_files(d, "qemu", &[MEMBER_BYTES, MEMBER_BYTES]);
     let file_peer = sparse_files(d, "kitfile", &[MEMBER_BYTES]);
-    let mut peers = vec![
+    let mut peers = [
         nbdkit_memory(unix(d, "kit0.sock")),
         nbdkit_memory(tcp()),
         start_nbdkit_peer(tcp(), &[], &["file", file_peer[0].to_str().unwrap()]),

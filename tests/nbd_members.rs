@@ -240,3 +240,41 @@ fn bad_nbd_members_are_refused_in_one_line_and_change_nothing() {
     ]);
     assert!(err.contains("given twice"), "{err}");
 }
+
+/// A member whose server dies fails its requests at once, stays failed,
+/// and serves again after `reconnect` once a server is back on the same
+/// export; a server with another export there is refused.
+#[test]
+fn a_dead_connection_errors_and_reconnect_brings_the_member_back() {
+    use uraid::member::{Member, NbdMember};
+    let dir = scratch("nbd-reconnect");
+    let d = dir.path();
+    let file = sparse_files(d, "backing", &[8 << 20]);
+    let file_arg = file[0].to_str().unwrap();
+    let listen = unix(d, "kit.sock");
+    let mut peer = start_nbdkit_peer(listen.clone(), &[], &["file", file_arg]);
+    let member = NbdMember::open(&peer.uri(), true).unwrap();
+    assert_eq!(member.size_bytes(), 8 << 20);
+    let data = random_bytes(3, 1 << 20);
+    member.write_at(&data, 1 << 20).unwrap();
+    member.flush().unwrap();
+
+    peer.kill();
+    let mut buf = vec![0u8; 1 << 20];
+    let first = member.read_at(&mut buf, 1 << 20).unwrap_err();
+    assert!(first.to_string().contains(&peer.uri()), "{first}");
+    let again = member.read_at(&mut buf, 0).unwrap_err();
+    assert!(again.to_string().contains("lost"), "{again}");
+
+    // A killed nbdkit leaves its socket file behind.
+    let _ = std::fs::remove_file(d.join("kit.sock"));
+    let mut other = start_nbdkit_peer(listen.clone(), &[], &["memory", "4M"]);
+    let err = member.reconnect().unwrap_err();
+    assert!(err.to_string().contains("export changed"), "{err}");
+    other.kill();
+    let _ = std::fs::remove_file(d.join("kit.sock"));
+    let _back = start_nbdkit_peer(listen, &[], &["file", file_arg]);
+    member.reconnect().unwrap();
+    member.read_at(&mut buf, 1 << 20).unwrap();
+    assert_same_bytes(&buf, &data, "read after reconnect");
+}

@@ -96,6 +96,13 @@ pub trait Member: Send + Sync {
         None
     }
 
+    /// Opens the member's connection anew after it broke (an NBD member
+    /// whose server came back); the same export, or an error. Local
+    /// members have nothing to reconnect. Wrappers pass it on.
+    fn reconnect(&self) -> io::Result<()> {
+        Ok(())
+    }
+
     /// Sectors of 512 bytes, the unit md counts in.
     fn size_sectors(&self) -> u64 {
         self.size_bytes() / crate::units::SECTOR_BYTES

@@ -10,10 +10,10 @@
 //! (a flush on one then covers the writes done on all); otherwise one.
 //!
 //! A connection that breaks (the server died, the network went away, the
-//! server broke the protocol) is dropped and its requests fail with an
-//! I/O error, as a disk's would, so the engine fails the member; later
-//! requests on it fail at once. [`NbdMember::reconnect`] opens the pool
-//! anew, for a member brought back.
+//! server broke the protocol) is dropped and its request fails with an
+//! I/O error, as a disk's would, so the engine fails the member; every
+//! later request fails at once, on whichever connection. `Member::reconnect` opens the pool anew,
+//! for a member brought back (or `member::open` opens the URI again).
 
 mod client;
 pub mod proto;
@@ -34,7 +34,7 @@ use super::stats::IoStats;
 use super::{check_io, io_error, Member};
 use client::{Connection, RequestError};
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// The largest request sent, whatever the server allows: 32 MiB is the
@@ -51,6 +51,9 @@ pub struct NbdMember {
     /// `None`: the connection broke and waits for `reconnect`.
     pool: Vec<Mutex<Option<Connection>>>,
     next: AtomicUsize,
+    /// A connection broke: every request fails until `reconnect`, so that
+    /// the member reads as gone, not as a disk that fails now and then.
+    broken: AtomicBool,
     stats: IoStats,
 }
 
@@ -128,6 +131,7 @@ impl NbdMember {
             max_request_bytes: max_request_bytes.max(block_bytes),
             pool,
             next: AtomicUsize::new(0),
+            broken: AtomicBool::new(false),
             stats: IoStats::default(),
         })
     }
@@ -151,7 +155,7 @@ impl NbdMember {
     /// came back), for a member taken back into service. The export must
     /// still have the size and block size it had: another export behind
     /// the same URI is refused.
-    pub fn reconnect(&self) -> io::Result<()> {
+    fn reconnect_pool(&self) -> io::Result<()> {
         let mut fresh = Vec::with_capacity(self.pool.len());
         for _ in 0..self.pool.len() {
             let conn = Connection::open(&self.uri).map_err(|e| named(&self.uri, e))?;
@@ -175,6 +179,7 @@ impl NbdMember {
                 old.close();
             }
         }
+        self.broken.store(false, Ordering::Release);
         Ok(())
     }
 
@@ -193,16 +198,20 @@ impl NbdMember {
         let mut guard = (0..n)
             .find_map(|i| self.pool[(start + i) % n].try_lock().ok())
             .unwrap_or_else(|| self.pool[start % n].lock().unwrap());
-        let Some(conn) = guard.as_mut() else {
-            return Err(io::Error::new(
-                io::ErrorKind::NotConnected,
-                "the connection to the server was lost",
-            ));
+        let conn = match guard.as_mut() {
+            Some(conn) if !self.broken.load(Ordering::Acquire) => conn,
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotConnected,
+                    "the connection to the server was lost",
+                ))
+            }
         };
         match conn.request(command, offset, length, payload, read_into) {
             Ok(()) => Ok(()),
             Err(RequestError::Reply(e)) => Err(e),
             Err(RequestError::Connection(e)) => {
+                self.broken.store(true, Ordering::Release);
                 if let Some(conn) = guard.take() {
                     conn.close();
                 }
@@ -329,5 +338,9 @@ impl Member for NbdMember {
 
     fn io_stats(&self) -> Option<&IoStats> {
         Some(&self.stats)
+    }
+
+    fn reconnect(&self) -> io::Result<()> {
+        self.reconnect_pool()
     }
 }

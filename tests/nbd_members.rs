@@ -278,3 +278,39 @@ fn a_dead_connection_errors_and_reconnect_brings_the_member_back() {
     member.read_at(&mut buf, 1 << 20).unwrap();
     assert_same_bytes(&buf, &data, "read after reconnect");
 }
+
+/// A server that never answers holds a request until `reconnect`, which
+/// ends the old connections first: the request fails instead of waiting
+/// on, and the member serves on the new ones.
+#[test]
+fn reconnect_ends_a_request_that_a_hung_server_holds() {
+    use std::sync::Arc;
+    use uraid::member::{Member, NbdMember};
+    let dir = scratch("nbd-hung");
+    let peer = start_nbdkit_peer(
+        unix(dir.path(), "slow.sock"),
+        &["--filter=delay"],
+        &["memory", "4M", "delay-read=120", "delay-write=0"],
+    );
+    let member =
+        Arc::new(NbdMember::open(&format!("{}&x-connections=1", peer.uri()), true).unwrap());
+    member.write_at(&[7u8; 4096], 0).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = member.clone();
+    let waiting = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 4096];
+        let _ = tx.send(reader.read_at(&mut buf, 0).map(|_| buf));
+    });
+    // The read is under way (or about to be): it waits on the server.
+    assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
+    member.reconnect().unwrap();
+    let result = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the hung read ended with the reconnect");
+    assert!(
+        result.is_err(),
+        "the read was answered: the server did not hang"
+    );
+    waiting.join().unwrap();
+    member.write_at(&[9u8; 4096], 4096).unwrap();
+}

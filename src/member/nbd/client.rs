@@ -338,6 +338,12 @@ impl Connection {
         })
     }
 
+    /// A handle on the socket, to end the connection from another thread
+    /// while a request waits on it.
+    pub fn socket_handle(&self) -> io::Result<Socket> {
+        self.socket.try_clone()
+    }
+
     /// Sends a request (with a write's payload) and reads its reply (and a
     /// read's data into `read_into`).
     pub fn request(

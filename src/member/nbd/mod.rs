@@ -50,6 +50,9 @@ pub struct NbdMember {
     max_request_bytes: u32,
     /// `None`: the connection broke and waits for `reconnect`.
     pool: Vec<Mutex<Option<Connection>>>,
+    /// The pool's sockets, to end them without waiting for the requests
+    /// that hold their connections.
+    sockets: Mutex<Vec<Socket>>,
     next: AtomicUsize,
     /// A connection broke: every request fails until `reconnect`, so that
     /// the member reads as gone, not as a disk that fails now and then.
@@ -122,7 +125,12 @@ impl NbdMember {
                 Err(_) => break,
             }
         }
+        let sockets = pool
+            .iter()
+            .filter_map(|slot| slot.lock().unwrap().as_ref()?.socket_handle().ok())
+            .collect();
         Ok(NbdMember {
+            sockets: Mutex::new(sockets),
             size_bytes: info.size_bytes / block_bytes as u64 * block_bytes as u64,
             uri,
             write,
@@ -154,8 +162,13 @@ impl NbdMember {
     /// Opens every connection anew (a broken one, or all after the server
     /// came back), for a member taken back into service. The export must
     /// still have the size and block size it had: another export behind
-    /// the same URI is refused.
+    /// the same URI is refused. Requests still waiting on the old
+    /// connections (a server that hangs) fail first.
     fn reconnect_pool(&self) -> io::Result<()> {
+        self.broken.store(true, Ordering::Release);
+        for socket in self.sockets.lock().unwrap().drain(..) {
+            socket.shutdown();
+        }
         let mut fresh = Vec::with_capacity(self.pool.len());
         for _ in 0..self.pool.len() {
             let conn = Connection::open(&self.uri).map_err(|e| named(&self.uri, e))?;
@@ -174,11 +187,14 @@ impl NbdMember {
             }
             fresh.push(conn);
         }
+        let mut sockets = self.sockets.lock().unwrap();
         for (slot, conn) in self.pool.iter().zip(fresh) {
+            sockets.extend(conn.socket_handle());
             if let Some(old) = slot.lock().unwrap().replace(conn) {
                 old.close();
             }
         }
+        drop(sockets);
         self.broken.store(false, Ordering::Release);
         Ok(())
     }

@@ -98,6 +98,12 @@ fn raid6_over_nbd_peers_serves_degrades_rebuilds_and_copies_out() {
         "state {state}; stderr:\n{stderr}"
     );
 
+    // A peer nobody serves is refused in one line, and nothing changes.
+    let nobody = format!("nbd://127.0.0.1:{}/", free_tcp_port());
+    let err = manage_refused(&served.control, &["--add", &nobody]);
+    assert!(err.contains("Connection refused"), "{err}");
+    assert_eq!(served.detail_json()["state"].as_str(), Some(state.as_str()));
+
     // A new peer takes its place and is rebuilt from the others.
     let spare = nbdkit_memory(tcp());
     let spare_uri = spare.uri();

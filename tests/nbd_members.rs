@@ -233,18 +233,22 @@ fn bad_nbd_members_are_refused_in_one_line_and_change_nothing() {
     ]);
     let err = create(&uris[2]);
     assert!(err.contains("appears to be part of an md array"), "{err}");
-    // The same export under two spellings is one member.
-    let again = uris[2].replace("?socket=", "?socket=/.");
-    let err = uraid_refused(&[
-        "create",
-        "--level",
-        "1",
-        "--raid-devices",
-        "2",
-        &uris[2],
-        &again,
-    ]);
-    assert!(err.contains("given twice"), "{err}");
+    // The same export under two spellings is one member: a socket by two
+    // paths, a server by its name and its address.
+    let twice = |a: &str, b: &str| {
+        let err = uraid_refused(&["create", "--level", "1", "--raid-devices", "2", a, b]);
+        assert!(err.contains("given twice"), "{a} {b}: {err}");
+    };
+    twice(&uris[2], &uris[2].replace("?socket=", "?socket=/."));
+    let port = free_tcp_port();
+    let _tcp_peer = nbdkit_memory(PeerListen::Tcp {
+        addr: "127.0.0.1".into(),
+        port,
+    });
+    twice(
+        &format!("nbd://localhost:{port}/e"),
+        &format!("nbd://127.0.0.1:{port}/e"),
+    );
 }
 
 /// A member whose server dies fails its requests at once, stays failed,

@@ -122,12 +122,40 @@ pub fn open(spec: &Path, options: OpenOptions) -> io::Result<MemberRef> {
 }
 
 /// What makes two member names the same member: the file or device
-/// under any of its names, or the same export of the same server.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// under any of its names, or the same export of the same server (a host
+/// name and one of its addresses, a socket under two paths).
+#[derive(Clone, Debug)]
 pub enum Identity {
-    File { dev: u64, ino: u64 },
+    File {
+        dev: u64,
+        ino: u64,
+    },
     Device(u64),
-    Nbd(String),
+    Nbd {
+        /// Where the server is reached: resolved `address:port`s, or a
+        /// socket's canonical path.
+        endpoints: Vec<String>,
+        export: String,
+    },
+}
+
+impl PartialEq for Identity {
+    fn eq(&self, other: &Identity) -> bool {
+        match (self, other) {
+            (Identity::File { dev, ino }, Identity::File { dev: d, ino: i }) => {
+                dev == d && ino == i
+            }
+            (Identity::Device(a), Identity::Device(b)) => a == b,
+            (
+                Identity::Nbd { endpoints, export },
+                Identity::Nbd {
+                    endpoints: e,
+                    export: x,
+                },
+            ) => export == x && endpoints.iter().any(|p| e.contains(p)),
+            _ => false,
+        }
+    }
 }
 
 pub fn identity(spec: &Path) -> io::Result<Identity> {
@@ -136,7 +164,10 @@ pub fn identity(spec: &Path) -> io::Result<Identity> {
         let uri: nbd::NbdUri = text.parse().map_err(|e: nbd::uri::UriError| {
             io::Error::new(io::ErrorKind::InvalidInput, e.to_string())
         })?;
-        return Ok(Identity::Nbd(uri.identity()));
+        return Ok(Identity::Nbd {
+            endpoints: uri.endpoints(),
+            export: uri.export,
+        });
     }
     let meta = std::fs::metadata(spec)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", spec.display())))?;

@@ -3,6 +3,7 @@
 //! with the query parameters libnbd accepts for TLS. Pure.
 
 use std::fmt;
+use std::net::ToSocketAddrs;
 use std::path::PathBuf;
 
 /// The port IANA assigned to NBD.
@@ -300,15 +301,18 @@ fn split_host_port(hostport: &str) -> Result<(String, u16), String> {
 }
 
 impl NbdUri {
-    /// What makes two URIs the same export, for refusing one given twice.
-    pub fn identity(&self) -> String {
+    /// Where the server is reached, for refusing one export given twice
+    /// under two names: the host's addresses (its name when it does not
+    /// resolve), or the socket's canonical path.
+    pub fn endpoints(&self) -> Vec<String> {
         match &self.address {
-            Address::Tcp { host, port } => {
-                format!("tcp:{}:{port}/{}", host.to_ascii_lowercase(), self.export)
-            }
+            Address::Tcp { host, port } => match (host.as_str(), *port).to_socket_addrs() {
+                Ok(addrs) => addrs.map(|a| a.to_string()).collect(),
+                Err(_) => vec![format!("{}:{port}", host.to_ascii_lowercase())],
+            },
             Address::Unix(path) => {
                 let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
-                format!("unix:{}/{}", path.display(), self.export)
+                vec![path.display().to_string()]
             }
         }
     }

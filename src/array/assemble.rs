@@ -12,9 +12,8 @@ use crate::format::{
     MD_FEATURE_RESHAPE_ACTIVE,
 };
 use crate::geometry::{Draid, Geometry, GeometryError, GeometryParams, Level};
-use crate::member::{FileMember, MemberRef, OpenOptions};
+use crate::member::{MemberRef, OpenOptions};
 use crate::units::SECTOR_BYTES;
-use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -210,21 +209,16 @@ pub fn open_members(
     let mut members: Vec<(String, MemberRef)> = Vec::new();
     for path in paths {
         let name = path.display().to_string();
-        let meta =
-            std::fs::metadata(path).map_err(|e| AssembleError::Open(format!("{name}: {e}")))?;
         // The same file or device under two names is still one member.
-        let identity = if meta.file_type().is_file() {
-            (meta.dev(), meta.ino())
-        } else {
-            (meta.rdev(), 0)
-        };
+        let identity =
+            crate::member::identity(path).map_err(|e| AssembleError::Open(e.to_string()))?;
         if seen.contains(&identity) {
             return Err(AssembleError::Duplicate(name));
         }
         seen.push(identity);
-        let member = FileMember::open(path, OpenOptions { write })
+        let member = crate::member::open(path, OpenOptions { write })
             .map_err(|e| AssembleError::Open(e.to_string()))?;
-        members.push((name, Arc::new(member)));
+        members.push((name, member));
     }
     Ok(members)
 }

@@ -15,8 +15,7 @@ use crate::format::{
     MemberSuper, Metadata,
 };
 use crate::geometry::{layout_from_name, Geometry, GeometryParams, Level};
-use crate::member::{probe, FileMember, MemberRef, OpenOptions};
-use std::os::unix::fs::MetadataExt;
+use crate::member::{probe, MemberRef, OpenOptions};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -162,23 +161,15 @@ fn open_devices(devices: &[MemberSpec]) -> Result<Vec<Option<Opened>>, CreateErr
             continue;
         };
         let name = path.display().to_string();
-        let meta =
-            std::fs::metadata(path).map_err(|e| CreateError::Device(format!("{name}: {e}")))?;
-        let identity = if meta.file_type().is_file() {
-            (meta.dev(), meta.ino())
-        } else {
-            (meta.rdev(), 0)
-        };
+        let identity =
+            crate::member::identity(path).map_err(|e| CreateError::Device(e.to_string()))?;
         if seen.contains(&identity) {
             return Err(CreateError::Device(format!("{name} is given twice")));
         }
         seen.push(identity);
-        let member = FileMember::open(path, OpenOptions { write: true })
+        let member = crate::member::open(path, OpenOptions { write: true })
             .map_err(|e| CreateError::Device(e.to_string()))?;
-        opened.push(Some(Opened {
-            path: name,
-            member: Arc::new(member),
-        }));
+        opened.push(Some(Opened { path: name, member }));
     }
     Ok(opened)
 }

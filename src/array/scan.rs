@@ -12,9 +12,9 @@
 use super::superblocks::read_superblock;
 use crate::format::{MemberSuper, Role};
 use crate::geometry::Level;
-use crate::member::{CacheMode, FileMember, OpenOptions};
-use std::os::unix::fs::MetadataExt;
+use crate::member::{CacheMode, FileMember, MemberRef, OpenOptions};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// A device that holds a superblock.
 #[derive(Debug, Clone)]
@@ -98,23 +98,25 @@ pub fn probe(paths: &[PathBuf]) -> Vec<Probed> {
     let mut seen = Vec::new();
     let mut out = Vec::new();
     for path in paths {
-        let Ok(meta) = std::fs::metadata(path) else {
+        let Ok(identity) = crate::member::identity(path) else {
             continue;
-        };
-        let identity = if meta.file_type().is_file() {
-            (meta.dev(), meta.ino())
-        } else {
-            (meta.rdev(), 0)
         };
         if seen.contains(&identity) {
             continue;
         }
         seen.push(identity);
-        let Ok(member) = FileMember::open_with(path, OpenOptions::default(), CacheMode::Buffered)
-        else {
-            continue;
+        let member: MemberRef = if crate::member::is_uri(path) {
+            match crate::member::open(path, OpenOptions::default()) {
+                Ok(member) => member,
+                Err(_) => continue,
+            }
+        } else {
+            match FileMember::open_with(path, OpenOptions::default(), CacheMode::Buffered) {
+                Ok(member) => Arc::new(member),
+                Err(_) => continue,
+            }
         };
-        if let Ok(Some(sb)) = read_superblock(&member) {
+        if let Ok(Some(sb)) = read_superblock(&*member) {
             out.push(Probed {
                 path: path.clone(),
                 sb,

@@ -5,7 +5,7 @@
 //! replies (no structured replies: a read's data then follows its reply
 //! header directly, which is the cheapest framing to parse). The messages
 //! are built and parsed by the server's own encoders and decoders in
-//! `export::nbd::proto`, so the two sides cannot drift apart.
+//! `member::nbd::proto`, so the two sides cannot drift apart.
 //!
 //! Two ways to drive a connection:
 //! - `Pipeline`, the load generator's: one thread queues requests and sends
@@ -19,27 +19,13 @@
 //!   is blocked writing a large payload, so both ends cannot wait on each
 //!   other with full socket buffers.
 
-use crate::export::nbd::proto::{self, InfoRequest, OptionHeader, ReplyHeader, RequestHeader};
-use crate::export::BlockSizes;
+use crate::member::nbd;
+use crate::member::nbd::proto::{self, ReplyHeader, RequestHeader};
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-/// Option replies a handshake reads before giving up: a server sends a few
-/// `NBD_REP_INFO` before the ACK, never hundreds.
-const MAX_OPTION_REPLIES: usize = 64;
-/// Largest option reply payload accepted (the protocol's string limit plus
-/// room for the fixed fields).
-const MAX_OPTION_REPLY_BYTES: u32 = 8192;
-
-/// What `NBD_OPT_GO` negotiated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ExportInfo {
-    pub size_bytes: u64,
-    pub transmission_flags: u16,
-    /// The server's block size constraints, when it sent them.
-    pub block_sizes: Option<BlockSizes>,
-}
+pub use crate::member::nbd::ExportInfo;
 
 /// The writing half of a connection.
 pub struct NbdSender {
@@ -92,79 +78,13 @@ fn protocol_error(what: impl std::fmt::Display) -> io::Error {
 }
 
 /// Connects to the export `name` at a unix socket and negotiates with
-/// `NBD_OPT_GO`.
+/// `NBD_OPT_GO` (the NBD member's handshake).
 pub fn connect(socket: &Path, name: &str) -> io::Result<(NbdSender, NbdReceiver, ExportInfo)> {
     let mut stream = UnixStream::connect(socket)?;
-    let mut greeting = [0u8; proto::GREETING_LEN];
-    stream.read_exact(&mut greeting)?;
-    let handshake_flags = proto::decode_greeting(&greeting).map_err(protocol_error)?;
-    if handshake_flags & proto::FLAG_FIXED_NEWSTYLE == 0 {
-        return Err(protocol_error("the server does not speak fixed newstyle"));
-    }
-    let mut client_flags = proto::FLAG_C_FIXED_NEWSTYLE;
-    if handshake_flags & proto::FLAG_NO_ZEROES != 0 {
-        client_flags |= proto::FLAG_C_NO_ZEROES;
-    }
-    stream.write_all(&client_flags.to_be_bytes())?;
-    let data = proto::encode_info_request(&InfoRequest {
-        name: name.to_string(),
-        requests: vec![proto::INFO_BLOCK_SIZE],
-    });
-    let mut option = proto::encode_option_header(OptionHeader {
-        option: proto::OPT_GO,
-        length: data.len() as u32,
-    })
-    .to_vec();
-    option.extend_from_slice(&data);
-    stream.write_all(&option)?;
-    let info = read_go_replies(&mut stream)?;
+    nbd::start_handshake(&mut stream)?;
+    let info = nbd::go(&mut stream, name)?;
     let reader = stream.try_clone()?;
     Ok((NbdSender { stream }, NbdReceiver { stream: reader }, info))
-}
-
-fn read_go_replies(stream: &mut UnixStream) -> io::Result<ExportInfo> {
-    let mut size_and_flags = None;
-    let mut block_sizes = None;
-    for _ in 0..MAX_OPTION_REPLIES {
-        let mut header = [0u8; proto::OPTION_REPLY_HEADER_LEN];
-        stream.read_exact(&mut header)?;
-        let header = proto::decode_option_reply_header(&header).map_err(protocol_error)?;
-        if header.option != proto::OPT_GO || header.length > MAX_OPTION_REPLY_BYTES {
-            return Err(protocol_error(format!(
-                "unexpected option reply {header:?}"
-            )));
-        }
-        let mut data = vec![0u8; header.length as usize];
-        stream.read_exact(&mut data)?;
-        match header.reply_type {
-            proto::REP_ACK => {
-                let (size_bytes, transmission_flags) = size_and_flags.ok_or_else(|| {
-                    protocol_error("NBD_OPT_GO acknowledged without the export size")
-                })?;
-                return Ok(ExportInfo {
-                    size_bytes,
-                    transmission_flags,
-                    block_sizes,
-                });
-            }
-            proto::REP_INFO => match proto::decode_info(&data).map_err(protocol_error)? {
-                proto::Info::Export {
-                    size,
-                    transmission_flags,
-                } => size_and_flags = Some((size, transmission_flags)),
-                proto::Info::BlockSize(sizes) => block_sizes = Some(sizes),
-                _ => {}
-            },
-            error if error & (1 << 31) != 0 => {
-                let message = String::from_utf8_lossy(&data);
-                return Err(protocol_error(format!(
-                    "the server refused NBD_OPT_GO ({error:#x}): {message}"
-                )));
-            }
-            other => return Err(protocol_error(format!("unexpected reply type {other:#x}"))),
-        }
-    }
-    Err(protocol_error("too many option replies"))
 }
 
 impl NbdSender {

@@ -11,7 +11,7 @@ use crate::format::{
     MD_FEATURE_REPLACEMENT, MD_FEATURE_RESHAPE_ACTIVE,
 };
 use crate::geometry::{layout_name, Level};
-use crate::member::{FileMember, Member, OpenOptions};
+use crate::member::{Member, OpenOptions};
 use std::fmt::Write;
 use std::path::PathBuf;
 
@@ -19,8 +19,9 @@ pub fn run(devices: &[PathBuf], json: bool) -> CliResult {
     let mut reports = Vec::new();
     let mut text = String::new();
     for path in devices {
-        let member = FileMember::open(path, OpenOptions::default()).map_err(|e| e.to_string())?;
-        let sb = read_superblock(&member)
+        let member =
+            crate::member::open(path, OpenOptions::default()).map_err(|e| e.to_string())?;
+        let sb = read_superblock(&*member)
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("{}: no md superblock found", path.display()))?;
         if json {
@@ -32,7 +33,7 @@ pub fn run(devices: &[PathBuf], json: bool) -> CliResult {
         } else {
             let _ = writeln!(text, "{}:", path.display());
             let stored =
-                stored_checksum(&member, &sb).map_err(|e| format!("{}: {e}", path.display()))?;
+                stored_checksum(&*member, &sb).map_err(|e| format!("{}: {e}", path.display()))?;
             match sb.metadata {
                 Metadata::V0_90 => text.push_str(&examine_text_090(&sb, stored)),
                 _ => text.push_str(&examine_text(
@@ -527,18 +528,19 @@ pub fn run_bitmap(devices: &[PathBuf], json: bool) -> CliResult {
     let mut text = String::new();
     for path in devices {
         let name = path.display().to_string();
-        let member = FileMember::open(path, OpenOptions::default()).map_err(|e| e.to_string())?;
-        let sb = read_superblock(&member)
+        let member =
+            crate::member::open(path, OpenOptions::default()).map_err(|e| e.to_string())?;
+        let sb = read_superblock(&*member)
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("{name}: no md superblock found"))?;
-        let (bsb, bits) = read_bitmap(&member, &sb)
+        let (bsb, bits) = read_bitmap(&*member, &sb)
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("{name}: the array has no internal bitmap"))?;
         // md-cluster keeps one bitmap per node slot, each in its own
         // 4 KiB-rounded space after the first.
         let mut nodes = Vec::new();
         for node in 0..bsb.nodes {
-            let found = read_bitmap_node(&member, &sb, node, bsb.reserved_bytes())
+            let found = read_bitmap_node(&*member, &sb, node, bsb.reserved_bytes())
                 .map_err(|e| e.to_string())?
                 .expect("the first slot was found");
             nodes.push(found);

@@ -10,7 +10,7 @@ use crate::array::dspare::is_spare_name;
 use crate::array::{DeviceState, FoundDevice, Slot};
 use crate::format::MD_FEATURE_RECOVERY_OFFSET;
 use crate::geometry::Geometry;
-use crate::member::{FileMember, MemberRef, OpenOptions};
+use crate::member::{MemberRef, OpenOptions};
 use crate::units::SECTOR_BYTES;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -184,9 +184,8 @@ impl Engine {
         }) {
             return Err(format!("{name} is already a member of this array"));
         }
-        let member: MemberRef = Arc::new(
-            FileMember::open(path, OpenOptions { write: true }).map_err(|e| e.to_string())?,
-        );
+        let member: MemberRef =
+            crate::member::open(path, OpenOptions { write: true }).map_err(|e| e.to_string())?;
         if self.try_readd(path, &member)? {
             return Ok(());
         }

@@ -13,58 +13,10 @@
 pub mod memory;
 pub mod nbd;
 
+pub use crate::member::nbd::proto::BlockSizes;
 pub use memory::MemoryBackend;
 
 use std::io;
-
-/// The block size constraints a backend wants clients to obey, in bytes.
-///
-/// These are the three values of NBD's `NBD_INFO_BLOCK_SIZE`: the smallest
-/// addressable unit (requests must be aligned to it), the size below which
-/// I/O becomes inefficient (a RAID's read-modify-write threshold), and the
-/// largest payload of one request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BlockSizes {
-    /// Power of two, at most 64 KiB. Every offset and length must be a
-    /// multiple of it.
-    pub min: u32,
-    /// Power of two, at least `max(min, 512)`.
-    pub preferred: u32,
-    /// At least `preferred`; a multiple of `min` (the server rounds it down).
-    pub max_payload: u32,
-}
-
-impl BlockSizes {
-    /// What the NBD spec assumes when nothing is advertised.
-    pub const PROTOCOL_DEFAULT: BlockSizes = BlockSizes {
-        min: 1,
-        preferred: 4096,
-        max_payload: 32 << 20,
-    };
-
-    /// Checks the constraints the protocol puts on advertised sizes, so that a
-    /// backend bug is reported when the server starts rather than as a client
-    /// refusing to connect.
-    pub fn validate(&self) -> Result<(), String> {
-        let BlockSizes {
-            min,
-            preferred,
-            max_payload,
-        } = *self;
-        if !min.is_power_of_two() || min > 65536 {
-            return Err(format!(
-                "minimum block size {min} must be a power of two no larger than 65536"
-            ));
-        }
-        if !preferred.is_power_of_two() || preferred < min.max(512) {
-            return Err(format!("preferred block size {preferred} must be a power of two of at least max({min}, 512)"));
-        }
-        if max_payload < preferred {
-            return Err(format!("maximum payload {max_payload} is smaller than the preferred block size {preferred}"));
-        }
-        Ok(())
-    }
-}
 
 /// Options of a write-zeroes request, passed to [`BlockBackend::write_zeroes`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

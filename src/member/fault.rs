@@ -1550,6 +1550,10 @@ impl Member for FaultyMember {
         self.inner.io_stats()
     }
 
+    fn reconnect(&self) -> io::Result<()> {
+        self.inner.reconnect()
+    }
+
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }

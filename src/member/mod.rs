@@ -14,6 +14,7 @@ mod file;
 pub mod mapped;
 mod memory;
 mod model;
+pub mod nbd;
 pub mod probe;
 pub mod stats;
 mod throttle;
@@ -28,11 +29,13 @@ pub use fault::{
 pub use file::{CacheMode, FileMember, OpenOptions, RingAlways};
 pub use memory::MemoryMember;
 pub use model::{model_names, DeviceModel, ModelName, MODELS};
+pub use nbd::NbdMember;
 pub use stats::{IoCounts, IoStats, OpCounts};
 pub use throttle::{Pacer, ThrottleLimits, ThrottleStats, ThrottledMember};
 
 use std::io;
 use std::os::unix::io::RawFd;
+use std::path::Path;
 use std::sync::Arc;
 
 pub trait Member: Send + Sync {
@@ -93,6 +96,13 @@ pub trait Member: Send + Sync {
         None
     }
 
+    /// Opens the member's connection anew after it broke (an NBD member
+    /// whose server came back); the same export, or an error. Local
+    /// members have nothing to reconnect. Wrappers pass it on.
+    fn reconnect(&self) -> io::Result<()> {
+        Ok(())
+    }
+
     /// Sectors of 512 bytes, the unit md counts in.
     fn size_sectors(&self) -> u64 {
         self.size_bytes() / crate::units::SECTOR_BYTES
@@ -100,6 +110,81 @@ pub trait Member: Send + Sync {
 }
 
 pub type MemberRef = Arc<dyn Member>;
+
+/// Opens a member named on a command line: an NBD URI (`nbd://…`,
+/// `nbds://…`, `nbd+unix://…`) or a path to a device or image file. The
+/// one place that tells the two apart.
+pub fn open(spec: &Path, options: OpenOptions) -> io::Result<MemberRef> {
+    match spec.to_str().filter(|s| nbd::is_nbd_uri(s)) {
+        Some(uri) => Ok(Arc::new(NbdMember::open(uri, options.write)?)),
+        None => Ok(Arc::new(FileMember::open(spec, options)?)),
+    }
+}
+
+/// What makes two member names the same member: the file or device
+/// under any of its names, or the same export of the same server (a host
+/// name and one of its addresses, a socket under two paths).
+#[derive(Clone, Debug)]
+pub enum Identity {
+    File {
+        dev: u64,
+        ino: u64,
+    },
+    Device(u64),
+    Nbd {
+        /// Where the server is reached: resolved `address:port`s, or a
+        /// socket's canonical path.
+        endpoints: Vec<String>,
+        export: String,
+    },
+}
+
+impl PartialEq for Identity {
+    fn eq(&self, other: &Identity) -> bool {
+        match (self, other) {
+            (Identity::File { dev, ino }, Identity::File { dev: d, ino: i }) => {
+                dev == d && ino == i
+            }
+            (Identity::Device(a), Identity::Device(b)) => a == b,
+            (
+                Identity::Nbd { endpoints, export },
+                Identity::Nbd {
+                    endpoints: e,
+                    export: x,
+                },
+            ) => export == x && endpoints.iter().any(|p| e.contains(p)),
+            _ => false,
+        }
+    }
+}
+
+pub fn identity(spec: &Path) -> io::Result<Identity> {
+    use std::os::unix::fs::MetadataExt;
+    if let Some(text) = spec.to_str().filter(|s| nbd::is_nbd_uri(s)) {
+        let uri: nbd::NbdUri = text.parse().map_err(|e: nbd::uri::UriError| {
+            io::Error::new(io::ErrorKind::InvalidInput, e.to_string())
+        })?;
+        return Ok(Identity::Nbd {
+            endpoints: uri.endpoints(),
+            export: uri.export,
+        });
+    }
+    let meta = std::fs::metadata(spec)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", spec.display())))?;
+    Ok(if meta.file_type().is_file() {
+        Identity::File {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        }
+    } else {
+        Identity::Device(meta.rdev())
+    })
+}
+
+/// Whether a member name is an NBD URI rather than a path.
+pub fn is_uri(spec: &Path) -> bool {
+    spec.to_str().is_some_and(nbd::is_nbd_uri)
+}
 
 /// What `batch` needs to do a member's I/O on its descriptor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1627,3 +1627,145 @@ pub fn check_in_kernel(grown: &[KernelCheck], dir: &Path) {
         assert_kernel_checked(&out, g);
     }
 }
+
+// ---------------------------------------------------------------------------
+// NBD servers as array members (tests/nbd_members.rs): nbdkit and qemu-nbd
+// peers, each a child process, reachable by a URI.
+
+/// Where a peer listens.
+#[derive(Clone, Debug)]
+pub enum PeerListen {
+    /// A unix socket at this path.
+    Unix(PathBuf),
+    /// TCP on this address and port (`free_tcp_port` finds one).
+    Tcp { addr: String, port: u16 },
+}
+
+impl PeerListen {
+    /// The plain NBD URI of `export` there (`nbd://` or `nbd+unix://`).
+    pub fn uri(&self, export: &str) -> String {
+        self.uri_with_scheme(false, export)
+    }
+
+    /// The URI with TLS (`nbds://` or `nbds+unix://`) when `tls`.
+    pub fn uri_with_scheme(&self, tls: bool, export: &str) -> String {
+        let s = if tls { "s" } else { "" };
+        match self {
+            PeerListen::Unix(path) => {
+                format!("nbd{s}+unix:///{export}?socket={}", path.display())
+            }
+            PeerListen::Tcp { addr, port } => format!("nbd{s}://{addr}:{port}/{export}"),
+        }
+    }
+
+    fn ready(&self) -> bool {
+        match self {
+            PeerListen::Unix(path) => std::os::unix::net::UnixStream::connect(path).is_ok(),
+            PeerListen::Tcp { addr, port } => {
+                std::net::TcpStream::connect((addr.as_str(), *port)).is_ok()
+            }
+        }
+    }
+}
+
+/// A TCP port on 127.0.0.1 that nothing listened on a moment ago.
+pub fn free_tcp_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().unwrap().port()
+}
+
+/// An NBD server process serving one export. Dropping it kills it.
+pub struct Peer {
+    child: Option<Child>,
+    pub listen: PeerListen,
+    /// The export name clients ask for.
+    pub export: String,
+}
+
+impl Peer {
+    /// The peer's plain URI.
+    pub fn uri(&self) -> String {
+        self.listen.uri(&self.export)
+    }
+
+    /// SIGKILL: the server vanishes mid-whatever, as a crashed host's would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: kill(2) of our own child, not yet reaped.
+            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Starts `program args` (a server that stays in the foreground) and waits
+/// until it accepts connections at `listen`.
+pub fn start_peer(mut cmd: Command, listen: PeerListen, export: &str) -> Peer {
+    let desc = format!("{cmd:?}");
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {desc}: {e}"));
+    let mut peer = Peer {
+        child: Some(child),
+        listen,
+        export: export.to_string(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !peer.listen.ready() {
+        if let Some(status) = peer.child.as_mut().unwrap().try_wait().unwrap() {
+            panic!("{desc} exited ({status}) before listening");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{desc} is not listening after 15 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    peer
+}
+
+/// `nbdkit -f PLUGIN ARGS...` at `listen`, with `extra` options (e.g.
+/// `--tls=require`) before the plugin. nbdkit serves any export name.
+pub fn start_nbdkit_peer(listen: PeerListen, extra: &[&str], plugin: &[&str]) -> Peer {
+    let nbdkit = client_tool("nbdkit", "nbdkit");
+    let mut cmd = Command::new(nbdkit);
+    cmd.arg("-f");
+    match &listen {
+        PeerListen::Unix(path) => cmd.arg("-U").arg(path),
+        PeerListen::Tcp { addr, port } => cmd.arg("-i").arg(addr).arg("-p").arg(port.to_string()),
+    };
+    cmd.args(extra).args(plugin);
+    start_peer(cmd, listen, "")
+}
+
+/// `qemu-nbd` serving a raw image file as export `name`, persistent and
+/// shared (several connections, one after another or at once).
+pub fn start_qemu_nbd_peer(listen: PeerListen, image: &Path, name: &str) -> Peer {
+    let qemu_nbd = client_tool("qemu-nbd", "qemu-utils");
+    let mut cmd = Command::new(qemu_nbd);
+    cmd.args([
+        "-f",
+        "raw",
+        "-t",
+        "-e",
+        "8",
+        "--cache=writeback",
+        "-x",
+        name,
+    ]);
+    match &listen {
+        PeerListen::Unix(path) => cmd.arg("-k").arg(path),
+        PeerListen::Tcp { addr, port } => cmd.arg("-b").arg(addr).arg("-p").arg(port.to_string()),
+    };
+    cmd.arg(image);
+    start_peer(cmd, listen, name)
+}

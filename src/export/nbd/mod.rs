@@ -41,7 +41,7 @@ mod conn;
 mod fastpath;
 mod io;
 mod listen;
-pub mod proto;
+pub use crate::member::nbd::proto;
 mod server;
 #[cfg(feature = "tls")]
 mod tls;

@@ -12,7 +12,6 @@
 //! transmission code (non-blocking sockets, splice, leader/follower
 //! readers) unaware of TLS, at the cost of one copy each way.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -27,6 +26,8 @@ use openssl::ssl::{
 
 use super::io::{poll_one, PollResult, Sock};
 use super::tls_config::{TlsCredentials, TlsMode};
+use crate::member::nbd::first_reason;
+use crate::member::nbd::psk::load_psk_file;
 
 /// A loaded TLS configuration, shared by every connection.
 #[derive(Clone)]
@@ -173,54 +174,6 @@ impl Tls {
             .map_err(|e| format!("cannot start the TLS relay: {e}"))?;
         Ok((inner, relay))
     }
-}
-
-/// Reads a psktool key file into user name -> key.
-fn load_psk_file(path: &Path) -> Result<HashMap<String, Vec<u8>>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut keys = HashMap::new();
-    for (n, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let bad = |why: &str| format!("{}: line {}: {why}", path.display(), n + 1);
-        let (user, hex) = line
-            .split_once(':')
-            .ok_or_else(|| bad("expected username:hexkey (as psktool writes)"))?;
-        if user.is_empty() {
-            return Err(bad("the user name is empty"));
-        }
-        let key =
-            decode_hex(hex).ok_or_else(|| bad("the key is not an even number of hex digits"))?;
-        if key.is_empty() || key.len() > 256 {
-            return Err(bad("the key must be 1 to 256 bytes"));
-        }
-        keys.insert(user.to_string(), key);
-    }
-    if keys.is_empty() {
-        return Err(format!("{}: no keys", path.display()));
-    }
-    Ok(keys)
-}
-
-fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    if !hex.len().is_multiple_of(2) || !hex.is_ascii() {
-        return None;
-    }
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
-        .collect()
-}
-
-/// The first OpenSSL reason in an error stack, which names the problem
-/// ("no such file", "bad decrypt") without the library's internals.
-fn first_reason(e: &openssl::error::ErrorStack) -> String {
-    e.errors()
-        .first()
-        .and_then(|e| e.reason().map(str::to_string))
-        .unwrap_or_else(|| e.to_string())
 }
 
 fn describe(e: &openssl::ssl::Error) -> String {

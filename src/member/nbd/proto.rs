@@ -7,13 +7,13 @@
 //! can be unit-tested without a socket; the server in `conn.rs` only moves bytes
 //! between the socket and these functions.
 //!
-//! The decoders are also what a test client needs, which is why the module is
-//! public: the integration tests build raw (and deliberately broken) requests
-//! with the same code the server uses to parse them.
+//! The decoders are also what a client needs, which is why the module is
+//! public and sits with the members: the NBD member backend (`member::nbd`)
+//! and the server (`export::nbd`, which re-exports it) share it, and the
+//! integration tests build raw (and deliberately broken) requests with the
+//! same code the server uses to parse them.
 
 use std::fmt;
-
-use crate::export::BlockSizes;
 
 // ---------------------------------------------------------------------------
 // Magic numbers.
@@ -137,6 +137,55 @@ pub const EXPORT_NAME_PADDING: usize = 124;
 /// Longest string (export name, description, error message) the protocol
 /// allows.
 pub const MAX_STRING_LEN: usize = 4096;
+
+/// The block size constraints a backend wants clients to obey, in bytes.
+///
+/// These are the three values of NBD's `NBD_INFO_BLOCK_SIZE`: the smallest
+/// addressable unit (requests must be aligned to it), the size below which
+/// I/O becomes inefficient (a RAID's read-modify-write threshold), and the
+/// largest payload of one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockSizes {
+    /// Power of two, at most 64 KiB. Every offset and length must be a
+    /// multiple of it.
+    pub min: u32,
+    /// Power of two, at least `max(min, 512)`.
+    pub preferred: u32,
+    /// At least `preferred`; a multiple of `min` (the server rounds it down).
+    pub max_payload: u32,
+}
+
+impl BlockSizes {
+    /// What the NBD spec assumes when nothing is advertised.
+    pub const PROTOCOL_DEFAULT: BlockSizes = BlockSizes {
+        min: 1,
+        preferred: 4096,
+        max_payload: 32 << 20,
+    };
+
+    /// Checks the constraints the protocol puts on advertised sizes, so that a
+    /// backend bug is reported when the server starts rather than as a client
+    /// refusing to connect.
+    pub fn validate(&self) -> Result<(), String> {
+        let BlockSizes {
+            min,
+            preferred,
+            max_payload,
+        } = *self;
+        if !min.is_power_of_two() || min > 65536 {
+            return Err(format!(
+                "minimum block size {min} must be a power of two no larger than 65536"
+            ));
+        }
+        if !preferred.is_power_of_two() || preferred < min.max(512) {
+            return Err(format!("preferred block size {preferred} must be a power of two of at least max({min}, 512)"));
+        }
+        if max_payload < preferred {
+            return Err(format!("maximum payload {max_payload} is smaller than the preferred block size {preferred}"));
+        }
+        Ok(())
+    }
+}
 
 // ---------------------------------------------------------------------------
 // Errors.

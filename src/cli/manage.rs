@@ -25,7 +25,8 @@ pub struct ManageArgs {
     /// Inject a fault into a member (serve with --fault-injection): DEV FAULT,
     /// e.g. `--inject d3 pull`, `--inject d1 eio:read:1M+64K`, `--inject d2 latency:5ms`,
     /// `--inject d2 throttle:50M[:iops=N]` (bytes/s, reads and writes together;
-    /// `throttle:off` lifts it), `--inject d3 restore` (clears every fault).
+    /// `throttle:off` lifts it), `--inject d2 hang` (I/O blocks until
+    /// `hang:off`), `--inject d3 restore` (clears every fault).
     #[arg(long, num_args = 2, value_names = ["DEV", "FAULT"])]
     inject: Option<Vec<String>>,
     /// Copy a member onto a new device while it stays in service, then swap (mdadm --replace).

@@ -8,7 +8,7 @@ use crate::control::{self, Request};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
-#[command(group(clap::ArgGroup::new("what").multiple(false).args(["fail", "remove", "add", "replace", "action", "speed_limit_min", "speed_limit_max", "inject", "check_period", "grow"])))]
+#[command(group(clap::ArgGroup::new("what").multiple(false).args(["fail", "remove", "add", "replace", "action", "speed_limit_min", "speed_limit_max", "inject", "check_period", "grow", "auto_re_add"])))]
 pub struct ManageArgs {
     /// The control socket of the running `uraid serve`.
     #[arg(long)]
@@ -25,7 +25,8 @@ pub struct ManageArgs {
     /// Inject a fault into a member (serve with --fault-injection): DEV FAULT,
     /// e.g. `--inject d3 pull`, `--inject d1 eio:read:1M+64K`, `--inject d2 latency:5ms`,
     /// `--inject d2 throttle:50M[:iops=N]` (bytes/s, reads and writes together;
-    /// `throttle:off` lifts it), `--inject d3 restore` (clears every fault).
+    /// `throttle:off` lifts it), `--inject d2 hang` (I/O blocks until
+    /// `hang:off`), `--inject d3 restore` (clears every fault).
     #[arg(long, num_args = 2, value_names = ["DEV", "FAULT"])]
     inject: Option<Vec<String>>,
     /// Copy a member onto a new device while it stays in service, then swap (mdadm --replace).
@@ -34,6 +35,10 @@ pub struct ManageArgs {
     /// The device that replaces the one given to --replace.
     #[arg(long)]
     with: Option<PathBuf>,
+    /// Re-add members that failed by a timeout by themselves once they
+    /// answer again (bitmap-guided), or stop doing so.
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    auto_re_add: Option<String>,
     /// Run a consistency check every DAYS days (fractions allowed; 0 turns it off).
     #[arg(long, value_name = "DAYS")]
     check_period: Option<f64>,
@@ -97,6 +102,7 @@ pub fn run(args: &ManageArgs) -> CliResult {
         args.inject.is_some(),
         args.check_period.is_some(),
         args.grow,
+        args.auto_re_add.is_some(),
     ]
     .iter()
     .any(|x| *x);
@@ -104,7 +110,8 @@ pub fn run(args: &ManageArgs) -> CliResult {
         (false, true) => {
             return Err(
                 "nothing to do: give --fail, --remove, --add, --replace, --action, \
-                        --speed-limit-min/max, --inject, --check-period, --grow or a setting"
+                        --speed-limit-min/max, --inject, --check-period, --grow, --auto-re-add \
+                        or a setting"
                     .into(),
             )
         }
@@ -175,6 +182,8 @@ pub fn run(args: &ManageArgs) -> CliResult {
             bitmap: args.bitmap.clone().unwrap_or_default(),
             chunk_bytes,
         }
+    } else if let Some(on) = &args.auto_re_add {
+        Request::AutoReAdd { on: on == "on" }
     } else if let Some(days) = args.check_period {
         Request::CheckPeriod { days }
     } else if let Some(inject) = &args.inject {

@@ -9,7 +9,7 @@ use crate::control::ControlServer;
 use crate::engine::{Engine, EngineOptions};
 use crate::export::nbd::{self, Listener, ServeOptions, Tls, TlsCredentials, TlsMode};
 use crate::export::BlockBackend;
-use crate::member::FaultyMember;
+use crate::member::{DeadlineMember, FaultyMember};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -49,6 +49,20 @@ pub struct ServeArgs {
     /// (pull, offline, I/O errors, latency, torn writes): for rehearsals and tests.
     #[arg(long)]
     fault_injection: bool,
+    /// Seconds a member I/O may take before the member is failed (as an
+    /// I/O error fails it: the array goes degraded and serves from the
+    /// others); 0 waits for ever. Applies to members whose I/O goes through
+    /// uraid's member interface (network members, fault-injected members);
+    /// local files and disks that uraid drives on io_uring rely on the
+    /// kernel's own command timers.
+    #[arg(long, value_name = "S", default_value_t = DEFAULT_MEMBER_TIMEOUT_SECS)]
+    member_timeout: u64,
+    /// Re-add members that failed by a timeout by themselves, once they
+    /// answer again and their superblock says they belong (bitmap-guided:
+    /// only what changed meanwhile is copied); `manage --auto-re-add`
+    /// turns it on or off while serving.
+    #[arg(long)]
+    auto_re_add: bool,
     /// Seconds between SMART polls of members that are block devices
     /// (`smartctl -j -H -A -i`, or $URAID_SMARTCTL); 0 polls never.
     #[arg(long, value_name = "S", default_value_t = 300)]
@@ -79,6 +93,19 @@ pub struct ServeArgs {
     #[arg(required_unless_present = "scan")]
     devices: Vec<PathBuf>,
 }
+
+/// 30 s, as the SCSI disk command timer (/sys/block/sdX/device/timeout),
+/// NVMe's io_timeout and blk-mq's default request timeout: the time after
+/// which the kernel itself gives up on a local disk's I/O and md sees an
+/// error. The kernel's NBD client has no timeout unless one is set
+/// (nbd-client -timeout; a request then waits for ever), and the usual
+/// advice for md over NBD is to set one in this range, so that md fails
+/// the member instead of the array hanging with it: a member on another
+/// host gets the same grace as a local disk. Long enough for a congested
+/// network or a member host's brief stall, short enough that a client
+/// (whose own NBD timeout is often 30 s or more) sees a slow request, not
+/// a dead export.
+const DEFAULT_MEMBER_TIMEOUT_SECS: u64 = 30;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum TlsArg {
@@ -162,6 +189,21 @@ pub fn run(args: &ServeArgs) -> CliResult {
             *member = faulty;
         }
     }
+    if args.member_timeout > 0 {
+        let timeout = std::time::Duration::from_secs(args.member_timeout);
+        for (_, member) in members.iter_mut() {
+            // A member the engine drives through its own descriptor
+            // (io_uring, splice, a mapping) lends the kernel the caller's
+            // memory and cannot be walked away from; it is a local file or
+            // disk, whose hangs the kernel's command timers turn into errors.
+            let through_trait = member.raw_io().is_none()
+                && member.splice_fd().is_none()
+                && member.mapped().is_none();
+            if through_trait {
+                *member = Arc::new(DeadlineMember::new(member.clone(), timeout));
+            }
+        }
+    }
     let array = assemble_members(members).map_err(|e| e.to_string())?;
     let set_name = array.sb.set_name.clone();
     let label = registry::label_for(&set_name, &array.sb.uuid_string());
@@ -208,6 +250,9 @@ pub fn run(args: &ServeArgs) -> CliResult {
     )
     .map_err(|e| e.to_string())?;
     engine.set_injectors(injectors);
+    if args.auto_re_add {
+        engine.set_auto_readd(true);
+    }
     engine.set_speed_limits(speed_min, speed_max);
     let size = engine.size_bytes();
     let options = ServeOptions {

@@ -36,6 +36,10 @@ pub enum Request {
     Add {
         device: PathBuf,
     },
+    /// The automatic re-add of members failed by a timeout, on or off.
+    AutoReAdd {
+        on: bool,
+    },
     /// The consistency-check period in days (0 removes the schedule).
     CheckPeriod {
         days: f64,
@@ -189,6 +193,10 @@ pub struct MemberStatus {
     /// a block device that serve polls.
     #[serde(default)]
     pub smart: Option<String>,
+    /// Why it failed, while it is faulty ("timeout: ..." when it stopped
+    /// answering).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -286,6 +294,15 @@ fn member_status(d: &crate::engine::SnapshotDevice, snapshot: &Snapshot) -> Memb
             .iter()
             .find(|(path, _)| *path == d.path)
             .map(|(_, h)| h.status.clone()),
+        failure: (state == "faulty")
+            .then(|| {
+                snapshot
+                    .member_failures
+                    .iter()
+                    .find(|(path, _)| *path == d.path)
+                    .map(|(_, reason)| reason.clone())
+            })
+            .flatten(),
     }
 }
 
@@ -457,6 +474,12 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
         Request::Add { device } => {
             let message = format!("added {}", device.display());
             done(engine.manage_add(&device), message)
+        }
+        Request::AutoReAdd { on } => {
+            engine.set_auto_readd(on);
+            Reply::Done {
+                message: format!("auto re-add {}", if on { "on" } else { "off" }),
+            }
         }
         Request::CheckPeriod { days } => {
             if !(0.0..=3650.0).contains(&days) {

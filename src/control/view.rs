@@ -72,6 +72,10 @@ pub struct DetailView {
     /// by member path, in `uraid manage --inject`'s syntax.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty", default)]
     pub injected_faults: std::collections::BTreeMap<String, Vec<String>>,
+    /// Why each failed member failed, by path (a reason beginning with
+    /// "timeout" when it stopped answering), while it stays failed.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty", default)]
+    pub member_failures: std::collections::BTreeMap<String, String>,
 }
 
 /// mdadm --detail's lines for a reshape in progress.
@@ -342,6 +346,7 @@ impl DetailView {
             tuning: array.tuning.iter().cloned().collect(),
             tuning_saved: false,
             injected_faults: array.injected_faults.iter().cloned().collect(),
+            member_failures: array.member_failures.iter().cloned().collect(),
             // Only the serving process knows what it runs.
             parity: (array.serving && array.level.has_parity()).then(|| {
                 let how = if std::env::var_os(crate::parity::ENV_VAR).is_some() {
@@ -485,6 +490,12 @@ impl DetailView {
             let _ = writeln!(o, "\n    Member health (uraid, SMART):");
             for (path, h) in health {
                 let _ = writeln!(o, "{path:>22} : {}", h.summary);
+            }
+        }
+        if !self.member_failures.is_empty() {
+            let _ = writeln!(o, "\n    Member failures (uraid):");
+            for (path, reason) in &self.member_failures {
+                let _ = writeln!(o, "{path:>22} : {reason}");
             }
         }
         if !self.injected_faults.is_empty() {

@@ -156,7 +156,10 @@ impl Engine {
                 for c in chunks.clone() {
                     state.1.set(c);
                 }
-                write_everywhere(&array, &state.0, &state.1)?;
+                let lost = write_everywhere_failing(&array, &state.0, &state.1)?;
+                drop(state);
+                drop(array);
+                self.fail_bitmap_writers(lost)?;
             }
         }
         Ok(Some(guard))
@@ -213,7 +216,10 @@ impl Engine {
             }
         }
         state.0.events_cleared = state.0.events;
-        write_everywhere(&array, &state.0, &state.1)?;
+        let lost = write_everywhere_failing(&array, &state.0, &state.1)?;
+        drop(state);
+        drop(array);
+        self.fail_bitmap_writers(lost)?;
         Ok(cleared)
     }
 
@@ -231,6 +237,73 @@ impl Engine {
             _ => true,
         }
     }
+}
+
+impl Engine {
+    /// Fails the members in a role whose bitmap could not be written, as
+    /// md fails a member whose bitmap page write fails: the write that
+    /// needed the bit goes on without them (it would otherwise fail on the
+    /// array for one silent member). An error when the array can no
+    /// longer serve.
+    fn fail_bitmap_writers(&self, lost: Vec<LostWriter>) -> std::io::Result<()> {
+        for writer in &lost {
+            let reason = super::readd::failure_reason(
+                format!("bitmap write error: {}", writer.error),
+                &[&writer.error],
+            );
+            self.fail_member_if(writer.role, Some(&writer.member), &reason);
+        }
+        match lost.into_iter().next() {
+            Some(writer) if !self.runnable() => Err(writer.error),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A member in a role whose bitmap write failed.
+struct LostWriter {
+    role: usize,
+    member: crate::member::MemberRef,
+    error: std::io::Error,
+}
+
+/// `write_everywhere`, going on past members in a role that fail: they
+/// are returned, to be failed once the locks are let go. A failure of any
+/// other device (a spare, a replacement) is an error as before.
+fn write_everywhere_failing(
+    array: &Assembled,
+    bsb: &BitmapSuper,
+    bits: &Bitmap,
+) -> std::io::Result<Vec<LostWriter>> {
+    let mut bsb = bsb.clone();
+    bsb.events = bsb.events.max(array.sb.events);
+    let mut lost = Vec::new();
+    for device in array.devices.iter() {
+        let role = match device.state {
+            DeviceState::Active { role } | DeviceState::Recovering { role, .. } => Some(role),
+            DeviceState::Replacement { .. } | DeviceState::Spare => None,
+            _ => continue,
+        };
+        if device.sb.feature_map & crate::format::MD_FEATURE_BITMAP_OFFSET == 0 {
+            continue;
+        }
+        let result = write_bitmap(&*device.member, &device.sb, &bsb, bits)
+            .map_err(|e| match e {
+                crate::array::SuperblockError::Io { source, .. } => source,
+                other => std::io::Error::other(other.to_string()),
+            })
+            .and_then(|()| device.member.flush());
+        match (result, role) {
+            (Ok(()), _) => {}
+            (Err(error), Some(role)) => lost.push(LostWriter {
+                role,
+                member: device.member.clone(),
+                error,
+            }),
+            (Err(error), None) => return Err(error),
+        }
+    }
+    Ok(lost)
 }
 
 /// Writes the bitmap to every member that carries one, and flushes them.

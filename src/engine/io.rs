@@ -503,7 +503,10 @@ impl Engine {
                     // back: the data must come from redundancy, without it.
                     Some(role) if corrected[role] => {
                         let member = view.table.entry(role).map(|e| e.slot.member.clone());
-                        let reason = format!("read error after a rewrite: {e}");
+                        let reason = super::readd::failure_reason(
+                            format!("read error after a rewrite: {e}"),
+                            &[&e],
+                        );
                         self.fail_member_if(role, member.as_ref(), &reason);
                         last = Some(e);
                     }
@@ -724,8 +727,8 @@ impl View<'_> {
         member: &MemberRef,
         source: &io::Error,
     ) -> io::Result<()> {
-        self.engine
-            .fail_member_if(role, Some(member), &format!("write error: {source}"));
+        let reason = super::readd::failure_reason(format!("write error: {source}"), &[source]);
+        self.engine.fail_member_if(role, Some(member), &reason);
         if !self.engine.runnable() {
             return Err(io::Error::other(format!(
                 "array failed: member {role} lost on write ({source})"

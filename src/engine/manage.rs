@@ -60,7 +60,7 @@ pub(super) fn recovery_offset_of(geometry: &Geometry, next_stripe: u64) -> u64 {
 }
 
 impl Engine {
-    fn same_device(a: &str, b: &Path) -> bool {
+    pub(super) fn same_device(a: &str, b: &Path) -> bool {
         let canon = |p: &Path| std::fs::canonicalize(p).ok();
         Path::new(a) == b || (canon(Path::new(a)).is_some() && canon(Path::new(a)) == canon(b))
     }
@@ -162,6 +162,7 @@ impl Engine {
             _ => {}
         }
         let removed = array.devices.remove(index);
+        self.returns.back(&removed.path);
         self.events.push("Remove", &removed.path, "");
         self.write_state(&mut array);
         Ok(())
@@ -184,8 +185,17 @@ impl Engine {
         }) {
             return Err(format!("{name} is already a member of this array"));
         }
-        let member: MemberRef =
-            crate::member::open(path, OpenOptions { write: true }).map_err(|e| e.to_string())?;
+        // A member that failed is opened again as what it was (the same
+        // backend and wrappers, and for a file the claim this process
+        // already holds on it); any other device is opened as a file.
+        let member: MemberRef = match self.reopen_failed(path) {
+            Some(Ok(member)) => member,
+            Some(Err(e)) if e.kind() != std::io::ErrorKind::Unsupported => {
+                return Err(e.to_string())
+            }
+            _ => crate::member::open(path, OpenOptions { write: true })
+                .map_err(|e| e.to_string())?,
+        };
         if self.try_readd(path, &member)? {
             return Ok(());
         }
@@ -387,7 +397,11 @@ impl Engine {
     /// write-intent bitmap that covers everything written since it left:
     /// only the regions whose bits are set are copied to it. Returns false
     /// when the device is no such member (it is then added as a new spare).
-    fn try_readd(self: &Arc<Engine>, path: &Path, member: &MemberRef) -> Result<bool, String> {
+    pub(super) fn try_readd(
+        self: &Arc<Engine>,
+        path: &Path,
+        member: &MemberRef,
+    ) -> Result<bool, String> {
         let Some(bitmap) = self.live_bitmap().filter(|b| b.trusted) else {
             return Ok(false);
         };
@@ -444,6 +458,8 @@ impl Engine {
         self.update_table(|t| t.by_role[role] = Some(entry));
         self.write_state(&mut array);
         drop(array);
+        self.returns.back(&name);
+        self.returns.copy_started(&name, member);
         self.events.push(
             "ReAdd",
             &name,
@@ -786,7 +802,11 @@ impl Engine {
         array.slots[role] = slot;
         self.write_state(&mut array);
         drop(array);
-        self.events.push("RebuildFinished", &path, "");
+        let member = self.table().by_role[role]
+            .as_ref()
+            .map(|e| e.slot.member.clone());
+        let copied = self.returns.copy_finished(&path, member.as_ref());
+        self.events.push("RebuildFinished", &path, &copied);
         self.events
             .push("SpareActive", &path, &format!("role {role}"));
         // Another role may still be missing, with another spare waiting.

@@ -226,6 +226,7 @@ impl Engine {
             .unwrap_or_default();
         array.slots[role] = None;
         self.promote_replacement(&mut array, role);
+        self.returns.failed(&path, reason);
         self.events.push("Fail", &path, reason);
         if !self.runnable() {
             self.events.push(
@@ -310,7 +311,14 @@ impl Engine {
         let lost = write_array_state_failing(array, state)?;
         let mut first_error = None;
         for device in lost {
-            let reason = format!("superblock write error: {}", device.error);
+            let io_error = match &device.error {
+                SuperblockError::Io { source, .. } => Some(source),
+                SuperblockError::Corrupt { .. } => None,
+            };
+            let reason = super::readd::failure_reason(
+                format!("superblock write error: {}", device.error),
+                &io_error.into_iter().collect::<Vec<_>>(),
+            );
             let Some(role) = device.role else {
                 // A replacement being built leaves the copy too.
                 let replacing = self.update_table(|t| {
@@ -338,6 +346,7 @@ impl Engine {
                 held
             });
             if in_table {
+                self.returns.failed(&device.path, &reason);
                 self.events.push("Fail", &device.path, &reason);
                 self.events.push("DegradedArray", &device.path, "");
                 self.interrupt_scrub(&device.path);
@@ -397,7 +406,10 @@ impl Engine {
             Err(e) => self.fail_member_if(
                 role,
                 Some(&entry.slot.member),
-                &format!("read error ({error}) not correctable: {e}"),
+                &super::readd::failure_reason(
+                    format!("read error ({error}) not correctable: {e}"),
+                    &[error, &e],
+                ),
             ),
         }
     }

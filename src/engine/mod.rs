@@ -15,6 +15,7 @@ mod manage;
 mod members;
 mod paritycache;
 mod readcache;
+mod readd;
 mod rebuild;
 mod reshape;
 mod resize;
@@ -171,6 +172,8 @@ pub struct Engine {
     /// spare, not the role: a disk that later takes the role is a new
     /// member there, whatever the spare was doing.
     spares_rebuilt_in_place: Mutex<std::collections::HashSet<String>>,
+    /// Why failed members failed, and their automatic re-add (readd.rs).
+    returns: readd::Returns,
 }
 
 impl Engine {
@@ -408,6 +411,7 @@ impl Engine {
             me: OnceLock::new(),
             injectors: Mutex::new(Vec::new()),
             member_health: Mutex::new(Vec::new()),
+            returns: readd::Returns::default(),
             bitmap: RwLock::new(live_bitmap.map(Arc::new)),
             schedule: schedule::CheckSchedule::default(),
             tunables: tuning::Tunables::new(
@@ -531,7 +535,8 @@ impl Engine {
                         .is_some_and(|x| Arc::ptr_eq(&x.slot.member, &entry.slot.member))
                 });
                 if let Some(role) = role {
-                    self.fail_member(role, &format!("flush error: {e}"));
+                    let reason = readd::failure_reason(format!("flush error: {e}"), &[&e]);
+                    self.fail_member(role, &reason);
                 }
                 if !self.runnable() {
                     return Err(e);
@@ -585,6 +590,7 @@ impl Engine {
             })
             .collect();
         snapshot.member_health = self.member_health.lock().unwrap().clone();
+        snapshot.member_failures = self.returns.reasons();
         snapshot
     }
 
@@ -1110,6 +1116,9 @@ pub struct Snapshot {
     pub injected_faults: Vec<(String, Vec<String>)>,
     /// A health source's word on members (SMART), by member path.
     pub member_health: Vec<(String, MemberHealth)>,
+    /// Why each failed member failed (a reason beginning with "timeout"
+    /// when it stopped answering), by path, while it stays failed.
+    pub member_failures: Vec<(String, String)>,
 }
 
 /// A member's health as a source outside the engine sees it: a status
@@ -1149,6 +1158,7 @@ impl Snapshot {
             tuning: Vec::new(),
             injected_faults: Vec::new(),
             member_health: Vec::new(),
+            member_failures: Vec::new(),
         }
     }
 }

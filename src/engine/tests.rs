@@ -3192,3 +3192,75 @@ fn the_stripe_cache_never_holds_more_than_its_size() {
     assert!(back == image, "the writes read back");
     engine.shutdown().unwrap();
 }
+
+#[test]
+fn a_hung_member_times_out_and_comes_back_through_the_bitmap() {
+    use crate::member::{DeadlineMember, FaultyMember, MemberRef};
+    let dir = tempfile::tempdir().unwrap();
+    let paths = raid5_with_bitmap(dir.path());
+    let mut faulty = Vec::new();
+    let members = crate::array::open_members(&paths, true)
+        .unwrap()
+        .into_iter()
+        .map(|(name, member)| {
+            let injector = Arc::new(FaultyMember::new(member));
+            faulty.push(injector.clone());
+            let timed: MemberRef = Arc::new(DeadlineMember::new(
+                injector,
+                std::time::Duration::from_millis(300),
+            ));
+            (name, timed)
+        })
+        .collect();
+    let array = crate::array::assemble_members(members).unwrap();
+    let engine = Engine::start(array, EngineOptions::default()).unwrap();
+    wait_idle(&engine);
+    let mut image = hammer(&engine, 2, 20, 9);
+    engine.bitmap_clear_quiet(0).unwrap();
+    faulty[2].apply_str("hang").unwrap();
+    // The write meets the hang, fails the member and is served without it.
+    let data = vec![0x5au8; 64 << 10];
+    engine.write(6 << 20, &data, false).unwrap();
+    image[6 << 20..(6 << 20) + data.len()].copy_from_slice(&data);
+    let name = paths[2].display().to_string();
+    let snapshot = engine.snapshot();
+    let reason = snapshot
+        .member_failures
+        .iter()
+        .find(|(p, _)| *p == name)
+        .map(|(_, r)| r.clone())
+        .expect("the hung member failed");
+    assert!(reason.starts_with("timeout: "), "{reason}");
+    // Its stuck write has not returned: it cannot come back yet.
+    assert!(engine.manage_add(&paths[2]).is_err());
+    faulty[2].apply_str("hang:off").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while let Err(e) = engine.manage_add(&paths[2]) {
+        assert!(std::time::Instant::now() < deadline, "re-add: {e}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // The event follows the table's change: wait for both.
+    wait_until(&engine, "the re-added member in sync", |s| {
+        s.missing_roles.is_empty()
+            && s.sync.is_none()
+            && s.events
+                .iter()
+                .any(|e| e.event == "RebuildFinished" && e.device == name)
+    });
+    let events = engine.snapshot().events;
+    let copied = events
+        .iter()
+        .find(|e| e.event == "RebuildFinished" && e.device == name)
+        .map(|e| e.detail.clone())
+        .unwrap_or_default();
+    assert!(
+        copied.starts_with("re-add through the bitmap: "),
+        "{copied}"
+    );
+    assert!(engine.snapshot().member_failures.is_empty());
+    let mut back = vec![0u8; image.len()];
+    engine.read(0, &mut back).unwrap();
+    assert!(back == image, "data differs after the re-add");
+    assert_eq!(check_mismatches(&engine), 0);
+    engine.shutdown().unwrap();
+}

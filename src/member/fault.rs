@@ -8,7 +8,9 @@
 //! back (EIO, like `echo offline > .../device/state` and later `running`), bad
 //! sectors that stay bad until rewritten, random errors at a seeded rate, added
 //! latency, a bandwidth and IOPS limit (a slow or worn drive), torn writes,
-//! and a volatile write cache that a `crash()` empties.
+//! a hang (I/O that never returns until the fault is lifted, as a device
+//! behind a dead network path or a wedged controller), and a volatile write
+//! cache that a `crash()` empties.
 //!
 //! Every change is described by a [`Fault`], which is plain serde data (so the
 //! control socket can carry it as JSON) and also has a compact command-line
@@ -17,6 +19,7 @@
 //! ```text
 //! pull | restore
 //! offline[:DURATION]                             no duration: until restored
+//! hang[:read|write|both] | hang:off              I/O blocks until lifted (off, restore)
 //! eio[:read|write|both]:OFFSET+LEN[:noremap]     bad sectors
 //! eio-rate:P[:read|write|both][:seed=N]          0 <= P <= 1; eio-rate:0 clears
 //! latency:DURATION[:jitter=DURATION][:read|write|both]
@@ -48,7 +51,9 @@ use std::fmt;
 use std::io;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{
+    Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
 use std::time::{Duration, Instant};
 
 /// The volatile write cache holds this much unless a fault says otherwise;
@@ -131,6 +136,18 @@ pub struct Offline {
     /// How long, in milliseconds; `None` keeps it offline until restored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ms: Option<u64>,
+}
+
+/// A member whose I/O never comes back: every I/O the fault covers (flushes
+/// and discards count as writes) blocks until the fault is lifted, then goes
+/// on as if nothing happened. `lift` lifts it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hang {
+    #[serde(default, skip_serializing_if = "is_both")]
+    pub ops: Ops,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lift: bool,
 }
 
 /// Bad sectors: I/O touching the range fails with EIO.
@@ -242,6 +259,8 @@ pub enum Fault {
     /// as a pulled drive loses power.
     Pull {},
     Offline(Offline),
+    /// I/O blocks until lifted (`hang:off` or `restore`): no error, no answer.
+    Hang(Hang),
     Eio(BadRange),
     EioRate(EioRate),
     Latency(Latency),
@@ -260,7 +279,7 @@ pub enum Fault {
 }
 
 const FAULT_KINDS: &str =
-    "pull, offline, eio, eio-rate, latency, throttle, torn, write-cache, crash, heal or restore";
+    "pull, offline, hang, eio, eio-rate, latency, throttle, torn, write-cache, crash, heal or restore";
 
 impl Fault {
     /// Checks values that are wrong whatever the member (a rate above 1, an
@@ -307,7 +326,11 @@ impl Fault {
                 (Some(offset), Some(len)) => range(offset, len),
                 _ => Err("heal needs both offset and len, or neither".to_string()),
             },
-            Fault::Pull {} | Fault::Offline(_) | Fault::Torn(_) | Fault::Restore {} => Ok(()),
+            Fault::Pull {}
+            | Fault::Offline(_)
+            | Fault::Hang(_)
+            | Fault::Torn(_)
+            | Fault::Restore {} => Ok(()),
         }
     }
 
@@ -335,6 +358,8 @@ impl fmt::Display for Fault {
             Fault::Offline(Offline { ms: Some(ms) }) => {
                 write!(f, "offline:{}", format_us(ms.saturating_mul(1000)))
             }
+            Fault::Hang(Hang { lift: true, .. }) => write!(f, "hang:off"),
+            Fault::Hang(h) => write!(f, "hang{}", ops(h.ops)),
             Fault::Eio(r) => write!(
                 f,
                 "eio{}:{}+{}{}",
@@ -436,6 +461,7 @@ fn parse_fault(text: &str) -> Result<Fault, String> {
         "pull" => no_args(&args).map(|()| Fault::Pull {}),
         "restore" => no_args(&args).map(|()| Fault::Restore {}),
         "offline" => parse_offline(&args),
+        "hang" => parse_hang(&args),
         "eio" => parse_eio(&args),
         "eio-rate" => parse_eio_rate(&args),
         "latency" => parse_latency(&args),
@@ -483,6 +509,21 @@ fn parse_offline(args: &[Arg]) -> Result<Fault, String> {
         .map(|text| parse_duration_us(text).map(|us| us.div_ceil(1000)))
         .transpose()?;
     Ok(Fault::Offline(Offline { ms }))
+}
+
+fn parse_hang(args: &[Arg]) -> Result<Fault, String> {
+    let mut hang = Hang::default();
+    for arg in args {
+        match arg {
+            Arg::Word("off" | "lift") => hang.lift = true,
+            Arg::Word(word) => match Ops::parse(word) {
+                Some(o) => hang.ops = o,
+                None => return Err(unexpected(arg)),
+            },
+            other => return Err(unexpected(other)),
+        }
+    }
+    Ok(Fault::Hang(hang))
 }
 
 fn parse_eio(args: &[Arg]) -> Result<Fault, String> {
@@ -779,6 +820,8 @@ impl OfflineUntil {
 pub struct FaultPlan {
     pub pulled: bool,
     pub offline: Option<OfflineUntil>,
+    /// Which I/Os block until the hang is lifted.
+    pub hang: Option<Ops>,
     /// Block-aligned (rounded outwards when added).
     pub bad_ranges: Vec<BadRange>,
     pub eio_rate: Option<EioRate>,
@@ -816,6 +859,7 @@ impl FaultPlan {
             }
             _ => {}
         }
+        faults.extend(self.hang.map(|ops| Fault::Hang(Hang { ops, lift: false })));
         faults.extend(self.bad_ranges.iter().copied().map(Fault::Eio));
         faults.extend(self.eio_rate.map(Fault::EioRate));
         faults.extend(self.latency.map(Fault::Latency));
@@ -857,6 +901,8 @@ pub struct FaultCounters {
     /// I/Os given added latency, and the latency added.
     pub delayed_ios: u64,
     pub delay_us: u64,
+    /// I/Os that met a hang and waited for it to be lifted.
+    pub hung_ios: u64,
     /// Bad-range bytes healed by writes.
     pub healed_bytes: u64,
     pub crashes: u64,
@@ -890,6 +936,7 @@ struct Counters {
     torn_writes: AtomicU64,
     delayed_ios: AtomicU64,
     delay_us: AtomicU64,
+    hung_ios: AtomicU64,
     healed_bytes: AtomicU64,
     crashes: AtomicU64,
     crash_lost_blocks: AtomicU64,
@@ -917,6 +964,7 @@ impl Counters {
             torn_writes: get(&self.torn_writes),
             delayed_ios: get(&self.delayed_ios),
             delay_us: get(&self.delay_us),
+            hung_ios: get(&self.hung_ios),
             healed_bytes: get(&self.healed_bytes),
             crashes: get(&self.crashes),
             crash_lost_blocks: get(&self.crash_lost_blocks),
@@ -1073,6 +1121,9 @@ pub struct FaultyMember {
     /// Paces reads and writes while the plan holds a throttle; its limits
     /// change only under the plan's write lock, so the two always agree.
     pacer: Pacer,
+    /// Hung I/Os wait here for the plan to lift the hang (see `wait_while_hung`).
+    hang_gate: Mutex<()>,
+    hang_lifted: Condvar,
 }
 
 impl FaultyMember {
@@ -1091,6 +1142,8 @@ impl FaultyMember {
             cache_dirty_blocks: AtomicU64::new(0),
             counters: Counters::default(),
             pacer: Pacer::new(),
+            hang_gate: Mutex::new(()),
+            hang_lifted: Condvar::new(),
         }
     }
 
@@ -1124,6 +1177,8 @@ impl FaultyMember {
             let _ = self.pacer.set_limits(ThrottleLimits::UNLIMITED);
         }
         *current = plan;
+        drop(current);
+        self.wake_hung();
     }
 
     /// The faults in force, as faults.
@@ -1164,6 +1219,9 @@ impl FaultyMember {
         if c.torn_writes > 0 {
             line += &format!(" ({} torn writes)", c.torn_writes);
         }
+        if c.hung_ios > 0 {
+            line += &format!(", {} hung I/Os", c.hung_ios);
+        }
         if c.delayed_ios > 0 {
             line += &format!(", {} delayed I/Os", c.delayed_ios);
         }
@@ -1192,6 +1250,33 @@ impl FaultyMember {
         let mut plan = self.write_plan();
         plan.restore();
         let _ = self.pacer.set_limits(ThrottleLimits::UNLIMITED);
+        drop(plan);
+        self.wake_hung();
+    }
+
+    /// Lets hung I/Os look at the plan again. The gate is taken after the
+    /// plan changed, so a waiter that read the old plan is already waiting
+    /// and gets the notification.
+    fn wake_hung(&self) {
+        drop(lock(&self.hang_gate));
+        self.hang_lifted.notify_all();
+    }
+
+    /// Blocks while a hang covers `dir`. The unhung path costs one read of
+    /// the plan.
+    fn wait_while_hung(&self, dir: Dir) {
+        let hung = |me: &FaultyMember| me.read_plan().hang.is_some_and(|ops| ops.covers(dir));
+        if !hung(self) {
+            return;
+        }
+        bump(&self.counters.hung_ios, 1);
+        let mut gate = lock(&self.hang_gate);
+        while hung(self) {
+            gate = self
+                .hang_lifted
+                .wait(gate)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
     }
 
     /// Drops every write since the last flush, as a power cut would.
@@ -1252,6 +1337,11 @@ impl FaultyMember {
                     .and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms)))
                     .map_or(OfflineUntil::Restored, OfflineUntil::Deadline);
                 self.write_plan().offline = Some(until);
+                Ok(())
+            }
+            Fault::Hang(hang) => {
+                self.write_plan().hang = (!hang.lift).then_some(hang.ops);
+                self.wake_hung();
                 Ok(())
             }
             Fault::Eio(range) => self.add_bad_range(*range),
@@ -1565,6 +1655,7 @@ impl Member for FaultyMember {
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()> {
         check_io(self, offset_bytes, buf.len() as u64)?;
         bump(&self.counters.reads, 1);
+        self.wait_while_hung(Dir::Read);
         let decision = self.decide(Dir::Read, offset_bytes, buf.len() as u64)?;
         std::thread::sleep(decision.delay);
         // A failing read still costs the drive its time, as a medium error
@@ -1591,6 +1682,7 @@ impl Member for FaultyMember {
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
         check_io(self, offset_bytes, buf.len() as u64)?;
         bump(&self.counters.writes, 1);
+        self.wait_while_hung(Dir::Write);
         let decision = self.decide(Dir::Write, offset_bytes, buf.len() as u64)?;
         std::thread::sleep(decision.delay);
         self.pacer
@@ -1627,6 +1719,7 @@ impl Member for FaultyMember {
 
     fn flush(&self) -> io::Result<()> {
         bump(&self.counters.flushes, 1);
+        self.wait_while_hung(Dir::Write);
         self.gate(&self.read_plan(), Instant::now())?;
         self.flush_cache()
     }
@@ -1634,6 +1727,7 @@ impl Member for FaultyMember {
     fn discard(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
         check_io(self, offset_bytes, len_bytes)?;
         bump(&self.counters.discards, 1);
+        self.wait_while_hung(Dir::Write);
         self.gate(&self.read_plan(), Instant::now())?;
         if self.unflushed_blocks() == 0 {
             return self.inner.discard(offset_bytes, len_bytes);
@@ -1663,6 +1757,21 @@ mod tests {
             ("restore", Fault::Restore {}),
             ("offline", Fault::Offline(Offline { ms: None })),
             ("offline:2s", Fault::Offline(Offline { ms: Some(2000) })),
+            ("hang", Fault::Hang(Hang::default())),
+            (
+                "hang:write",
+                Fault::Hang(Hang {
+                    ops: Ops::Write,
+                    lift: false,
+                }),
+            ),
+            (
+                "hang:off",
+                Fault::Hang(Hang {
+                    ops: Ops::Both,
+                    lift: true,
+                }),
+            ),
             (
                 "eio:read:1M+64K",
                 Fault::Eio(BadRange {

@@ -54,6 +54,11 @@ pub struct FileMember {
     /// A writable file in memory, mapped (see `Member::mapped`).
     mapped: Option<super::mapped::Mapped>,
     stats: super::stats::IoStats,
+    writable: bool,
+    /// After `reopen`: the earlier descriptor, kept because it holds the
+    /// exclusive claim (the flock, or O_EXCL on a block device) that the
+    /// new one could not take beside it.
+    claim: Option<File>,
 }
 
 // From linux/fs.h: _IOR(0x12, 114, size_t), _IO(0x12, 104), _IO(0x12, 119).
@@ -72,6 +77,17 @@ impl FileMember {
         options: OpenOptions,
         cache: CacheMode,
     ) -> io::Result<FileMember> {
+        FileMember::open_claimed(path, options, cache, None)
+    }
+
+    /// Opens `path`; with `claim` (a descriptor of the same member that
+    /// holds its exclusive claim) the claim is not taken again.
+    fn open_claimed(
+        path: &Path,
+        options: OpenOptions,
+        cache: CacheMode,
+        claim: Option<File>,
+    ) -> io::Result<FileMember> {
         let name = path.display().to_string();
         let metadata = std::fs::metadata(path).map_err(|e| annotate(&name, e))?;
         let is_block_device = metadata.file_type().is_block_device();
@@ -81,7 +97,7 @@ impl FileMember {
                 format!("{name}: not a block device or a regular file"),
             ));
         }
-        let exclusive = if is_block_device && options.write {
+        let exclusive = if is_block_device && options.write && claim.is_none() {
             libc::O_EXCL
         } else {
             0
@@ -111,7 +127,7 @@ impl FileMember {
         } else {
             open.open(path).map_err(busy)?
         };
-        if options.write && !is_block_device {
+        if options.write && !is_block_device && claim.is_none() {
             // SAFETY: flock on a valid, owned descriptor has no memory effects.
             let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
             if rc != 0 {
@@ -176,6 +192,8 @@ impl FileMember {
             in_memory,
             mapped,
             stats: Default::default(),
+            writable: options.write,
+            claim,
         })
     }
 
@@ -345,6 +363,25 @@ fn annotate(name: &str, e: io::Error) -> io::Error {
 impl Member for FileMember {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The path opened again, as it was (O_DIRECT or not, for writing or
+    /// not): a disk that went away and came back under the same name is
+    /// reached through a fresh descriptor. The claim stays with the
+    /// descriptor that took it (a duplicate of it is kept), so that no
+    /// other process can take the member in between.
+    fn reopen(&self) -> io::Result<super::MemberRef> {
+        let claim = self.claim.as_ref().unwrap_or(&self.file).try_clone()?;
+        let cache = if self.direct {
+            CacheMode::Direct
+        } else {
+            CacheMode::Buffered
+        };
+        let options = OpenOptions {
+            write: self.writable,
+        };
+        let member = FileMember::open_claimed(Path::new(&self.name), options, cache, Some(claim))?;
+        Ok(std::sync::Arc::new(member))
     }
 
     fn size_bytes(&self) -> u64 {

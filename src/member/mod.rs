@@ -9,6 +9,7 @@
 
 pub mod aligned;
 pub mod batch;
+mod deadline;
 mod fault;
 mod file;
 pub mod mapped;
@@ -22,9 +23,10 @@ mod uring;
 
 pub use aligned::AlignedBuf;
 pub use batch::{Backend, IoOp};
+pub use deadline::DeadlineMember;
 pub use fault::{
     injected_errno, BadRange, Crash, CrashReport, EioRate, Fault, FaultCounters, FaultPlan,
-    FaultyMember, Heal, InjectedError, Latency, Offline, OfflineUntil, Ops, Torn, WriteCache,
+    FaultyMember, Hang, Heal, InjectedError, Latency, Offline, OfflineUntil, Ops, Torn, WriteCache,
 };
 pub use file::{CacheMode, FileMember, OpenOptions, RingAlways};
 pub use memory::MemoryMember;
@@ -101,6 +103,20 @@ pub trait Member: Send + Sync {
     /// members have nothing to reconnect. Wrappers pass it on.
     fn reconnect(&self) -> io::Result<()> {
         Ok(())
+    }
+
+    /// The same device opened again, for a member that failed and may have
+    /// come back (a reconnected network member, a disk whose path answers
+    /// again): the engine probes what this returns and re-adds it if its
+    /// superblock says it belongs. `Unsupported` when the backend cannot.
+    fn reopen(&self) -> io::Result<MemberRef> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "{}: this kind of member cannot be opened again",
+                self.name()
+            ),
+        ))
     }
 
     /// Sectors of 512 bytes, the unit md counts in.

@@ -654,6 +654,7 @@ mod tests {
                     role: Some(role),
                     io: None,
                     smart: None,
+                    failure: None,
                 })
                 .collect(),
             ..Default::default()

@@ -359,4 +359,18 @@ impl Member for NbdMember {
     fn reconnect(&self) -> io::Result<()> {
         self.reconnect_pool()
     }
+
+    /// A fresh member on new connections to the same URI (a host that came
+    /// back), for the engine's re-add; another export behind the URI (a
+    /// different size or block size) is refused, as by `reconnect`.
+    fn reopen(&self) -> io::Result<super::MemberRef> {
+        let fresh = NbdMember::open_uri(self.uri.clone(), self.write)?;
+        if fresh.size_bytes != self.size_bytes || fresh.block_bytes != self.block_bytes {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: the export behind the URI is another one now", self.uri.text),
+            ));
+        }
+        Ok(std::sync::Arc::new(fresh))
+    }
 }

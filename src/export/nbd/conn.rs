@@ -1487,7 +1487,6 @@ impl Conn {
                 return false;
             }
         }
-        drop(extents);
         let Ok(head) = self.read_reply_head(cookie, offset, length) else {
             *pipe = None;
             return false;
@@ -1498,6 +1497,13 @@ impl Conn {
             // The connection is gone; whatever is left in the pipe goes with it.
             *pipe = None;
         }
+        // The extents count as the backend's reads in flight until the
+        // reply has gone: the pipe holds references to the files' pages,
+        // not copies, so the read is not over once staged; and a client
+        // that keeps many reads in flight, whose replies wait for the
+        // socket, must not look like a lone reader that read-ahead would
+        // serve by copy.
+        drop(extents);
         true
     }
 

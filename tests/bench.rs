@@ -9,24 +9,40 @@ use std::process::Command;
 use uraid::bench::nbd_client::NbdSync;
 use uraid::bench::targets::Nbdkit;
 
-/// `uraid bench` on tiny members in `dir` (64 KiB chunks, no warm-up):
-/// these tests check what is reported, never how fast.
+/// `uraid bench` on tiny members in `dir` (64 KiB chunks, no warm-up,
+/// the benchmark's own client): these tests check what is reported, never
+/// how fast.
 fn bench_tiny(dir: &Path, level: &str, devices: &str, size: &str, seconds: &str) -> Command {
+    bench_tiny_by("uraid", dir, level, devices, size, seconds)
+}
+
+/// `bench_tiny` with the given client.
+fn bench_tiny_by(
+    client: &str,
+    dir: &Path,
+    level: &str,
+    devices: &str,
+    size: &str,
+    seconds: &str,
+) -> Command {
     let mut command = uraid();
-    command.args(["bench", "--dir"]).arg(dir).args([
-        "--level",
-        level,
-        "--devices",
-        devices,
-        "--size",
-        size,
-        "--chunk",
-        "64K",
-        "--seconds",
-        seconds,
-        "--warmup",
-        "0",
-    ]);
+    command
+        .args(["bench", "--client", client, "--dir"])
+        .arg(dir)
+        .args([
+            "--level",
+            level,
+            "--devices",
+            devices,
+            "--size",
+            size,
+            "--chunk",
+            "64K",
+            "--seconds",
+            seconds,
+            "--warmup",
+            "0",
+        ]);
     command
 }
 
@@ -255,6 +271,58 @@ fn a_sweep_charts_its_curve_against_the_raw_members() {
     assert!(!svg.contains("queue depth"), "an empty queue-depth panel");
 }
 
+/// The clients of record: fio's and nbdcopy's own figures make the rows
+/// of the NBD targets; the raw files stay with the benchmark's client.
+#[test]
+fn fio_and_nbdcopy_measure_the_nbd_targets() {
+    let installed = |p: &str| {
+        Command::new(p)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !installed("fio") || !installed("nbdcopy") {
+        eprintln!("fio or nbdcopy is not installed: skipping the clients of record");
+        return;
+    }
+    let dir = common::scratch("bench-fio");
+    let rows_of = |client: &str| {
+        let mut command = bench_tiny_by(client, dir.path(), "raid0", "2", "4M", "0.2");
+        command.args([
+            "--workload",
+            "seq-1m",
+            "--targets",
+            "uraid,raw",
+            "--json",
+            "-",
+        ]);
+        let out = succeeded(&mut command);
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        report["rows"].as_array().unwrap().clone()
+    };
+    let rows = rows_of("fio");
+    let by = |rows: &[serde_json::Value], target: &str, phase: &str| {
+        rows.iter()
+            .find(|r| r["target"] == target && r["phase"] == phase)
+            .unwrap_or_else(|| panic!("no {target} {phase} row in {rows:?}"))
+            .clone()
+    };
+    for phase in ["write", "read"] {
+        let row = by(&rows, "uraid", phase);
+        assert_eq!(row["client"], "fio", "{row}");
+        assert!(row["ops"].as_u64().unwrap() > 0, "{row}");
+        assert!(row["latency_us_p99"].as_f64().unwrap() > 0.0, "{row}");
+        assert_eq!(by(&rows, "raw", phase)["client"], "uraid");
+    }
+    let rows = rows_of("nbdcopy");
+    let read = by(&rows, "uraid", "read");
+    assert_eq!(read["client"], "nbdcopy", "{read}");
+    // nbdcopy reads the whole array once: 2 members of 4 MiB less md's
+    // metadata and data offset (1 MiB each).
+    assert_eq!(read["bytes"].as_u64().unwrap(), 6 << 20, "{read}");
+    assert_eq!(by(&rows, "uraid", "write")["client"], "fio");
+}
+
 #[test]
 fn refusals_are_one_line_and_touch_nothing() {
     let dir = common::scratch("bench-refuse");
@@ -269,6 +337,11 @@ fn refusals_are_one_line_and_touch_nothing() {
     uraid_refused(&["bench", "--dir", d, "--state", "on-fire"]);
     uraid_refused(&["bench", "--dir", d, "--set", "stripe_cache_size"]);
     uraid_refused(&["bench", "--dir", "/nonexistent-folder"]);
+    let err = uraid_refused(&["bench", "--dir", d, "--client", "dd"]);
+    assert!(err.contains("known: fio, nbdcopy, uraid"), "{err}");
+    // Where fio is missing the refusal says so instead.
+    let err = uraid_refused(&["bench", "--dir", d, "--client", "fio", "--verify"]);
+    assert!(err.contains("--client"), "{err}");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
 }
 

@@ -16,6 +16,7 @@
 pub mod array;
 pub mod buffers;
 pub mod chart;
+pub mod clients;
 pub mod diskbusy;
 pub mod generator;
 pub mod nbd_client;
@@ -84,6 +85,8 @@ pub struct BenchOptions {
     pub sweep: Option<(String, Vec<String>)>,
     /// nbdkit memory's allocator (malloc, sparse, zstd).
     pub nbdkit_allocator: String,
+    /// Who sends the NBD targets' requests (`clients`).
+    pub client: clients::Client,
     /// The command line, for the report.
     pub command: String,
 }
@@ -371,16 +374,23 @@ fn run_phases(
             verify_salt,
             seed: m.options.seed,
         };
-        let outcome = generator::run_phase(access, phase, m.options.limits, data, &at_window)
-            .map_err(|e| {
-                format!(
-                    "{} {} {} {}: {e}",
-                    run.name,
-                    run.state,
-                    phase.workload.name(),
-                    phase.name
-                )
-            });
+        let outcome = clients::run_phase(
+            m.options.client,
+            access,
+            phase,
+            m.options.limits,
+            data,
+            &at_window,
+        )
+        .map_err(|e| {
+            format!(
+                "{} {} {} {}: {e}",
+                run.name,
+                run.state,
+                phase.workload.name(),
+                phase.name
+            )
+        });
         let disk_busy = busy.and_then(|b| b.share(&m.disks));
         let restored = match restore {
             Some((set, key, before)) => set(key, &before),
@@ -388,9 +398,10 @@ fn run_phases(
         };
         // The phase's own failure first: a knob that cannot be set back is
         // the lesser news.
-        let outcome = outcome?;
+        let (outcome, client) = outcome?;
         restored?;
-        let client_in_target = if run.in_process {
+        // Only the own client runs in this process.
+        let client_in_target = if run.in_process && client == clients::Client::Uraid {
             outcome.cpu_client_seconds
         } else {
             0.0
@@ -435,6 +446,7 @@ fn run_phases(
             (Some(swept), Some((key, value))) => Some(format!("{swept}, {key}={value}")),
         };
         let context = RowContext {
+            client: client.name(),
             target: run.name,
             state: run.state,
             setting: setting.as_deref(),

@@ -11,6 +11,9 @@ use serde::Serialize;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
+    /// The client that measured it: fio, nbdcopy or uraid (the
+    /// benchmark's own; always for the raw member files).
+    pub client: String,
     pub target: String,
     /// healthy/degraded/rebuilding for uraid; "-" for raw and nbdkit.
     pub state: String,
@@ -54,6 +57,7 @@ pub struct Row {
 
 /// Where a row came from, besides its phase.
 pub struct RowContext<'a> {
+    pub client: &'a str,
     pub target: &'a str,
     pub state: &'a str,
     pub setting: Option<&'a str>,
@@ -68,6 +72,7 @@ impl Row {
     pub fn new(context: RowContext, phase: &Phase, outcome: &Outcome) -> Row {
         let us = |q: f64| outcome.latency_ns.value_at_quantile(q) as f64 / 1000.0;
         Row {
+            client: context.client.to_string(),
             target: context.target.to_string(),
             state: context.state.to_string(),
             setting: context.setting.map(str::to_string),
@@ -438,13 +443,14 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 pub fn table(rows: &[Row], goals: &[Goal], notes: &[String]) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "{:<7} {:<10} {:<23} {:<13} {:<9} {:>7} {:>4} {:>10} {:>9} {:>8} {:>8} {:>8} {:>9} {:>6} {:>6} {:>5} {:>6} {:>6}\n",
-        "target", "state", "setting", "workload", "phase", "bs", "qd", "IOPS", "MB/s", "p50us", "p90us", "p99us", "p99.9us", "cpu_c", "cpu_t", "busy", "/raw", "/nbdk"
+        "{:<7} {:<7} {:<10} {:<23} {:<13} {:<9} {:>7} {:>4} {:>10} {:>9} {:>8} {:>8} {:>8} {:>9} {:>6} {:>6} {:>5} {:>6} {:>6}\n",
+        "target", "client", "state", "setting", "workload", "phase", "bs", "qd", "IOPS", "MB/s", "p50us", "p90us", "p99us", "p99.9us", "cpu_c", "cpu_t", "busy", "/raw", "/nbdk"
     ));
     for r in rows {
         out.push_str(&format!(
-            "{:<7} {:<10} {:<23} {:<13} {:<9} {:>7} {:>4} {:>10.0} {:>9.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>6.2} {:>6} {:>5} {:>6} {:>6}\n",
+            "{:<7} {:<7} {:<10} {:<23} {:<13} {:<9} {:>7} {:>4} {:>10.0} {:>9.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>6.2} {:>6} {:>5} {:>6} {:>6}\n",
             r.target,
+            r.client,
             r.state,
             r.setting.as_deref().unwrap_or("-"),
             r.workload,
@@ -465,7 +471,7 @@ pub fn table(rows: &[Row], goals: &[Goal], notes: &[String]) -> String {
             opt(r.ratio_uraid_nbdkit, 2),
         ));
     }
-    out.push_str("MB/s = 10^6 bytes/s of client data; latency submit to completion; cpu_c/cpu_t = CPU seconds of the load generator / of the target; busy = share of the phase the members' disk had a request in flight.\n");
+    out.push_str("client = who measured the row (fio, nbdcopy, or uraid: the benchmark's own, always for raw); MB/s = 10^6 bytes/s of client data; latency submit to completion (fio: its clat; nbdcopy reports none); cpu_c/cpu_t = CPU seconds of the load generator / of the target; busy = share of the phase the members' disk had a request in flight.\n");
     if !goals.is_empty() {
         out.push_str("\nperformance targets:\n");
         for g in goals {
@@ -499,6 +505,7 @@ mod tests {
 
     fn row(target: &str, state: &str, workload: &str, phase: &str, iops: f64) -> Row {
         Row {
+            client: "uraid".into(),
             target: target.into(),
             state: state.into(),
             setting: None,

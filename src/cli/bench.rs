@@ -4,6 +4,7 @@
 
 use super::CliResult;
 use crate::bench::array::{ArraySpec, State};
+use crate::bench::clients::Client;
 use crate::bench::generator::Limits;
 use crate::bench::workload::Workload;
 use crate::bench::{self, BenchOptions, MemberSource, TargetKind};
@@ -67,6 +68,13 @@ struct EndToEndArgs {
     /// Targets (comma-separated): uraid, raw, nbdkit; default all.
     #[arg(long, value_delimiter = ',', default_value = "uraid,raw,nbdkit")]
     targets: Vec<String>,
+    /// Who sends the requests to the NBD targets (uraid, nbdkit): fio
+    /// (--ioengine=nbd), nbdcopy (sequential reads to null:; other phases
+    /// with fio if installed) or uraid (the benchmark's own pipelined
+    /// client). Default: fio when it is installed, else uraid; uraid with
+    /// --verify. The raw member files are always read by uraid's.
+    #[arg(long, value_name = "fio|nbdcopy|uraid")]
+    client: Option<String>,
     /// Allocator of `nbdkit memory` (malloc, sparse, zstd): malloc lets
     /// requests run concurrently, so it is the higher ceiling.
     #[arg(long, default_value = "malloc")]
@@ -209,6 +217,19 @@ fn options(args: &EndToEndArgs) -> Result<BenchOptions, String> {
             .collect::<Result<_, _>>()?,
         sweep,
         nbdkit_allocator: args.nbdkit_allocator.clone(),
+        client: match (args.client.as_deref(), args.verify) {
+            (None, true) => Client::Uraid,
+            (None, false) => Client::default_choice(),
+            (Some(name), verify) => {
+                let client = Client::parse(name)?;
+                if verify && client != Client::Uraid {
+                    return Err(format!(
+                        "--verify needs --client uraid: {name} cannot check the pattern"
+                    ));
+                }
+                client
+            }
+        },
         command: std::env::args().collect::<Vec<_>>().join(" "),
     })
 }

@@ -213,8 +213,9 @@ impl Engine {
         true
     }
 
-    /// Reads through read-ahead and the read cache (see [`super::readcache`]).
-    pub(super) fn read_cached(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    /// Reads through read-ahead and the read cache (see [`super::readcache`]);
+    /// `company`: the client has other requests in flight (`read_among`).
+    pub(super) fn read_cached(&self, offset: u64, buf: &mut [u8], company: bool) -> io::Result<()> {
         let len = buf.len();
         let t = &self.tunables;
         let strip = self.row.strip_bytes as u64;
@@ -225,7 +226,7 @@ impl Engine {
         let (_in_flight, sequential, alone) = self.reads.read_arrives(offset, len);
         let lone_stream = self
             .reads
-            .lone_stream(sequential && alone && self.reads_held_by_server() == 0);
+            .lone_stream(sequential && alone && !company && self.reads_held_by_server() == 0);
         // The fast path: a small random read goes to its member, no lookup.
         if t.fast_path() && !sequential && offset % strip + len as u64 <= strip {
             return self.read_bytes(offset, buf);

@@ -1229,7 +1229,14 @@ impl BlockBackend for Engine {
         let _gate = self.request_gate();
         self.check_aligned(offset, buf.len())?;
         self.foreground_ios.fetch_add(1, Ordering::Relaxed);
-        self.read_cached(offset, buf)
+        self.read_cached(offset, buf, false)
+    }
+
+    fn read_among(&self, offset: u64, buf: &mut [u8], company: bool) -> std::io::Result<()> {
+        let _gate = self.request_gate();
+        self.check_aligned(offset, buf.len())?;
+        self.foreground_ios.fetch_add(1, Ordering::Relaxed);
+        self.read_cached(offset, buf, company)
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> std::io::Result<()> {

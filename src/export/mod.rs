@@ -86,6 +86,15 @@ pub trait BlockBackend: Send + Sync {
         false
     }
 
+    /// `read`, from a client that has `company`: other requests in flight
+    /// on its connection, whose replies may still be on their way, so that
+    /// it is no lone reader whatever the backend sees of them (read-ahead
+    /// serves lone readers). The default ignores it.
+    fn read_among(&self, offset: u64, buf: &mut [u8], company: bool) -> io::Result<()> {
+        let _ = company;
+        self.read(offset, buf)
+    }
+
     /// Whether reads never wait for a device (every byte is in memory): a
     /// server may then serve small reads on the thread that reads
     /// requests, which saves handing each to another thread. The default

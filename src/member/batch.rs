@@ -188,6 +188,10 @@ const PARALLEL_MEMBERS_MAX: usize = 64;
 /// A panic in a member's op is resumed once every thread has ended.
 pub(super) fn run_through_trait(ops: &mut [(usize, &mut IoOp)]) -> Vec<(usize, io::Result<()>)> {
     let bytes: usize = ops.iter().map(|(_, op)| op.len_bytes()).sum();
+    // Members in memory never wait: their ops are copies, and a thread
+    // per member costs more to start than it saves (two per 1 MiB read
+    // of a raid0 on tmpfs, 8,000 thread starts for 4,000 reads).
+    let waits = ops.iter().any(|(_, op)| !op.member.in_memory());
     let mut groups: Vec<Vec<&mut (usize, &mut IoOp)>> = Vec::new();
     let mut keys: Vec<*const ()> = Vec::new();
     for entry in ops.iter_mut() {
@@ -200,7 +204,7 @@ pub(super) fn run_through_trait(ops: &mut [(usize, &mut IoOp)]) -> Vec<(usize, i
             }
         }
     }
-    let serial = groups.len() < 2 || bytes < PARALLEL_MIN_BYTES;
+    let serial = groups.len() < 2 || bytes < PARALLEL_MIN_BYTES || !waits;
     let run_group = |group: Vec<&mut (usize, &mut IoOp)>| -> Vec<(usize, io::Result<()>)> {
         group
             .into_iter()

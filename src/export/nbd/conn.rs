@@ -465,6 +465,14 @@ impl Inflight {
         state.bytes += bytes;
     }
 
+    /// Requests admitted and not yet answered.
+    fn requests(&self) -> usize {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .requests
+    }
+
     fn release(&self, bytes: u64) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         assert!(state.requests > 0 && state.bytes >= bytes);
@@ -502,6 +510,8 @@ struct Conn {
     inflight: Inflight,
     /// Empty pipes for spliced reads and staged writes.
     pipes: PipePool,
+    /// Whether big reads are spliced to the socket (see `splice_read`).
+    splice_reads: bool,
     log: Log,
 }
 
@@ -558,6 +568,7 @@ fn transmission(
             pipes: Mutex::new(Vec::new()),
             made: shared.pipes_made.clone(),
         },
+        splice_reads: !sock.peer_on_this_host(),
         log: Log {
             id: log.id,
             peer: log.peer.clone(),
@@ -1243,7 +1254,11 @@ impl Conn {
                             *scratch = AlignedBuf::zeroed(length);
                         }
                         if length > 0 {
-                            io(backend.read(offset, &mut scratch[..length]), "read")?;
+                            // Other requests of this connection in flight
+                            // (replies being sent) make it no lone reader.
+                            let company = self.inflight.requests() > 1;
+                            let buf = &mut scratch[..length];
+                            io(backend.read_among(offset, buf, company), "read")?;
                         }
                         Ok(Some(length))
                     }
@@ -1460,8 +1475,15 @@ impl Conn {
     /// Every byte is staged in the pipe before the reply starts, so a
     /// failure to get them (a short file, an error) falls back to `read`
     /// with nothing sent.
+    ///
+    /// Not for a client on this host: it copies the bytes out of the
+    /// socket, and from spliced page-cache pages (cold, 4 KiB each) that
+    /// cost it 1.5-1.9 times its CPU against bytes this server copied into
+    /// the socket (warm, in large fragments); on shared cores the
+    /// client's CPU is the bound (fio's nbd engine over loopback: 0.58 of
+    /// `nbdkit memory` spliced, 0.88 copied, docs/BENCHMARKS.md).
     fn splice_read(&self, cookie: u64, offset: u64, length: usize, staging: &mut Staging) -> bool {
-        if length < SPLICE_MIN_BYTES || length >= staging.refused_from {
+        if !self.splice_reads || length < SPLICE_MIN_BYTES || length >= staging.refused_from {
             return false;
         }
         let backend = &*self.shared.backend;
@@ -1487,7 +1509,6 @@ impl Conn {
                 return false;
             }
         }
-        drop(extents);
         let Ok(head) = self.read_reply_head(cookie, offset, length) else {
             *pipe = None;
             return false;
@@ -1498,6 +1519,13 @@ impl Conn {
             // The connection is gone; whatever is left in the pipe goes with it.
             *pipe = None;
         }
+        // The extents count as the backend's reads in flight until the
+        // reply has gone: the pipe holds references to the files' pages,
+        // not copies, so the read is not over once staged; and a client
+        // that keeps many reads in flight, whose replies wait for the
+        // socket, must not look like a lone reader that read-ahead would
+        // serve by copy.
+        drop(extents);
         true
     }
 

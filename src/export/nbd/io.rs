@@ -68,6 +68,29 @@ impl Sock {
         self.fd.as_raw_fd()
     }
 
+    /// Whether the peer runs on this host: a unix socket, or TCP from a
+    /// loopback address or from the address it reached. Such a client
+    /// copies every byte out of the socket on this host's CPUs.
+    pub(crate) fn peer_on_this_host(&self) -> bool {
+        use std::net::{IpAddr, SocketAddr};
+        // SAFETY: the descriptor is ours and lives in `self`; ManuallyDrop
+        // keeps the borrowed stream from closing it.
+        let stream = std::mem::ManuallyDrop::new(unsafe {
+            <std::net::TcpStream as std::os::fd::FromRawFd>::from_raw_fd(self.raw())
+        });
+        let ip = |a: io::Result<SocketAddr>| {
+            a.ok().map(|a| match a.ip() {
+                IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+                v4 => v4,
+            })
+        };
+        match (ip(stream.peer_addr()), ip(stream.local_addr())) {
+            (Some(peer), Some(local)) => peer.is_loopback() || peer == local,
+            // Not an IP socket: a unix socket (or the TLS relay's pair).
+            _ => true,
+        }
+    }
+
     /// Shuts down both directions, which makes a blocked poll on either side
     /// return and the peer see the connection end at once.
     pub(crate) fn shutdown(&self) {

@@ -384,6 +384,29 @@ pub mod saved {
         /// --i-accept-data-loss was given (write-back without a journal).
         #[serde(default)]
         pub accept_data_loss: bool,
+        /// The knobs `uraid tune --apply` set, and for what; a knob the
+        /// user sets later leaves it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub tuned: Option<Tuned>,
+    }
+
+    /// Where tuned knobs came from: shown by `uraid detail` beside them.
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+    pub struct Tuned {
+        /// The workload tuned for (bench's name: fio-randwrite, seq-1m, ...).
+        pub workload: String,
+        /// When the tuner applied them, "YYYY-MM-DD HH:MM UTC".
+        pub when_utc: String,
+        /// The knobs it set, as set.
+        pub knobs: Vec<(String, String)>,
+        /// "IOPS" or "MB/s", and what the tuner measured with the knobs and
+        /// with the defaults on its scratch array.
+        pub metric: String,
+        pub value: f64,
+        pub default_value: f64,
+        /// The pick beat the defaults when measured again; false: the
+        /// tuner kept the defaults.
+        pub confirmed: bool,
     }
 
     pub fn dir() -> PathBuf {
@@ -435,11 +458,28 @@ pub mod saved {
     }
 
     /// Merges `key=value` changes into the saved list, the latest winning.
+    /// A knob changed by hand is no longer the tuner's.
     pub fn merge(saved: &mut Saved, changes: &[(String, String)]) {
         for (k, v) in changes {
             saved.settings.retain(|(old, _)| old != k);
             saved.settings.push((k.clone(), v.clone()));
+            if let Some(tuned) = &mut saved.tuned {
+                tuned.knobs.retain(|(old, _)| old != k);
+            }
         }
+        if saved.tuned.as_ref().is_some_and(|t| t.knobs.is_empty()) {
+            saved.tuned = None;
+        }
+    }
+
+    /// Records the tuner's knobs, saved already by [`save_changes`].
+    pub fn record_tuned(uuid: &str, mut tuned: Tuned) -> Result<(), String> {
+        let mut stored = load(uuid)?;
+        // Another change may have come between the two writes: the record
+        // claims only what is saved.
+        tuned.knobs.retain(|kv| stored.settings.contains(kv));
+        stored.tuned = Some(tuned);
+        store(uuid, &stored)
     }
 
     /// The values in force from defaults and saved settings, and what was

@@ -574,6 +574,37 @@ mod tests {
     }
 
     #[test]
+    fn a_knob_set_by_hand_leaves_the_tuners_record() {
+        let mut s = saved::Saved::default();
+        let knobs = vec![
+            ("stripe_cache_size".to_string(), "4096".to_string()),
+            ("rmw_level".to_string(), "2".to_string()),
+        ];
+        saved::merge(&mut s, &knobs);
+        s.tuned = Some(saved::Tuned {
+            workload: "fio-randwrite".into(),
+            when_utc: "2000-01-01 00:00 UTC".into(),
+            knobs,
+            metric: "IOPS".into(),
+            value: 2.0,
+            default_value: 1.0,
+            confirmed: true,
+        });
+        saved::merge(&mut s, &[("read_ahead".into(), "64".into())]);
+        assert_eq!(s.tuned.as_ref().unwrap().knobs.len(), 2, "not a tuned knob");
+        saved::merge(&mut s, &[("rmw_level".into(), "1".into())]);
+        assert_eq!(
+            s.tuned.as_ref().unwrap().knobs,
+            [("stripe_cache_size".to_string(), "4096".to_string())]
+        );
+        saved::merge(&mut s, &[("stripe_cache_size".into(), "512".into())]);
+        assert!(s.tuned.is_none(), "no knob of the tuner's is left");
+        // A settings file from before the record reads as none.
+        let old: saved::Saved = serde_json::from_str(r#"{"settings": []}"#).unwrap();
+        assert!(old.tuned.is_none());
+    }
+
+    #[test]
     fn saved_settings_merge_and_apply() {
         let mut s = saved::Saved::default();
         saved::merge(&mut s, &[("read_ahead".into(), "64".into())]);

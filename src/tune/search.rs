@@ -384,9 +384,13 @@ impl Search<'_> {
     /// The best point by its mean within the latency guard, the defaults
     /// unless one beats them by more than the noise.
     fn best_measured(&self, default: &Knobs) -> Knobs {
+        // A point measured once is the likeliest to have been lucky: once
+        // the leaders are measured again, only repeated points compete.
+        let repeated = |p: &&Point| p.samples.len() >= 2 || &p.knobs == default;
         let best = self
             .points
             .iter()
+            .filter(repeated)
             .filter(|p| self.admissible(&p.knobs))
             .max_by(|x, y| x.value().total_cmp(&y.value()))
             .map_or(default.clone(), |p| p.knobs.clone());

@@ -134,13 +134,16 @@ impl Measure for ArrayMeasure<'_> {
         self.progress.set_position(
             (self.progress.position() + 1).min(self.progress.length().unwrap_or(u64::MAX)),
         );
-        self.progress.set_message(format!(
-            "{}: run {}: {} -> {value:.1} {}",
-            self.label,
-            self.runs,
-            shown.join(" "),
-            self.metric
-        ));
+        say(
+            self.progress,
+            format!(
+                "{}: run {}: {} -> {value:.1} {}",
+                self.label,
+                self.runs,
+                shown.join(" "),
+                self.metric
+            ),
+        );
         Ok(Sample {
             value,
             latency_us_p99: p99_worst,
@@ -149,6 +152,25 @@ impl Measure for ArrayMeasure<'_> {
 
     fn exhausted(&self) -> bool {
         self.started.elapsed() + self.per_run() * self.reserve_runs as u32 >= self.budget
+    }
+}
+
+/// Progress: on the bar's line on a terminal; elsewhere (a log, a pipe),
+/// where the bar is not drawn, one line per run on stderr.
+fn say(progress: &indicatif::ProgressBar, message: String) {
+    if progress.is_hidden() {
+        eprintln!("tune: {message}");
+    } else {
+        progress.set_message(message);
+    }
+}
+
+/// A line that stays, above the bar or on stderr.
+fn say_line(progress: &indicatif::ProgressBar, message: String) {
+    if progress.is_hidden() {
+        eprintln!("tune: {message}");
+    } else {
+        progress.println(format!("tune: {message}"));
     }
 }
 
@@ -206,7 +228,7 @@ fn tune_array(
         indicatif::ProgressStyle::with_template("tune [{elapsed_precise}] {pos} runs {msg}")
             .expect("valid template"),
     );
-    progress.set_message("filling the array before measuring");
+    say(&progress, "filling the array before measuring".into());
     // Reads of holes never reach a member: the array is written whole.
     access.prefill(None, options.seed)?;
     access.flush()?;
@@ -241,12 +263,15 @@ fn tune_array(
         let reset = measure.set_knobs(&defaults);
         let tuned = tuned?;
         reset?;
-        progress.println(format!(
-            "tune: {}: {} ({} runs)",
-            workload.name(),
-            tuned.confirmation.reason,
-            tuned.evaluations + 2 * tuned.confirmation.pick_values.len()
-        ));
+        say_line(
+            &progress,
+            format!(
+                "{}: {} ({} runs)",
+                workload.name(),
+                tuned.confirmation.reason,
+                tuned.evaluations + 2 * tuned.confirmation.pick_values.len()
+            ),
+        );
         workloads.push(tuned);
     }
     progress.finish_and_clear();

@@ -20,4 +20,5 @@ pub mod monitor;
 pub mod parity;
 pub mod plan;
 pub mod smart;
+pub mod tune;
 pub mod units;

@@ -154,10 +154,10 @@ const PROBE_SECONDS: f64 = 1.0;
 const PROBE_WARMUP_SECONDS: f64 = 0.25;
 
 /// A fresh folder that is removed with everything in it at the end.
-struct WorkDir(PathBuf);
+pub(crate) struct WorkDir(pub(crate) PathBuf);
 
 impl WorkDir {
-    fn create(parent: &Path) -> Result<WorkDir, String> {
+    pub(crate) fn create(parent: &Path) -> Result<WorkDir, String> {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
@@ -486,7 +486,7 @@ fn member_bytes_of(paths: &[PathBuf], cap: Option<u64>) -> Result<u64, String> {
     Ok(cap.map_or(smallest, |c| c.min(smallest)))
 }
 
-fn on_tmpfs(path: &Path) -> bool {
+pub(crate) fn on_tmpfs(path: &Path) -> bool {
     const TMPFS_MAGIC: i64 = 0x0102_1994;
     // A block device's node lives on devtmpfs, which statfs calls tmpfs;
     // its bytes are on the device.
@@ -522,9 +522,12 @@ fn validate(options: &BenchOptions) -> Result<(), String> {
     Ok(())
 }
 
-pub fn run(options: &BenchOptions) -> Result<Report, String> {
-    validate(options)?;
-    let (workdir, paths, assume_clean) = match &options.members {
+/// The benchmark's folder and the members: new files in it, known to be
+/// zero (so the array needs no resync), or the devices given.
+pub(crate) fn prepare_members(
+    members: &MemberSource,
+) -> Result<(WorkDir, Vec<PathBuf>, bool), String> {
+    Ok(match members {
         MemberSource::Files {
             parent,
             count,
@@ -539,7 +542,12 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
             paths.clone(),
             false,
         ),
-    };
+    })
+}
+
+pub fn run(options: &BenchOptions) -> Result<Report, String> {
+    validate(options)?;
+    let (workdir, paths, assume_clean) = prepare_members(&options.members)?;
     let member_bytes = member_bytes_of(&paths, options.spec.member_bytes)?;
     let members_on = if on_tmpfs(&paths[0]) { "tmpfs" } else { "disk" };
     let wants = |t| options.targets.contains(&t);
@@ -794,7 +802,7 @@ fn measure_uraid(
     Ok(())
 }
 
-fn date_utc() -> String {
+pub(crate) fn date_utc() -> String {
     std::process::Command::new("date")
         .args(["-u", "+%Y-%m-%d %H:%M UTC"])
         .output()
@@ -803,7 +811,7 @@ fn date_utc() -> String {
         .unwrap_or_default()
 }
 
-fn machine() -> Machine {
+pub(crate) fn machine() -> Machine {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let cpu_model = cpuinfo
         .lines()

@@ -10,7 +10,7 @@ use crate::bench::workload::Workload;
 use crate::bench::{self, BenchOptions, MemberSource, TargetKind};
 use crate::geometry::level_from_name;
 use crate::units::parse_size_bytes;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 #[derive(clap::Args, Debug)]
@@ -29,22 +29,15 @@ enum BenchCommand {
     Parity(bench::parity::ParityArgs),
 }
 
+/// Where the members of the array measured are, and what else it has:
+/// shared by `bench` and `tune`.
 #[derive(clap::Args, Debug)]
-struct EndToEndArgs {
+pub(super) struct MemberArgs {
     /// Folder in which a fresh folder of member files is made and removed
     /// afterwards: /dev/shm (the default) for members in memory, a folder
     /// on a disk for members on disk.
     #[arg(long, default_value = "/dev/shm")]
     dir: PathBuf,
-    /// RAID level of the array to build.
-    #[arg(long, default_value = "raid6")]
-    level: String,
-    /// Number of members.
-    #[arg(long, default_value_t = 6)]
-    devices: u32,
-    /// Chunk size (K/M suffixes; a bare number is KiB), default mdadm's 512K.
-    #[arg(long)]
-    chunk: Option<String>,
     /// Size of each member file (K/M/G suffixes; a bare number is KiB).
     #[arg(long, default_value = "256M")]
     size: String,
@@ -58,6 +51,31 @@ struct EndToEndArgs {
     /// Confirms that --members may be overwritten.
     #[arg(long)]
     destroy_data: bool,
+    /// Give the array a write journal of this size (K/M/G suffixes), a
+    /// file beside the members: run with and without it for the journal's
+    /// cost side by side.
+    #[arg(long, value_name = "SIZE")]
+    journal: Option<String>,
+    /// Put the journal's file in this folder instead (a faster medium in
+    /// front of the members, as a journal is meant to be used).
+    #[arg(long, value_name = "DIR", requires = "journal")]
+    journal_dir: Option<PathBuf>,
+    /// Seed of the random offsets and data.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+#[derive(clap::Args, Debug)]
+struct EndToEndArgs {
+    /// RAID level of the array to build.
+    #[arg(long, default_value = "raid6")]
+    level: String,
+    /// Number of members.
+    #[arg(long, default_value_t = 6)]
+    devices: u32,
+    /// Chunk size (K/M suffixes; a bare number is KiB), default mdadm's 512K.
+    #[arg(long)]
+    chunk: Option<String>,
     /// States of the array: healthy, degraded, rebuilding (comma-separated).
     #[arg(long, default_value = "healthy", value_delimiter = ',')]
     state: Vec<String>,
@@ -85,21 +103,11 @@ struct EndToEndArgs {
     /// Warm-up seconds before each phase's measurement.
     #[arg(long, default_value_t = 0.5)]
     warmup: f64,
-    /// Give the array a write journal of this size (K/M/G suffixes), a
-    /// file beside the members: run with and without it for the journal's
-    /// cost side by side.
-    #[arg(long, value_name = "SIZE")]
-    journal: Option<String>,
-    /// Put the journal's file in this folder instead (a faster medium in
-    /// front of the members, as a journal is meant to be used).
-    #[arg(long, value_name = "DIR", requires = "journal")]
-    journal_dir: Option<PathBuf>,
+    #[command(flatten)]
+    target: MemberArgs,
     /// Write a known pattern and check every read against it.
     #[arg(long)]
     verify: bool,
-    /// Seed of the random offsets and data.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
     /// Set an engine tunable before measuring (repeatable): KEY=VALUE.
     #[arg(long = "set")]
     set: Vec<String>,
@@ -128,44 +136,85 @@ fn key_value(text: &str, flag: &str) -> Result<(String, String), String> {
     }
 }
 
+/// A phase's warm-up and measured time, from --warmup and --seconds.
+pub(super) fn limits(warmup: f64, measure: f64) -> Result<Limits, String> {
+    Ok(Limits {
+        warmup: seconds(warmup, "--warmup")?,
+        measure: seconds(measure, "--seconds")?,
+    })
+}
+
 fn seconds(value: f64, flag: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(value).map_err(|_| format!("{flag} {value}: not a duration"))
 }
 
-fn options(args: &EndToEndArgs) -> Result<BenchOptions, String> {
-    if !args.members.is_empty() && !args.destroy_data {
+/// The members and the array of a target, refusing what cannot be built
+/// before anything is created.
+pub(super) fn target(
+    t: &MemberArgs,
+    level: &str,
+    devices: u32,
+    chunk: Option<&str>,
+) -> Result<(MemberSource, ArraySpec), String> {
+    if !t.members.is_empty() && !t.destroy_data {
         return Err(format!(
             "--members would overwrite everything on {}: add --destroy-data to confirm",
-            args.members
+            t.members
                 .iter()
                 .map(|p| p.display().to_string())
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
     }
-    let level =
-        level_from_name(&args.level).ok_or_else(|| format!("unknown level '{}'", args.level))?;
-    let member_bytes = parse_size_bytes(&args.size)?;
-    let members = if args.members.is_empty() {
-        if !args.dir.is_dir() {
-            return Err(format!("--dir {}: not a folder", args.dir.display()));
+    let level = level_from_name(level).ok_or_else(|| format!("unknown level '{level}'"))?;
+    let member_bytes = parse_size_bytes(&t.size)?;
+    let members = if t.members.is_empty() {
+        if !t.dir.is_dir() {
+            return Err(format!("--dir {}: not a folder", t.dir.display()));
         }
         MemberSource::Files {
-            parent: args.dir.clone(),
-            count: args.devices,
+            parent: t.dir.clone(),
+            count: devices,
             bytes: member_bytes,
         }
     } else {
-        MemberSource::Existing(args.members.clone())
+        MemberSource::Existing(t.members.clone())
     };
-    let workloads = if args.workload.is_empty() {
-        Workload::ALL.to_vec()
-    } else {
-        args.workload
-            .iter()
-            .map(|w| Workload::parse(w))
-            .collect::<Result<_, _>>()?
+    let spec = ArraySpec {
+        level,
+        chunk_bytes: chunk.map(parse_size_bytes).transpose()?,
+        layout: t.layout.clone(),
+        // New files are used whole; existing devices too unless --size
+        // was given explicitly.
+        member_bytes: Some(member_bytes).filter(|_| !t.members.is_empty() && t.size != "256M"),
+        journal_dir: t.journal_dir.clone(),
+        journal_bytes: match (&t.journal, t.members.is_empty()) {
+            (None, _) => None,
+            (Some(size), true) => Some(parse_size_bytes(size)?),
+            (Some(_), false) => {
+                return Err("--journal makes its file beside the benchmark's own members; it does not go with --members".into())
+            }
+        },
     };
+    Ok((members, spec))
+}
+
+/// Workloads by name; none given is every one.
+pub(super) fn workloads(names: &[String]) -> Result<Vec<Workload>, String> {
+    if names.is_empty() {
+        return Ok(Workload::ALL.to_vec());
+    }
+    names.iter().map(|w| Workload::parse(w)).collect()
+}
+
+fn options(args: &EndToEndArgs) -> Result<BenchOptions, String> {
+    let (members, spec) = target(
+        &args.target,
+        &args.level,
+        args.devices,
+        args.chunk.as_deref(),
+    )?;
+    let workloads = workloads(&args.workload)?;
     let sweep = args
         .sweep
         .as_deref()
@@ -176,23 +225,7 @@ fn options(args: &EndToEndArgs) -> Result<BenchOptions, String> {
         .transpose()?;
     Ok(BenchOptions {
         members,
-        spec: ArraySpec {
-            level,
-            chunk_bytes: args.chunk.as_deref().map(parse_size_bytes).transpose()?,
-            layout: args.layout.clone(),
-            // New files are used whole; existing devices too unless --size
-            // was given explicitly.
-            member_bytes: Some(member_bytes)
-                .filter(|_| !args.members.is_empty() && args.size != "256M"),
-            journal_dir: args.journal_dir.clone(),
-            journal_bytes: match (&args.journal, args.members.is_empty()) {
-                (None, _) => None,
-                (Some(size), true) => Some(parse_size_bytes(size)?),
-                (Some(_), false) => {
-                    return Err("--journal makes its file beside the benchmark's own members; it does not go with --members".into())
-                }
-            },
-        },
+        spec,
         states: args
             .state
             .iter()
@@ -204,12 +237,9 @@ fn options(args: &EndToEndArgs) -> Result<BenchOptions, String> {
             .iter()
             .map(|t| TargetKind::parse(t))
             .collect::<Result<_, _>>()?,
-        limits: Limits {
-            warmup: seconds(args.warmup, "--warmup")?,
-            measure: seconds(args.seconds, "--seconds")?,
-        },
+        limits: limits(args.warmup, args.seconds)?,
         verify: args.verify,
-        seed: args.seed,
+        seed: args.target.seed,
         settings: args
             .set
             .iter()
@@ -236,27 +266,35 @@ fn options(args: &EndToEndArgs) -> Result<BenchOptions, String> {
 
 fn run_end_to_end(args: &EndToEndArgs) -> CliResult {
     let options = options(args)?;
-    // Refuse an output in a folder that does not exist before spending
-    // minutes measuring (and without creating anything).
-    for path in [
-        args.json
-            .as_deref()
-            .filter(|j| *j != "-")
-            .map(PathBuf::from),
-        args.chart.clone(),
-    ]
-    .into_iter()
-    .flatten()
-    {
+    check_outputs(args.json.as_deref(), args.chart.as_deref())?;
+    let report = bench::run(&options)?;
+    let table = bench::report::table(&report.rows, &report.goals, &report.notes);
+    let json = serde_json::to_string_pretty(&report).expect("the report serialises");
+    print_outputs(&table, json, args.json.as_deref())?;
+    if let Some(chart) = &args.chart {
+        let sweep_key = options.sweep.as_ref().map(|(k, _)| k.as_str());
+        bench::chart::write_svg(chart, &report.rows, sweep_key)?;
+    }
+    Ok(())
+}
+
+/// Refuses an output in a folder that does not exist before minutes are
+/// spent measuring (and before anything is created).
+pub(super) fn check_outputs(json: Option<&str>, chart: Option<&Path>) -> CliResult {
+    let json = json.filter(|j| *j != "-").map(Path::new);
+    for path in [json, chart].into_iter().flatten() {
         let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
         if parent.is_some_and(|p| !p.is_dir()) {
             return Err(format!("{}: the folder does not exist", path.display()));
         }
     }
-    let report = bench::run(&options)?;
-    let table = bench::report::table(&report.rows, &report.goals, &report.notes);
-    let json = serde_json::to_string_pretty(&report).expect("the report serialises");
-    match args.json.as_deref() {
+    Ok(())
+}
+
+/// The table on standard output and the JSON in its file; with "-", the
+/// JSON on standard output and the table on stderr.
+pub(super) fn print_outputs(table: &str, json: String, json_to: Option<&str>) -> CliResult {
+    match json_to {
         Some("-") => {
             eprint!("{table}");
             println!("{json}");
@@ -266,10 +304,6 @@ fn run_end_to_end(args: &EndToEndArgs) -> CliResult {
             std::fs::write(path, json + "\n").map_err(|e| format!("{path}: {e}"))?;
         }
         None => print!("{table}"),
-    }
-    if let Some(chart) = &args.chart {
-        let sweep_key = options.sweep.as_ref().map(|(k, _)| k.as_str());
-        bench::chart::write_svg(chart, &report.rows, sweep_key)?;
     }
     Ok(())
 }

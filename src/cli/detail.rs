@@ -44,6 +44,9 @@ pub fn run(control_socket: Option<&Path>, devices: &[PathBuf], json: bool) -> Cl
                 }
                 Err(e) => eprintln!("uraid: saved settings not shown: {e}"),
             }
+            view.tuned = crate::engine::tuning::saved::load(&array.sb.uuid_string())
+                .ok()
+                .and_then(|s| s.tuned);
             (
                 view.text(&hostname()),
                 serde_json::to_value(&view).expect("serializable"),

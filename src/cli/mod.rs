@@ -15,6 +15,7 @@ mod plan;
 mod scan;
 mod serve;
 mod status;
+mod tune;
 mod tuning;
 
 mod examine;
@@ -96,6 +97,9 @@ enum Command {
     /// Measure: the seeds' workloads over NBD against the raw members and nbdkit;
     /// `bench parity` compares the parity implementations with ISA-L.
     Bench(bench::BenchArgs),
+    /// Find the knobs that suit a workload: search them on a scratch array,
+    /// check the pick against the defaults, and with --apply set and save it.
+    Tune(tune::TuneArgs),
     /// Predict rebuild time, time at reduced redundancy, capacity and the chance
     /// of losing data, for a layout against raid5/6/10 and dRAID layouts.
     Plan(plan::PlanArgs),
@@ -204,6 +208,7 @@ pub fn main() -> i32 {
         } => detail::run(control.as_deref(), &devices, json),
         Command::Serve(args) => serve::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Tune(args) => tune::run(&args),
         Command::Manage(args) => manage::run(&args),
         Command::Monitor(args) => monitor::run(&args),
         Command::Status { json, control } => status::run(control.as_deref(), json),

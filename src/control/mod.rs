@@ -86,6 +86,12 @@ pub enum Request {
         #[serde(default)]
         accept_data_loss: bool,
     },
+    /// The knobs `uraid tune --apply` picked: set as `Set` sets them, and
+    /// recorded as the tuner's.
+    ApplyTuned {
+        settings: Vec<(String, String)>,
+        tuned: crate::engine::tuning::saved::Tuned,
+    },
     /// md's sync_speed_min / sync_speed_max for this array, KiB/s per member.
     SpeedLimits {
         min_kib_per_s: Option<u64>,
@@ -209,7 +215,12 @@ pub enum Reply {
 
 /// Renders the status of a snapshot.
 pub fn status_of(snapshot: &Snapshot, nbd_uri: &str, homehost: &str) -> StatusReply {
-    let detail = view::DetailView::from_snapshot(snapshot);
+    let mut detail = view::DetailView::from_snapshot(snapshot);
+    // A settings file that cannot be read hides only this line; serve
+    // said so at start.
+    detail.tuned = crate::engine::tuning::saved::load(&detail.uuid)
+        .ok()
+        .and_then(|s| s.tuned);
     StatusReply {
         mdstat: view::mdstat_block(snapshot),
         detail_text: detail.text(homehost),
@@ -564,6 +575,10 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
             settings,
             accept_data_loss,
         } => match engine.set_tunables(&settings, accept_data_loss) {
+            Ok(message) => Reply::Done { message },
+            Err(message) => Reply::Error { message },
+        },
+        Request::ApplyTuned { settings, tuned } => match engine.apply_tuned(&settings, tuned) {
             Ok(message) => Reply::Done { message },
             Err(message) => Reply::Error { message },
         },

@@ -64,6 +64,10 @@ pub struct DetailView {
     /// an array that is not served.
     #[serde(skip_serializing_if = "std::ops::Not::not", default)]
     pub tuning_saved: bool,
+    /// The knobs `uraid tune --apply` chose, for which workload and when
+    /// (from the settings saved with the array).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub tuned: Option<crate::engine::tuning::saved::Tuned>,
     /// The parity implementation a served raid4/5/6 computes with, and
     /// how it was chosen (md prints its choice in the kernel log).
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -76,6 +80,21 @@ pub struct DetailView {
     /// "timeout" when it stopped answering), while it stays failed.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty", default)]
     pub member_failures: std::collections::BTreeMap<String, String>,
+}
+
+impl DetailView {
+    /// " (tuned)" after a knob whose value in force is the one the tuner set.
+    fn tuned_mark(&self, key: &str, value: &str) -> &'static str {
+        let tuned = self
+            .tuned
+            .as_ref()
+            .is_some_and(|t| t.knobs.iter().any(|(k, v)| k == key && v == value));
+        if tuned {
+            " (tuned)"
+        } else {
+            ""
+        }
+    }
 }
 
 /// mdadm --detail's lines for a reshape in progress.
@@ -345,6 +364,7 @@ impl DetailView {
             reshape,
             tuning: array.tuning.iter().cloned().collect(),
             tuning_saved: false,
+            tuned: None,
             injected_faults: array.injected_faults.iter().cloned().collect(),
             member_failures: array.member_failures.iter().cloned().collect(),
             // Only the serving process knows what it runs.
@@ -474,8 +494,23 @@ impl DetailView {
             let _ = writeln!(o, "\n    {heading}:");
             for (key, _) in crate::engine::tuning::KNOBS {
                 if let Some(value) = self.tuning.get(*key) {
-                    let _ = writeln!(o, "{key:>22} : {value}");
+                    let _ = writeln!(o, "{key:>22} : {value}{}", self.tuned_mark(key, value));
                 }
+            }
+            if let Some(t) = &self.tuned {
+                let verdict = if t.confirmed {
+                    format!(
+                        "{:.0} {} against {:.0} with the defaults",
+                        t.value, t.metric, t.default_value
+                    )
+                } else {
+                    "the defaults kept: nothing beat them beyond the noise".to_string()
+                };
+                let _ = writeln!(
+                    o,
+                    "{:>22} : uraid tune for {}, {} ({verdict})",
+                    "tuned", t.workload, t.when_utc
+                );
             }
             if let Some(parity) = &self.parity {
                 let _ = writeln!(o, "{:>22} : {parity}", "parity");

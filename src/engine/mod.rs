@@ -791,6 +791,21 @@ impl Engine {
         })
     }
 
+    /// Sets the knobs `uraid tune` picked, as [`Engine::set_tunables`]
+    /// does, and records with them that the tuner chose them and for what.
+    pub fn apply_tuned(
+        &self,
+        settings: &[(String, String)],
+        tuned: tuning::saved::Tuned,
+    ) -> Result<String, String> {
+        let message = self.set_tunables(settings, false)?;
+        let uuid = self.array.lock().unwrap().sb.uuid_string();
+        Ok(match tuning::saved::record_tuned(&uuid, tuned) {
+            Ok(()) => format!("{message}; recorded as tuned"),
+            Err(e) => format!("{message}; not recorded as tuned ({e})"),
+        })
+    }
+
     /// Writes every batch of the stripe cache to the members.
     fn write_out_cache(&self) -> std::io::Result<()> {
         self.cache

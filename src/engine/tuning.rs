@@ -384,6 +384,29 @@ pub mod saved {
         /// --i-accept-data-loss was given (write-back without a journal).
         #[serde(default)]
         pub accept_data_loss: bool,
+        /// The knobs `uraid tune --apply` set, and for what; a knob the
+        /// user sets later leaves it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub tuned: Option<Tuned>,
+    }
+
+    /// Where tuned knobs came from: shown by `uraid detail` beside them.
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+    pub struct Tuned {
+        /// The workload tuned for (bench's name: fio-randwrite, seq-1m, ...).
+        pub workload: String,
+        /// When the tuner applied them, "YYYY-MM-DD HH:MM UTC".
+        pub when_utc: String,
+        /// The knobs it set, as set.
+        pub knobs: Vec<(String, String)>,
+        /// "IOPS" or "MB/s", and what the tuner measured with the knobs and
+        /// with the defaults on its scratch array.
+        pub metric: String,
+        pub value: f64,
+        pub default_value: f64,
+        /// The pick beat the defaults when measured again; false: the
+        /// tuner kept the defaults.
+        pub confirmed: bool,
     }
 
     pub fn dir() -> PathBuf {
@@ -435,11 +458,28 @@ pub mod saved {
     }
 
     /// Merges `key=value` changes into the saved list, the latest winning.
+    /// A knob changed by hand is no longer the tuner's.
     pub fn merge(saved: &mut Saved, changes: &[(String, String)]) {
         for (k, v) in changes {
             saved.settings.retain(|(old, _)| old != k);
             saved.settings.push((k.clone(), v.clone()));
+            if let Some(tuned) = &mut saved.tuned {
+                tuned.knobs.retain(|(old, _)| old != k);
+            }
         }
+        if saved.tuned.as_ref().is_some_and(|t| t.knobs.is_empty()) {
+            saved.tuned = None;
+        }
+    }
+
+    /// Records the tuner's knobs, saved already by [`save_changes`].
+    pub fn record_tuned(uuid: &str, mut tuned: Tuned) -> Result<(), String> {
+        let mut stored = load(uuid)?;
+        // Another change may have come between the two writes: the record
+        // claims only what is saved.
+        tuned.knobs.retain(|kv| stored.settings.contains(kv));
+        stored.tuned = Some(tuned);
+        store(uuid, &stored)
     }
 
     /// The values in force from defaults and saved settings, and what was
@@ -531,6 +571,37 @@ mod tests {
         assert!(t.set("write_policy", "write-back").is_err());
         assert!(!t.write_back());
         assert_eq!(t.max_io_bytes(), 1280 * 1024);
+    }
+
+    #[test]
+    fn a_knob_set_by_hand_leaves_the_tuners_record() {
+        let mut s = saved::Saved::default();
+        let knobs = vec![
+            ("stripe_cache_size".to_string(), "4096".to_string()),
+            ("rmw_level".to_string(), "2".to_string()),
+        ];
+        saved::merge(&mut s, &knobs);
+        s.tuned = Some(saved::Tuned {
+            workload: "fio-randwrite".into(),
+            when_utc: "2000-01-01 00:00 UTC".into(),
+            knobs,
+            metric: "IOPS".into(),
+            value: 2.0,
+            default_value: 1.0,
+            confirmed: true,
+        });
+        saved::merge(&mut s, &[("read_ahead".into(), "64".into())]);
+        assert_eq!(s.tuned.as_ref().unwrap().knobs.len(), 2, "not a tuned knob");
+        saved::merge(&mut s, &[("rmw_level".into(), "1".into())]);
+        assert_eq!(
+            s.tuned.as_ref().unwrap().knobs,
+            [("stripe_cache_size".to_string(), "4096".to_string())]
+        );
+        saved::merge(&mut s, &[("stripe_cache_size".into(), "512".into())]);
+        assert!(s.tuned.is_none(), "no knob of the tuner's is left");
+        // A settings file from before the record reads as none.
+        let old: saved::Saved = serde_json::from_str(r#"{"settings": []}"#).unwrap();
+        assert!(old.tuned.is_none());
     }
 
     #[test]

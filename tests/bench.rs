@@ -138,9 +138,15 @@ fn every_workload_state_and_target_is_reported() {
     // rebuild is named in the notes.
     let notes = report["notes"].as_array().unwrap();
     for r in rows.iter().filter(|r| r["state"] == "rebuilding") {
+        // A rebuild of these tiny members can end between its start and
+        // the phase's (a loaded machine): the row is then named in the
+        // notes too, rather than pass for a rebuilding one.
         let background = r["background"].as_str().unwrap_or("none");
-        assert!(background.starts_with("recovery"), "{r}");
-        if background.ends_with("finished") {
+        assert!(
+            background.starts_with("recovery") || background == "none",
+            "{r}"
+        );
+        if background.ends_with("finished") || background == "none" {
             let named = notes.iter().any(|n| {
                 let n = n.as_str().unwrap();
                 n.contains("rebuild did not run for the whole phase")

@@ -193,8 +193,9 @@ impl Engine {
             Some(Err(e)) if e.kind() != std::io::ErrorKind::Unsupported => {
                 return Err(e.to_string())
             }
-            _ => crate::member::open(path, OpenOptions { write: true })
-                .map_err(|e| e.to_string())?,
+            _ => {
+                crate::member::open(path, OpenOptions { write: true }).map_err(|e| e.to_string())?
+            }
         };
         if self.try_readd(path, &member)? {
             return Ok(());

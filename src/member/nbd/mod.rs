@@ -368,7 +368,10 @@ impl Member for NbdMember {
         if fresh.size_bytes != self.size_bytes || fresh.block_bytes != self.block_bytes {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("{}: the export behind the URI is another one now", self.uri.text),
+                format!(
+                    "{}: the export behind the URI is another one now",
+                    self.uri.text
+                ),
             ));
         }
         Ok(std::sync::Arc::new(fresh))

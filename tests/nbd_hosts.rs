@@ -198,13 +198,15 @@ fn write_and_check(served: &Served, dir: &Path, image: &Path, bytes: &[u8], what
 }
 
 /// Waits (TCP's user timeout on the member's socket, not a fixed delay)
-/// until the served array reports `uri` failed; returns the status text.
-fn wait_failed(served: &Served, uri: &str) -> String {
+/// until the served array reports the member in `role` failed: its event
+/// names the URI, status marks that role (F). Returns the status text.
+fn wait_failed(served: &Served, members: &[&str], role: usize) -> String {
+    let uri = members[role];
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     loop {
         let text = served.status_text();
         let stderr = served.stderr();
-        if stderr.contains(&format!("event Fail {uri}")) && text.contains("(F)") {
+        if stderr.contains(&format!("event Fail {uri}")) && text.contains(&format!("[{role}](F)")) {
             return text;
         }
         assert!(
@@ -237,7 +239,7 @@ fn raid6_over_six_hosts_survives_a_host_losing_its_link_and_md_agrees() {
         &first,
         "read with host 2 unreachable",
     );
-    let status = wait_failed(&served, members[2]);
+    let status = wait_failed(&served, &members, 2);
     let detail = served.detail_json();
     assert!(
         detail["state"].as_str().unwrap_or("").contains("degraded"),
@@ -291,7 +293,7 @@ fn raid10_over_six_hosts_reads_back_with_a_host_down() {
     net.link(4, false);
     let (image_path, image_bytes) = image(d, "image2", 11, size);
     nbdcopy_in(&image_path, served.uri());
-    wait_failed(&served, members[4]);
+    wait_failed(&served, &members, 4);
     assert_same_bytes(
         &nbdcopy_out(served.uri(), d),
         &image_bytes,

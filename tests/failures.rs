@@ -103,22 +103,6 @@ fn wait_rebuilt_onto(
     status
 }
 
-fn run_e2fsck(dev: &str, what: &str) {
-    let out = run_limited(
-        Command::new(client_tool("e2fsck", "e2fsprogs"))
-            .arg("-fn")
-            .arg(dev),
-        Duration::from_secs(120),
-    );
-    assert!(
-        out.status.success(),
-        "{what}: e2fsck -fn found problems ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn assert_root() {
     assert_eq!(
         unsafe { libc::geteuid() },

@@ -948,6 +948,23 @@ pub fn crash_while_hammering(served: Served, seed: u64, width: u64) {
     }
 }
 
+/// `e2fsck -fn` on a device or image file: the filesystem must be whole.
+pub fn run_e2fsck(dev: &str, what: &str) {
+    let out = run_limited(
+        Command::new(client_tool("e2fsck", "e2fsprogs"))
+            .arg("-fn")
+            .arg(dev),
+        Duration::from_secs(120),
+    );
+    assert!(
+        out.status.success(),
+        "{what}: e2fsck -fn found problems ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Polls `status` and `detail --json` over the control socket until neither
 /// reports a resync or recovery; returns whether one was seen.
 pub fn wait_until_in_sync(served: &Served, limit: Duration) -> bool {
@@ -1737,7 +1754,17 @@ pub fn start_peer(mut cmd: Command, listen: PeerListen, export: &str) -> Peer {
 /// `--tls=require`) before the plugin. nbdkit serves any export name.
 pub fn start_nbdkit_peer(listen: PeerListen, extra: &[&str], plugin: &[&str]) -> Peer {
     let nbdkit = client_tool("nbdkit", "nbdkit");
-    let mut cmd = Command::new(nbdkit);
+    start_nbdkit_peer_as(Command::new(nbdkit), listen, extra, plugin)
+}
+
+/// [`start_nbdkit_peer`] with `cmd` as the nbdkit to run: a wrapper such
+/// as `ip netns exec NS nbdkit` puts it elsewhere.
+pub fn start_nbdkit_peer_as(
+    mut cmd: Command,
+    listen: PeerListen,
+    extra: &[&str],
+    plugin: &[&str],
+) -> Peer {
     cmd.arg("-f");
     match &listen {
         PeerListen::Unix(path) => cmd.arg("-U").arg(path),
@@ -1751,7 +1778,16 @@ pub fn start_nbdkit_peer(listen: PeerListen, extra: &[&str], plugin: &[&str]) ->
 /// shared (several connections, one after another or at once).
 pub fn start_qemu_nbd_peer(listen: PeerListen, image: &Path, name: &str) -> Peer {
     let qemu_nbd = client_tool("qemu-nbd", "qemu-utils");
-    let mut cmd = Command::new(qemu_nbd);
+    start_qemu_nbd_peer_as(Command::new(qemu_nbd), listen, image, name)
+}
+
+/// [`start_qemu_nbd_peer`] with `cmd` as the qemu-nbd to run.
+pub fn start_qemu_nbd_peer_as(
+    mut cmd: Command,
+    listen: PeerListen,
+    image: &Path,
+    name: &str,
+) -> Peer {
     cmd.args([
         "-f",
         "raw",

@@ -1742,8 +1742,10 @@ fn serve_in(
     use crate::export::nbd::{serve, Listener, ServeOptions};
     let socket = dir.join("socket");
     let listener: Listener = format!("unix:{}", socket.display()).parse().unwrap();
+    // The splice path's tests run their clients here.
     let options = ServeOptions {
         export_name: "t".into(),
+        splice_to_local_clients: true,
         ..ServeOptions::default()
     };
     let server = serve(&listener, engine.clone() as Arc<dyn BlockBackend>, options).unwrap();

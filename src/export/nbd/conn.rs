@@ -568,7 +568,7 @@ fn transmission(
             pipes: Mutex::new(Vec::new()),
             made: shared.pipes_made.clone(),
         },
-        splice_reads: !sock.peer_on_this_host(),
+        splice_reads: options.splice_to_local_clients || !sock.peer_on_this_host(),
         log: Log {
             id: log.id,
             peer: log.peer.clone(),

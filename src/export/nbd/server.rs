@@ -54,6 +54,11 @@ pub struct ServeOptions {
     /// TLS offered or required through `NBD_OPT_STARTTLS`; `None` answers
     /// it `NBD_REP_ERR_UNSUP`.
     pub tls: Option<super::Tls>,
+    /// Splice big read replies to clients on this host too. Off: such a
+    /// client reads spliced page-cache pages at a higher CPU cost than the
+    /// copy saves the server (docs/BENCHMARKS.md); the tests of the splice
+    /// path, whose clients are all local, turn it on.
+    pub splice_to_local_clients: bool,
 }
 
 impl Default for ServeOptions {
@@ -72,6 +77,7 @@ impl Default for ServeOptions {
             log_connections: false,
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             tls: None,
+            splice_to_local_clients: false,
         }
     }
 }

@@ -180,11 +180,7 @@ impl SyncWorker {
     pub fn stop(&self) -> Option<(SyncAction, u64)> {
         self.stop.store(true, Ordering::SeqCst);
         let handle = self.thread.lock().unwrap().take();
-        if let Some(handle) = handle {
-            if handle.thread().id() != std::thread::current().id() {
-                let _ = handle.join();
-            }
-        }
+        join_unless_self(handle);
         self.interrupted.lock().unwrap().take()
     }
 
@@ -204,11 +200,7 @@ impl SyncWorker {
             // so this is the job just looked at.
             self.thread.lock().unwrap().take()
         };
-        if let Some(handle) = handle {
-            if handle.thread().id() != std::thread::current().id() {
-                let _ = handle.join();
-            }
-        }
+        join_unless_self(handle);
         true
     }
 
@@ -277,6 +269,16 @@ impl SyncWorker {
             speed_kib_per_s: speed,
             mismatch_sectors: self.mismatch_sectors.load(Ordering::SeqCst),
         })
+    }
+}
+
+/// Waits for a job's thread, unless it is the caller (a job's own end may
+/// stop it), which would wait for itself.
+fn join_unless_self(handle: Option<std::thread::JoinHandle<()>>) {
+    if let Some(handle) = handle {
+        if handle.thread().id() != std::thread::current().id() {
+            let _ = handle.join();
+        }
     }
 }
 

@@ -424,7 +424,21 @@ impl Model {
             names.push("zeroes".to_string());
         }
         if names.is_empty() {
-            "no value the model knows".to_string()
+            // A value that belongs elsewhere points at misplaced I/O
+            // rather than a wrong computation.
+            let elsewhere: Vec<String> = (0..self.cur.len() / SECTOR)
+                .filter(|&t| t != s && got == &self.cur[t * SECTOR..(t + 1) * SECTOR])
+                .take(4)
+                .map(|t| t.to_string())
+                .collect();
+            if elsewhere.is_empty() {
+                "no value the model knows".to_string()
+            } else {
+                format!(
+                    "no value the model knows for it, but the current value of sector(s) {}",
+                    elsewhere.join(", ")
+                )
+            }
         } else {
             names.join(", ")
         }

@@ -466,11 +466,7 @@ impl Engine {
             &name,
             &format!("role {role}: copying only the regions the bitmap marks"),
         );
-        self.sync.set_bitmap_guided(true);
-        if let Err(e) = SyncWorker::start(self, SyncAction::Recovery { role }, 0, next) {
-            self.sync.set_bitmap_guided(false);
-            return Err(e);
-        }
+        SyncWorker::start_guided(self, SyncAction::Recovery { role }, 0, next, true)?;
         Ok(true)
     }
 

@@ -122,11 +122,6 @@ impl SyncWorker {
         self.stripe_count.load(Ordering::SeqCst)
     }
 
-    /// Marks the next job as guided by the bitmap (re-add).
-    pub fn set_bitmap_guided(&self, guided: bool) {
-        self.bitmap_guided.store(guided, Ordering::SeqCst);
-    }
-
     pub fn action(&self) -> Option<SyncAction> {
         *self.action.lock().unwrap()
     }
@@ -139,6 +134,21 @@ impl SyncWorker {
         action: SyncAction,
         from_stripe: u64,
         next: Arc<AtomicU64>,
+    ) -> Result<(), String> {
+        Self::start_guided(engine, action, from_stripe, next, false)
+    }
+
+    /// [`start`](Self::start), for a recovery that copies only what the
+    /// bitmap marks (a re-add) when `guided`. The flag is set with the job,
+    /// under the action lock: set before a start that is then refused, it
+    /// would make the job already running skip the stripes the bitmap
+    /// calls clean, leaving them unbuilt on its member.
+    pub fn start_guided(
+        engine: &Arc<Engine>,
+        action: SyncAction,
+        from_stripe: u64,
+        next: Arc<AtomicU64>,
+        guided: bool,
     ) -> Result<(), String> {
         let worker = engine.sync.clone();
         let mut current = worker.action.lock().unwrap();
@@ -161,6 +171,7 @@ impl SyncWorker {
         *worker.next_stripe.lock().unwrap() = next;
         worker.first_stripe.store(from_stripe, Ordering::SeqCst);
         worker.stop.store(false, Ordering::SeqCst);
+        worker.bitmap_guided.store(guided, Ordering::SeqCst);
         worker.mismatch_sectors.store(0, Ordering::SeqCst);
         *worker.interrupted.lock().unwrap() = None;
         *worker.started.lock().unwrap() = Some(Instant::now());

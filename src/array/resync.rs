@@ -94,7 +94,7 @@ fn resync_stripe(
     };
     s.data.resize(strip_bytes * map.data.len(), 0);
     s.found.resize(strip_bytes, 0);
-    let mut lost = None;
+    let mut lost = Vec::new();
     // Mirrors: the first present copy is the reference for the others.
     for (i, (strip, buf)) in map
         .data
@@ -104,12 +104,12 @@ fn resync_stripe(
     {
         let mut copies = strip.copies.iter().filter(|c| present(c));
         let Some(first) = copies.next() else {
-            if lost.is_some() || map.q.is_none() {
+            if map.p.is_none() {
                 // Nothing left to compare against: a degraded array
                 // resyncs nothing there (md does not resync it either).
                 return Ok(0);
             }
-            lost = Some(i);
+            lost.push(i);
             continue;
         };
         read(slots, first, buf)?;
@@ -124,26 +124,69 @@ fn resync_stripe(
         return Ok(count(&pages));
     };
     let syndrome = parity::default_impl();
-    let mut check_p = true;
-    if let Some(lost) = lost {
-        // raid6 with one data strip lost: as md's handle_parity_checks6
-        // does, the strip is rebuilt from P and Q is checked against it
-        // (P, having made the strip, cannot disagree with it).
-        let (Some(q_place), true) = (map.q, present(&p_place)) else {
-            return Ok(0);
+    let places = [Some(p_place), map.q, map.r];
+    let mut checked = places.map(|place| place.is_some_and(|p| present(&p)));
+    if !lost.is_empty() {
+        // Lost data strips are rebuilt from as many parity strips as there
+        // are lost, P first, and the parity left over is checked against
+        // them, as md's handle_parity_checks6 rebuilds one from P and checks
+        // Q. The strips used cannot disagree with what they made; with
+        // none left over there is nothing to check (md does not either).
+        // With triple parity and two strips lost, R is then made to agree
+        // with P and Q: left torn by a crash, a later rebuild solving with
+        // R would turn a third member's intact data into garbage.
+        let path = match parity::plan_rebuild(lost.len(), checked) {
+            Ok(path) if lost.len() < checked.iter().filter(|c| **c).count() => path,
+            _ => return Ok(0),
         };
-        if !present(&q_place) {
-            return Ok(0);
-        }
-        read(slots, &p_place, &mut s.found)?;
-        let mut rebuilt = s.found.clone();
-        for (i, strip) in s.data.chunks(strip_bytes).enumerate() {
-            if i != lost {
-                rebuilt.iter_mut().zip(strip).for_each(|(r, d)| *r ^= d);
+        let mut used: [Option<Vec<u8>>; 3] = [None, None, None];
+        for (k, read_it) in path.reads().into_iter().enumerate() {
+            if read_it {
+                let mut buf = vec![0u8; strip_bytes];
+                read(slots, &places[k].expect("a present parity strip"), &mut buf)?;
+                used[k] = Some(buf);
+                checked[k] = false;
             }
         }
-        s.data[lost * strip_bytes..(lost + 1) * strip_bytes].copy_from_slice(&rebuilt);
-        check_p = false;
+        let exps: Vec<u8> = (0..map.data.len())
+            .filter(|i| !lost.contains(i))
+            .map(|i| map.recovery_exponent(i))
+            .collect();
+        let mut rebuilt: Vec<Vec<u8>> = lost.iter().map(|_| vec![0u8; strip_bytes]).collect();
+        {
+            let survivors: Vec<&[u8]> = s
+                .data
+                .chunks(strip_bytes)
+                .enumerate()
+                .filter(|(i, _)| !lost.contains(i))
+                .map(|(_, strip)| strip)
+                .collect();
+            let mut outs: Vec<parity::LostData> = lost
+                .iter()
+                .zip(rebuilt.iter_mut())
+                .map(|(&i, out)| parity::LostData {
+                    exp: map.recovery_exponent(i),
+                    out,
+                })
+                .collect();
+            let [p, q, r] = used.each_ref().map(|b| b.as_deref());
+            parity::rebuild(
+                syndrome,
+                &parity::Survivors {
+                    data: &survivors,
+                    exps: &exps,
+                    p,
+                    q,
+                    r,
+                },
+                &mut outs,
+                parity::LostParity::default(),
+            )
+            .expect("plan_rebuild chose the parity read");
+        }
+        for (&i, strip) in lost.iter().zip(rebuilt) {
+            s.data[i * strip_bytes..(i + 1) * strip_bytes].copy_from_slice(&strip);
+        }
     }
     let strips: Vec<&[u8]> = s.data.chunks(strip_bytes).collect();
     s.expected.resize(strip_bytes * 3, 0);
@@ -155,13 +198,8 @@ fn resync_stripe(
         (Some(_), None) => syndrome.gen_pq(&strips, &exps, p, q),
         (Some(_), Some(_)) => syndrome.gen_pqr(&strips, &exps, p, q, r),
     }
-    let checks = [
-        (Some(p_place).filter(|_| check_p), &*p),
-        (map.q, &*q),
-        (map.r, &*r),
-    ];
-    for (place, expected) in checks {
-        let Some(place) = place.filter(present) else {
+    for ((place, check), expected) in places.iter().zip(checked).zip([&*p, &*q, &*r]) {
+        let Some(place) = place.filter(|_| check) else {
             continue;
         };
         read(slots, &place, &mut s.found)?;

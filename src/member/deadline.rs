@@ -155,6 +155,18 @@ impl DeadlineMember {
         at: Option<(u64, usize)>,
         op: impl FnOnce(&dyn Member) -> io::Result<T> + Send + 'static,
     ) -> io::Result<T> {
+        self.begin(what, at, op)?()
+    }
+
+    /// Hands `op` to a worker and returns the wait for its answer, so that
+    /// a caller may hand over several before waiting (a batch); the
+    /// deadline counts from the handing over.
+    fn begin<T: Send + 'static>(
+        &self,
+        what: &str,
+        at: Option<(u64, usize)>,
+        op: impl FnOnce(&dyn Member) -> io::Result<T> + Send + 'static,
+    ) -> io::Result<impl FnOnce() -> io::Result<T> + Send + '_> {
         let place = at.map_or(String::new(), |(offset, len)| format!(" at {offset}+{len}"));
         if self.expired() {
             let first = self.first.lock().unwrap_or_else(PoisonError::into_inner);
@@ -181,6 +193,17 @@ impl DeadlineMember {
             slot.ready.notify_one();
         }));
         let deadline = Instant::now() + self.timeout;
+        let what = what.to_string();
+        Ok(move || self.wait(&answer, deadline, &what, &place))
+    }
+
+    fn wait<T>(
+        &self,
+        answer: &Answer<T>,
+        deadline: Instant,
+        what: &str,
+        place: &str,
+    ) -> io::Result<T> {
         let mut result = answer.result.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
             if let Some(done) = result.take() {
@@ -249,6 +272,40 @@ impl Member for DeadlineMember {
         self.call("write", Some((offset_bytes, buf.len())), move |m| {
             m.write_at(&own, offset_bytes)
         })
+    }
+
+    fn write_at_fua(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
+        super::check_io(self, offset_bytes, buf.len() as u64)?;
+        let own = AlignedBuf::copy_from(buf);
+        self.call("write", Some((offset_bytes, buf.len())), move |m| {
+            m.write_at_fua(&own, offset_bytes)
+        })
+    }
+
+    /// The read handed to a worker at once: the caller's buffer is filled
+    /// when it waits, from the worker's own.
+    fn start_read(&self, offset_bytes: u64, len: usize) -> Option<super::Started<'_>> {
+        let started = super::check_io(self, offset_bytes, len as u64).and_then(|()| {
+            self.begin("read", Some((offset_bytes, len)), move |m| {
+                let mut own = AlignedBuf::zeroed(len);
+                m.read_at(&mut own, offset_bytes).map(|()| own)
+            })
+        });
+        Some(Box::new(move |buf: &mut [u8]| {
+            let filled = started?()?;
+            buf.copy_from_slice(&filled);
+            Ok(())
+        }))
+    }
+
+    fn start_write(&self, buf: &[u8], offset_bytes: u64) -> Option<super::Started<'_>> {
+        let started = super::check_io(self, offset_bytes, buf.len() as u64).and_then(|()| {
+            let own = AlignedBuf::copy_from(buf);
+            self.begin("write", Some((offset_bytes, buf.len())), move |m| {
+                m.write_at(&own, offset_bytes)
+            })
+        });
+        Some(Box::new(move |_: &mut [u8]| started?()))
     }
 
     fn flush(&self) -> io::Result<()> {

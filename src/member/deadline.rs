@@ -415,4 +415,33 @@ mod tests {
         back.read_at(&mut buf, 0).unwrap();
         assert_eq!(buf, [1u8; 512]);
     }
+
+    /// A batch's ops go through the wrappers' started I/O: the healthy
+    /// member's read is filled and its write lands, and only the hung
+    /// member's op times out.
+    #[test]
+    fn a_batch_starts_every_op_and_only_the_hung_one_times_out() {
+        use crate::member::{batch, Backend, IoOp};
+        let (_, good) = hung_member(30_000);
+        let (faulty, bad) = hung_member(200);
+        good.write_at(&[5u8; 4096], 0).unwrap();
+        faulty.apply_str("hang").unwrap();
+        let data = [6u8; 4096];
+        let (mut back, mut lost) = ([0u8; 4096], [0u8; 4096]);
+        let mut ops = vec![
+            IoOp::read(&good, 0, &mut back),
+            IoOp::write(&good, 8192, &data),
+            IoOp::read(&bad, 0, &mut lost),
+        ];
+        let results = batch::run_with(Backend::Sync, &mut ops);
+        drop(ops);
+        assert!(results[0].is_ok() && results[1].is_ok(), "{results:?}");
+        let err = results[2].as_ref().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert_eq!(back, [5u8; 4096]);
+        let mut again = [0u8; 4096];
+        good.read_at(&mut again, 8192).unwrap();
+        assert_eq!(again, data);
+        faulty.apply_str("hang:off").unwrap();
+    }
 }

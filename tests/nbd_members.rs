@@ -324,3 +324,41 @@ fn reconnect_ends_a_request_that_a_hung_server_holds() {
     waiting.join().unwrap();
     member.write_at(&[9u8; 4096], 4096).unwrap();
 }
+
+/// A write with FUA reaches the server as one (`NBD_CMD_FLAG_FUA`, which
+/// nbdkit's log filter shows as fua=1), also through the member timeout's
+/// wrapper; a plain write does not carry it.
+#[test]
+fn a_fua_write_reaches_the_server_with_its_flag() {
+    use std::sync::Arc;
+    use uraid::member::{DeadlineMember, Member, NbdMember};
+    let dir = scratch("nbd-fua");
+    let log = dir.path().join("kit.log");
+    let log_arg = format!("logfile={}", log.display());
+    let peer = start_nbdkit_peer(
+        unix(dir.path(), "kit.sock"),
+        &["--filter=log"],
+        &["memory", "4M", &log_arg],
+    );
+    let member: Arc<dyn Member> = Arc::new(NbdMember::open(&peer.uri(), true).unwrap());
+    member.write_at(&[1u8; 4096], 0).unwrap();
+    member.write_at_fua(&[2u8; 4096], 8192).unwrap();
+    let timed = DeadlineMember::new(member.clone(), Duration::from_secs(30));
+    timed.write_at_fua(&[3u8; 4096], 16384).unwrap();
+    let mut back = vec![0u8; 4096];
+    member.read_at(&mut back, 8192).unwrap();
+    assert_same_bytes(&back, &[2u8; 4096], "the FUA write's bytes");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let writes: Vec<&str> = text.lines().filter(|l| l.contains("Write id=")).collect();
+    let fua_at = |offset: &str| {
+        writes
+            .iter()
+            .any(|l| l.contains(&format!("offset={offset} ")) && l.contains("fua=1"))
+    };
+    assert!(fua_at("0x2000"), "no FUA write at 8192 in the log:\n{text}");
+    assert!(
+        fua_at("0x4000"),
+        "no FUA write at 16384 in the log:\n{text}"
+    );
+    assert!(!fua_at("0x0"), "the plain write carried FUA:\n{text}");
+}

@@ -52,6 +52,7 @@ use super::{uring, Member};
 use std::io;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
+use std::time::Instant;
 
 /// The memory of one op: filled by a read, sent by a write.
 pub enum Buffer<'a> {
@@ -181,12 +182,51 @@ const PARALLEL_MIN_BYTES: usize = 1 << 20;
 const PARALLEL_MEMBERS_MAX: usize = 64;
 
 /// Runs ops through the `Member` trait, returning each op's index (the
-/// first of its pair) and result. Ops of one member run in order; the
+/// first of its pair) and result. Ops of members that can start an I/O
+/// without the caller (`Member::start_read`: network members behind their
+/// deadline) are all started first and waited for last, so that a stripe's
+/// requests to its hosts are on the wire together, not one round trip
+/// after another; the others run as `run_in_caller` says.
+pub(super) fn run_through_trait(ops: &mut [(usize, &mut IoOp)]) -> Vec<(usize, io::Result<()>)> {
+    if ops.len() < 2 {
+        return run_in_caller(ops);
+    }
+    let mut started = Vec::new();
+    let mut rest: Vec<(usize, &mut IoOp)> = Vec::with_capacity(ops.len());
+    for (i, op) in ops.iter_mut() {
+        let member: &dyn Member = op.member;
+        let start = match &op.buffer {
+            Buffer::Read(buf) => member.start_read(op.offset_bytes, buf.len()),
+            Buffer::Write(buf) => member.start_write(buf, op.offset_bytes),
+        };
+        match start {
+            Some(wait) => started.push((*i, Instant::now(), wait, &mut **op)),
+            None => rest.push((*i, &mut **op)),
+        }
+    }
+    let mut results = run_in_caller(&mut rest);
+    for (i, began, wait, op) in started {
+        let write = op.is_write();
+        let len = op.len_bytes();
+        let result = match &mut op.buffer {
+            Buffer::Read(buf) => wait(buf),
+            Buffer::Write(_) => wait(&mut []),
+        };
+        if let Some(stats) = op.member.io_stats() {
+            stats.record(write, len, result.is_ok(), began.elapsed());
+        }
+        results.push((i, result));
+    }
+    results
+}
+
+/// Runs ops through the `Member` trait in the calling thread. Ops of one
+/// member run in order; the
 /// members of a large batch run at the same time, one thread each, as the
 /// disks they stand for would: a throttle or an injected latency on each
 /// of 24 members must cost a rebuild one member's wait, not 24 in turn.
 /// A panic in a member's op is resumed once every thread has ended.
-pub(super) fn run_through_trait(ops: &mut [(usize, &mut IoOp)]) -> Vec<(usize, io::Result<()>)> {
+fn run_in_caller(ops: &mut [(usize, &mut IoOp)]) -> Vec<(usize, io::Result<()>)> {
     let bytes: usize = ops.iter().map(|(_, op)| op.len_bytes()).sum();
     // Members in memory never wait: their ops are copies, and a thread
     // per member costs more to start than it saves (two per 1 MiB read

@@ -155,6 +155,18 @@ impl DeadlineMember {
         at: Option<(u64, usize)>,
         op: impl FnOnce(&dyn Member) -> io::Result<T> + Send + 'static,
     ) -> io::Result<T> {
+        self.begin(what, at, op)?()
+    }
+
+    /// Hands `op` to a worker and returns the wait for its answer, so that
+    /// a caller may hand over several before waiting (a batch); the
+    /// deadline counts from the handing over.
+    fn begin<T: Send + 'static>(
+        &self,
+        what: &str,
+        at: Option<(u64, usize)>,
+        op: impl FnOnce(&dyn Member) -> io::Result<T> + Send + 'static,
+    ) -> io::Result<impl FnOnce() -> io::Result<T> + Send + '_> {
         let place = at.map_or(String::new(), |(offset, len)| format!(" at {offset}+{len}"));
         if self.expired() {
             let first = self.first.lock().unwrap_or_else(PoisonError::into_inner);
@@ -181,6 +193,17 @@ impl DeadlineMember {
             slot.ready.notify_one();
         }));
         let deadline = Instant::now() + self.timeout;
+        let what = what.to_string();
+        Ok(move || self.wait(&answer, deadline, &what, &place))
+    }
+
+    fn wait<T>(
+        &self,
+        answer: &Answer<T>,
+        deadline: Instant,
+        what: &str,
+        place: &str,
+    ) -> io::Result<T> {
         let mut result = answer.result.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
             if let Some(done) = result.take() {
@@ -249,6 +272,40 @@ impl Member for DeadlineMember {
         self.call("write", Some((offset_bytes, buf.len())), move |m| {
             m.write_at(&own, offset_bytes)
         })
+    }
+
+    fn write_at_fua(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
+        super::check_io(self, offset_bytes, buf.len() as u64)?;
+        let own = AlignedBuf::copy_from(buf);
+        self.call("write", Some((offset_bytes, buf.len())), move |m| {
+            m.write_at_fua(&own, offset_bytes)
+        })
+    }
+
+    /// The read handed to a worker at once: the caller's buffer is filled
+    /// when it waits, from the worker's own.
+    fn start_read(&self, offset_bytes: u64, len: usize) -> Option<super::Started<'_>> {
+        let started = super::check_io(self, offset_bytes, len as u64).and_then(|()| {
+            self.begin("read", Some((offset_bytes, len)), move |m| {
+                let mut own = AlignedBuf::zeroed(len);
+                m.read_at(&mut own, offset_bytes).map(|()| own)
+            })
+        });
+        Some(Box::new(move |buf: &mut [u8]| {
+            let filled = started?()?;
+            buf.copy_from_slice(&filled);
+            Ok(())
+        }))
+    }
+
+    fn start_write(&self, buf: &[u8], offset_bytes: u64) -> Option<super::Started<'_>> {
+        let started = super::check_io(self, offset_bytes, buf.len() as u64).and_then(|()| {
+            let own = AlignedBuf::copy_from(buf);
+            self.begin("write", Some((offset_bytes, buf.len())), move |m| {
+                m.write_at(&own, offset_bytes)
+            })
+        });
+        Some(Box::new(move |_: &mut [u8]| started?()))
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -357,5 +414,34 @@ mod tests {
         let back = timed.reopen().unwrap();
         back.read_at(&mut buf, 0).unwrap();
         assert_eq!(buf, [1u8; 512]);
+    }
+
+    /// A batch's ops go through the wrappers' started I/O: the healthy
+    /// member's read is filled and its write lands, and only the hung
+    /// member's op times out.
+    #[test]
+    fn a_batch_starts_every_op_and_only_the_hung_one_times_out() {
+        use crate::member::{batch, Backend, IoOp};
+        let (_, good) = hung_member(30_000);
+        let (faulty, bad) = hung_member(200);
+        good.write_at(&[5u8; 4096], 0).unwrap();
+        faulty.apply_str("hang").unwrap();
+        let data = [6u8; 4096];
+        let (mut back, mut lost) = ([0u8; 4096], [0u8; 4096]);
+        let mut ops = vec![
+            IoOp::read(&good, 0, &mut back),
+            IoOp::write(&good, 8192, &data),
+            IoOp::read(&bad, 0, &mut lost),
+        ];
+        let results = batch::run_with(Backend::Sync, &mut ops);
+        drop(ops);
+        assert!(results[0].is_ok() && results[1].is_ok(), "{results:?}");
+        let err = results[2].as_ref().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert_eq!(back, [5u8; 4096]);
+        let mut again = [0u8; 4096];
+        good.read_at(&mut again, 8192).unwrap();
+        assert_eq!(again, data);
+        faulty.apply_str("hang:off").unwrap();
     }
 }

@@ -40,6 +40,10 @@ use std::os::unix::io::RawFd;
 use std::path::Path;
 use std::sync::Arc;
 
+/// An I/O under way (`Member::start_read`, `Member::start_write`): call it
+/// to wait for its end; a read fills the buffer given.
+pub type Started<'a> = Box<dyn FnOnce(&mut [u8]) -> io::Result<()> + Send + 'a>;
+
 pub trait Member: Send + Sync {
     /// A name for messages: the path, or a test label.
     fn name(&self) -> &str;
@@ -55,6 +59,31 @@ pub trait Member: Send + Sync {
     fn flush(&self) -> io::Result<()>;
     /// Tells the member a range is unused (a hint; contents become unspecified).
     fn discard(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()>;
+
+    /// Writes all of `buf` at `offset_bytes` and returns once those bytes
+    /// are durable (a write with FUA). By default a write and a flush;
+    /// members that can make one write durable by itself (NBD's FUA flag)
+    /// do that instead of flushing everything.
+    fn write_at_fua(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
+        self.write_at(buf, offset_bytes)?;
+        self.flush()
+    }
+
+    /// Starts a read of `len` bytes at `offset_bytes` that goes on without
+    /// the caller, for members whose I/O waits on something other than the
+    /// calling thread (a network member behind its deadline's workers):
+    /// a batch starts all of them before waiting for any, instead of one
+    /// round trip after another. `None`: the member does its I/O in the
+    /// caller (`read_at`). The returned call waits and fills its buffer.
+    fn start_read(&self, _offset_bytes: u64, _len: usize) -> Option<Started<'_>> {
+        None
+    }
+
+    /// `start_read` for a write of `buf`, which is copied: the returned
+    /// call waits (its buffer argument is unused).
+    fn start_write(&self, _buf: &[u8], _offset_bytes: u64) -> Option<Started<'_>> {
+        None
+    }
 
     /// The descriptor through which `batch` may do this member's reads and
     /// writes itself (io_uring), bypassing `read_at`/`write_at`. Only a member

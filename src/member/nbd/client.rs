@@ -1,17 +1,20 @@
 //! One client connection: the fixed newstyle handshake (`NBD_OPT_STARTTLS`
-//! when asked, then `NBD_OPT_GO`), and requests one at a time with simple
+//! when asked, then `NBD_OPT_GO`), and pipelined requests with simple
 //! replies (structured replies are never negotiated: a read's data then
-//! follows its reply header, the cheapest framing to parse).
+//! follows its reply header, the cheapest framing to parse), matched to
+//! their requests by cookie.
 //!
 //! The handshake is shared with the benchmark's pipelined client, which
 //! drives the connection itself afterwards.
 
 use super::proto::{self, BlockSizes, InfoRequest, OptionHeader, ReplyHeader, RequestHeader};
 use super::uri::{Address, NbdUri};
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 /// Option replies a handshake reads before giving up: a server sends a few
@@ -71,6 +74,13 @@ impl Socket {
                 s.set_read_timeout(timeout)?;
                 s.set_write_timeout(timeout)
             }
+        }
+    }
+
+    fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match self {
+            Socket::Tcp(s) => s.set_nonblocking(on),
+            Socket::Unix(s) => s.set_nonblocking(on),
         }
     }
 
@@ -299,12 +309,155 @@ pub fn go(stream: &mut dyn Stream, export: &str) -> io::Result<ExportInfo> {
     Err(protocol_error("too many option replies"))
 }
 
-/// A connection in transmission, used by one request at a time.
+/// Requests one connection keeps in flight: enough to cover a round trip
+/// of the array's queue depth spread over a member's connections, and what
+/// nbdkit serves at once per connection (its default of 16 threads).
+pub const CONNECTION_DEPTH: usize = 16;
+
+/// A connection in transmission. Callers send their requests themselves,
+/// one message at a time under `send`, and wait; a reader thread takes the
+/// replies as they come, in any order, matches them by cookie and wakes
+/// their callers, writing a read's data straight into the caller's memory.
+/// At most `CONNECTION_DEPTH` requests are in flight; a caller beyond waits
+/// for room.
+///
+/// A connection that breaks (a send or a read fails, the server breaks the
+/// protocol, `close`) fails every request in flight with the same error and
+/// every later one at once.
 pub struct Connection {
-    stream: Box<dyn Stream>,
-    socket: Socket,
     pub info: ExportInfo,
+    shared: Arc<Shared>,
+    reader: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+struct Shared {
+    send: Mutex<Half>,
+    state: Mutex<State>,
+    /// Signalled when a request leaves the table (or the connection dies).
+    room: Condvar,
+    /// To end the connection from any thread.
+    socket: Socket,
+}
+
+#[derive(Default)]
+struct State {
+    in_flight: HashMap<u64, Pending>,
     next_cookie: u64,
+    /// Why the connection is unusable, once it is.
+    dead: Option<(io::ErrorKind, String)>,
+}
+
+/// A request waiting for its reply. Whoever takes it out of the table (the
+/// reader for its reply, or whoever ends the connection) completes it, and
+/// nobody else touches its memory afterwards.
+struct Pending {
+    read_into: Option<(*mut u8, usize)>,
+    done: Arc<Done>,
+}
+
+// SAFETY: the pointer is a caller's buffer that the caller does not touch
+// (it waits in `Ticket::wait`) until the request completes; only the one
+// thread that took the `Pending` out of the table writes to it.
+unsafe impl Send for Pending {}
+
+#[derive(Default)]
+struct Done {
+    result: Mutex<Option<Result<(), RequestError>>>,
+    cv: Condvar,
+}
+
+impl Done {
+    fn complete(&self, result: Result<(), RequestError>) {
+        *self.result.lock().unwrap() = Some(result);
+        self.cv.notify_all();
+    }
+}
+
+/// A request sent: `wait` for its reply.
+#[must_use]
+pub struct Ticket(Arc<Done>);
+
+impl Ticket {
+    pub fn wait(self) -> Result<(), RequestError> {
+        let mut result = self.0.result.lock().unwrap();
+        loop {
+            if let Some(done) = result.take() {
+                return done;
+            }
+            result = self.0.cv.wait(result).unwrap();
+        }
+    }
+}
+
+/// One direction of a connection's byte stream. A plain socket is two
+/// descriptors of one socket, read by the reader thread and written by the
+/// senders, each blocking. A TLS session cannot be split: both sides share
+/// it behind a lock, on a non-blocking socket, each polling the descriptor
+/// without holding the lock while it waits, so a sender never stops the
+/// reader (and with it the server) and the reverse.
+enum Half {
+    Own(Box<dyn Stream>),
+    Shared(Arc<Mutex<Box<dyn Stream>>>, RawFd),
+}
+
+/// How long a side of a TLS session polls before trying again: OpenSSL may
+/// want to write while reading (a key update), which a poll for input
+/// alone would not notice.
+const TLS_POLL_MS: i32 = 100;
+
+fn poll_fd(fd: RawFd, events: libc::c_short) {
+    let mut pfd = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, alive for the call. An error or timeout just
+    // means trying the stream again, which reports what is wrong.
+    unsafe { libc::poll(&mut pfd, 1, TLS_POLL_MS) };
+}
+
+impl Half {
+    fn write_all(&mut self, mut data: &[u8]) -> io::Result<()> {
+        match self {
+            Half::Own(stream) => stream.write_all(data).and_then(|_| stream.flush()),
+            Half::Shared(stream, fd) => {
+                while !data.is_empty() {
+                    let wrote = stream.lock().unwrap().write(data);
+                    match wrote {
+                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                        Ok(n) => data = &data[n..],
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            poll_fd(*fd, libc::POLLOUT)
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn read_exact(&mut self, mut buf: &mut [u8]) -> io::Result<()> {
+        match self {
+            Half::Own(stream) => stream.read_exact(buf),
+            Half::Shared(stream, fd) => {
+                while !buf.is_empty() {
+                    let read = stream.lock().unwrap().read(buf);
+                    match read {
+                        Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                        Ok(n) => buf = &mut buf[n..],
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            poll_fd(*fd, libc::POLLIN)
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 /// What a request failed of.
@@ -322,97 +475,133 @@ impl Connection {
         let socket = connect_socket(uri)?;
         socket.set_timeouts(Some(HANDSHAKE_TIMEOUT))?;
         let control = socket.try_clone()?;
+        let reading = socket.try_clone()?;
         let mut stream = socket.into_stream();
         start_handshake(&mut *stream)?;
+        let tls = uri.tls.is_some();
         if let Some(tls) = &uri.tls {
             request_starttls(&mut *stream)?;
             stream = super::tls::client(stream, uri, tls)?;
         }
         let info = go(&mut *stream, &uri.export)?;
         control.set_timeouts(None)?;
-        Ok(Connection {
-            stream,
+        let (send, receive) = if tls {
+            control.set_nonblocking(true)?;
+            let fd = control.as_raw_fd();
+            let shared = Arc::new(Mutex::new(stream));
+            (Half::Shared(shared.clone(), fd), Half::Shared(shared, fd))
+        } else {
+            (Half::Own(stream), Half::Own(reading.into_stream()))
+        };
+        let shared = Arc::new(Shared {
+            send: Mutex::new(send),
+            state: Mutex::new(State::default()),
+            room: Condvar::new(),
             socket: control,
+        });
+        let reader = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("uraid-nbd-reply".into())
+                .spawn(move || shared.read_replies(receive))?
+        };
+        Ok(Connection {
             info,
-            next_cookie: 0,
+            shared,
+            reader: Mutex::new(Some(reader)),
         })
     }
 
-    /// A handle on the socket, to end the connection from another thread
-    /// while a request waits on it.
-    pub fn socket_handle(&self) -> io::Result<Socket> {
-        self.socket.try_clone()
+    /// Whether the connection broke (or was closed).
+    pub fn is_dead(&self) -> bool {
+        self.shared.state.lock().unwrap().dead.is_some()
     }
 
-    /// Sends a request (with a write's payload) and reads its reply (and a
-    /// read's data into `read_into`).
+    /// Sends a request (with a write's payload) and returns at once, or
+    /// after waiting for room; its reply (and a read's data, written to
+    /// `read_into`) comes through the ticket.
+    ///
+    /// # Safety
+    /// `read_into`, when given, must stay valid and untouched until the
+    /// ticket's `wait` returns (the reply reader writes to it meanwhile).
+    pub unsafe fn submit(
+        &self,
+        command: u16,
+        flags: u16,
+        offset: u64,
+        payload: Option<&[u8]>,
+        read_into: Option<(*mut u8, usize)>,
+        length: u32,
+    ) -> Result<Ticket, RequestError> {
+        let done = Arc::new(Done::default());
+        let cookie = {
+            let mut state = self.shared.state.lock().unwrap();
+            while state.dead.is_none() && state.in_flight.len() >= CONNECTION_DEPTH {
+                state = self.shared.room.wait(state).unwrap();
+            }
+            if let Some((kind, why)) = &state.dead {
+                return Err(RequestError::Connection(io::Error::new(*kind, why.clone())));
+            }
+            state.next_cookie += 1;
+            let cookie = state.next_cookie;
+            let pending = Pending {
+                read_into,
+                done: done.clone(),
+            };
+            state.in_flight.insert(cookie, pending);
+            cookie
+        };
+        let header = proto::encode_request_header(&RequestHeader {
+            flags,
+            command,
+            cookie,
+            offset,
+            length,
+        });
+        let sent = {
+            let mut send = self.shared.send.lock().unwrap();
+            match payload {
+                // Header and payload together: one write for small
+                // payloads, no second round of Nagle-like waits.
+                Some(data) if data.len() <= 64 << 10 => {
+                    let mut message = Vec::with_capacity(header.len() + data.len());
+                    message.extend_from_slice(&header);
+                    message.extend_from_slice(data);
+                    send.write_all(&message)
+                }
+                Some(data) => send.write_all(&header).and_then(|_| send.write_all(data)),
+                None => send.write_all(&header),
+            }
+        };
+        if let Err(e) = sent {
+            // A message half sent leaves the stream unusable: everything
+            // in flight on it fails, this request with them.
+            self.shared.fail(e);
+        }
+        Ok(Ticket(done))
+    }
+
+    /// Sends a request and waits for its reply (and a read's data).
     pub fn request(
-        &mut self,
+        &self,
         command: u16,
         offset: u64,
         length: u32,
         payload: Option<&[u8]>,
         read_into: Option<&mut [u8]>,
     ) -> Result<(), RequestError> {
-        self.next_cookie += 1;
-        let cookie = self.next_cookie;
-        let header = proto::encode_request_header(&RequestHeader {
-            flags: 0,
-            command,
-            cookie,
-            offset,
-            length,
-        });
-        let sent = match payload {
-            // Header and payload together: one write for small payloads,
-            // no second round of Nagle-like waits for large ones.
-            Some(data) if data.len() <= 64 << 10 => {
-                let mut message = Vec::with_capacity(header.len() + data.len());
-                message.extend_from_slice(&header);
-                message.extend_from_slice(data);
-                self.stream.write_all(&message)
-            }
-            Some(data) => self
-                .stream
-                .write_all(&header)
-                .and_then(|_| self.stream.write_all(data)),
-            None => self.stream.write_all(&header),
-        };
-        sent.and_then(|_| self.stream.flush())
-            .map_err(RequestError::Connection)?;
-        let mut reply = [0u8; proto::SIMPLE_REPLY_LEN];
-        self.stream
-            .read_exact(&mut reply)
-            .map_err(|e| RequestError::Connection(lost(e)))?;
-        let (error, reply_cookie) = match proto::decode_reply_header(&reply) {
-            Ok(ReplyHeader::Simple { error, cookie }) => (error, cookie),
-            Ok(ReplyHeader::Chunk(_)) => {
-                return Err(RequestError::Connection(protocol_error(
-                    "a structured reply, which was not negotiated",
-                )))
-            }
-            Err(e) => return Err(RequestError::Connection(protocol_error(e))),
-        };
-        if reply_cookie != cookie {
-            return Err(RequestError::Connection(protocol_error(format!(
-                "reply for cookie {reply_cookie} to request {cookie}"
-            ))));
-        }
-        if error != 0 {
-            return Err(RequestError::Reply(reply_error(error)));
-        }
-        if let Some(buf) = read_into {
-            self.stream
-                .read_exact(buf)
-                .map_err(|e| RequestError::Connection(lost(e)))?;
-        }
-        Ok(())
+        let into = read_into.map(|buf| (buf.as_mut_ptr(), buf.len()));
+        // SAFETY: the buffer is borrowed until the wait returns.
+        unsafe { self.submit(command, 0, offset, payload, into, length) }?.wait()
     }
 
     /// Ends the connection; a polite `NBD_CMD_DISC` first, which a dead
-    /// server may never read.
-    pub fn close(mut self) {
-        let _ = self.socket.set_timeouts(Some(Duration::from_secs(1)));
+    /// server may never read. Requests in flight fail.
+    pub fn close(&self) {
+        let _ = self
+            .shared
+            .socket
+            .set_timeouts(Some(Duration::from_secs(1)));
         let header = proto::encode_request_header(&RequestHeader {
             flags: 0,
             command: proto::CMD_DISC,
@@ -420,11 +609,103 @@ impl Connection {
             offset: 0,
             length: 0,
         });
-        let _ = self
-            .stream
-            .write_all(&header)
-            .and_then(|_| self.stream.flush());
+        if !self.is_dead() {
+            if let Ok(mut send) = self.shared.send.try_lock() {
+                let _ = send.write_all(&header);
+            }
+        }
+        self.shared.fail(io::Error::new(
+            io::ErrorKind::NotConnected,
+            "the connection was closed",
+        ));
+        if let Some(reader) = self.reader.lock().unwrap().take() {
+            let _ = reader.join();
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl Shared {
+    /// Marks the connection dead with `e` (the first reason stays), fails
+    /// every request in flight and shuts the socket, which ends the reader.
+    fn fail(&self, e: io::Error) {
+        let taken: Vec<Pending> = {
+            let mut state = self.state.lock().unwrap();
+            if state.dead.is_none() {
+                state.dead = Some((e.kind(), e.to_string()));
+            }
+            state.in_flight.drain().map(|(_, p)| p).collect()
+        };
+        self.room.notify_all();
         self.socket.shutdown();
+        let (kind, why) = (e.kind(), e.to_string());
+        for pending in taken {
+            let error = io::Error::new(kind, why.clone());
+            pending.done.complete(Err(RequestError::Connection(error)));
+        }
+    }
+
+    /// The reader thread: replies until the connection ends.
+    fn read_replies(&self, mut receive: Half) {
+        let e = loop {
+            match self.read_one(&mut receive) {
+                Ok(()) => {}
+                Err(e) => break e,
+            }
+        };
+        self.fail(e);
+    }
+
+    /// Reads one reply and completes its request.
+    fn read_one(&self, receive: &mut Half) -> io::Result<()> {
+        let mut reply = [0u8; proto::SIMPLE_REPLY_LEN];
+        receive.read_exact(&mut reply).map_err(lost)?;
+        let (error, cookie) = match proto::decode_reply_header(&reply) {
+            Ok(ReplyHeader::Simple { error, cookie }) => (error, cookie),
+            Ok(ReplyHeader::Chunk(_)) => {
+                return Err(protocol_error(
+                    "a structured reply, which was not negotiated",
+                ))
+            }
+            Err(e) => return Err(protocol_error(e)),
+        };
+        let pending = self.state.lock().unwrap().in_flight.remove(&cookie);
+        let Some(pending) = pending else {
+            return Err(protocol_error(format!(
+                "a reply for cookie {cookie}, which is not in flight"
+            )));
+        };
+        if error != 0 {
+            self.room.notify_one();
+            pending
+                .done
+                .complete(Err(RequestError::Reply(reply_error(error))));
+            return Ok(());
+        }
+        let mut result = Ok(());
+        if let Some((ptr, len)) = pending.read_into {
+            // SAFETY: see `Pending`: the caller waits, and this thread took
+            // the request out of the table, so it alone writes there.
+            let buf = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+            result = receive.read_exact(buf).map_err(lost);
+        }
+        self.room.notify_one();
+        match result {
+            Ok(()) => {
+                pending.done.complete(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                let error = io::Error::new(e.kind(), e.to_string());
+                pending.done.complete(Err(RequestError::Connection(error)));
+                Err(e)
+            }
+        }
     }
 }
 
@@ -459,6 +740,131 @@ fn reply_error(code: u32) -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::net::UnixListener;
+
+    /// A server on a unix socket that negotiates an export of `size` bytes,
+    /// then hands its stream to `serve`.
+    fn fake_server(
+        dir: &std::path::Path,
+        serve: impl FnOnce(UnixStream) + Send + 'static,
+    ) -> (NbdUri, std::thread::JoinHandle<()>) {
+        let path = dir.join("fake.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            s.write_all(&proto::encode_greeting(proto::FLAG_FIXED_NEWSTYLE))
+                .unwrap();
+            let mut flags = [0u8; 4];
+            s.read_exact(&mut flags).unwrap();
+            let mut header = [0u8; proto::OPTION_HEADER_LEN];
+            s.read_exact(&mut header).unwrap();
+            let header = proto::decode_option_header(&header).unwrap();
+            assert_eq!(header.option, proto::OPT_GO);
+            let mut data = vec![0u8; header.length as usize];
+            s.read_exact(&mut data).unwrap();
+            let export = proto::encode_info_export(1 << 20, proto::TFLAG_HAS_FLAGS);
+            s.write_all(&proto::encode_option_reply(
+                proto::OPT_GO,
+                proto::REP_INFO,
+                &export,
+            ))
+            .unwrap();
+            s.write_all(&proto::encode_option_reply(
+                proto::OPT_GO,
+                proto::REP_ACK,
+                &[],
+            ))
+            .unwrap();
+            serve(s);
+        });
+        let uri = format!("nbd+unix:///?socket={}", path.display())
+            .parse()
+            .unwrap();
+        (uri, server)
+    }
+
+    fn read_request(s: &mut UnixStream) -> RequestHeader {
+        let mut header = [0u8; proto::REQUEST_HEADER_LEN];
+        s.read_exact(&mut header).unwrap();
+        proto::decode_request_header(&header).unwrap()
+    }
+
+    /// Reads 4 KiB at (i + 1) * 4 KiB from each of `callers` threads at
+    /// once, and returns what each got.
+    fn read_in_threads(
+        conn: &Arc<Connection>,
+        callers: usize,
+    ) -> Vec<(Vec<u8>, Result<(), RequestError>)> {
+        let threads: Vec<_> = (0..callers)
+            .map(|i| {
+                let conn = conn.clone();
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 4096];
+                    let at = (i as u64 + 1) << 12;
+                    let result = conn.request(proto::CMD_READ, at, 4096, None, Some(&mut buf));
+                    (buf, result)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    }
+
+    /// Requests from several threads are on the wire together, and each
+    /// gets its own reply and data although they come back in reverse.
+    #[test]
+    fn requests_in_flight_together_get_their_own_replies() {
+        const CALLERS: usize = 6;
+        let dir = tempfile::tempdir().unwrap();
+        let (uri, server) = fake_server(dir.path(), |mut s| {
+            // Nothing is answered before every caller's request is in:
+            // one request at a time per connection would wait for ever.
+            let requests: Vec<RequestHeader> = (0..CALLERS).map(|_| read_request(&mut s)).collect();
+            for request in requests.iter().rev() {
+                assert_eq!(request.command, proto::CMD_READ);
+                s.write_all(&proto::encode_simple_reply(0, request.cookie))
+                    .unwrap();
+                let fill = (request.offset >> 12) as u8;
+                s.write_all(&vec![fill; request.length as usize]).unwrap();
+            }
+            let disc = read_request(&mut s);
+            assert_eq!(disc.command, proto::CMD_DISC);
+        });
+        let conn = Arc::new(Connection::open(&uri).unwrap());
+        for (i, (buf, result)) in read_in_threads(&conn, CALLERS).into_iter().enumerate() {
+            assert!(result.is_ok(), "caller {i}'s read failed");
+            assert!(buf.iter().all(|&b| b == i as u8 + 1), "caller {i}");
+        }
+        conn.close();
+        server.join().unwrap();
+    }
+
+    /// A connection that breaks fails every request in flight on it, and
+    /// every later one at once.
+    #[test]
+    fn a_broken_connection_fails_every_request_in_flight() {
+        const CALLERS: usize = 4;
+        let dir = tempfile::tempdir().unwrap();
+        let (uri, server) = fake_server(dir.path(), |mut s| {
+            for _ in 0..CALLERS {
+                read_request(&mut s);
+            }
+            // The server goes away without a word.
+        });
+        let conn = Arc::new(Connection::open(&uri).unwrap());
+        for (_, result) in read_in_threads(&conn, CALLERS) {
+            match result {
+                Err(RequestError::Connection(e)) => {
+                    assert!(e.to_string().contains("closed the connection"), "{e}")
+                }
+                Err(RequestError::Reply(e)) => panic!("an error reply: {e}"),
+                Ok(()) => panic!("answered"),
+            }
+        }
+        server.join().unwrap();
+        assert!(conn.is_dead());
+        let later = conn.request(proto::CMD_FLUSH, 0, 0, None, None);
+        assert!(matches!(later, Err(RequestError::Connection(_))));
+    }
 
     #[test]
     fn reply_errors_become_the_hosts_errno() {

@@ -2,18 +2,23 @@
 //! (`nbd://host[:port]/export`, `nbds://…`, `nbd+unix:///export?socket=…`)
 //! is a member like a disk.
 //!
-//! A member holds a small pool of connections, each carrying one request
-//! at a time: a request takes a free connection (or waits for one), so the
-//! requests in flight per member are bounded by the pool, and no reply has
-//! to be matched to a request on another thread. The pool has several
+//! A member holds a small pool of connections, each carrying up to
+//! `client::CONNECTION_DEPTH` requests at once: callers send on the next
+//! connection in turn and wait for their own reply, which the connection's
+//! reader thread matches by cookie, so that the array's concurrent I/O is
+//! not queued behind one round trip per connection. The pool has several
 //! connections only when the server advertises `NBD_FLAG_CAN_MULTI_CONN`
 //! (a flush on one then covers the writes done on all); otherwise one.
+//! A flush covers what the server has acknowledged, which is every write
+//! whose caller has returned: callers that want a write flushed wait for it
+//! first, as with a disk.
 //!
 //! A connection that breaks (the server died, the network went away, the
-//! server broke the protocol) is dropped and its request fails with an
+//! server broke the protocol) fails every request in flight on it with an
 //! I/O error, as a disk's would, so the engine fails the member; every
-//! later request fails at once, on whichever connection. `Member::reconnect` opens the pool anew,
-//! for a member brought back (or `member::open` opens the URI again).
+//! later request fails at once, on whichever connection. `Member::reconnect`
+//! opens the pool anew, for a member brought back (or `member::open` opens
+//! the URI again).
 
 mod client;
 pub mod proto;
@@ -30,12 +35,13 @@ pub use client::{connect_socket, go, request_starttls, start_handshake, ExportIn
 pub(crate) use tls::first_reason;
 pub use uri::{is_nbd_uri, NbdUri};
 
+use super::batch::Buffer;
 use super::stats::IoStats;
 use super::{check_io, io_error, Member};
 use client::{Connection, RequestError};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// The largest request sent, whatever the server allows: 32 MiB is the
 /// protocol's usual cap and what nbdkit and qemu-nbd accept.
@@ -48,11 +54,8 @@ pub struct NbdMember {
     block_bytes: u32,
     size_bytes: u64,
     max_request_bytes: u32,
-    /// `None`: the connection broke and waits for `reconnect`.
-    pool: Vec<Mutex<Option<Connection>>>,
-    /// The pool's sockets, to end them without waiting for the requests
-    /// that hold their connections.
-    sockets: Mutex<Vec<Socket>>,
+    /// `None`: closed by a `reconnect` that could not open it again.
+    pool: Vec<Mutex<Option<Arc<Connection>>>>,
     next: AtomicUsize,
     /// A connection broke: every request fails until `reconnect`, so that
     /// the member reads as gone, not as a disk that fails now and then.
@@ -86,7 +89,7 @@ impl NbdMember {
         let first = Connection::open(&uri).map_err(|e| named(&uri, e))?;
         let info = first.info;
         if write && info.has(proto::TFLAG_READ_ONLY) {
-            first.close();
+            drop(first);
             return Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 format!("{}: the export is read-only", uri.text),
@@ -95,7 +98,7 @@ impl NbdMember {
         let sizes = info.block_sizes;
         let block_bytes = sizes.map_or(512, |s| s.min.max(512));
         if !block_bytes.is_power_of_two() || block_bytes > 65536 {
-            first.close();
+            drop(first);
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
@@ -112,25 +115,17 @@ impl NbdMember {
         } else {
             1
         };
-        let mut pool = vec![Mutex::new(Some(first))];
+        let mut pool = vec![Mutex::new(Some(Arc::new(first)))];
         for _ in 1..count {
             // The extra connections are a speed-up: a server that takes
-            // fewer than asked still serves the member.
+            // fewer than asked still serves the member (a connection of
+            // another export is dropped, which closes it).
             match Connection::open(&uri) {
-                Ok(conn) if conn.info == info => pool.push(Mutex::new(Some(conn))),
-                Ok(conn) => {
-                    conn.close();
-                    break;
-                }
-                Err(_) => break,
+                Ok(conn) if conn.info == info => pool.push(Mutex::new(Some(Arc::new(conn)))),
+                _ => break,
             }
         }
-        let sockets = pool
-            .iter()
-            .filter_map(|slot| slot.lock().unwrap().as_ref()?.socket_handle().ok())
-            .collect();
         Ok(NbdMember {
-            sockets: Mutex::new(sockets),
             size_bytes: info.size_bytes / block_bytes as u64 * block_bytes as u64,
             uri,
             write,
@@ -166,8 +161,11 @@ impl NbdMember {
     /// connections (a server that hangs) fail first.
     fn reconnect_pool(&self) -> io::Result<()> {
         self.broken.store(true, Ordering::Release);
-        for socket in self.sockets.lock().unwrap().drain(..) {
-            socket.shutdown();
+        for slot in &self.pool {
+            let old = slot.lock().unwrap().take();
+            if let Some(old) = old {
+                old.close();
+            }
         }
         let mut fresh = Vec::with_capacity(self.pool.len());
         for _ in 0..self.pool.len() {
@@ -176,7 +174,6 @@ impl NbdMember {
                 && conn.info.block_sizes.map_or(512, |s| s.min.max(512)) == self.block_bytes
                 && !(self.write && conn.info.has(proto::TFLAG_READ_ONLY));
             if !same {
-                conn.close();
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!(
@@ -187,53 +184,99 @@ impl NbdMember {
             }
             fresh.push(conn);
         }
-        let mut sockets = self.sockets.lock().unwrap();
         for (slot, conn) in self.pool.iter().zip(fresh) {
-            sockets.extend(conn.socket_handle());
-            if let Some(old) = slot.lock().unwrap().replace(conn) {
-                old.close();
-            }
+            *slot.lock().unwrap() = Some(Arc::new(conn));
         }
-        drop(sockets);
         self.broken.store(false, Ordering::Release);
         Ok(())
     }
 
-    /// Runs one request on a free connection (or waits for the next one
-    /// in turn); a broken connection is dropped and its error returned.
-    fn request(
-        &self,
-        command: u16,
-        offset: u64,
-        length: u32,
-        payload: Option<&[u8]>,
-        read_into: Option<&mut [u8]>,
-    ) -> io::Result<()> {
-        let start = self.next.fetch_add(1, Ordering::Relaxed);
-        let n = self.pool.len();
-        let mut guard = (0..n)
-            .find_map(|i| self.pool[(start + i) % n].try_lock().ok())
-            .unwrap_or_else(|| self.pool[start % n].lock().unwrap());
-        let conn = match guard.as_mut() {
-            Some(conn) if !self.broken.load(Ordering::Acquire) => conn,
-            _ => {
-                return Err(io::Error::new(
-                    io::ErrorKind::NotConnected,
-                    "the connection to the server was lost",
-                ))
-            }
+    /// The next connection in turn, unless the member lost one.
+    fn connection(&self) -> io::Result<Arc<Connection>> {
+        let lost = || {
+            io::Error::new(
+                io::ErrorKind::NotConnected,
+                "the connection to the server was lost",
+            )
         };
-        match conn.request(command, offset, length, payload, read_into) {
-            Ok(()) => Ok(()),
-            Err(RequestError::Reply(e)) => Err(e),
-            Err(RequestError::Connection(e)) => {
+        if self.broken.load(Ordering::Acquire) {
+            return Err(lost());
+        }
+        let at = self.next.fetch_add(1, Ordering::Relaxed) % self.pool.len();
+        self.pool[at].lock().unwrap().clone().ok_or_else(lost)
+    }
+
+    /// A request's error; a broken connection breaks the member.
+    fn failed(&self, e: RequestError) -> io::Error {
+        match e {
+            RequestError::Reply(e) => e,
+            RequestError::Connection(e) => {
                 self.broken.store(true, Ordering::Release);
-                if let Some(conn) = guard.take() {
-                    conn.close();
-                }
-                Err(e)
+                e
             }
         }
+    }
+
+    /// Sends every piece of one transfer (at most `max_request_bytes`
+    /// each) before waiting for any, and returns the first error.
+    fn transfer(&self, flags: u16, offset_bytes: u64, buffer: Buffer) -> io::Result<()> {
+        let (what, command, len, payload, into) = match buffer {
+            Buffer::Read(buf) => (
+                "read",
+                proto::CMD_READ,
+                buf.len(),
+                None,
+                Some(buf.as_mut_ptr()),
+            ),
+            Buffer::Write(buf) => ("write", proto::CMD_WRITE, buf.len(), Some(buf), None),
+        };
+        let step = self.max_request_bytes as usize;
+        let mut sent = Vec::with_capacity(len.div_ceil(step));
+        let mut first_error = None;
+        for done in (0..len).step_by(step) {
+            let piece = step.min(len - done);
+            let at = offset_bytes + done as u64;
+            let ticket = self.connection().and_then(|conn| {
+                let data = payload.map(|p| &p[done..done + piece]);
+                // SAFETY: the pieces are disjoint parts of `read_into`,
+                // which stays borrowed until every ticket is waited for
+                // below.
+                let dest = into.map(|p| (unsafe { p.add(done) }, piece));
+                unsafe { conn.submit(command, flags, at, data, dest, piece as u32) }
+                    .map_err(|e| self.failed(e))
+            });
+            match ticket {
+                Ok(ticket) => sent.push((at, piece, ticket)),
+                Err(e) => {
+                    first_error = Some(io_error(&self.uri.text, what, at, piece, e));
+                    break;
+                }
+            }
+        }
+        for (at, piece, ticket) in sent {
+            if let Err(e) = ticket.wait() {
+                let e = self.failed(e);
+                first_error.get_or_insert_with(|| io_error(&self.uri.text, what, at, piece, e));
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// One request without data, waited for.
+    fn simple(&self, command: u16, offset: u64, length: u32) -> io::Result<()> {
+        let conn = self.connection()?;
+        conn.request(command, offset, length, None, None)
+            .map_err(|e| self.failed(e))
+    }
+
+    fn check_writable(&self) -> io::Result<()> {
+        if self.write {
+            return Ok(());
+        }
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{}: opened read-only", self.uri.text),
+        ))
     }
 }
 
@@ -273,7 +316,8 @@ fn check_tls_before_connecting(uri: &NbdUri) -> io::Result<()> {
 impl Drop for NbdMember {
     fn drop(&mut self) {
         for slot in &self.pool {
-            if let Some(conn) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let conn = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(conn) = conn {
                 conn.close();
             }
         }
@@ -295,33 +339,25 @@ impl Member for NbdMember {
 
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()> {
         check_io(self, offset_bytes, buf.len() as u64)?;
-        let mut done = 0usize;
-        for chunk in buf.chunks_mut(self.max_request_bytes as usize) {
-            let at = offset_bytes + done as u64;
-            let len = chunk.len();
-            self.request(proto::CMD_READ, at, len as u32, None, Some(chunk))
-                .map_err(|e| io_error(&self.uri.text, "read", at, len, e))?;
-            done += len;
-        }
-        Ok(())
+        self.transfer(0, offset_bytes, Buffer::Read(buf))
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
         check_io(self, offset_bytes, buf.len() as u64)?;
-        if !self.write {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!("{}: opened read-only", self.uri.text),
-            ));
+        self.check_writable()?;
+        self.transfer(0, offset_bytes, Buffer::Write(buf))
+    }
+
+    /// With `NBD_CMD_FLAG_FUA` on every piece when the server takes it:
+    /// the server makes those writes durable before it answers, without a
+    /// flush of everything else it holds.
+    fn write_at_fua(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
+        if !self.write || !self.info.has(proto::TFLAG_SEND_FUA) {
+            self.write_at(buf, offset_bytes)?;
+            return self.flush();
         }
-        let mut done = 0usize;
-        for chunk in buf.chunks(self.max_request_bytes as usize) {
-            let at = offset_bytes + done as u64;
-            self.request(proto::CMD_WRITE, at, chunk.len() as u32, Some(chunk), None)
-                .map_err(|e| io_error(&self.uri.text, "write", at, chunk.len(), e))?;
-            done += chunk.len();
-        }
-        Ok(())
+        check_io(self, offset_bytes, buf.len() as u64)?;
+        self.transfer(proto::CMD_FLAG_FUA, offset_bytes, Buffer::Write(buf))
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -330,7 +366,7 @@ impl Member for NbdMember {
             // meaning of not advertising it).
             return Ok(());
         }
-        self.request(proto::CMD_FLUSH, 0, 0, None, None)
+        self.simple(proto::CMD_FLUSH, 0, 0)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: flush: {e}", self.uri.text)))
     }
 
@@ -345,7 +381,7 @@ impl Member for NbdMember {
         let end = offset_bytes + len_bytes;
         while at < end {
             let len = (end - at).min(step);
-            self.request(proto::CMD_TRIM, at, len as u32, None, None)
+            self.simple(proto::CMD_TRIM, at, len as u32)
                 .map_err(|e| io_error(&self.uri.text, "discard", at, len as usize, e))?;
             at += len;
         }

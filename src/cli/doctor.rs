@@ -1,5 +1,6 @@
-//! `uraid doctor [--json] [DEVICE...]`: the host checks, and the queues of
-//! the devices given or of the members of the arrays served here.
+//! `uraid doctor [--json] [DEVICE|URI...]`: the host checks, and the queues
+//! of the devices given or of the members of the arrays served here (an NBD
+//! member's server asked instead).
 
 use super::CliResult;
 use crate::control::{self, Request};
@@ -11,8 +12,8 @@ pub struct DoctorArgs {
     /// A list of {check, status, value, reason, fix} on stdout.
     #[arg(long)]
     json: bool,
-    /// Member devices or image files whose queues to check (default: the
-    /// members of the arrays served here).
+    /// Member devices or image files whose queues to check, or NBD URIs
+    /// whose servers to ask (default: the members of the arrays served here).
     devices: Vec<PathBuf>,
 }
 
@@ -57,7 +58,15 @@ fn served_arrays() -> Vec<(ArrayNeed, Vec<PathBuf>)> {
 
 pub fn run(args: &DoctorArgs) -> CliResult {
     for device in &args.devices {
-        std::fs::metadata(device).map_err(|e| format!("{}: {e}", device.display()))?;
+        match device.to_str().filter(|_| crate::member::is_uri(device)) {
+            Some(uri) => {
+                uri.parse::<crate::member::nbd::NbdUri>()
+                    .map_err(|e| e.to_string())?;
+            }
+            None => {
+                std::fs::metadata(device).map_err(|e| format!("{}: {e}", device.display()))?;
+            }
+        }
     }
     let served = served_arrays();
     let targets = if args.devices.is_empty() {

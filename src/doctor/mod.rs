@@ -7,6 +7,7 @@
 //! failure.
 
 mod host;
+mod nbd;
 mod queue;
 
 use serde::{Deserialize, Serialize};
@@ -98,7 +99,8 @@ pub struct ArrayNeed {
 /// What to check beyond the host itself.
 #[derive(Clone, Debug, Default)]
 pub struct Targets {
-    /// Member devices (or image files) whose queues are checked.
+    /// Member devices (or image files) whose queues are checked, and NBD
+    /// URIs whose servers are asked.
     pub devices: Vec<PathBuf>,
     /// Arrays served now, or the array the devices would make.
     pub arrays: Vec<ArrayNeed>,
@@ -108,7 +110,10 @@ pub struct Targets {
 pub fn run(targets: &Targets) -> Vec<Check> {
     let mut checks = host::checks(&targets.arrays);
     for device in &targets.devices {
-        checks.extend(queue::checks(device));
+        match device.to_str().filter(|_| crate::member::is_uri(device)) {
+            Some(uri) => checks.extend(nbd::checks(uri)),
+            None => checks.extend(queue::checks(device)),
+        }
     }
     checks
 }

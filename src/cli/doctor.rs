@@ -19,7 +19,7 @@ pub struct DoctorArgs {
 
 /// The served arrays (through their control sockets): each one's
 /// members and stripe_cache_size. A socket nobody answers is skipped.
-fn served_arrays() -> Vec<(ArrayNeed, Vec<PathBuf>)> {
+fn served_arrays() -> Vec<(ArrayNeed, Vec<(PathBuf, String)>)> {
     let Ok(entries) = std::fs::read_dir(control::default_socket_dir()) else {
         return Vec::new();
     };
@@ -34,11 +34,14 @@ fn served_arrays() -> Vec<(ArrayNeed, Vec<PathBuf>)> {
         .filter_map(|socket| control::request(socket, &Request::Status).ok())
         .map(|reply| {
             let detail = &reply.detail;
-            let members: Vec<PathBuf> = detail["devices"]
+            let members: Vec<(PathBuf, String)> = detail["devices"]
                 .as_array()
                 .map(|rows| {
                     rows.iter()
-                        .filter_map(|r| r["path"].as_str().map(PathBuf::from))
+                        .filter_map(|r| {
+                            let state = r["state"].as_str().unwrap_or_default().to_string();
+                            r["path"].as_str().map(|p| (PathBuf::from(p), state))
+                        })
                         .collect()
                 })
                 .unwrap_or_default();
@@ -69,10 +72,12 @@ pub fn run(args: &DoctorArgs) -> CliResult {
         }
     }
     let served = served_arrays();
+    let members: Vec<(PathBuf, String)> = served.iter().flat_map(|(_, m)| m.clone()).collect();
     let targets = if args.devices.is_empty() {
         Targets {
-            devices: served.iter().flat_map(|(_, m)| m.clone()).collect(),
+            devices: members.iter().map(|(p, _)| p.clone()).collect(),
             arrays: served.into_iter().map(|(a, _)| a).collect(),
+            served: members,
         }
     } else {
         // The devices given, as one array at md's default stripe cache,
@@ -86,6 +91,7 @@ pub fn run(args: &DoctorArgs) -> CliResult {
         Targets {
             devices: args.devices.clone(),
             arrays,
+            served: members,
         }
     };
     let checks = doctor::run(&targets);

@@ -1,7 +1,7 @@
 //! `uraid doctor` on this host: every check answers one of the four
 //! statuses with a reason where it is not ok, the text has one line per
 //! check, and a device given gets its queue checks (an image file:
-//! unavailable, with the reason).
+//! unavailable, with the reason); an NBD URI is asked of its server.
 
 mod common;
 
@@ -133,4 +133,53 @@ fn devices_get_their_queue_checks() {
 
     let refused = uraid_refused(&["doctor", "/no/such/device"]);
     assert!(refused.contains("/no/such/device"), "{refused}");
+}
+
+#[test]
+fn nbd_uris_are_asked_of_their_servers() {
+    let tcp = || PeerListen::Tcp {
+        addr: "127.0.0.1".into(),
+        port: free_tcp_port(),
+    };
+    let peer = start_nbdkit_peer(tcp(), &[], &["memory", "16M"]);
+    let uri = peer.uri();
+    let (checks, _) = doctor_json(&[&uri]);
+    assert_eq!(find(&checks, &format!("nbd export {uri}"))["status"], "ok");
+    let size = find(&checks, &format!("nbd size {uri}"));
+    assert!(
+        size["value"]
+            .as_str()
+            .unwrap()
+            .starts_with("16777216 bytes"),
+        "{size}"
+    );
+    let transport = find(&checks, &format!("nbd transport {uri}"));
+    assert_eq!(transport["status"], "ok", "{transport}");
+    let queue = find(&checks, &format!("queue {uri}"));
+    assert_eq!(queue["status"], "unavailable", "{queue}");
+
+    // A read-only export cannot be a member.
+    let read_only = start_nbdkit_peer(tcp(), &["-r"], &["memory", "16M"]);
+    let ro_uri = read_only.uri();
+    let (checks, ok) = doctor_json(&[&ro_uri]);
+    assert!(!ok);
+    let c = find(&checks, &format!("nbd export {ro_uri}"));
+    assert_eq!(c["status"], "fail", "{c}");
+    assert!(c["reason"].as_str().unwrap().contains("read-only"), "{c}");
+
+    // Nobody serves the port: one failed line names the URI, nothing more.
+    let nobody = format!("nbd://127.0.0.1:{}/disk", free_tcp_port());
+    let out = uraid().args(["doctor", &nobody]).output().unwrap();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(&nobody)).collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    assert!(
+        lines[0].starts_with("fail") && lines[0].contains("refused"),
+        "{}",
+        lines[0]
+    );
+
+    let refused = uraid_refused(&["doctor", "nbd://127.0.0.1:port/disk"]);
+    assert!(refused.contains("bad port"), "{refused}");
 }

@@ -3,7 +3,8 @@
 //! I/O goes on from the others, and the member comes back through the
 //! write-intent bitmap by `manage --add` or by itself with `--auto-re-add`.
 //! The hang is the fault injector's (`--inject DEV hang`, lifted with
-//! `hang:off`), on raid6 image files; the client is nbdsh.
+//! `hang:off`), on raid6 image files; the client is nbdsh. A member added
+//! while serving is watched as one opened at start.
 
 mod common;
 
@@ -253,4 +254,32 @@ fn auto_re_add_brings_a_member_back_by_itself() {
     rig.verify();
     // Off again: a member failed by a timeout now stays failed.
     rig.manage(&["--auto-re-add", "off"]);
+}
+
+/// A member added while serving gets the watchdog of the members opened
+/// at start: a spare added by `manage --add` takes over a failed member's
+/// role, then hangs, and is failed by the timeout while client I/O goes on.
+#[test]
+fn a_member_added_while_serving_is_failed_by_the_timeout_too() {
+    let mut rig = rig("timeout-added", &[]);
+    rig.io(21, 0, MIB as usize, false);
+    let added = sparse_files(rig.dir.path(), "added", &[MEMBER_BYTES]);
+    let added = added[0].display().to_string();
+    rig.manage(&["--add", &added]);
+    let failed = rig.members[2].clone();
+    rig.manage(&["--fail", &failed]);
+    rig.wait("the spare rebuilt into the failed member's role", |s| {
+        status_whole_and_idle(s)
+            && status_events(s)
+                .iter()
+                .any(|(e, d, _)| e == "RebuildFinished" && d == &added)
+    });
+    rig.manage(&["--inject", &added, "hang"]);
+    // The write that meets the hang finishes without the added member.
+    rig.io(23, 40 * MIB, MIB as usize, false);
+    rig.wait_failed_by_timeout(&added);
+    rig.io(25, 60 * MIB, MIB as usize, true);
+    rig.manage(&["--inject", &added, "hang:off"]);
+    let back = nbdcopy_out(rig.served.uri(), rig.dir.path());
+    assert_same_bytes(&back, &rig.expected, "the array without the hung member");
 }

@@ -301,3 +301,53 @@ fn raid10_over_six_hosts_reads_back_with_a_host_down() {
     );
     served.stop();
 }
+
+/// A member timeout shorter than TCP's fails the member by itself: with
+/// `--member-timeout 3` a host whose link goes down is failed by the
+/// watchdog (its reason says so), not by the socket giving up at 30 s,
+/// and status names the host that went.
+#[test]
+fn a_member_timeout_below_tcps_fails_a_host_off_the_network_by_itself() {
+    let dir = scratch("nbd-hosts-timeout");
+    let d = dir.path();
+    let net = Net::new(3);
+    let files = sparse_files(d, "host", &[MEMBER_BYTES; 3]);
+    let _peers: Vec<Peer> = (0..3).map(|i| net.nbdkit(i, &files[i])).collect();
+    let uris: Vec<String> = _peers.iter().map(Peer::uri).collect();
+    let members: Vec<&str> = uris.iter().map(String::as_str).collect();
+    let mut args = vec!["create", "--level", "5", "--raid-devices", "3"];
+    args.extend_from_slice(&members);
+    uraid_ok(&args);
+    let size = array_bytes(&members);
+
+    let served = serve(d, &["--member-timeout", "3"], &members);
+    let (image_path, _) = image(d, "image", 20, size);
+    nbdcopy_in(&image_path, served.uri());
+
+    net.link(1, false);
+    let (image_path, image_bytes) = image(d, "image2", 21, size);
+    nbdcopy_in(&image_path, served.uri());
+    let status = wait_status(
+        &served.control,
+        "host 1 failed",
+        Duration::from_secs(120),
+        |s| s["detail"]["member_failures"][members[1]].is_string(),
+    );
+    let reason = status["detail"]["member_failures"][members[1]]
+        .as_str()
+        .unwrap();
+    assert!(
+        reason.starts_with("timeout: ") && reason.contains("no answer within 3 s"),
+        "failed by the member timeout, not by TCP: {reason}"
+    );
+    let text = served.status_text();
+    let named = format!("{}:{NBD_PORT}/[1](F)", net.addr(1));
+    assert!(text.contains(&named), "{named} in:\n{text}");
+    assert_same_bytes(
+        &nbdcopy_out(served.uri(), d),
+        &image_bytes,
+        "read back with host 1 off the network",
+    );
+    net.link(1, true);
+    served.stop();
+}

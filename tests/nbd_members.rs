@@ -76,6 +76,19 @@ fn raid6_over_nbd_peers_serves_degrades_rebuilds_and_copies_out() {
     let size = array_bytes(&members);
 
     let served = serve(d, &[], &members);
+    // The short status names where each export is served, not only the
+    // export (which an nbdkit peer leaves empty): host:port, or the socket.
+    let tcp_name = |uri: &str| uri.strip_prefix("nbd://").unwrap().to_string();
+    let status = served.status_text();
+    for named in [
+        "unix:kit0.sock/[0]".to_string(),
+        format!("{}[1]", tcp_name(members[1])),
+        "unix:qemu0.sock/disk0[4]".to_string(),
+        format!("{}[5]", tcp_name(members[5])),
+    ] {
+        assert!(status.contains(&named), "{named} in:\n{status}");
+    }
+    assert!(tcp_name(members[5]).starts_with("127.0.0.1:"), "{status}");
     let (image_path, image_bytes) = image(d, "image", 61, size);
     nbdcopy_in(&image_path, served.uri());
     assert_same_bytes(
@@ -97,6 +110,9 @@ fn raid6_over_nbd_peers_serves_degrades_rebuilds_and_copies_out() {
         stderr.contains(&format!("event Fail {}", members[1])),
         "state {state}; stderr:\n{stderr}"
     );
+    let status = served.status_text();
+    let failed = format!("{}[1](F)", tcp_name(members[1]));
+    assert!(status.contains(&failed), "{failed} in:\n{status}");
 
     // A peer nobody serves is refused in one line, and nothing changes.
     let nobody = format!("nbd://127.0.0.1:{}/", free_tcp_port());

@@ -1,5 +1,6 @@
-//! `uraid doctor [--json] [DEVICE...]`: the host checks, and the queues of
-//! the devices given or of the members of the arrays served here.
+//! `uraid doctor [--json] [DEVICE|URI...]`: the host checks, and the queues
+//! of the devices given or of the members of the arrays served here (an NBD
+//! member's server asked instead).
 
 use super::CliResult;
 use crate::control::{self, Request};
@@ -11,14 +12,14 @@ pub struct DoctorArgs {
     /// A list of {check, status, value, reason, fix} on stdout.
     #[arg(long)]
     json: bool,
-    /// Member devices or image files whose queues to check (default: the
-    /// members of the arrays served here).
+    /// Member devices or image files whose queues to check, or NBD URIs
+    /// whose servers to ask (default: the members of the arrays served here).
     devices: Vec<PathBuf>,
 }
 
 /// The served arrays (through their control sockets): each one's
 /// members and stripe_cache_size. A socket nobody answers is skipped.
-fn served_arrays() -> Vec<(ArrayNeed, Vec<PathBuf>)> {
+fn served_arrays() -> Vec<(ArrayNeed, Vec<(PathBuf, String)>)> {
     let Ok(entries) = std::fs::read_dir(control::default_socket_dir()) else {
         return Vec::new();
     };
@@ -33,11 +34,14 @@ fn served_arrays() -> Vec<(ArrayNeed, Vec<PathBuf>)> {
         .filter_map(|socket| control::request(socket, &Request::Status).ok())
         .map(|reply| {
             let detail = &reply.detail;
-            let members: Vec<PathBuf> = detail["devices"]
+            let members: Vec<(PathBuf, String)> = detail["devices"]
                 .as_array()
                 .map(|rows| {
                     rows.iter()
-                        .filter_map(|r| r["path"].as_str().map(PathBuf::from))
+                        .filter_map(|r| {
+                            let state = r["state"].as_str().unwrap_or_default().to_string();
+                            r["path"].as_str().map(|p| (PathBuf::from(p), state))
+                        })
                         .collect()
                 })
                 .unwrap_or_default();
@@ -57,13 +61,23 @@ fn served_arrays() -> Vec<(ArrayNeed, Vec<PathBuf>)> {
 
 pub fn run(args: &DoctorArgs) -> CliResult {
     for device in &args.devices {
-        std::fs::metadata(device).map_err(|e| format!("{}: {e}", device.display()))?;
+        match device.to_str().filter(|_| crate::member::is_uri(device)) {
+            Some(uri) => {
+                uri.parse::<crate::member::nbd::NbdUri>()
+                    .map_err(|e| e.to_string())?;
+            }
+            None => {
+                std::fs::metadata(device).map_err(|e| format!("{}: {e}", device.display()))?;
+            }
+        }
     }
     let served = served_arrays();
+    let members: Vec<(PathBuf, String)> = served.iter().flat_map(|(_, m)| m.clone()).collect();
     let targets = if args.devices.is_empty() {
         Targets {
-            devices: served.iter().flat_map(|(_, m)| m.clone()).collect(),
+            devices: members.iter().map(|(p, _)| p.clone()).collect(),
             arrays: served.into_iter().map(|(a, _)| a).collect(),
+            served: members,
         }
     } else {
         // The devices given, as one array at md's default stripe cache,
@@ -77,6 +91,7 @@ pub fn run(args: &DoctorArgs) -> CliResult {
         Targets {
             devices: args.devices.clone(),
             arrays,
+            served: members,
         }
     };
     let checks = doctor::run(&targets);

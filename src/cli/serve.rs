@@ -9,7 +9,7 @@ use crate::control::ControlServer;
 use crate::engine::{Engine, EngineOptions};
 use crate::export::nbd::{self, Listener, ServeOptions, Tls, TlsCredentials, TlsMode};
 use crate::export::BlockBackend;
-use crate::member::{DeadlineMember, FaultyMember};
+use crate::member::Wrapping;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -181,28 +181,18 @@ pub fn run(args: &ServeArgs) -> CliResult {
     let tls = tls_config(args)?;
     let signals = block_stop_signals();
     let mut members = open_members(&paths, !args.read_only).map_err(|e| e.to_string())?;
+    let wrapping = Wrapping {
+        fault_injection: args.fault_injection,
+        timeout: (args.member_timeout > 0)
+            .then(|| std::time::Duration::from_secs(args.member_timeout)),
+    };
     let mut injectors = Vec::new();
-    if args.fault_injection {
-        for (name, member) in members.iter_mut() {
-            let faulty = Arc::new(FaultyMember::new(member.clone()));
-            injectors.push((name.clone(), faulty.clone()));
-            *member = faulty;
+    for (name, member) in members.iter_mut() {
+        let wrapped = wrapping.wrap(member.clone());
+        if let Some(injector) = wrapped.injector {
+            injectors.push((name.clone(), injector));
         }
-    }
-    if args.member_timeout > 0 {
-        let timeout = std::time::Duration::from_secs(args.member_timeout);
-        for (_, member) in members.iter_mut() {
-            // A member the engine drives through its own descriptor
-            // (io_uring, splice, a mapping) lends the kernel the caller's
-            // memory and cannot be walked away from; it is a local file or
-            // disk, whose hangs the kernel's command timers turn into errors.
-            let through_trait = member.raw_io().is_none()
-                && member.splice_fd().is_none()
-                && member.mapped().is_none();
-            if through_trait {
-                *member = Arc::new(DeadlineMember::new(member.clone(), timeout));
-            }
-        }
+        *member = wrapped.member;
     }
     let array = assemble_members(members).map_err(|e| e.to_string())?;
     let set_name = array.sb.set_name.clone();
@@ -250,6 +240,7 @@ pub fn run(args: &ServeArgs) -> CliResult {
     )
     .map_err(|e| e.to_string())?;
     engine.set_injectors(injectors);
+    engine.set_member_wrapping(wrapping);
     if args.auto_re_add {
         engine.set_auto_readd(true);
     }
@@ -305,7 +296,14 @@ pub fn run(args: &ServeArgs) -> CliResult {
         members: args
             .devices
             .iter()
-            .map(|d| absolute(d).display().to_string())
+            .map(|d| {
+                // A URI is where the member is, wherever one stands.
+                if crate::member::is_uri(d) {
+                    d.display().to_string()
+                } else {
+                    absolute(d).display().to_string()
+                }
+            })
             .collect(),
         started_secs: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

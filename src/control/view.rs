@@ -570,10 +570,7 @@ pub fn mdstat_block(array: &Snapshot) -> String {
     let mut o = String::new();
     let mut members: Vec<String> = Vec::new();
     for d in &array.devices {
-        let base = std::path::Path::new(&d.path)
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let base = crate::member::short_name(&d.path);
         let suffix = match d.state {
             DeviceState::Active { .. } => "",
             DeviceState::Faulty | DeviceState::Stale { .. } | DeviceState::Duplicate { .. } => {

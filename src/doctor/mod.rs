@@ -7,6 +7,7 @@
 //! failure.
 
 mod host;
+mod nbd;
 mod queue;
 
 use serde::{Deserialize, Serialize};
@@ -98,17 +99,41 @@ pub struct ArrayNeed {
 /// What to check beyond the host itself.
 #[derive(Clone, Debug, Default)]
 pub struct Targets {
-    /// Member devices (or image files) whose queues are checked.
+    /// Member devices (or image files) whose queues are checked, and NBD
+    /// URIs whose servers are asked.
     pub devices: Vec<PathBuf>,
     /// Arrays served now, or the array the devices would make.
     pub arrays: Vec<ArrayNeed>,
+    /// The members of the arrays served here and their state there: an
+    /// NBD export among them is not asked again (a server that takes no
+    /// more clients while it serves the array would not answer).
+    pub served: Vec<(PathBuf, String)>,
 }
 
 /// Runs every check, the host's first, then each device's queue.
 pub fn run(targets: &Targets) -> Vec<Check> {
     let mut checks = host::checks(&targets.arrays);
-    for device in &targets.devices {
-        checks.extend(queue::checks(device));
+    // Every NBD server is asked at once: one that never answers delays
+    // the report once, not once per member.
+    let probes: Vec<Option<nbd::Probe>> = targets
+        .devices
+        .iter()
+        .map(|d| {
+            d.to_str()
+                .filter(|_| crate::member::is_uri(d))
+                .filter(|_| !targets.served.iter().any(|(p, _)| p == d))
+                .map(nbd::Probe::start)
+        })
+        .collect();
+    for (device, probe) in targets.devices.iter().zip(probes) {
+        let served = targets.served.iter().find(|(p, _)| p == device);
+        match (probe, served, device.to_str()) {
+            (Some(probe), _, _) => checks.extend(probe.checks()),
+            (None, Some((_, state)), Some(uri)) if crate::member::is_uri(device) => {
+                checks.extend(nbd::served_checks(uri, state))
+            }
+            _ => checks.extend(queue::checks(device)),
+        }
     }
     checks
 }

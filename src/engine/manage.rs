@@ -188,16 +188,22 @@ impl Engine {
         // A member that failed is opened again as what it was (the same
         // backend and wrappers, and for a file the claim this process
         // already holds on it); any other device is opened as a file.
-        let member: MemberRef = match self.reopen_failed(path) {
-            Some(Ok(member)) => member,
+        // A device opened anew gets the wrappers serve gave its members:
+        // a new member that hangs must fail by the member timeout too.
+        let (member, injector): (MemberRef, _) = match self.reopen_failed(path) {
+            Some(Ok(member)) => (member, None),
             Some(Err(e)) if e.kind() != std::io::ErrorKind::Unsupported => {
                 return Err(e.to_string())
             }
             _ => {
-                crate::member::open(path, OpenOptions { write: true }).map_err(|e| e.to_string())?
+                let opened = crate::member::open(path, OpenOptions { write: true })
+                    .map_err(|e| e.to_string())?;
+                let wrapped = self.wrap_new_member(opened);
+                (wrapped.member, wrapped.injector)
             }
         };
         if self.try_readd(path, &member)? {
+            self.adopt_injector(&name, injector);
             return Ok(());
         }
         {
@@ -276,6 +282,7 @@ impl Engine {
                 member,
             });
             self.events.push("SpareAdded", &name, "");
+            self.adopt_injector(&name, injector);
             self.write_state(&mut array);
         }
         self.start_recovery_if_possible();

@@ -126,6 +126,8 @@ pub struct Engine {
     /// Fault injectors wrapped around the members, by device path, when the
     /// array is served with fault injection enabled.
     injectors: Mutex<Vec<(String, Arc<crate::member::FaultyMember>)>>,
+    /// What serve put around its members, put around members added later.
+    member_wrapping: Mutex<crate::member::Wrapping>,
     /// What a health source outside the engine (SMART) last said of each
     /// member, by device path: shown, never acted on here.
     member_health: Mutex<Vec<(String, MemberHealth)>>,
@@ -410,6 +412,7 @@ impl Engine {
             last_mismatch_sectors: AtomicU64::new(0),
             me: OnceLock::new(),
             injectors: Mutex::new(Vec::new()),
+            member_wrapping: Mutex::new(crate::member::Wrapping::default()),
             member_health: Mutex::new(Vec::new()),
             returns: readd::Returns::default(),
             bitmap: RwLock::new(live_bitmap.map(Arc::new)),
@@ -924,6 +927,36 @@ impl Engine {
     /// Registers the fault injectors of the members (serve --fault-injection).
     pub fn set_injectors(&self, injectors: Vec<(String, Arc<crate::member::FaultyMember>)>) {
         *self.injectors.lock().unwrap() = injectors;
+    }
+
+    /// The wrappers (fault injector, member timeout) that members added
+    /// while serving get, as the members serve opened got them.
+    pub fn set_member_wrapping(&self, wrapping: crate::member::Wrapping) {
+        *self.member_wrapping.lock().unwrap() = wrapping;
+    }
+
+    /// A newly opened member in its wrappers; its injector, if any, is
+    /// registered under `path` once the member is taken (`adopt_injector`).
+    pub(super) fn wrap_new_member(
+        &self,
+        member: crate::member::MemberRef,
+    ) -> crate::member::Wrapped {
+        let wrapping = *self.member_wrapping.lock().unwrap();
+        wrapping.wrap(member)
+    }
+
+    /// Makes `injector` the one `manage --inject PATH` drives, in place of
+    /// one a device at that path had before.
+    pub(super) fn adopt_injector(
+        &self,
+        path: &str,
+        injector: Option<Arc<crate::member::FaultyMember>>,
+    ) {
+        if let Some(injector) = injector {
+            let mut injectors = self.injectors.lock().unwrap();
+            injectors.retain(|(name, _)| !Self::same_device(name, std::path::Path::new(path)));
+            injectors.push((path.to_string(), injector));
+        }
     }
 
     /// Applies a fault (in the command-line syntax, e.g. "pull", "eio:read:1M+64K",

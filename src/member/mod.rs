@@ -20,6 +20,7 @@ pub mod probe;
 pub mod stats;
 mod throttle;
 mod uring;
+mod wrap;
 
 pub use aligned::AlignedBuf;
 pub use batch::{Backend, IoOp};
@@ -34,6 +35,7 @@ pub use model::{model_names, DeviceModel, ModelName, MODELS};
 pub use nbd::NbdMember;
 pub use stats::{IoCounts, IoStats, OpCounts};
 pub use throttle::{Pacer, ThrottleLimits, ThrottleStats, ThrottledMember};
+pub use wrap::{Wrapped, Wrapping};
 
 use std::io;
 use std::os::unix::io::RawFd;
@@ -231,6 +233,40 @@ pub fn is_uri(spec: &Path) -> bool {
     spec.to_str().is_some_and(nbd::is_nbd_uri)
 }
 
+/// A member's name where one word must do (/proc/mdstat's member list):
+/// a path's file name, and for an NBD export where it is served, since the
+/// export's name alone (`disk4`) would not say which host to look at:
+/// `host:port/export` on TCP, `unix:SOCKET/export` with the socket's file
+/// name on a unix socket. The query (TLS files, options) is left out.
+pub fn short_name(name: &str) -> String {
+    if !nbd::is_nbd_uri(name) {
+        return Path::new(name)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| name.to_string());
+    }
+    let Ok(uri) = name.parse::<nbd::NbdUri>() else {
+        return name.to_string();
+    };
+    // The export as written, still percent-encoded: no spaces in one word.
+    let after_scheme = name.split_once("://").map_or("", |(_, rest)| rest);
+    let before_query = after_scheme.split('?').next().unwrap_or("");
+    let export = before_query.find('/').map_or("/", |at| &before_query[at..]);
+    match &uri.address {
+        nbd::uri::Address::Tcp { host, port } if host.contains(':') => {
+            format!("[{host}]:{port}{export}")
+        }
+        nbd::uri::Address::Tcp { host, port } => format!("{host}:{port}{export}"),
+        nbd::uri::Address::Unix(socket) => {
+            let socket = socket.file_name().map_or_else(
+                || socket.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
+            format!("unix:{socket}{export}")
+        }
+    }
+}
+
 /// What `batch` needs to do a member's I/O on its descriptor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawIo {
@@ -282,4 +318,30 @@ pub(crate) fn io_error(
         source.kind(),
         format!("{member_name}: {what} at {offset_bytes}+{len_bytes}: {source}"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_name;
+
+    #[test]
+    fn short_names_say_where_an_export_is_served() {
+        for (name, short) in [
+            ("/dev/sdb1", "sdb1"),
+            ("disk.img", "disk.img"),
+            ("nbd://10.0.0.2:10810/disk4", "10.0.0.2:10810/disk4"),
+            ("nbd://host4/disk4", "host4:10809/disk4"),
+            ("nbd://host4", "host4:10809/"),
+            ("nbd://[fd00::4]:10809/d", "[fd00::4]:10809/d"),
+            ("nbds://u@host4/d?tls-psk-file=/etc/k.psk", "host4:10809/d"),
+            ("nbd://host4/a%20b", "host4:10809/a%20b"),
+            (
+                "nbd+unix:///d?socket=/run/peers/kit0.sock",
+                "unix:kit0.sock/d",
+            ),
+            ("nbd+unix:///?socket=kit0.sock", "unix:kit0.sock/"),
+        ] {
+            assert_eq!(short_name(name), short, "{name}");
+        }
+    }
 }

@@ -1675,6 +1675,10 @@ impl Member for FaultyMember {
             self.inner.read_at(buf, offset_bytes)?;
             cache.overlay(buf, offset_bytes, self.block_usize());
         }
+        // A pull that lands while the read runs cuts its power too. Let
+        // through, the read could return the inner member's copy without
+        // the cache the pull just dropped: old data, as no drive returns.
+        self.gate(&self.read_plan(), Instant::now())?;
         bump(&self.counters.read_bytes, buf.len() as u64);
         Ok(())
     }
@@ -1701,6 +1705,9 @@ impl Member for FaultyMember {
         if persisted_bytes > 0 {
             self.store(&buf[..persisted_bytes], offset_bytes, decision.cache_bytes)?;
         }
+        // Pulled while it ran: the write is as lost as the cache, and the
+        // caller must not count it done.
+        self.gate(&self.read_plan(), Instant::now())?;
         bump(&self.counters.written_bytes, persisted_bytes as u64);
         if decision.heals && persisted_bytes > 0 {
             self.heal_written(offset_bytes, persisted_bytes as u64);
@@ -2106,6 +2113,34 @@ mod tests {
         m.flush().unwrap();
         assert_eq!(m.unflushed_blocks(), 0);
         assert_eq!(inner.snapshot()[512..1536], [1u8; 1024]);
+    }
+
+    #[test]
+    fn a_read_under_way_when_the_drive_is_pulled_fails_rather_than_return_old_data() {
+        // The read passes the gate, then waits out its latency while the
+        // pull drops the cache that holds the block's new copy: it must not
+        // come back with the inner member's old one.
+        let inner = Arc::new(MemoryMember::new("m0", 16 << 10, 512));
+        let m = Arc::new(FaultyMember::new(inner));
+        m.apply(&"write-cache".parse().unwrap()).unwrap();
+        m.write_at(&[1u8; 512], 0).unwrap();
+        m.apply(&"latency:read:300ms".parse().unwrap()).unwrap();
+        let reader = {
+            let m = m.clone();
+            std::thread::spawn(move || {
+                let mut buf = [9u8; 512];
+                m.read_at(&mut buf, 0).map(|()| buf)
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        m.pull();
+        match reader.join().unwrap() {
+            Ok(buf) => panic!(
+                "a read across the pull returned data (first byte {})",
+                buf[0]
+            ),
+            Err(e) => assert!(e.to_string().contains("pulled"), "{e}"),
+        }
     }
 
     #[test]

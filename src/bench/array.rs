@@ -205,7 +205,19 @@ impl LiveArray {
     }
 
     fn add_back(&self) -> Result<(), String> {
-        self.engine.manage_add(&self.victim)
+        // The member just removed may still be held for a moment by work
+        // that took the member table before the removal (a write-back
+        // destage, a reply in flight), and with it the file's claim: the
+        // add waits for that to end rather than fail the bench.
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            match self.engine.manage_add(&self.victim) {
+                Err(e) if e.contains("in use") && Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                result => return result,
+            }
+        }
     }
 
     fn rebuild_running(&self) -> bool {

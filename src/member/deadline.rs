@@ -188,6 +188,11 @@ impl DeadlineMember {
         pending.fetch_add(1, Ordering::SeqCst);
         self.pool.submit(Box::new(move || {
             let result = op(&*inner);
+            // Let go of the member before answering: once the caller has
+            // its answer the array may stop, and a reference held a moment
+            // longer here would keep the member's file claimed, refusing
+            // the next open of it ("in use by another uraid process").
+            drop(inner);
             pending.fetch_sub(1, Ordering::SeqCst);
             *slot.result.lock().unwrap_or_else(PoisonError::into_inner) = Some(result);
             slot.ready.notify_one();

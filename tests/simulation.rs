@@ -1033,8 +1033,16 @@ impl Sim {
             "the event log of this engine is nearly full ({logged} events): the {word}'s end could not be told"
         );
         self.op(format!("start_scrub (repair {repair})"));
-        if let Err(e) = self.engine().start_scrub(repair) {
-            fail!(self, "starting a {word}: {e}");
+        // A job's end may start the next job (a spare waiting for a role)
+        // just after status shows none: the scrub is then refused, as md
+        // refuses a check during a recovery, and waits for it.
+        let mut tries = 0;
+        while let Err(e) = self.engine().start_scrub(repair) {
+            tries += 1;
+            if !e.contains("already running") || tries > 3 {
+                fail!(self, "starting a {word}: {e}");
+            }
+            self.settle(&format!("before a {word}, again"));
         }
         let deadline = Instant::now() + SETTLE_LIMIT;
         let detail = loop {

@@ -240,7 +240,7 @@ fn text(plan: &Plan) -> String {
         o,
         "\n(* the layout asked for; degraded: time with one failure's redundancy \
          missing; P(loss): of losing data before the rebuild ends)\n\nAssumptions: \
-         efficiency {}, dRAID imbalance {}, annual failure rate {}%, unrecoverable read \
+         efficiency {}, dRAID imbalance {} or the maps' own over members of few slices, annual failure rate {}%, unrecoverable read \
          errors {:e} per bit, chunk {} KiB.",
         a.efficiency,
         a.imbalance,

@@ -30,7 +30,7 @@ pub use reshape::{
     ReshapeRequest,
 };
 pub use resync::{resync, ResyncReport};
-pub use stripe_io::{StripeError, StripeIo};
+pub use stripe_io::{recover_lost, StripeError, StripeIo};
 pub use superblocks::{read_superblock, write_superblock, SuperblockError};
 pub use takeover::{plan_level_change, raid6_twin, LevelChange, Roles, Takeover};
 pub use update::{write_array_state, write_array_state_failing, Cleanliness, LostDevice};

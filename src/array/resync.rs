@@ -148,10 +148,6 @@ fn resync_stripe(
                 checked[k] = false;
             }
         }
-        let exps: Vec<u8> = (0..map.data.len())
-            .filter(|i| !lost.contains(i))
-            .map(|i| map.recovery_exponent(i))
-            .collect();
         let mut rebuilt: Vec<Vec<u8>> = lost.iter().map(|_| vec![0u8; strip_bytes]).collect();
         {
             let survivors: Vec<&[u8]> = s
@@ -161,26 +157,14 @@ fn resync_stripe(
                 .filter(|(i, _)| !lost.contains(i))
                 .map(|(_, strip)| strip)
                 .collect();
-            let mut outs: Vec<parity::LostData> = lost
-                .iter()
-                .zip(rebuilt.iter_mut())
-                .map(|(&i, out)| parity::LostData {
-                    exp: map.recovery_exponent(i),
-                    out,
-                })
-                .collect();
-            let [p, q, r] = used.each_ref().map(|b| b.as_deref());
-            parity::rebuild(
+            let mut outs: Vec<&mut [u8]> = rebuilt.iter_mut().map(|b| &mut b[..]).collect();
+            super::recover_lost(
                 syndrome,
-                &parity::Survivors {
-                    data: &survivors,
-                    exps: &exps,
-                    p,
-                    q,
-                    r,
-                },
+                map,
+                &survivors,
+                &lost,
+                used.each_ref().map(|b| b.as_deref()),
                 &mut outs,
-                parity::LostParity::default(),
             )
             .expect("plan_rebuild chose the parity read");
         }

@@ -119,31 +119,17 @@ impl<'a> StripeIo<'a> {
             .drain(..)
             .enumerate()
             .partition(|(i, _)| lost.contains(i));
-        let present_exps: Vec<u8> = present
-            .iter()
-            .map(|(i, _)| map.recovery_exponent(*i))
-            .collect();
         let present_data: Vec<&[u8]> = present.iter().map(|(_, b)| &**b).collect();
+        let lost: Vec<usize> = missing.iter().map(|(i, _)| *i).collect();
+        let mut outputs: Vec<&mut [u8]> = missing.iter_mut().map(|(_, out)| &mut **out).collect();
         let block = |k: usize| parity_bufs[k].as_deref();
-        let survivors = parity::Survivors {
-            data: &present_data,
-            exps: &present_exps,
-            p: block(0),
-            q: block(1),
-            r: block(2),
-        };
-        let mut lost_data: Vec<parity::LostData> = missing
-            .iter_mut()
-            .map(|(i, out)| parity::LostData {
-                exp: map.recovery_exponent(*i),
-                out,
-            })
-            .collect();
-        parity::rebuild(
+        recover_lost(
             self.syndrome,
-            &survivors,
-            &mut lost_data,
-            parity::LostParity::default(),
+            map,
+            &present_data,
+            &lost,
+            [block(0), block(1), block(2)],
+            &mut outputs,
         )
         .expect("the path was planned for these losses");
         Ok(())
@@ -251,4 +237,45 @@ impl<'a> StripeIo<'a> {
         }
         Ok(())
     }
+}
+
+/// Rebuilds the data strips of `map` listed in `lost` (in data order) from
+/// the `present` ones (the others, in data order) and the parity strips read
+/// (`p`, `q`, `r`, None where not read), into `outputs` (one per lost
+/// strip). The stripe algebra of every reconstruction, offline and in the
+/// engine, lives here, so that a new parity column changes one function.
+pub fn recover_lost(
+    syndrome: &dyn parity::Syndrome,
+    map: &StripeMap,
+    present: &[&[u8]],
+    lost: &[usize],
+    [p, q, r]: [Option<&[u8]>; 3],
+    outputs: &mut [&mut [u8]],
+) -> Result<(), parity::TooManyLost> {
+    let present_exps: Vec<u8> = (0..map.data.len())
+        .filter(|i| !lost.contains(i))
+        .map(|i| map.recovery_exponent(i))
+        .collect();
+    let survivors = parity::Survivors {
+        data: present,
+        exps: &present_exps,
+        p,
+        q,
+        r,
+    };
+    let mut lost_data: Vec<parity::LostData> = lost
+        .iter()
+        .zip(outputs.iter_mut())
+        .map(|(&i, out)| parity::LostData {
+            exp: map.recovery_exponent(i),
+            out,
+        })
+        .collect();
+    parity::rebuild(
+        syndrome,
+        &survivors,
+        &mut lost_data,
+        parity::LostParity::default(),
+    )
+    .map(drop)
 }

@@ -1478,46 +1478,18 @@ pub(super) fn run_writes(max: usize, targets: &[WriteTarget]) -> Vec<Option<io::
     first_errors(targets.len(), owner, batch::run(&mut ops))
 }
 
-/// Rebuilds the data strips of `map` listed in `lost` (in data order) from
-/// the `present` ones (the others, in data order) and the parity strips read
-/// (`p`, `q`, None where not read), into `outputs` (one per lost strip). The
-/// stripe algebra of every reconstruction lives here, so that a new parity
-/// column changes one function.
+/// [`crate::array::recover_lost`], failing as a request does when too many
+/// members are lost.
 pub(super) fn recover_lost(
     syndrome: &dyn parity::Syndrome,
     map: &StripeMap,
     present: &[&[u8]],
     lost: &[usize],
-    [p, q, r]: [Option<&[u8]>; 3],
+    parity: [Option<&[u8]>; 3],
     outputs: &mut [&mut [u8]],
 ) -> io::Result<()> {
-    let present_exps: Vec<u8> = (0..map.data.len())
-        .filter(|i| !lost.contains(i))
-        .map(|i| map.recovery_exponent(i))
-        .collect();
-    let survivors = parity::Survivors {
-        data: present,
-        exps: &present_exps,
-        p,
-        q,
-        r,
-    };
-    let mut lost_data: Vec<parity::LostData> = lost
-        .iter()
-        .zip(outputs.iter_mut())
-        .map(|(&i, out)| parity::LostData {
-            exp: map.recovery_exponent(i),
-            out,
-        })
-        .collect();
-    parity::rebuild(
-        syndrome,
-        &survivors,
-        &mut lost_data,
-        parity::LostParity::default(),
-    )
-    .map_err(|_| lost_error(map, "too many members lost to reconstruct"))?;
-    Ok(())
+    crate::array::recover_lost(syndrome, map, present, lost, parity, outputs)
+        .map_err(|_| lost_error(map, "too many members lost to reconstruct"))
 }
 
 /// Runs member reads (member, byte offset, buffer) as one batch, each split

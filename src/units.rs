@@ -27,6 +27,15 @@ pub fn parse_size_bytes(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size '{text}' is too large"))
 }
 
+/// A duration for messages: "30 s", or "0.250 s" below whole seconds.
+pub fn duration_text(d: std::time::Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{:.3} s", d.as_secs_f64())
+    }
+}
+
 /// Formats bytes the way mdadm prints sizes in --examine/--detail
 /// ("62.00 MiB 65.01 MB"), with mdadm's rounding to hundredths: binary and
 /// decimal units side by side, MiB below 2 GiB, GiB below 2 TiB, else TiB.

@@ -147,18 +147,7 @@ impl Rig {
             "a member back in sync has no failure: {}",
             status["detail"]
         );
-        let (_, _, detail) = events
-            .iter()
-            .rev()
-            .find(|(e, d, _)| e == "RebuildFinished" && d == member)
-            .unwrap();
-        let kib: u64 = detail
-            .strip_prefix("re-add through the bitmap: ")
-            .and_then(|rest| rest.strip_suffix(" KiB written"))
-            .unwrap_or_else(|| panic!("RebuildFinished says what it copied: {detail:?}"))
-            .parse()
-            .unwrap();
-        kib
+        readd_copied_kib(&events, member)
     }
 
     /// Every byte as written, and parity consistent with it (a check

@@ -195,24 +195,22 @@ pub(super) fn run_through_trait(ops: &mut [(usize, &mut IoOp)]) -> Vec<(usize, i
     let mut rest: Vec<(usize, &mut IoOp)> = Vec::with_capacity(ops.len());
     for (i, op) in ops.iter_mut() {
         let member: &dyn Member = op.member;
-        let start = match &op.buffer {
-            Buffer::Read(buf) => member.start_read(op.offset_bytes, buf.len()),
+        let (write, len) = (op.is_write(), op.len_bytes());
+        if !member.starts_io() {
+            rest.push((*i, &mut **op));
+            continue;
+        }
+        let start = match &mut op.buffer {
+            Buffer::Read(buf) => member.start_read(buf, op.offset_bytes),
             Buffer::Write(buf) => member.start_write(buf, op.offset_bytes),
         };
-        match start {
-            Some(wait) => started.push((*i, Instant::now(), wait, &mut **op)),
-            None => rest.push((*i, &mut **op)),
-        }
+        let wait = start.expect("a member that starts I/O starts every op");
+        started.push((*i, Instant::now(), wait, member, write, len));
     }
     let mut results = run_in_caller(&mut rest);
-    for (i, began, wait, op) in started {
-        let write = op.is_write();
-        let len = op.len_bytes();
-        let result = match &mut op.buffer {
-            Buffer::Read(buf) => wait(buf),
-            Buffer::Write(_) => wait(&mut []),
-        };
-        if let Some(stats) = op.member.io_stats() {
+    for (i, began, wait, member, write, len) in started {
+        let result = wait();
+        if let Some(stats) = member.io_stats() {
             stats.record(write, len, result.is_ok(), began.elapsed());
         }
         results.push((i, result));

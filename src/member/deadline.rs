@@ -224,7 +224,10 @@ impl DeadlineMember {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
-        let why = format!("{what}{place}: no answer within {}", seconds(self.timeout));
+        let why = format!(
+            "{what}{place}: no answer within {}",
+            crate::units::duration_text(self.timeout)
+        );
         {
             let mut first = self.first.lock().unwrap_or_else(PoisonError::into_inner);
             if first.is_empty() {
@@ -236,14 +239,6 @@ impl DeadlineMember {
             io::ErrorKind::TimedOut,
             format!("{}: {why} (member timeout)", self.name()),
         ))
-    }
-}
-
-fn seconds(d: Duration) -> String {
-    if d.subsec_millis() == 0 {
-        format!("{} s", d.as_secs())
-    } else {
-        format!("{:.3} s", d.as_secs_f64())
     }
 }
 
@@ -287,30 +282,39 @@ impl Member for DeadlineMember {
         })
     }
 
+    fn starts_io(&self) -> bool {
+        true
+    }
+
     /// The read handed to a worker at once: the caller's buffer is filled
     /// when it waits, from the worker's own.
-    fn start_read(&self, offset_bytes: u64, len: usize) -> Option<super::Started<'_>> {
+    fn start_read<'a>(
+        &'a self,
+        buf: &'a mut [u8],
+        offset_bytes: u64,
+    ) -> Option<super::Started<'a>> {
+        let len = buf.len();
         let started = super::check_io(self, offset_bytes, len as u64).and_then(|()| {
             self.begin("read", Some((offset_bytes, len)), move |m| {
                 let mut own = AlignedBuf::zeroed(len);
                 m.read_at(&mut own, offset_bytes).map(|()| own)
             })
         });
-        Some(Box::new(move |buf: &mut [u8]| {
+        Some(Box::new(move || {
             let filled = started?()?;
             buf.copy_from_slice(&filled);
             Ok(())
         }))
     }
 
-    fn start_write(&self, buf: &[u8], offset_bytes: u64) -> Option<super::Started<'_>> {
+    fn start_write<'a>(&'a self, buf: &'a [u8], offset_bytes: u64) -> Option<super::Started<'a>> {
         let started = super::check_io(self, offset_bytes, buf.len() as u64).and_then(|()| {
             let own = AlignedBuf::copy_from(buf);
             self.begin("write", Some((offset_bytes, buf.len())), move |m| {
                 m.write_at(&own, offset_bytes)
             })
         });
-        Some(Box::new(move |_: &mut [u8]| started?()))
+        Some(Box::new(move || started?()))
     }
 
     fn flush(&self) -> io::Result<()> {

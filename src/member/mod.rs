@@ -43,8 +43,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// An I/O under way (`Member::start_read`, `Member::start_write`): call it
-/// to wait for its end; a read fills the buffer given.
-pub type Started<'a> = Box<dyn FnOnce(&mut [u8]) -> io::Result<()> + Send + 'a>;
+/// to wait for its end (a read's buffer is filled by then). Dropped
+/// uncalled, it lets go of the buffer before the drop returns.
+pub type Started<'a> = Box<dyn FnOnce() -> io::Result<()> + Send + 'a>;
 
 pub trait Member: Send + Sync {
     /// A name for messages: the path, or a test label.
@@ -71,20 +72,37 @@ pub trait Member: Send + Sync {
         self.flush()
     }
 
-    /// Starts a read of `len` bytes at `offset_bytes` that goes on without
+    /// Starts a read into `buf` at `offset_bytes` that goes on without
     /// the caller, for members whose I/O waits on something other than the
-    /// calling thread (a network member behind its deadline's workers):
-    /// a batch starts all of them before waiting for any, instead of one
-    /// round trip after another. `None`: the member does its I/O in the
-    /// caller (`read_at`). The returned call waits and fills its buffer.
-    fn start_read(&self, _offset_bytes: u64, _len: usize) -> Option<Started<'_>> {
+    /// calling thread (a network member's connections, a member behind
+    /// its deadline's workers): a batch starts all of them before waiting
+    /// for any, instead of one round trip after another. `None`: the
+    /// member does its I/O in the caller (`read_at`); `starts_io` says
+    /// which before any buffer is lent.
+    fn start_read<'a>(&'a self, _buf: &'a mut [u8], _offset_bytes: u64) -> Option<Started<'a>> {
         None
     }
 
-    /// `start_read` for a write of `buf`, which is copied: the returned
-    /// call waits (its buffer argument is unused).
-    fn start_write(&self, _buf: &[u8], _offset_bytes: u64) -> Option<Started<'_>> {
+    /// `start_read` for a write of `buf`.
+    fn start_write<'a>(&'a self, _buf: &'a [u8], _offset_bytes: u64) -> Option<Started<'a>> {
         None
+    }
+
+    /// Whether `start_read` and `start_write` start I/O (return `Some`).
+    fn starts_io(&self) -> bool {
+        false
+    }
+
+    /// Takes on the member timeout itself (`serve --member-timeout`):
+    /// every I/O answers within `timeout` or fails with
+    /// `ErrorKind::TimedOut`, and then every later one fails at once until
+    /// the member is reconnected or reopened. A member that can do this
+    /// without a thread between the caller and its I/O (an NBD member's
+    /// requests wait for their replies with a deadline) returns true and
+    /// is not wrapped in `DeadlineMember`; by default false. Wrappers say
+    /// false: their own behaviour (an injected hang) needs the watchdog.
+    fn keep_deadline(&self, _timeout: std::time::Duration) -> bool {
+        false
     }
 
     /// The descriptor through which `batch` may do this member's reads and

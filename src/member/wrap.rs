@@ -32,7 +32,8 @@ impl Wrapping {
             (member, None)
         };
         if let Some(timeout) = self.timeout {
-            if through_trait(member.as_ref()) {
+            // A member that keeps the deadline itself needs no watchdog.
+            if !member.keep_deadline(timeout) && through_trait(member.as_ref()) {
                 member = Arc::new(DeadlineMember::new(member, timeout));
             }
         }

@@ -1131,6 +1131,23 @@ pub fn status_events(status: &serde_json::Value) -> Vec<(String, String, String)
         .collect()
 }
 
+/// What the last re-add of `member` through the bitmap copied, in KiB, as
+/// its `RebuildFinished` event says ("re-add through the bitmap: N KiB
+/// written").
+pub fn readd_copied_kib(events: &[(String, String, String)], member: &str) -> u64 {
+    let (_, _, detail) = events
+        .iter()
+        .rev()
+        .find(|(e, d, _)| e == "RebuildFinished" && d == member)
+        .unwrap_or_else(|| panic!("no RebuildFinished for {member}: {events:?}"));
+    detail
+        .strip_prefix("re-add through the bitmap: ")
+        .and_then(|rest| rest.strip_suffix(" KiB written"))
+        .unwrap_or_else(|| panic!("RebuildFinished says what it copied: {detail:?}"))
+        .parse()
+        .unwrap()
+}
+
 /// The background job in an mdstat block, from its progress line
 /// `[==>...]  recovery = 12.5% (8192/65536) finish=0.2min speed=5000K/sec`.
 #[derive(Clone, Debug, PartialEq)]

@@ -15,7 +15,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Option replies a handshake reads before giving up: a server sends a few
 /// `NBD_REP_INFO` before the ACK, never hundreds.
@@ -74,6 +74,16 @@ impl Socket {
                 s.set_read_timeout(timeout)?;
                 s.set_write_timeout(timeout)
             }
+        }
+    }
+
+    /// How long a blocking send may wait for room in the socket's buffer
+    /// before it fails (`None`: for ever). The reading side keeps waiting:
+    /// an idle connection is not a hung one.
+    fn set_send_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Socket::Tcp(s) => s.set_write_timeout(timeout),
+            Socket::Unix(s) => s.set_write_timeout(timeout),
         }
     }
 
@@ -373,18 +383,116 @@ impl Done {
     }
 }
 
-/// A request sent: `wait` for its reply.
+/// When a request must have its answer (`serve --member-timeout`): a
+/// request not answered by then fails its connection with
+/// `ErrorKind::TimedOut`.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadline {
+    pub at: Instant,
+    /// The timeout it was set from, for messages.
+    pub after: Duration,
+}
+
+impl Deadline {
+    pub fn after(timeout: Duration) -> Deadline {
+        Deadline {
+            at: Instant::now() + timeout,
+            after: timeout,
+        }
+    }
+
+    fn passed(&self) -> bool {
+        Instant::now() >= self.at
+    }
+
+    pub fn error(&self) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "no answer within {} (member timeout)",
+                crate::units::duration_text(self.after)
+            ),
+        )
+    }
+}
+
+/// A request sent: `wait` for its reply. A ticket dropped unwaited whose
+/// request lends a read buffer ends the connection and waits for the
+/// reader to let go of that buffer, which may be given back right after.
 #[must_use]
-pub struct Ticket(Arc<Done>);
+pub struct Ticket {
+    done: Arc<Done>,
+    cookie: u64,
+    shared: Arc<Shared>,
+    lends_buffer: bool,
+    settled: bool,
+}
 
 impl Ticket {
-    pub fn wait(self) -> Result<(), RequestError> {
-        let mut result = self.0.result.lock().unwrap();
+    /// Waits for the reply until `deadline`. A request still unanswered
+    /// then is taken back and its connection failed (every request in
+    /// flight on it fails with the same timeout); if the reader is already
+    /// writing its data, the wait goes on until the reader lets go, which
+    /// the failed connection makes prompt. Either way, once this returns
+    /// nothing writes into the request's buffer.
+    pub fn wait_until(mut self, deadline: Option<Deadline>) -> Result<(), RequestError> {
+        if let Some(done) = self.take_result(deadline) {
+            self.settled = true;
+            return done;
+        }
+        let deadline = deadline.expect("only a wait with a deadline gives up");
+        Err(self.abandon(deadline.error()))
+    }
+
+    /// The reply, or `None` when the deadline passed first.
+    fn take_result(&self, deadline: Option<Deadline>) -> Option<Result<(), RequestError>> {
+        let mut result = self.done.result.lock().unwrap();
         loop {
             if let Some(done) = result.take() {
-                return done;
+                return Some(done);
             }
-            result = self.0.cv.wait(result).unwrap();
+            result = match deadline {
+                None => self.done.cv.wait(result).unwrap(),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d.at {
+                        return None;
+                    }
+                    self.done.cv.wait_timeout(result, d.at - now).unwrap().0
+                }
+            };
+        }
+    }
+
+    /// Gives the request up: out of the table if it still is there (the
+    /// reader never touches it then), the connection failed with `why`,
+    /// and, when the reader had it, a wait until it is done with it.
+    fn abandon(&mut self, why: io::Error) -> RequestError {
+        let mine = self
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .in_flight
+            .remove(&self.cookie)
+            .is_some();
+        let error = io::Error::new(why.kind(), why.to_string());
+        self.shared.fail(why);
+        if !mine {
+            let _ = self.take_result(None);
+        }
+        self.settled = true;
+        RequestError::Connection(error)
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.settled && self.lends_buffer {
+            self.abandon(io::Error::new(
+                io::ErrorKind::Interrupted,
+                "a read was given up before its reply",
+            ));
         }
     }
 }
@@ -417,9 +525,19 @@ fn poll_fd(fd: RawFd, events: libc::c_short) {
 }
 
 impl Half {
-    fn write_all(&mut self, mut data: &[u8]) -> io::Result<()> {
+    /// Sends all of `data`. A plain socket's blocking send is bounded by
+    /// the socket's send timeout (`Connection::set_send_timeout`); a TLS
+    /// side polls, and gives up at `deadline`.
+    fn write_all(&mut self, mut data: &[u8], deadline: Option<Deadline>) -> io::Result<()> {
         match self {
-            Half::Own(stream) => stream.write_all(data).and_then(|_| stream.flush()),
+            Half::Own(stream) => stream
+                .write_all(data)
+                .and_then(|_| stream.flush())
+                .map_err(|e| match (e.kind(), deadline) {
+                    // The send timeout: the server stopped reading.
+                    (io::ErrorKind::WouldBlock, Some(d)) => d.error(),
+                    _ => e,
+                }),
             Half::Shared(stream, fd) => {
                 while !data.is_empty() {
                     let wrote = stream.lock().unwrap().write(data);
@@ -427,6 +545,9 @@ impl Half {
                         Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                         Ok(n) => data = &data[n..],
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            if let Some(d) = deadline.filter(Deadline::passed) {
+                                return Err(d.error());
+                            }
                             poll_fd(*fd, libc::POLLOUT)
                         }
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -517,13 +638,23 @@ impl Connection {
         self.shared.state.lock().unwrap().dead.is_some()
     }
 
+    /// Bounds every send on the connection (see `Half::write_all`): a
+    /// server that stops reading fails a send after `timeout`.
+    pub fn set_send_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.shared.socket.set_send_timeout(timeout)
+    }
+
     /// Sends a request (with a write's payload) and returns at once, or
     /// after waiting for room; its reply (and a read's data, written to
-    /// `read_into`) comes through the ticket.
+    /// `read_into`) comes through the ticket. With a deadline, a request
+    /// that finds no room or cannot be sent by then fails the connection
+    /// with the timeout.
     ///
     /// # Safety
     /// `read_into`, when given, must stay valid and untouched until the
-    /// ticket's `wait` returns (the reply reader writes to it meanwhile).
+    /// ticket's wait returns or the ticket is dropped (the reply reader
+    /// writes to it meanwhile).
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn submit(
         &self,
         command: u16,
@@ -532,12 +663,26 @@ impl Connection {
         payload: Option<&[u8]>,
         read_into: Option<(*mut u8, usize)>,
         length: u32,
+        deadline: Option<Deadline>,
     ) -> Result<Ticket, RequestError> {
         let done = Arc::new(Done::default());
         let cookie = {
             let mut state = self.shared.state.lock().unwrap();
             while state.dead.is_none() && state.in_flight.len() >= CONNECTION_DEPTH {
-                state = self.shared.room.wait(state).unwrap();
+                state = match deadline {
+                    None => self.shared.room.wait(state).unwrap(),
+                    Some(d) => {
+                        let now = Instant::now();
+                        if now >= d.at {
+                            drop(state);
+                            let e = d.error();
+                            let error = io::Error::new(e.kind(), e.to_string());
+                            self.shared.fail(e);
+                            return Err(RequestError::Connection(error));
+                        }
+                        self.shared.room.wait_timeout(state, d.at - now).unwrap().0
+                    }
+                };
             }
             if let Some((kind, why)) = &state.dead {
                 return Err(RequestError::Connection(io::Error::new(*kind, why.clone())));
@@ -550,6 +695,13 @@ impl Connection {
             };
             state.in_flight.insert(cookie, pending);
             cookie
+        };
+        let ticket = Ticket {
+            done,
+            cookie,
+            shared: self.shared.clone(),
+            lends_buffer: read_into.is_some(),
+            settled: false,
         };
         let header = proto::encode_request_header(&RequestHeader {
             flags,
@@ -567,10 +719,12 @@ impl Connection {
                     let mut message = Vec::with_capacity(header.len() + data.len());
                     message.extend_from_slice(&header);
                     message.extend_from_slice(data);
-                    send.write_all(&message)
+                    send.write_all(&message, deadline)
                 }
-                Some(data) => send.write_all(&header).and_then(|_| send.write_all(data)),
-                None => send.write_all(&header),
+                Some(data) => send
+                    .write_all(&header, deadline)
+                    .and_then(|_| send.write_all(data, deadline)),
+                None => send.write_all(&header, deadline),
             }
         };
         if let Err(e) = sent {
@@ -578,10 +732,11 @@ impl Connection {
             // in flight on it fails, this request with them.
             self.shared.fail(e);
         }
-        Ok(Ticket(done))
+        Ok(ticket)
     }
 
-    /// Sends a request and waits for its reply (and a read's data).
+    /// Sends a request and waits for its reply (and a read's data), until
+    /// the deadline when there is one.
     pub fn request(
         &self,
         command: u16,
@@ -589,10 +744,18 @@ impl Connection {
         length: u32,
         payload: Option<&[u8]>,
         read_into: Option<&mut [u8]>,
+        deadline: Option<Deadline>,
     ) -> Result<(), RequestError> {
         let into = read_into.map(|buf| (buf.as_mut_ptr(), buf.len()));
         // SAFETY: the buffer is borrowed until the wait returns.
-        unsafe { self.submit(command, 0, offset, payload, into, length) }?.wait()
+        unsafe { self.submit(command, 0, offset, payload, into, length, deadline) }?
+            .wait_until(deadline)
+    }
+
+    /// Fails the connection with `why`, as a broken stream would: every
+    /// request in flight and every later one fails.
+    pub fn abort(&self, why: io::Error) {
+        self.shared.fail(why);
     }
 
     /// Ends the connection; a polite `NBD_CMD_DISC` first, which a dead
@@ -611,7 +774,7 @@ impl Connection {
         });
         if !self.is_dead() {
             if let Ok(mut send) = self.shared.send.try_lock() {
-                let _ = send.write_all(&header);
+                let _ = send.write_all(&header, None);
             }
         }
         self.shared.fail(io::Error::new(
@@ -801,7 +964,8 @@ mod tests {
                 std::thread::spawn(move || {
                     let mut buf = vec![0u8; 4096];
                     let at = (i as u64 + 1) << 12;
-                    let result = conn.request(proto::CMD_READ, at, 4096, None, Some(&mut buf));
+                    let result =
+                        conn.request(proto::CMD_READ, at, 4096, None, Some(&mut buf), None);
                     (buf, result)
                 })
             })
@@ -862,8 +1026,112 @@ mod tests {
         }
         server.join().unwrap();
         assert!(conn.is_dead());
-        let later = conn.request(proto::CMD_FLUSH, 0, 0, None, None);
+        let later = conn.request(proto::CMD_FLUSH, 0, 0, None, None, None);
         assert!(matches!(later, Err(RequestError::Connection(_))));
+    }
+
+    /// A read not answered by its deadline fails with the timeout, and so
+    /// does the connection with everything else in flight on it; the
+    /// reply the server sends later lands nowhere (the buffer is given
+    /// back untouched). Twice: the server silent after the request, and
+    /// the server stalled halfway through the read's data, when the reader
+    /// already holds the buffer.
+    #[test]
+    fn a_read_past_its_deadline_times_out_and_its_buffer_is_left_alone() {
+        for halfway in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let (late, go) = std::sync::mpsc::channel::<()>();
+            let (uri, server) = fake_server(dir.path(), move |mut s| {
+                let first = read_request(&mut s);
+                let _second = read_request(&mut s);
+                if halfway {
+                    s.write_all(&proto::encode_simple_reply(0, first.cookie))
+                        .unwrap();
+                    s.write_all(&[9u8; 2048]).unwrap();
+                }
+                go.recv().unwrap();
+                // Too late: the client has given up and shut the socket.
+                let _ = s.write_all(&proto::encode_simple_reply(0, first.cookie));
+                let _ = s.write_all(&[9u8; 4096]);
+            });
+            let conn = Arc::new(Connection::open(&uri).unwrap());
+            let other = {
+                let conn = conn.clone();
+                std::thread::spawn(move || {
+                    // Sent second, waited for without a deadline.
+                    std::thread::sleep(Duration::from_millis(50));
+                    let mut buf = vec![0u8; 4096];
+                    conn.request(proto::CMD_READ, 8192, 4096, None, Some(&mut buf), None)
+                })
+            };
+            let mut buf = vec![0u8; 4096];
+            let began = Instant::now();
+            let deadline = Deadline::after(Duration::from_millis(300));
+            // SAFETY: `buf` outlives the wait.
+            let ticket = unsafe {
+                conn.submit(
+                    proto::CMD_READ,
+                    0,
+                    4096,
+                    None,
+                    Some((buf.as_mut_ptr(), buf.len())),
+                    4096,
+                    Some(deadline),
+                )
+            }
+            .ok()
+            .unwrap();
+            let result = ticket.wait_until(Some(deadline));
+            let waited = began.elapsed();
+            match result {
+                Err(RequestError::Connection(e)) => {
+                    assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+                    assert!(e.to_string().contains("0.300 s"), "{e}");
+                }
+                _ => panic!("halfway {halfway}: not a timeout"),
+            }
+            assert!(waited >= Duration::from_millis(300), "{waited:?}");
+            assert!(waited < Duration::from_secs(10), "{waited:?}");
+            let buf_after = buf.clone();
+            late.send(()).unwrap();
+            server.join().unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            assert_eq!(buf, buf_after, "written after the timeout");
+            match other.join().unwrap() {
+                Err(RequestError::Connection(e)) => {
+                    assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}")
+                }
+                _ => panic!("the other request was not failed with the timeout"),
+            }
+            assert!(conn.is_dead());
+        }
+    }
+
+    /// An NBD member keeps the member timeout itself: the read that finds
+    /// the host silent fails with the timeout, and every later request
+    /// fails at once, naming the first.
+    #[test]
+    fn an_nbd_member_past_its_deadline_expires() {
+        use crate::member::{Member, NbdMember};
+        let dir = tempfile::tempdir().unwrap();
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let (uri, server) = fake_server(dir.path(), move |mut s| {
+            read_request(&mut s);
+            stopped.recv().unwrap();
+        });
+        let member = NbdMember::open(&uri.text, true).unwrap();
+        assert!(member.keep_deadline(Duration::from_millis(200)));
+        let mut buf = vec![0u8; 4096];
+        let err = member.read_at(&mut buf, 4096).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert!(err.to_string().contains("read at 4096+4096"), "{err}");
+        let began = Instant::now();
+        let err = member.write_at(&[1u8; 4096], 0).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert!(err.to_string().contains("stopped answering"), "{err}");
+        assert!(began.elapsed() < Duration::from_millis(150));
+        stop.send(()).unwrap();
+        server.join().unwrap();
     }
 
     #[test]

@@ -37,11 +37,12 @@ pub use uri::{is_nbd_uri, NbdUri};
 
 use super::batch::Buffer;
 use super::stats::IoStats;
-use super::{check_io, io_error, Member};
-use client::{Connection, RequestError};
+use super::{check_io, io_error, Member, Started};
+use client::{Connection, Deadline, RequestError};
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// The largest request sent, whatever the server allows: 32 MiB is the
 /// protocol's usual cap and what nbdkit and qemu-nbd accept.
@@ -60,6 +61,12 @@ pub struct NbdMember {
     /// A connection broke: every request fails until `reconnect`, so that
     /// the member reads as gone, not as a disk that fails now and then.
     broken: AtomicBool,
+    /// The member timeout it keeps itself (`Member::keep_deadline`), in
+    /// microseconds; 0: none.
+    timeout_us: AtomicU64,
+    /// The request that missed its deadline, while the member is broken
+    /// by it: later requests fail at once with it as their reason.
+    expired: Mutex<Option<String>>,
     stats: IoStats,
 }
 
@@ -135,6 +142,8 @@ impl NbdMember {
             pool,
             next: AtomicUsize::new(0),
             broken: AtomicBool::new(false),
+            timeout_us: AtomicU64::new(0),
+            expired: Mutex::new(None),
             stats: IoStats::default(),
         })
     }
@@ -182,13 +191,47 @@ impl NbdMember {
                     ),
                 ));
             }
+            conn.set_send_timeout(self.timeout())?;
             fresh.push(conn);
         }
         for (slot, conn) in self.pool.iter().zip(fresh) {
             *slot.lock().unwrap() = Some(Arc::new(conn));
         }
+        *self.expired.lock().unwrap() = None;
         self.broken.store(false, Ordering::Release);
         Ok(())
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        match self.timeout_us.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(Duration::from_micros(us)),
+        }
+    }
+
+    /// The deadline of a request starting now.
+    fn deadline(&self) -> Option<Deadline> {
+        self.timeout().map(Deadline::after)
+    }
+
+    /// A request missed its deadline: the host is not answering. Every
+    /// connection is failed, so that what is in flight on the others
+    /// fails now instead of each at its own deadline, and every later
+    /// request fails at once, until `reconnect` (or a reopened member).
+    fn expire(&self, why: &str) {
+        {
+            let mut expired = self.expired.lock().unwrap();
+            if expired.is_none() {
+                *expired = Some(why.to_string());
+            }
+        }
+        self.broken.store(true, Ordering::Release);
+        for slot in &self.pool {
+            let conn = slot.lock().unwrap().clone();
+            if let Some(conn) = conn {
+                conn.abort(io::Error::new(io::ErrorKind::TimedOut, why.to_string()));
+            }
+        }
     }
 
     /// The next connection in turn, unless the member lost one.
@@ -200,17 +243,27 @@ impl NbdMember {
             )
         };
         if self.broken.load(Ordering::Acquire) {
+            if let Some(first) = self.expired.lock().unwrap().as_ref() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("not sent: the member stopped answering ({first})"),
+                ));
+            }
             return Err(lost());
         }
         let at = self.next.fetch_add(1, Ordering::Relaxed) % self.pool.len();
         self.pool[at].lock().unwrap().clone().ok_or_else(lost)
     }
 
-    /// A request's error; a broken connection breaks the member.
+    /// A request's error; a broken connection breaks the member, and a
+    /// missed deadline expires it.
     fn failed(&self, e: RequestError) -> io::Error {
         match e {
             RequestError::Reply(e) => e,
             RequestError::Connection(e) => {
+                if e.kind() == io::ErrorKind::TimedOut {
+                    self.expire(&e.to_string());
+                }
                 self.broken.store(true, Ordering::Release);
                 e
             }
@@ -218,8 +271,13 @@ impl NbdMember {
     }
 
     /// Sends every piece of one transfer (at most `max_request_bytes`
-    /// each) before waiting for any, and returns the first error.
-    fn transfer(&self, flags: u16, offset_bytes: u64, buffer: Buffer) -> io::Result<()> {
+    /// each) and returns them with the first error met sending, for
+    /// `finish` to wait for.
+    ///
+    /// # Safety
+    /// A read's buffer must stay valid and untouched until `finish` has
+    /// returned or the pieces are dropped.
+    unsafe fn send(&self, flags: u16, offset_bytes: u64, buffer: Buffer) -> Sent {
         let (what, command, len, payload, into) = match buffer {
             Buffer::Read(buf) => (
                 "read",
@@ -230,31 +288,47 @@ impl NbdMember {
             ),
             Buffer::Write(buf) => ("write", proto::CMD_WRITE, buf.len(), Some(buf), None),
         };
+        let deadline = self.deadline();
         let step = self.max_request_bytes as usize;
-        let mut sent = Vec::with_capacity(len.div_ceil(step));
-        let mut first_error = None;
+        let mut sent = Sent {
+            what,
+            deadline,
+            pieces: Vec::with_capacity(len.div_ceil(step)),
+            first_error: None,
+        };
         for done in (0..len).step_by(step) {
             let piece = step.min(len - done);
             let at = offset_bytes + done as u64;
             let ticket = self.connection().and_then(|conn| {
                 let data = payload.map(|p| &p[done..done + piece]);
-                // SAFETY: the pieces are disjoint parts of `read_into`,
-                // which stays borrowed until every ticket is waited for
-                // below.
+                // SAFETY: the pieces are disjoint parts of the read's
+                // buffer, which the caller keeps until they are done.
                 let dest = into.map(|p| (unsafe { p.add(done) }, piece));
-                unsafe { conn.submit(command, flags, at, data, dest, piece as u32) }
+                unsafe { conn.submit(command, flags, at, data, dest, piece as u32, deadline) }
                     .map_err(|e| self.failed(e))
             });
             match ticket {
-                Ok(ticket) => sent.push((at, piece, ticket)),
+                Ok(ticket) => sent.pieces.push((at, piece, ticket)),
                 Err(e) => {
-                    first_error = Some(io_error(&self.uri.text, what, at, piece, e));
+                    sent.first_error = Some(io_error(&self.uri.text, what, at, piece, e));
                     break;
                 }
             }
         }
-        for (at, piece, ticket) in sent {
-            if let Err(e) = ticket.wait() {
+        sent
+    }
+
+    /// Waits for every piece sent, until their deadline, and returns the
+    /// first error.
+    fn finish(&self, sent: Sent) -> io::Result<()> {
+        let Sent {
+            what,
+            deadline,
+            pieces,
+            mut first_error,
+        } = sent;
+        for (at, piece, ticket) in pieces {
+            if let Err(e) = ticket.wait_until(deadline) {
                 let e = self.failed(e);
                 first_error.get_or_insert_with(|| io_error(&self.uri.text, what, at, piece, e));
             }
@@ -262,10 +336,16 @@ impl NbdMember {
         first_error.map_or(Ok(()), Err)
     }
 
+    fn transfer(&self, flags: u16, offset_bytes: u64, buffer: Buffer) -> io::Result<()> {
+        // SAFETY: the buffer is borrowed until `finish` returns.
+        let sent = unsafe { self.send(flags, offset_bytes, buffer) };
+        self.finish(sent)
+    }
+
     /// One request without data, waited for.
     fn simple(&self, command: u16, offset: u64, length: u32) -> io::Result<()> {
         let conn = self.connection()?;
-        conn.request(command, offset, length, None, None)
+        conn.request(command, offset, length, None, None, self.deadline())
             .map_err(|e| self.failed(e))
     }
 
@@ -278,6 +358,14 @@ impl NbdMember {
             format!("{}: opened read-only", self.uri.text),
         ))
     }
+}
+
+/// The pieces of one transfer on the wire (`NbdMember::send`).
+struct Sent {
+    what: &'static str,
+    deadline: Option<Deadline>,
+    pieces: Vec<(u64, usize, client::Ticket)>,
+    first_error: Option<io::Error>,
 }
 
 /// Refuses what would fail after connecting anyway, before any byte goes
@@ -360,6 +448,59 @@ impl Member for NbdMember {
         self.transfer(proto::CMD_FLAG_FUA, offset_bytes, Buffer::Write(buf))
     }
 
+    fn starts_io(&self) -> bool {
+        true
+    }
+
+    /// Every piece on the wire at once, read straight into `buf` by the
+    /// connections' readers: a batch sends all its ops before waiting.
+    fn start_read<'a>(&'a self, buf: &'a mut [u8], offset_bytes: u64) -> Option<Started<'a>> {
+        if let Err(e) = check_io(self, offset_bytes, buf.len() as u64) {
+            return Some(Box::new(move || Err(e)));
+        }
+        // SAFETY: the closure holds the borrow of `buf` until it has
+        // waited for every piece, or drops them (which waits for the
+        // readers to let go).
+        let sent = unsafe { self.send(0, offset_bytes, Buffer::Read(&mut *buf)) };
+        Some(Box::new(move || {
+            let _lent = buf;
+            self.finish(sent)
+        }))
+    }
+
+    /// A write's pieces are sent before this returns (the payload is
+    /// copied into the sockets), so only the replies are waited for later.
+    fn start_write<'a>(&'a self, buf: &'a [u8], offset_bytes: u64) -> Option<Started<'a>> {
+        let checked =
+            check_io(self, offset_bytes, buf.len() as u64).and_then(|()| self.check_writable());
+        if let Err(e) = checked {
+            return Some(Box::new(move || Err(e)));
+        }
+        // SAFETY: a write lends nothing past the send.
+        let sent = unsafe { self.send(0, offset_bytes, Buffer::Write(buf)) };
+        Some(Box::new(move || self.finish(sent)))
+    }
+
+    /// The member timeout, kept by the requests themselves: a request
+    /// waits for its reply until its deadline and then fails its
+    /// connection, with no thread between the caller and the socket. The
+    /// reader writes a read's data into the caller's buffer, and a request
+    /// given up is taken out of its connection first (or waited for while
+    /// the reader is still writing it), so a late reply lands nowhere.
+    fn keep_deadline(&self, timeout: Duration) -> bool {
+        let us = (timeout.as_micros() as u64).max(1);
+        self.timeout_us.store(us, Ordering::Relaxed);
+        for slot in &self.pool {
+            let conn = slot.lock().unwrap().clone();
+            if let Some(conn) = conn {
+                // A failure here leaves sends unbounded by the socket; the
+                // replies are still waited for until the deadline.
+                let _ = conn.set_send_timeout(Some(timeout));
+            }
+        }
+        true
+    }
+
     fn flush(&self) -> io::Result<()> {
         if !self.write || !self.info.has(proto::TFLAG_SEND_FLUSH) {
             // A server without FLUSH writes through (the protocol's
@@ -409,6 +550,9 @@ impl Member for NbdMember {
                     self.uri.text
                 ),
             ));
+        }
+        if let Some(timeout) = self.timeout() {
+            fresh.keep_deadline(timeout);
         }
         Ok(std::sync::Arc::new(fresh))
     }

@@ -177,6 +177,25 @@ fn nbds_with_a_pre_shared_key_is_a_member_and_plaintext_is_refused() {
         String::from_utf8_lossy(&out.stdout)
     );
 
+    // The session is TLS 1.3, and on a CPU with AES instructions its
+    // suite is AES-GCM (with a PSK, OpenSSL's own order would pick
+    // ChaCha20, several times slower there).
+    let out = uraid().args(["doctor", &tls_uri]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains("nbd transport"))
+        .unwrap_or_else(|| panic!("no transport line in:\n{text}"));
+    assert!(line.contains("TLS, TLSv1.3 TLS_"), "{line}");
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let has_aes = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .is_some_and(|l| l.split_whitespace().any(|f| f == "aes"));
+    if has_aes {
+        assert!(line.contains("TLS_AES_128_GCM_SHA256"), "{line}");
+    }
+
     // The same server without TLS, a key file that is not there, a user
     // without a key: one line each.
     let err = uraid_refused(&["examine", &tls_peer.uri()]);

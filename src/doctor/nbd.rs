@@ -16,7 +16,13 @@ use std::time::{Duration, Instant};
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 
 /// The export's size and block size, or why it could not be opened.
-type Opened = Result<(u64, u32), String>;
+/// What opening the export found.
+struct Opened {
+    size_bytes: u64,
+    block_bytes: u32,
+    /// The TLS protocol and suite negotiated, on a TLS export.
+    tls_session: Option<String>,
+}
 
 /// An export being asked, from a thread of its own, so that several are
 /// asked at once and a server that never answers costs `ANSWER_WITHIN`,
@@ -24,7 +30,7 @@ type Opened = Result<(u64, u32), String>;
 pub(super) struct Probe {
     text: String,
     deadline: Instant,
-    answer: Result<mpsc::Receiver<Opened>, String>,
+    answer: Result<mpsc::Receiver<Result<Opened, String>>, String>,
 }
 
 impl Probe {
@@ -37,7 +43,11 @@ impl Probe {
             .name("uraid-doctor-nbd".into())
             .spawn(move || {
                 let opened = NbdMember::open(&uri, true)
-                    .map(|m| (m.size_bytes(), m.logical_block_bytes()))
+                    .map(|m| Opened {
+                        size_bytes: m.size_bytes(),
+                        block_bytes: m.logical_block_bytes(),
+                        tls_session: m.tls_session(),
+                    })
                     .map_err(|e| e.to_string());
                 let _ = tx.send(opened);
             });
@@ -52,7 +62,7 @@ impl Probe {
 
     /// The open's result; its error without the URI the check's name
     /// already carries.
-    fn answer(&self) -> Result<(u64, u32), String> {
+    fn answer(&self) -> Result<Opened, String> {
         let rx = self.answer.as_ref().map_err(String::clone)?;
         let left = self.deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
@@ -79,7 +89,11 @@ impl Probe {
                 ]
             }
         };
-        let (size_bytes, block_bytes) = match self.answer() {
+        let Opened {
+            size_bytes,
+            block_bytes,
+            tls_session,
+        } = match self.answer() {
             Ok(found) => found,
             Err(reason) => {
                 return vec![Check::new(name("export"), Status::Fail, "unreachable")
@@ -100,7 +114,7 @@ impl Probe {
             .because(
                 "what the export offers: a member holds its data offset and its share of the array",
             ),
-            transport(&uri, name("transport")),
+            transport(&uri, name("transport"), tls_session.as_deref()),
             no_queue(text),
         ]
     }
@@ -120,7 +134,7 @@ pub(super) fn served_checks(text: &str, state: &str) -> Vec<Check> {
     };
     let mut checks = vec![export];
     if let Ok(uri) = text.parse::<NbdUri>() {
-        checks.push(transport(&uri, name("transport")));
+        checks.push(transport(&uri, name("transport"), None));
     }
     checks.push(no_queue(text));
     checks
@@ -135,8 +149,9 @@ fn no_queue(text: &str) -> Check {
     .fix("run uraid doctor on the server's host, with its disk")
 }
 
-/// What protects the member's blocks between here and its server.
-fn transport(uri: &NbdUri, check: String) -> Check {
+/// What protects the member's blocks between here and its server, with
+/// the TLS session negotiated when the export was asked.
+fn transport(uri: &NbdUri, check: String, session: Option<&str>) -> Check {
     match (&uri.tls, &uri.address) {
         (Some(tls), _) => {
             let how = match &tls.auth {
@@ -150,7 +165,11 @@ fn transport(uri: &NbdUri, check: String) -> Check {
                 ),
                 TlsAuth::System => "X.509, the system's certificate authorities".to_string(),
             };
-            Check::new(check, Status::Ok, "TLS").because(how)
+            match session {
+                Some(session) => Check::new(check, Status::Ok, format!("TLS, {session}"))
+                    .because(format!("{how}; the session's protocol and suite")),
+                None => Check::new(check, Status::Ok, "TLS").because(how),
+            }
         }
         (None, Address::Unix(_)) => Check::new(check, Status::Ok, "unix socket")
             .because("a socket on this host: nothing crosses a network"),
@@ -177,7 +196,7 @@ mod tests {
 
     #[test]
     fn plaintext_over_a_network_is_a_warning_and_tls_or_a_socket_is_not() {
-        let status = |text: &str| transport(&text.parse().unwrap(), "t".into()).status;
+        let status = |text: &str| transport(&text.parse().unwrap(), "t".into(), None).status;
         assert_eq!(status("nbd://10.0.0.4/d"), Status::Warn);
         assert_eq!(status("nbd://127.0.0.1:10810/d"), Status::Ok);
         assert_eq!(status("nbd://localhost/d"), Status::Ok);

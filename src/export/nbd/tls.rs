@@ -26,8 +26,8 @@ use openssl::ssl::{
 
 use super::io::{poll_one, PollResult, Sock};
 use super::tls_config::{TlsCredentials, TlsMode};
-use crate::member::nbd::first_reason;
 use crate::member::nbd::psk::load_psk_file;
+use crate::member::nbd::{first_reason, tls13_suites};
 
 /// A loaded TLS configuration, shared by every connection.
 #[derive(Clone)]
@@ -56,11 +56,15 @@ impl Tls {
         builder
             .set_min_proto_version(Some(SslVersion::TLS1_2))
             .map_err(|e| format!("TLS setup: {e}"))?;
+        // The client's order decides; ours, for a client without one.
+        builder
+            .set_ciphersuites(tls13_suites())
+            .map_err(|e| format!("TLS setup: {e}"))?;
         match credentials {
             TlsCredentials::Psk(path) => {
                 let keys = load_psk_file(path)?;
                 // The PSK suites (GnuTLS's NORMAL:+ECDHE-PSK:+DHE-PSK:+PSK);
-                // TLS 1.3 suites are set apart and keep their defaults.
+                // TLS 1.3 suites are set apart (`tls13_suites`).
                 builder
                     .set_cipher_list("ECDHEPSK:DHEPSK:PSK:!aNULL:!eNULL:!3DES:!RC4:!SHA1")
                     .map_err(|e| ssl_err(path, e))?;

@@ -336,6 +336,8 @@ pub const CONNECTION_DEPTH: usize = 16;
 /// every later one at once.
 pub struct Connection {
     pub info: ExportInfo,
+    /// The TLS protocol and suite negotiated, on a TLS connection.
+    pub tls_session: Option<String>,
     shared: Arc<Shared>,
     reader: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -600,9 +602,12 @@ impl Connection {
         let mut stream = socket.into_stream();
         start_handshake(&mut *stream)?;
         let tls = uri.tls.is_some();
+        let mut tls_session = None;
         if let Some(tls) = &uri.tls {
             request_starttls(&mut *stream)?;
-            stream = super::tls::client(stream, uri, tls)?;
+            let (secured, session) = super::tls::client(stream, uri, tls)?;
+            stream = secured;
+            tls_session = Some(session);
         }
         let info = go(&mut *stream, &uri.export)?;
         control.set_timeouts(None)?;
@@ -628,6 +633,7 @@ impl Connection {
         };
         Ok(Connection {
             info,
+            tls_session,
             shared,
             reader: Mutex::new(Some(reader)),
         })

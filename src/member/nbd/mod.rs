@@ -32,7 +32,7 @@ pub mod uri;
 
 pub use client::{connect_socket, go, request_starttls, start_handshake, ExportInfo, Socket};
 #[cfg(feature = "tls")]
-pub(crate) use tls::first_reason;
+pub(crate) use tls::{first_reason, tls13_suites};
 pub use uri::{is_nbd_uri, NbdUri};
 
 use super::batch::Buffer;
@@ -156,6 +156,13 @@ impl NbdMember {
     /// What the server negotiated.
     pub fn export_info(&self) -> ExportInfo {
         self.info
+    }
+
+    /// The TLS protocol and suite of its first connection ("TLSv1.3
+    /// TLS_AES_128_GCM_SHA256"), on a TLS member.
+    pub fn tls_session(&self) -> Option<String> {
+        let conn = self.pool.first()?.lock().unwrap().clone()?;
+        conn.tls_session.clone()
     }
 
     /// Connections the member holds (broken ones included).

@@ -23,12 +23,58 @@ pub(crate) fn first_reason(e: &openssl::error::ErrorStack) -> String {
         .unwrap_or_else(|| e.to_string())
 }
 
-/// Runs the TLS handshake on `stream`, whose STARTTLS was acknowledged.
-pub fn client(stream: Box<dyn Stream>, uri: &NbdUri, tls: &Tls) -> io::Result<Box<dyn Stream>> {
+/// The TLS 1.3 suites offered and taken, fastest first on this CPU.
+///
+/// A pre-shared key given through OpenSSL's PSK callbacks is bound to
+/// SHA-256 in TLS 1.3, so of OpenSSL's default order (AES-256-GCM-SHA384,
+/// ChaCha20, AES-128-GCM) the first usable suite is ChaCha20. With AES
+/// instructions AES-128-GCM is several times faster (GnuTLS, nbdkit's and
+/// qemu-nbd's library, here: 4.4 GB/s against 0.5 GB/s), and the peer of
+/// an NBD session takes the client's order: a TLS member then read at 0.5
+/// of plaintext instead of 0.3. Without them ChaCha20 is the faster.
+pub(crate) fn tls13_suites() -> &'static str {
+    const AES_FIRST: &str =
+        "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256";
+    const CHACHA_FIRST: &str =
+        "TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384";
+    if has_aes_instructions() {
+        AES_FIRST
+    } else {
+        CHACHA_FIRST
+    }
+}
+
+fn has_aes_instructions() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("aes")
+            && std::arch::is_x86_feature_detected!("pclmulqdq")
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        std::arch::is_aarch64_feature_detected!("aes")
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        false
+    }
+}
+
+/// Runs the TLS handshake on `stream`, whose STARTTLS was acknowledged;
+/// returns the TLS stream and the session's protocol and suite
+/// ("TLSv1.3 TLS_AES_128_GCM_SHA256").
+pub fn client(
+    stream: Box<dyn Stream>,
+    uri: &NbdUri,
+    tls: &Tls,
+) -> io::Result<(Box<dyn Stream>, String)> {
     let mut builder =
         SslConnector::builder(SslMethod::tls_client()).map_err(|e| tls_error(first_reason(&e)))?;
     builder
         .set_min_proto_version(Some(SslVersion::TLS1_2))
+        .map_err(|e| tls_error(first_reason(&e)))?;
+    builder
+        .set_ciphersuites(tls13_suites())
         .map_err(|e| tls_error(first_reason(&e)))?;
     let mut verify_hostname = false;
     match &tls.auth {
@@ -90,7 +136,14 @@ pub fn client(stream: Box<dyn Stream>, uri: &NbdUri, tls: &Tls) -> io::Result<Bo
     config.set_verify_hostname(verify_hostname && !hostname.is_empty());
     config.set_use_server_name_indication(verify_hostname && !hostname.is_empty());
     match config.connect(&hostname, stream) {
-        Ok(tls) => Ok(Box::new(tls)),
+        Ok(tls) => {
+            let session = format!(
+                "{} {}",
+                tls.ssl().version_str(),
+                tls.ssl().current_cipher().map_or("?", |c| c.name())
+            );
+            Ok((Box::new(tls), session))
+        }
         Err(HandshakeError::SetupFailure(e)) => Err(tls_error(first_reason(&e))),
         Err(HandshakeError::Failure(mid)) | Err(HandshakeError::WouldBlock(mid)) => {
             let e = mid.error();

@@ -4,7 +4,11 @@ use super::client::Stream;
 use super::uri::{NbdUri, Tls};
 use std::io;
 
-pub fn client(_stream: Box<dyn Stream>, uri: &NbdUri, _tls: &Tls) -> io::Result<Box<dyn Stream>> {
+pub fn client(
+    _stream: Box<dyn Stream>,
+    uri: &NbdUri,
+    _tls: &Tls,
+) -> io::Result<(Box<dyn Stream>, String)> {
     Err(unsupported(uri))
 }
 

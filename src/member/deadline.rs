@@ -13,6 +13,12 @@
 //! served from redundancy), and the member is *expired*: every later I/O
 //! fails at once, so that nothing else waits a whole timeout for it.
 //!
+//! A member that can keep the deadline without a thread in between takes
+//! it itself (`Member::keep_deadline`: an NBD member's requests wait for
+//! their replies until their deadline) and is not wrapped; this watchdog
+//! is for the rest (a member behind the fault injector, whose injected
+//! hang is a call that does not return).
+//!
 //! The worker that made the stuck call stays stuck; when the call returns,
 //! its result goes into a slot nobody reads any more and is dropped with
 //! the worker's buffer: a late success is never reported to a caller that

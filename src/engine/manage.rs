@@ -16,6 +16,10 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// How long `--add` waits for work still holding a member removed under the
+/// same path: the work in flight when it was removed, milliseconds.
+const LET_GO_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Records how far the job `action` has rebuilt `role`, on the device it
 /// rebuilds: the member being recovered (Recovery), or the replacement
 /// (Replace), which is a member being recovered once promoted (its
@@ -162,10 +166,34 @@ impl Engine {
             _ => {}
         }
         let removed = array.devices.remove(index);
+        self.let_go
+            .lock()
+            .unwrap()
+            .push((removed.path.clone(), Arc::downgrade(&removed.member)));
         self.returns.back(&removed.path);
         self.events.push("Remove", &removed.path, "");
         self.write_state(&mut array);
         Ok(())
+    }
+
+    /// Waits, `LET_GO_WAIT` at most, until no work holds a member removed
+    /// under `path`. Work that took the member table just before a removal
+    /// (a destage, a read being answered) keeps the removed member open a
+    /// moment longer, and with it a file's claim: an `--add` of the same
+    /// file right after the `--remove` would be refused as in use.
+    fn wait_let_go(&self, path: &Path) {
+        let deadline = std::time::Instant::now() + LET_GO_WAIT;
+        loop {
+            let held = {
+                let mut let_go = self.let_go.lock().unwrap();
+                let_go.retain(|(_, member)| member.strong_count() > 0);
+                let_go.iter().any(|(p, _)| Self::same_device(p, path))
+            };
+            if !held || std::time::Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 
     /// `uraid manage --add DEV`: the device becomes a spare, and a recovery
@@ -196,6 +224,7 @@ impl Engine {
                 return Err(e.to_string())
             }
             _ => {
+                self.wait_let_go(path);
                 let opened = crate::member::open(path, OpenOptions { write: true })
                     .map_err(|e| e.to_string())?;
                 let wrapped = self.wrap_new_member(opened);

@@ -176,6 +176,9 @@ pub struct Engine {
     spares_rebuilt_in_place: Mutex<std::collections::HashSet<String>>,
     /// Why failed members failed, and their automatic re-add (readd.rs).
     returns: readd::Returns,
+    /// Members removed, by path, until the last work that took them
+    /// before the removal lets go (see `Engine::wait_let_go`).
+    let_go: Mutex<Vec<(String, std::sync::Weak<dyn crate::member::Member>)>>,
 }
 
 impl Engine {
@@ -415,6 +418,7 @@ impl Engine {
             member_wrapping: Mutex::new(crate::member::Wrapping::default()),
             member_health: Mutex::new(Vec::new()),
             returns: readd::Returns::default(),
+            let_go: Mutex::new(Vec::new()),
             bitmap: RwLock::new(live_bitmap.map(Arc::new)),
             schedule: schedule::CheckSchedule::default(),
             tunables: tuning::Tunables::new(

@@ -1068,6 +1068,38 @@ fn readd_with_a_bitmap_copies_only_what_changed() {
     engine.shutdown().unwrap();
 }
 
+/// A file removed from the array may still be held a moment by work that
+/// took the member table before the removal; adding it back at once waits
+/// for that work to let go instead of refusing the file as in use.
+#[test]
+fn a_file_removed_and_added_at_once_waits_for_work_that_still_holds_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = raid5_with_bitmap(dir.path());
+    let assembled = assemble(&paths, true).unwrap();
+    let held = assembled
+        .devices
+        .iter()
+        .find(|d| Engine::same_device(&d.path, &paths[2]))
+        .unwrap()
+        .member
+        .clone();
+    let engine = Engine::start(assembled, EngineOptions::default()).unwrap();
+    engine.manage_fail(&paths[2]).unwrap();
+    engine.manage_remove(&paths[2]).unwrap();
+    let began = std::time::Instant::now();
+    let work = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        drop(held);
+    });
+    engine.manage_add(&paths[2]).unwrap();
+    assert!(began.elapsed() >= std::time::Duration::from_millis(250));
+    work.join().unwrap();
+    wait_until(&engine, "the member back in sync", |s| {
+        s.missing_roles.is_empty() && s.sync.is_none()
+    });
+    engine.shutdown().unwrap();
+}
+
 fn read_superblock_of(path: &std::path::Path) -> crate::format::MemberSuper {
     let member = crate::member::FileMember::open(path, Default::default()).unwrap();
     crate::array::read_superblock(&member).unwrap().unwrap()

@@ -166,10 +166,13 @@ impl Engine {
             _ => {}
         }
         let removed = array.devices.remove(index);
-        self.let_go
-            .lock()
-            .unwrap()
-            .push((removed.path.clone(), Arc::downgrade(&removed.member)));
+        {
+            // Members nobody holds any more are forgotten here too, so the
+            // list stays as short as the work in flight.
+            let mut let_go = self.let_go.lock().unwrap();
+            let_go.retain(|(_, member)| member.strong_count() > 0);
+            let_go.push((removed.path.clone(), Arc::downgrade(&removed.member)));
+        }
         self.returns.back(&removed.path);
         self.events.push("Remove", &removed.path, "");
         self.write_state(&mut array);

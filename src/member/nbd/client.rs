@@ -681,10 +681,8 @@ impl Connection {
                         let now = Instant::now();
                         if now >= d.at {
                             drop(state);
-                            let e = d.error();
-                            let error = io::Error::new(e.kind(), e.to_string());
-                            self.shared.fail(e);
-                            return Err(RequestError::Connection(error));
+                            self.shared.fail(d.error());
+                            return Err(RequestError::Connection(d.error()));
                         }
                         self.shared.room.wait_timeout(state, d.at - now).unwrap().0
                     }

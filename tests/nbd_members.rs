@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 const MEMBER_BYTES: u64 = 48 << 20;
@@ -396,4 +396,75 @@ fn a_fua_write_reaches_the_server_with_its_flag() {
         "no FUA write at 16384 in the log:\n{text}"
     );
     assert!(!fua_at("0x0"), "the plain write carried FUA:\n{text}");
+}
+
+/// A client's FUA write to an array over NBD hosts reaches the hosts as
+/// FUA writes of its data and both parities (nbdkit's log filter shows
+/// fua=1), with no flush of the members; a plain write carries no FUA,
+/// and a client's FLUSH reaches every host as one.
+#[test]
+fn a_clients_fua_write_reaches_the_hosts_as_fua_and_flush_as_flush() {
+    let dir = scratch("nbd-fua-array");
+    let d = dir.path();
+    let logs: Vec<PathBuf> = (0..4).map(|i| d.join(format!("kit{i}.log"))).collect();
+    let peers: Vec<Peer> = logs
+        .iter()
+        .enumerate()
+        .map(|(i, log)| {
+            let log_arg = format!("logfile={}", log.display());
+            start_nbdkit_peer(
+                unix(d, &format!("kit{i}.sock")),
+                &["--filter=log"],
+                &["memory", &MEMBER_BYTES.to_string(), &log_arg],
+            )
+        })
+        .collect();
+    let uris: Vec<String> = peers.iter().map(Peer::uri).collect();
+    let members: Vec<&str> = uris.iter().map(String::as_str).collect();
+    let mut args = vec!["create", "--level", "6", "--raid-devices", "4", "--assume-clean"];
+    args.extend_from_slice(&members);
+    uraid_ok(&args);
+    let served = serve(d, &[], &members);
+    // What the hosts were asked from here on: their logs' new request
+    // lines (" Write id=..."; a reply's line reads "...Write id=...").
+    let seen: Vec<usize> = logs.iter().map(|l| log_lines(l).len()).collect();
+    let since = |what: &str| -> Vec<String> {
+        logs.iter()
+            .zip(&seen)
+            .flat_map(|(l, &n)| log_lines(l).into_iter().skip(n))
+            .filter(|l| l.contains(&format!(" {what}")))
+            .collect()
+    };
+    nbdsh_script(
+        served.uri(),
+        "h.connect_uri(URI)\n\
+         h.pwrite(b'\\x5a' * 4096, 1 << 20)\n\
+         h.pwrite(b'\\xa5' * 4096, 2 << 20, nbd.CMD_FLAG_FUA)\n\
+         assert h.pread(4096, 2 << 20) == b'\\xa5' * 4096\n",
+        Duration::from_secs(60),
+    );
+    let writes = since("Write id=");
+    let fua: Vec<&String> = writes.iter().filter(|l| l.contains("fua=1")).collect();
+    let all = writes.join("\n");
+    // raid6 of 4: a 4 KiB write in one strip writes it, P and Q.
+    assert_eq!(fua.len(), 3, "FUA writes on the hosts:\n{all}");
+    assert_eq!(writes.len(), 6, "member writes for two 4 KiB writes:\n{all}");
+    let flushes = since("Flush id=");
+    assert!(flushes.is_empty(), "a FUA write flushed members:\n{flushes:?}");
+    nbdsh_script(
+        served.uri(),
+        "h.connect_uri(URI)\nh.flush()\n",
+        Duration::from_secs(60),
+    );
+    assert_eq!(since("Flush id=").len(), 4, "a client's FLUSH on the hosts");
+    served.stop();
+}
+
+/// The lines of an nbdkit log (none yet: empty).
+fn log_lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(String::from)
+        .collect()
 }

@@ -173,6 +173,12 @@ impl Batch {
         lock(&self.state).logged
     }
 
+    /// Whether a FUA write is in it: its write-out carries FUA. Read once
+    /// the batch is closed, when no write joins it any more.
+    pub(super) fn urgent(&self) -> bool {
+        lock(&self.state).urgent
+    }
+
     /// Waits, holding `state` of this batch, until it is written out.
     fn written<'a>(&self, mut state: MutexGuard<'a, BatchState>) -> MutexGuard<'a, BatchState> {
         while state.result.is_none() {

@@ -45,6 +45,8 @@ pub(super) struct Piece<'a> {
     /// Its data is in the journal already (logged alone for write-back):
     /// only its parity is logged before its member writes.
     pub(super) logged: bool,
+    /// A client's FUA write: every member write it makes carries FUA.
+    pub(super) fua: bool,
 }
 
 impl Piece<'_> {
@@ -143,6 +145,7 @@ impl Engine {
             data,
             start_in_stripe: in_stripe,
             logged: false,
+            fua: false,
         }
     }
 
@@ -433,7 +436,7 @@ impl Engine {
     ) -> io::Result<()> {
         let map = self.geometry().stripe(batch.stripe);
         let parts: Vec<(usize, &[u8])> = runs.iter().map(|r| (r.start, &buf[r.clone()])).collect();
-        self.write_in_row(&map, &parts, batch.logged())
+        self.write_in_row(&map, &parts, batch.logged(), batch.urgent())
     }
 
     /// Writes parts of one row (offset in the row's data, bytes) under the
@@ -441,21 +444,23 @@ impl Engine {
     /// stripe worker does it (see [`super::stripes`]); mirrors and plain
     /// stripes have no parity work to hand over.
     /// `logged`: the parts' data is in the journal already (write-back).
+    /// `fua`: every member write carries FUA (see [`Piece::fua`]).
     fn write_in_row(
         &self,
         map: &StripeMap,
         parts: &[(usize, &[u8])],
         logged: bool,
+        fua: bool,
     ) -> io::Result<()> {
         if map.p.is_some() {
             let slot = self.locks.slot(map.stripe);
-            if let Some(result) = self.stripes.submit(map.stripe, slot, parts, logged) {
+            if let Some(result) = self.stripes.submit(map.stripe, slot, parts, logged, fua) {
                 return result;
             }
         }
         let _guard = self.locks.lock(map.stripe);
         let _in_flight = self.bitmap_start_write(map.stripe)?;
-        self.write_parts_locked(map, parts, logged, true)
+        self.write_parts_locked(map, parts, logged, fua, true)
     }
 
     /// Writes parts of one row, one piece at a time with retries; the
@@ -468,6 +473,7 @@ impl Engine {
         map: &StripeMap,
         parts: &[(usize, &[u8])],
         logged: bool,
+        fua: bool,
         prefetch: bool,
     ) -> io::Result<()> {
         for &(at, bytes) in parts {
@@ -475,6 +481,7 @@ impl Engine {
             self.with_retries(map.stripe, true, |view| {
                 let mut piece = Engine::piece(map.clone(), at, bytes.len(), bytes);
                 piece.logged = logged;
+                piece.fua = fua;
                 let prefetch = std::mem::replace(&mut first, false);
                 view.write_piece(&piece, prefetch)
             })?;
@@ -590,7 +597,7 @@ impl Engine {
                         let stats = &engine.cache.stats;
                         stats.direct_writes.fetch_add(1, Ordering::Relaxed);
                     }
-                    engine.write_in_row(&map, &[(in_stripe, bytes)], false)
+                    engine.write_in_row(&map, &[(in_stripe, bytes)], false, fua)
                 }
             }
         })
@@ -660,18 +667,24 @@ impl View<'_> {
     /// leaves the array unable to serve is it an error. A replacement under
     /// construction gets the write too where its copy is done, so that it
     /// does not fall behind; a failing replacement is dropped.
-    pub(super) fn write_places(&self, writes: &[(&Place, usize, &[u8])]) -> io::Result<()> {
+    /// Every write carries FUA when `fua` says so (a client's FUA write).
+    pub(super) fn write_places(
+        &self,
+        writes: &[(&Place, usize, &[u8])],
+        fua: bool,
+    ) -> io::Result<()> {
         let mut targets = Vec::new();
-        self.write_targets(writes, &mut targets);
+        self.write_targets(writes, fua, &mut targets);
         let errors = run_writes(self.engine.max_member_io(), &targets);
         self.settle_writes(&targets, errors)
     }
 
     /// The member writes that `writes` make: each place, and its
-    /// replacement where it has one.
+    /// replacement where it has one; all with FUA when `fua` says so.
     pub(super) fn write_targets<'b>(
         &self,
         writes: &[(&Place, usize, &'b [u8])],
+        fua: bool,
         out: &mut Vec<WriteTarget<'b>>,
     ) {
         for &(place, at, buf) in writes {
@@ -683,6 +696,7 @@ impl View<'_> {
                     member: replacement,
                     offset: r_offset,
                     buf,
+                    fua,
                 });
             }
             out.push(WriteTarget {
@@ -691,6 +705,7 @@ impl View<'_> {
                 member,
                 offset,
                 buf,
+                fua,
             });
         }
     }
@@ -776,17 +791,6 @@ impl View<'_> {
                 .map_err(|source| member_error(place.member, source))?;
         }
         Ok(())
-    }
-
-    /// Writes to one member: [`write_places`](Self::write_places) with one
-    /// write.
-    pub(super) fn write_place(
-        &self,
-        place: &Place,
-        offset_in_strip: usize,
-        buf: &[u8],
-    ) -> io::Result<()> {
-        self.write_places(&[(place, offset_in_strip, buf)])
     }
 
     /// Reads one piece, reconstructing strips whose members are gone.
@@ -952,7 +956,7 @@ impl View<'_> {
                     writes.push((copy, piece.ranges[i].start, piece.new_bytes(i)));
                 }
             }
-            return self.write_places(&writes);
+            return self.write_places(&writes, piece.fua);
         }
         let parity_present = map.parity_places().filter(|p| self.present(p)).count();
         if parity_present == 0 {
@@ -967,7 +971,8 @@ impl View<'_> {
                     let Some(copy) = map.data[i].copies.iter().find(|c| self.present(c)) else {
                         return Err(lost_error(map, "data and parity lost"));
                     };
-                    self.write_place(copy, piece.ranges[i].start, piece.new_bytes(i))?;
+                    let write = (copy, piece.ranges[i].start, piece.new_bytes(i));
+                    self.write_places(&[write], piece.fua)?;
                 }
                 Ok(())
             })();
@@ -978,7 +983,7 @@ impl View<'_> {
         self.read_places(&mut plan.reads())?;
         self.compute_parity(&mut plan)?;
         let ticket = self.log_rows(piece, self.journal_rows(piece, Some(&plan)))?;
-        let written = self.write_places(&plan.writes());
+        let written = self.write_places(&plan.writes(), piece.fua);
         self.engine.journal_done(ticket);
         self.keep_parity(&plan, written.is_ok());
         written
@@ -1447,6 +1452,7 @@ pub(super) struct WriteTarget<'b> {
     member: MemberRef,
     offset: u64,
     buf: &'b [u8],
+    fua: bool,
 }
 
 impl WriteTarget<'_> {
@@ -1467,11 +1473,11 @@ pub(super) fn run_writes(max: usize, targets: &[WriteTarget]) -> Vec<Option<io::
     let mut owner = Vec::new();
     for (k, t) in targets.iter().enumerate() {
         for (i, part) in t.buf.chunks(max).enumerate() {
-            ops.push(IoOp::write(
-                t.member.as_ref(),
-                t.offset + (i * max) as u64,
-                part,
-            ));
+            let at = t.offset + (i * max) as u64;
+            ops.push(match t.fua {
+                true => IoOp::write_fua(t.member.as_ref(), at, part),
+                false => IoOp::write(t.member.as_ref(), at, part),
+            });
             owner.push(k);
         }
     }

@@ -1299,8 +1299,13 @@ impl BlockBackend for Engine {
         let _gate = self.request_gate();
         self.check_aligned(offset, data.len())?;
         self.foreground_ios.fetch_add(1, Ordering::Relaxed);
+        // A FUA write's member writes carry FUA themselves, data and parity
+        // alike, so nothing else needs flushing, as md passes REQ_FUA to
+        // the stripe's writes. While a reshape runs, the rows it moves are
+        // written by its job too: everything is flushed instead.
+        let reshaping = self.reshaping.load(Ordering::SeqCst);
         self.write_bytes(offset, data, fua)?;
-        if fua {
+        if fua && (reshaping || self.reshaping.load(Ordering::SeqCst)) {
             self.flush_members()?;
         }
         Ok(())

@@ -111,7 +111,7 @@ impl Engine {
             counters.copied.fetch_add(1, Ordering::Relaxed);
             let mut bytes = AlignedBuf::zeroed(range.len());
             data.into_memory(&mut bytes)?;
-            engine.write_parts_locked(&map, &[(in_stripe, &bytes)], false, true)
+            engine.write_parts_locked(&map, &[(in_stripe, &bytes)], false, false, true)
         });
         self.reads.write_done(offset..offset + len as u64);
         result
@@ -162,7 +162,7 @@ fn write_mirrored_row<'e>(
             return Err(lost_error(map, "every copy of the data is lost"));
         }
         let mut targets = Vec::new();
-        view.write_targets(&copies, &mut targets);
+        view.write_targets(&copies, false, &mut targets);
         strips.push((piece.range(i).len(), targets));
     }
     debug_assert_eq!(strips.iter().map(|(n, _)| n).sum::<usize>(), len);

@@ -68,6 +68,8 @@ pub(super) struct Job {
     parts: Vec<(usize, *const u8, usize)>,
     /// The parts' data is in the journal already (write-back).
     logged: bool,
+    /// Every member write carries FUA.
+    fua: bool,
     result: Mutex<Option<io::Result<()>>>,
     finished: Condvar,
 }
@@ -210,6 +212,7 @@ impl StripeWorkers {
         slot: usize,
         parts: &[(usize, &[u8])],
         logged: bool,
+        fua: bool,
     ) -> Option<io::Result<()>> {
         let active = self.active();
         if active == 0 {
@@ -223,6 +226,7 @@ impl StripeWorkers {
                 .map(|(at, bytes)| (*at, bytes.as_ptr(), bytes.len()))
                 .collect(),
             logged,
+            fua,
             result: Mutex::new(None),
             finished: Condvar::new(),
         });
@@ -353,6 +357,7 @@ impl Engine {
                 (None, &[(at, bytes)]) => {
                     let mut piece = Engine::piece(maps[k].clone(), at, bytes.len(), bytes);
                     piece.logged = jobs[k].logged;
+                    piece.fua = jobs[k].fua;
                     Some(piece).filter(|piece| views[k].plain(piece))
                 }
                 _ => None,
@@ -440,7 +445,7 @@ impl Engine {
         for (k, plan) in plans.iter().enumerate() {
             if let Some(plan) = plan {
                 let start = targets.len();
-                views[k].write_targets(&plan.writes(), &mut targets);
+                views[k].write_targets(&plan.writes(), plan.piece.fua, &mut targets);
                 spans[k] = start..targets.len();
             }
         }
@@ -461,7 +466,8 @@ impl Engine {
             if result.is_none() {
                 self.stripes.rows_alone.fetch_add(1, Ordering::Relaxed);
                 // Some rows come here after a failed read: none prefetches.
-                *result = Some(self.write_parts_locked(&maps[k], &parts[k], jobs[k].logged, false));
+                let (logged, fua) = (jobs[k].logged, jobs[k].fua);
+                *result = Some(self.write_parts_locked(&maps[k], &parts[k], logged, fua, false));
             }
         }
         results

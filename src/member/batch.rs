@@ -66,6 +66,9 @@ pub struct IoOp<'a> {
     pub member: &'a dyn Member,
     pub offset_bytes: u64,
     pub buffer: Buffer<'a>,
+    /// A write done only once its bytes are durable (NBD's FUA flag,
+    /// RWF_DSYNC on a file), not flushed with everything else later.
+    pub fua: bool,
 }
 
 impl<'a> IoOp<'a> {
@@ -74,6 +77,7 @@ impl<'a> IoOp<'a> {
             member,
             offset_bytes,
             buffer: Buffer::Read(buf),
+            fua: false,
         }
     }
 
@@ -82,6 +86,15 @@ impl<'a> IoOp<'a> {
             member,
             offset_bytes,
             buffer: Buffer::Write(buf),
+            fua: false,
+        }
+    }
+
+    /// A write with FUA: see [`IoOp::fua`].
+    pub fn write_fua(member: &'a dyn Member, offset_bytes: u64, buf: &'a [u8]) -> IoOp<'a> {
+        IoOp {
+            fua: true,
+            ..IoOp::write(member, offset_bytes, buf)
         }
     }
 
@@ -100,6 +113,9 @@ impl<'a> IoOp<'a> {
     pub(super) fn run_through_trait(&mut self) -> io::Result<()> {
         match &mut self.buffer {
             Buffer::Read(buf) => super::stats::read_at(self.member, buf, self.offset_bytes),
+            Buffer::Write(buf) if self.fua => {
+                super::stats::write_at_fua(self.member, buf, self.offset_bytes)
+            }
             Buffer::Write(buf) => super::stats::write_at(self.member, buf, self.offset_bytes),
         }
     }
@@ -202,7 +218,7 @@ pub(super) fn run_through_trait(ops: &mut [(usize, &mut IoOp)]) -> Vec<(usize, i
         }
         let start = match &mut op.buffer {
             Buffer::Read(buf) => member.start_read(buf, op.offset_bytes),
-            Buffer::Write(buf) => member.start_write(buf, op.offset_bytes),
+            Buffer::Write(buf) => member.start_write(buf, op.offset_bytes, op.fua),
         };
         let wait = start.expect("a member that starts I/O starts every op");
         started.push((*i, Instant::now(), wait, member, write, len));

@@ -313,11 +313,17 @@ impl Member for DeadlineMember {
         }))
     }
 
-    fn start_write<'a>(&'a self, buf: &'a [u8], offset_bytes: u64) -> Option<super::Started<'a>> {
+    fn start_write<'a>(
+        &'a self,
+        buf: &'a [u8],
+        offset_bytes: u64,
+        fua: bool,
+    ) -> Option<super::Started<'a>> {
         let started = super::check_io(self, offset_bytes, buf.len() as u64).and_then(|()| {
             let own = AlignedBuf::copy_from(buf);
-            self.begin("write", Some((offset_bytes, buf.len())), move |m| {
-                m.write_at(&own, offset_bytes)
+            self.begin("write", Some((offset_bytes, buf.len())), move |m| match fua {
+                true => m.write_at_fua(&own, offset_bytes),
+                false => m.write_at(&own, offset_bytes),
             })
         });
         Some(Box::new(move || started?()))

@@ -884,6 +884,8 @@ pub struct CrashReport {
 pub struct FaultCounters {
     pub reads: u64,
     pub writes: u64,
+    /// Writes with FUA (also counted in `writes`).
+    pub fua_writes: u64,
     pub flushes: u64,
     pub discards: u64,
     pub read_bytes: u64,
@@ -925,6 +927,7 @@ impl FaultCounters {
 struct Counters {
     reads: AtomicU64,
     writes: AtomicU64,
+    fua_writes: AtomicU64,
     flushes: AtomicU64,
     discards: AtomicU64,
     read_bytes: AtomicU64,
@@ -953,6 +956,7 @@ impl Counters {
         FaultCounters {
             reads: get(&self.reads),
             writes: get(&self.writes),
+            fua_writes: get(&self.fua_writes),
             flushes: get(&self.flushes),
             discards: get(&self.discards),
             read_bytes: get(&self.read_bytes),
@@ -1534,8 +1538,60 @@ impl FaultyMember {
         Some(keep)
     }
 
+    /// A write through the faults in force; `fua` as `write_at_fua`.
+    fn write_faulty(&self, buf: &[u8], offset_bytes: u64, fua: bool) -> io::Result<()> {
+        check_io(self, offset_bytes, buf.len() as u64)?;
+        bump(&self.counters.writes, 1);
+        if fua {
+            bump(&self.counters.fua_writes, 1);
+        }
+        self.wait_while_hung(Dir::Write);
+        let decision = self.decide(Dir::Write, offset_bytes, buf.len() as u64)?;
+        std::thread::sleep(decision.delay);
+        self.pacer
+            .admit(buf.len() as u64, offset_bytes, self.size_bytes());
+        if let Some(err) = decision.error {
+            return Err(err);
+        }
+        let block_bytes = self.block_usize();
+        let blocks = (buf.len() / block_bytes) as u64;
+        let torn_keep = if decision.torn {
+            self.take_torn(blocks)
+        } else {
+            None
+        };
+        let persisted_bytes = torn_keep.map_or(buf.len(), |keep| keep as usize * block_bytes);
+        if persisted_bytes > 0 {
+            let cache_bytes = if fua { None } else { decision.cache_bytes };
+            self.store(&buf[..persisted_bytes], offset_bytes, cache_bytes, fua)?;
+        }
+        // Pulled while it ran: the write is as lost as the cache, and the
+        // caller must not count it done.
+        self.gate(&self.read_plan(), Instant::now())?;
+        bump(&self.counters.written_bytes, persisted_bytes as u64);
+        if decision.heals && persisted_bytes > 0 {
+            self.heal_written(offset_bytes, persisted_bytes as u64);
+        }
+        match torn_keep {
+            Some(keep) => {
+                bump(&self.counters.torn_writes, 1);
+                Err(self.injected(
+                    libc::EIO,
+                    format!("torn write: {keep} of {blocks} blocks written"),
+                ))
+            }
+            None => Ok(()),
+        }
+    }
+
     /// Stores a (possibly torn) write in the cache or the inner member.
-    fn store(&self, data: &[u8], offset_bytes: u64, cache_bytes: Option<u64>) -> io::Result<()> {
+    fn store(
+        &self,
+        data: &[u8],
+        offset_bytes: u64,
+        cache_bytes: Option<u64>,
+        fua: bool,
+    ) -> io::Result<()> {
         let block_bytes = self.block_usize();
         if let Some(capacity) = cache_bytes {
             let mut cache = lock(&self.cache);
@@ -1549,17 +1605,22 @@ impl FaultyMember {
                 .store(cache.dirty.len() as u64, Ordering::Release);
             return result;
         }
+        let write = |inner: &dyn Member| match fua {
+            true => inner.write_at_fua(data, offset_bytes),
+            false => inner.write_at(data, offset_bytes),
+        };
         if self.unflushed_blocks() == 0 {
-            return self.inner.write_at(data, offset_bytes);
+            return write(self.inner.as_ref());
         }
-        // The cache was turned off while it held blocks: drop the ones this
-        // write replaces, under the cache lock so that a concurrent flush
-        // cannot write the stale copies over it afterwards.
+        // The cache holds blocks (it was turned off since, or this write
+        // goes past it with FUA): drop the ones this write replaces, under
+        // the cache lock so that a concurrent flush cannot write the stale
+        // copies over it afterwards.
         let mut cache = lock(&self.cache);
         cache.remove(offset_bytes, data.len() as u64, block_bytes);
         self.cache_dirty_blocks
             .store(cache.dirty.len() as u64, Ordering::Release);
-        self.inner.write_at(data, offset_bytes)
+        write(self.inner.as_ref())
     }
 
     /// Writes the cache back and flushes the inner member, pulled or not:
@@ -1684,44 +1745,14 @@ impl Member for FaultyMember {
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
-        check_io(self, offset_bytes, buf.len() as u64)?;
-        bump(&self.counters.writes, 1);
-        self.wait_while_hung(Dir::Write);
-        let decision = self.decide(Dir::Write, offset_bytes, buf.len() as u64)?;
-        std::thread::sleep(decision.delay);
-        self.pacer
-            .admit(buf.len() as u64, offset_bytes, self.size_bytes());
-        if let Some(err) = decision.error {
-            return Err(err);
-        }
-        let block_bytes = self.block_usize();
-        let blocks = (buf.len() / block_bytes) as u64;
-        let torn_keep = if decision.torn {
-            self.take_torn(blocks)
-        } else {
-            None
-        };
-        let persisted_bytes = torn_keep.map_or(buf.len(), |keep| keep as usize * block_bytes);
-        if persisted_bytes > 0 {
-            self.store(&buf[..persisted_bytes], offset_bytes, decision.cache_bytes)?;
-        }
-        // Pulled while it ran: the write is as lost as the cache, and the
-        // caller must not count it done.
-        self.gate(&self.read_plan(), Instant::now())?;
-        bump(&self.counters.written_bytes, persisted_bytes as u64);
-        if decision.heals && persisted_bytes > 0 {
-            self.heal_written(offset_bytes, persisted_bytes as u64);
-        }
-        match torn_keep {
-            Some(keep) => {
-                bump(&self.counters.torn_writes, 1);
-                Err(self.injected(
-                    libc::EIO,
-                    format!("torn write: {keep} of {blocks} blocks written"),
-                ))
-            }
-            None => Ok(()),
-        }
+        self.write_faulty(buf, offset_bytes, false)
+    }
+
+    /// As a drive takes a FUA write: its blocks go past the volatile cache
+    /// to the inner member and are durable when it returns; whatever else
+    /// the cache holds stays there, as lost in a crash as before.
+    fn write_at_fua(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
+        self.write_faulty(buf, offset_bytes, true)
     }
 
     fn flush(&self) -> io::Result<()> {

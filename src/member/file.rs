@@ -230,6 +230,42 @@ impl FileMember {
     }
 }
 
+/// Writes all of `buf` at `offset_bytes` with RWF_DSYNC: each write
+/// returns once its bytes (and what the file needs to find them) are
+/// durable, as a block device's FUA write, without syncing the rest.
+fn write_all_dsync(file: &File, mut buf: &[u8], mut offset_bytes: u64) -> io::Result<()> {
+    while !buf.is_empty() {
+        let iov = libc::iovec {
+            iov_base: buf.as_ptr().cast_mut().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: one iovec describing `buf`, which outlives the call; the
+        // kernel only reads it.
+        let n = unsafe {
+            libc::pwritev2(
+                file.as_raw_fd(),
+                &iov,
+                1,
+                offset_bytes as libc::off_t,
+                libc::RWF_DSYNC,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        buf = &buf[n as usize..];
+        offset_bytes += n as u64;
+    }
+    Ok(())
+}
+
 /// Says once per process that a member fell back to buffered I/O: the
 /// others probably did too, for the same reason, and one line is enough.
 fn note_buffered(name: &str, why: &str) {
@@ -412,6 +448,24 @@ impl Member for FileMember {
         }
         self.write_all_at(buf, offset_bytes)
             .map_err(|e| io_error(&self.name, "write", offset_bytes, buf.len(), e))
+    }
+
+    /// RWF_DSYNC on the write instead of a sync of the whole file; a
+    /// mapped file, memory that needs an aligned copy, or a kernel without
+    /// the flag take the default write and flush.
+    fn write_at_fua(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
+        check_io(self, offset_bytes, buf.len() as u64)?;
+        if self.mapped.is_none() && is_aligned(buf.as_ptr(), self.memory_align_bytes) {
+            match write_all_dsync(&self.file, buf, offset_bytes) {
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOSYS)) => {}
+                done => {
+                    return done
+                        .map_err(|e| io_error(&self.name, "write", offset_bytes, buf.len(), e))
+                }
+            }
+        }
+        self.write_at(buf, offset_bytes)?;
+        self.flush()
     }
 
     fn flush(&self) -> io::Result<()> {

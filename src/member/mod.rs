@@ -83,8 +83,14 @@ pub trait Member: Send + Sync {
         None
     }
 
-    /// `start_read` for a write of `buf`.
-    fn start_write<'a>(&'a self, _buf: &'a [u8], _offset_bytes: u64) -> Option<Started<'a>> {
+    /// `start_read` for a write of `buf`; with `fua`, done only once the
+    /// bytes are durable, as `write_at_fua`.
+    fn start_write<'a>(
+        &'a self,
+        _buf: &'a [u8],
+        _offset_bytes: u64,
+        _fua: bool,
+    ) -> Option<Started<'a>> {
         None
     }
 

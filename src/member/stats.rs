@@ -141,6 +141,16 @@ pub fn write_at(member: &dyn Member, buf: &[u8], offset_bytes: u64) -> io::Resul
     result
 }
 
+/// `member.write_at_fua`, counted.
+pub fn write_at_fua(member: &dyn Member, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
+    let started = Instant::now();
+    let result = member.write_at_fua(buf, offset_bytes);
+    if let Some(stats) = member.io_stats() {
+        stats.record(true, buf.len(), result.is_ok(), started.elapsed());
+    }
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -277,6 +277,8 @@ fn fatal(error: &io::Error) -> ! {
 struct Slot {
     fd: RawFd,
     write: bool,
+    /// RWF_DSYNC on the write: what a block device takes as FUA.
+    fua: bool,
     /// Where the data is: the op's memory, or `bounce`.
     data: *mut u8,
     len: usize,
@@ -320,6 +322,7 @@ impl Slot {
         Slot {
             fd,
             write,
+            fua: write && op.fua,
             data,
             len,
             offset_bytes: op.offset_bytes,
@@ -340,7 +343,11 @@ impl Slot {
         let at = self.offset_bytes + self.done_bytes as u64;
         let fd = types::Fd(self.fd);
         let sqe = if self.write {
-            opcode::Write::new(fd, data, len).offset(at).build()
+            let flags = if self.fua { libc::RWF_DSYNC } else { 0 };
+            opcode::Write::new(fd, data, len)
+                .offset(at)
+                .rw_flags(flags)
+                .build()
         } else {
             opcode::Read::new(fd, data, len).offset(at).build()
         };
@@ -401,6 +408,7 @@ mod tests {
         Slot {
             fd: -1,
             write,
+            fua: false,
             data: std::ptr::null_mut(),
             len,
             offset_bytes: 0,

@@ -477,15 +477,30 @@ impl Member for NbdMember {
 
     /// A write's pieces are sent before this returns (the payload is
     /// copied into the sockets), so only the replies are waited for later.
-    fn start_write<'a>(&'a self, buf: &'a [u8], offset_bytes: u64) -> Option<Started<'a>> {
+    /// With `fua`, as `write_at_fua`: the flag on every piece, or a flush
+    /// after the replies when the server does not take it.
+    fn start_write<'a>(
+        &'a self,
+        buf: &'a [u8],
+        offset_bytes: u64,
+        fua: bool,
+    ) -> Option<Started<'a>> {
         let checked =
             check_io(self, offset_bytes, buf.len() as u64).and_then(|()| self.check_writable());
         if let Err(e) = checked {
             return Some(Box::new(move || Err(e)));
         }
+        let flagged = fua && self.info.has(proto::TFLAG_SEND_FUA);
+        let flags = if flagged { proto::CMD_FLAG_FUA } else { 0 };
         // SAFETY: a write lends nothing past the send.
-        let sent = unsafe { self.send(0, offset_bytes, Buffer::Write(buf)) };
-        Some(Box::new(move || self.finish(sent)))
+        let sent = unsafe { self.send(flags, offset_bytes, Buffer::Write(buf)) };
+        Some(Box::new(move || {
+            self.finish(sent)?;
+            if fua && !flagged {
+                return self.flush();
+            }
+            Ok(())
+        }))
     }
 
     /// The member timeout, kept by the requests themselves: a request

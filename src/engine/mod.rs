@@ -34,6 +34,7 @@ pub use resync::{SyncAction, SyncProgress};
 use crate::array::{write_array_state_failing, Assembled, Cleanliness, DeviceState};
 use crate::export::{BlockBackend, BlockSizes, ZeroFlags};
 use crate::geometry::{Geometry, Level};
+use crate::member::MemberRef;
 use crate::parity::{self, Syndrome};
 use crate::units::SECTOR_BYTES;
 use events::EventLog;
@@ -523,31 +524,31 @@ impl Engine {
     /// this, and a replacement's recorded copy position relies on it).
     pub fn flush_members(&self) -> std::io::Result<()> {
         let table = self.table();
-        for (role, entry) in table.replacing.iter().enumerate() {
-            let Some(entry) = entry else { continue };
-            if let Err(e) = entry.slot.member.flush() {
-                self.abandon_replacement(
-                    role,
-                    Some(&entry.slot.member),
-                    &format!("flush error: {e}"),
-                );
+        let replacing: Vec<(usize, &MemberRef)> = (table.replacing.iter().enumerate())
+            .filter_map(|(role, e)| e.as_ref().map(|e| (role, &e.slot.member)))
+            .collect();
+        let present: Vec<(usize, &MemberRef)> = (table.by_role.iter().enumerate())
+            .filter_map(|(role, e)| e.as_ref().map(|e| (role, &e.slot.member)))
+            .collect();
+        let members: Vec<&MemberRef> = (replacing.iter().chain(&present))
+            .map(|(_, m)| *m)
+            .collect();
+        let mut results = flush_all(&members).into_iter();
+        for (role, member) in &replacing {
+            if let Err(e) = results.next().expect("a result per member") {
+                self.abandon_replacement(*role, Some(member), &format!("flush error: {e}"));
             }
         }
-        for entry in self.table().by_role.iter().flatten() {
-            if let Err(e) = entry.slot.member.flush() {
-                // A member that cannot make its writes durable is failed,
-                // as md fails a member whose flush errors.
-                let role = self.table().by_role.iter().position(|x| {
-                    x.as_ref()
-                        .is_some_and(|x| Arc::ptr_eq(&x.slot.member, &entry.slot.member))
-                });
-                if let Some(role) = role {
-                    let reason = readd::failure_reason(format!("flush error: {e}"), &[&e]);
-                    self.fail_member(role, &reason);
-                }
-                if !self.runnable() {
-                    return Err(e);
-                }
+        for (role, member) in &present {
+            let Err(e) = results.next().expect("a result per member") else {
+                continue;
+            };
+            // A member that cannot make its writes durable is failed, as
+            // md fails a member whose flush errors.
+            let reason = readd::failure_reason(format!("flush error: {e}"), &[&e]);
+            self.fail_member_if(*role, Some(member), &reason);
+            if !self.runnable() {
+                return Err(e);
             }
         }
         Ok(())
@@ -943,7 +944,7 @@ impl Engine {
     /// registered under `path` once the member is taken (`adopt_injector`).
     pub(super) fn wrap_new_member(
         &self,
-        member: crate::member::MemberRef,
+        member: MemberRef,
     ) -> crate::member::Wrapped {
         let wrapping = *self.member_wrapping.lock().unwrap();
         wrapping.wrap(member)
@@ -1379,6 +1380,25 @@ impl BlockBackend for Engine {
             },
         )
     }
+}
+
+/// Flushes every member at once, as md sends a flush to every member
+/// together: one after another, six hosts or disks would cost six round
+/// trips or cache write-backs in a row. Members in memory flush at once,
+/// and a thread each would cost more than the flush.
+fn flush_all(members: &[&MemberRef]) -> Vec<std::io::Result<()>> {
+    if members.len() < 2 || members.iter().all(|m| m.in_memory()) {
+        return members.iter().map(|m| m.flush()).collect();
+    }
+    std::thread::scope(|scope| {
+        let flushing: Vec<_> = (members.iter())
+            .map(|m| scope.spawn(move || m.flush()))
+            .collect();
+        flushing
+            .into_iter()
+            .map(|f| f.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
 }
 
 #[cfg(test)]

@@ -2373,6 +2373,108 @@ fn a_fua_write_is_fua_on_its_members_and_survives_a_power_cut() {
     }
 }
 
+/// A member whose flush, once armed, meets the others' before it returns
+/// (once: the last to arrive disarms them all): flushed one after
+/// another, the first would wait for the rest in vain and fail.
+struct Rendezvous {
+    inner: crate::member::MemberRef,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+    met: Arc<(Mutex<usize>, std::sync::Condvar)>,
+    expected: usize,
+    fails: bool,
+}
+
+impl crate::member::Member for Rendezvous {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn logical_block_bytes(&self) -> u32 {
+        self.inner.logical_block_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        if !self.armed.load(Ordering::SeqCst) {
+            return self.inner.flush();
+        }
+        let (count, all_here) = &*self.met;
+        let mut here = count.lock().unwrap();
+        *here += 1;
+        if *here == self.expected {
+            self.armed.store(false, Ordering::SeqCst);
+        }
+        all_here.notify_all();
+        let (here, waited) = all_here
+            .wait_timeout_while(here, std::time::Duration::from_secs(10), |n| {
+                *n % self.expected != 0
+            })
+            .unwrap();
+        drop(here);
+        if waited.timed_out() {
+            return Err(std::io::Error::other("flushed alone"));
+        }
+        match self.fails {
+            true => Err(std::io::Error::from_raw_os_error(libc::EIO)),
+            false => self.inner.flush(),
+        }
+    }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.inner.discard(offset, len)
+    }
+}
+
+/// A FLUSH goes to every member at once (as md sends its flushes), and a
+/// member whose flush fails is failed while the array goes on.
+#[test]
+fn a_flush_reaches_every_member_at_once_and_fails_a_member_whose_flush_fails() {
+    use crate::member::{MemberRef, MemoryMember};
+    let disks = 4;
+    let met = Arc::new((Mutex::new(0usize), std::sync::Condvar::new()));
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let members = (0..disks)
+        .map(|i| {
+            let inner: MemberRef = Arc::new(MemoryMember::new(&format!("m{i}"), 4 << 20, 512));
+            let member: MemberRef = Arc::new(Rendezvous {
+                inner,
+                armed: armed.clone(),
+                met: met.clone(),
+                expected: disks,
+                fails: i == 2,
+            });
+            Some((format!("m{i}"), member))
+        })
+        .collect();
+    let options = CreateOptions {
+        level: Level::Raid6,
+        raid_disks: disks as u32,
+        chunk_bytes: Some(8 << 10),
+        layout: None,
+        metadata: Metadata::V1_2,
+        assume_clean: true,
+        name: "flush".into(),
+        size_sectors: None,
+        force: false,
+        homehost: None,
+    };
+    let array = crate::array::create_on_members(members, &options, |_, _| {}).unwrap();
+    let engine = Engine::start(array, EngineOptions::default()).unwrap();
+    engine.write(0, &[7u8; 4096], false).unwrap();
+    armed.store(true, Ordering::SeqCst);
+    engine.flush().unwrap();
+    let snapshot = engine.snapshot();
+    assert_eq!(snapshot.missing_roles, vec![2], "the member whose flush failed");
+    let mut back = vec![0u8; 4096];
+    engine.read(0, &mut back).unwrap();
+    assert!(back == [7u8; 4096]);
+}
+
 /// The write hole, closed: writes go to members whose volatile caches a
 /// power cut then empties (so rows are left torn or unwritten), and the
 /// restart replays the journal: every acknowledged byte reads back and

@@ -212,6 +212,43 @@ impl DistributedSpare {
         }
         Ok(())
     }
+
+    /// A write, FUA or not, to the children that hold its pieces.
+    fn write_pieces(&self, buf: &[u8], offset_bytes: u64, fua: bool) -> io::Result<()> {
+        check_io(self, offset_bytes, buf.len() as u64)?;
+        self.each_piece(
+            offset_bytes,
+            buf.len(),
+            |at, range| {
+                // Every child gets the metadata; one copy is enough to keep.
+                let mut written = 0;
+                let mut last = None;
+                for child in self.router()?.present() {
+                    let piece = &buf[range.clone()];
+                    let done = match fua {
+                        true => child.write_at_fua(piece, at),
+                        false => child.write_at(piece, at),
+                    };
+                    match done {
+                        Ok(()) => written += 1,
+                        Err(e) => last = Some(e),
+                    }
+                }
+                match (written, last) {
+                    (0, Some(e)) => Err(e),
+                    (0, None) => Err(io::Error::other(format!(
+                        "{}: no child to write to",
+                        self.name
+                    ))),
+                    _ => Ok(()),
+                }
+            },
+            |member, at, range| match fua {
+                true => member.write_at_fua(&buf[range], at),
+                false => member.write_at(&buf[range], at),
+            },
+        )
+    }
 }
 
 impl Member for DistributedSpare {
@@ -250,31 +287,12 @@ impl Member for DistributedSpare {
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
-        check_io(self, offset_bytes, buf.len() as u64)?;
-        self.each_piece(
-            offset_bytes,
-            buf.len(),
-            |at, range| {
-                // Every child gets the metadata; one copy is enough to keep.
-                let mut written = 0;
-                let mut last = None;
-                for child in self.router()?.present() {
-                    match child.write_at(&buf[range.clone()], at) {
-                        Ok(()) => written += 1,
-                        Err(e) => last = Some(e),
-                    }
-                }
-                match (written, last) {
-                    (0, Some(e)) => Err(e),
-                    (0, None) => Err(io::Error::other(format!(
-                        "{}: no child to write to",
-                        self.name
-                    ))),
-                    _ => Ok(()),
-                }
-            },
-            |member, at, range| member.write_at(&buf[range], at),
-        )
+        self.write_pieces(buf, offset_bytes, false)
+    }
+
+    /// FUA on the children's writes, not a flush of every child.
+    fn write_at_fua(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
+        self.write_pieces(buf, offset_bytes, true)
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -293,5 +311,70 @@ impl Member for DistributedSpare {
             |_, _| Ok(()),
             |member, at, range| member.discard(at, range.len() as u64),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::geometry::DraidParams;
+    use crate::member::{FaultyMember, MemoryMember};
+
+    /// A FUA write to a distributed spare is FUA on the child that holds
+    /// each piece (and on every child for its metadata), not a flush of
+    /// every child: at a crash of the children's volatile caches it stays,
+    /// and nothing was flushed.
+    #[test]
+    fn a_fua_write_is_fua_on_the_children_that_hold_it() {
+        let probe = DraidParams {
+            parity: 1,
+            data: 2,
+            children: 5,
+            spares: 1,
+            chunk_sectors: 8,
+            dev_sectors: 1 << 20,
+        };
+        let slice = Draid::new(&probe).unwrap().devslice_sectors();
+        let draid = Draid::new(&DraidParams {
+            dev_sectors: 4 * slice,
+            ..probe
+        })
+        .unwrap();
+        let area = SpareArea {
+            data_offset_sectors: 64,
+            dev_sectors: 4 * slice,
+        };
+        let child_bytes = (area.data_offset_sectors + area.child_data_sectors(1)) * SECTOR_BYTES;
+        let children: Vec<Arc<FaultyMember>> = (0..5)
+            .map(|i| {
+                let inner = Arc::new(MemoryMember::new(&format!("c{i}"), child_bytes, 512));
+                let child = Arc::new(FaultyMember::new(inner));
+                child.apply_str("cache").unwrap();
+                child
+            })
+            .collect();
+        let roles = children
+            .iter()
+            .map(|c| Some(c.clone() as MemberRef))
+            .collect();
+        let router = SpareRouter::new(roles);
+        let spare = DistributedSpare::new(&draid, 0, area, router.clone(), 512);
+        let data_at = area.data_offset_sectors * SECTOR_BYTES + 8192;
+        spare.write_at_fua(&[0xa5; 4096], data_at).unwrap();
+        spare.write_at_fua(&[0x5a; 512], 512).unwrap();
+        let flushes: u64 = children.iter().map(|c| c.counters().flushes).sum();
+        let fua: u64 = children.iter().map(|c| c.counters().fua_writes).sum();
+        assert_eq!(flushes, 0, "a FUA write flushed children");
+        assert_eq!(fua, 1 + 5, "the data's child, and every child's metadata");
+        for c in &children {
+            c.crash().unwrap();
+            c.apply_str("restore").unwrap();
+        }
+        let mut back = vec![0u8; 4096];
+        spare.read_at(&mut back, data_at).unwrap();
+        assert!(back == [0xa5; 4096], "the FUA write was lost");
+        let mut meta = vec![0u8; 512];
+        spare.read_at(&mut meta, 512).unwrap();
+        assert!(meta == [0x5a; 512], "the FUA metadata write was lost");
     }
 }

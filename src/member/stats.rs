@@ -123,30 +123,35 @@ pub struct IoCounts {
 
 /// `member.read_at`, counted.
 pub fn read_at(member: &dyn Member, buf: &mut [u8], offset_bytes: u64) -> io::Result<()> {
-    let started = Instant::now();
-    let result = member.read_at(buf, offset_bytes);
-    if let Some(stats) = member.io_stats() {
-        stats.record(false, buf.len(), result.is_ok(), started.elapsed());
-    }
-    result
+    let len = buf.len();
+    counted(member, false, len, || member.read_at(buf, offset_bytes))
 }
 
 /// `member.write_at`, counted.
 pub fn write_at(member: &dyn Member, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
-    let started = Instant::now();
-    let result = member.write_at(buf, offset_bytes);
-    if let Some(stats) = member.io_stats() {
-        stats.record(true, buf.len(), result.is_ok(), started.elapsed());
-    }
-    result
+    counted(member, true, buf.len(), || {
+        member.write_at(buf, offset_bytes)
+    })
 }
 
 /// `member.write_at_fua`, counted.
 pub fn write_at_fua(member: &dyn Member, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
+    counted(member, true, buf.len(), || {
+        member.write_at_fua(buf, offset_bytes)
+    })
+}
+
+/// Runs `io` and records it in the member's counters, if it keeps any.
+fn counted(
+    member: &dyn Member,
+    write: bool,
+    bytes: usize,
+    io: impl FnOnce() -> io::Result<()>,
+) -> io::Result<()> {
     let started = Instant::now();
-    let result = member.write_at_fua(buf, offset_bytes);
+    let result = io();
     if let Some(stats) = member.io_stats() {
-        stats.record(true, buf.len(), result.is_ok(), started.elapsed());
+        stats.record(write, bytes, result.is_ok(), started.elapsed());
     }
     result
 }

@@ -421,7 +421,14 @@ fn a_clients_fua_write_reaches_the_hosts_as_fua_and_flush_as_flush() {
         .collect();
     let uris: Vec<String> = peers.iter().map(Peer::uri).collect();
     let members: Vec<&str> = uris.iter().map(String::as_str).collect();
-    let mut args = vec!["create", "--level", "6", "--raid-devices", "4", "--assume-clean"];
+    let mut args = vec![
+        "create",
+        "--level",
+        "6",
+        "--raid-devices",
+        "4",
+        "--assume-clean",
+    ];
     args.extend_from_slice(&members);
     uraid_ok(&args);
     let served = serve(d, &[], &members);
@@ -448,9 +455,16 @@ fn a_clients_fua_write_reaches_the_hosts_as_fua_and_flush_as_flush() {
     let all = writes.join("\n");
     // raid6 of 4: a 4 KiB write in one strip writes it, P and Q.
     assert_eq!(fua.len(), 3, "FUA writes on the hosts:\n{all}");
-    assert_eq!(writes.len(), 6, "member writes for two 4 KiB writes:\n{all}");
+    assert_eq!(
+        writes.len(),
+        6,
+        "member writes for two 4 KiB writes:\n{all}"
+    );
     let flushes = since("Flush id=");
-    assert!(flushes.is_empty(), "a FUA write flushed members:\n{flushes:?}");
+    assert!(
+        flushes.is_empty(),
+        "a FUA write flushed members:\n{flushes:?}"
+    );
     nbdsh_script(
         served.uri(),
         "h.connect_uri(URI)\nh.flush()\n",

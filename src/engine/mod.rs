@@ -942,10 +942,7 @@ impl Engine {
 
     /// A newly opened member in its wrappers; its injector, if any, is
     /// registered under `path` once the member is taken (`adopt_injector`).
-    pub(super) fn wrap_new_member(
-        &self,
-        member: MemberRef,
-    ) -> crate::member::Wrapped {
+    pub(super) fn wrap_new_member(&self, member: MemberRef) -> crate::member::Wrapped {
         let wrapping = *self.member_wrapping.lock().unwrap();
         wrapping.wrap(member)
     }

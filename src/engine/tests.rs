@@ -2298,8 +2298,12 @@ fn a_fua_write_is_fua_on_its_members_and_survives_a_power_cut() {
         wrappers.iter().map(|w| w.counters()).collect()
     };
     let delta = |before: &[FaultCounters], after: &[FaultCounters]| -> (u64, u64) {
-        let fua: u64 = (before.iter().zip(after)).map(|(b, a)| a.fua_writes - b.fua_writes).sum();
-        let flushes: u64 = (before.iter().zip(after)).map(|(b, a)| a.flushes - b.flushes).sum();
+        let fua: u64 = (before.iter().zip(after))
+            .map(|(b, a)| a.fua_writes - b.fua_writes)
+            .sum();
+        let flushes: u64 = (before.iter().zip(after))
+            .map(|(b, a)| a.flushes - b.flushes)
+            .sum();
         (fua, flushes)
     };
     // Member writes a 4 KiB write in one strip makes: data and parity
@@ -2469,7 +2473,11 @@ fn a_flush_reaches_every_member_at_once_and_fails_a_member_whose_flush_fails() {
     armed.store(true, Ordering::SeqCst);
     engine.flush().unwrap();
     let snapshot = engine.snapshot();
-    assert_eq!(snapshot.missing_roles, vec![2], "the member whose flush failed");
+    assert_eq!(
+        snapshot.missing_roles,
+        vec![2],
+        "the member whose flush failed"
+    );
     let mut back = vec![0u8; 4096];
     engine.read(0, &mut back).unwrap();
     assert!(back == [7u8; 4096]);

@@ -321,10 +321,14 @@ impl Member for DeadlineMember {
     ) -> Option<super::Started<'a>> {
         let started = super::check_io(self, offset_bytes, buf.len() as u64).and_then(|()| {
             let own = AlignedBuf::copy_from(buf);
-            self.begin("write", Some((offset_bytes, buf.len())), move |m| match fua {
-                true => m.write_at_fua(&own, offset_bytes),
-                false => m.write_at(&own, offset_bytes),
-            })
+            self.begin(
+                "write",
+                Some((offset_bytes, buf.len())),
+                move |m| match fua {
+                    true => m.write_at_fua(&own, offset_bytes),
+                    false => m.write_at(&own, offset_bytes),
+                },
+            )
         });
         Some(Box::new(move || started?()))
     }

@@ -641,8 +641,7 @@ fn fua_writes_land_on_both_backends_and_through_the_trait() {
     let mut rng = StdRng::seed_from_u64(11);
     for cache in [CacheMode::Direct, CacheMode::Buffered] {
         for backend in [Backend::Uring, Backend::Sync] {
-            let members: Vec<RingAlways> =
-                paths.iter().map(|p| open_on_ring(p, cache)).collect();
+            let members: Vec<RingAlways> = paths.iter().map(|p| open_on_ring(p, cache)).collect();
             let data: Vec<AlignedBuf> = (0..2)
                 .map(|_| AlignedBuf::copy_from(&random_bytes(&mut rng, 64 << 10)))
                 .collect();

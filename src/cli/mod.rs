@@ -9,14 +9,17 @@ mod copy;
 mod create;
 mod detail;
 mod doctor;
+mod man;
 mod manage;
 mod monitor;
 mod plan;
 mod scan;
 mod serve;
 mod status;
+mod stop;
 mod tune;
 mod tuning;
+mod zero;
 
 mod examine;
 pub(crate) mod text;
@@ -106,6 +109,24 @@ enum Command {
     /// Check the host for an array: CPU, SIMD, memory, kernel interfaces,
     /// governor, and the members' block queues; ok/warn/fail/unavailable.
     Doctor(doctor::DoctorArgs),
+    /// Stop a served array, as mdadm --stop: the server finishes in-flight
+    /// I/O, writes the superblocks and exits; returns once it has.
+    Stop(stop::StopArgs),
+    /// Erase the md superblocks (0.90, 1.x) and dRAID labels of devices
+    /// that no array uses, as mdadm --zero-superblock.
+    ZeroSuperblock(zero::ZeroArgs),
+    /// Write the manual pages, uraid(8) and one per command, into a folder.
+    Man {
+        /// The folder to write them into (made if missing), e.g.
+        /// /usr/local/share/man/man8.
+        #[arg(long, value_name = "DIR")]
+        dir: PathBuf,
+    },
+    /// Print a shell's completion script for uraid on stdout.
+    Completions {
+        #[arg(value_enum)]
+        shell: man::Shell,
+    },
     /// Read the array's contents (offline, degraded if members are missing) into a file.
     CopyOut {
         #[arg(long)]
@@ -216,6 +237,10 @@ pub fn main() -> i32 {
         Command::Doctor(args) => doctor::run(&args),
         Command::CopyIn { input, devices } => copy::copy_in(&input, &devices),
         Command::CopyOut { output, devices } => copy::copy_out(&output, &devices),
+        Command::Stop(args) => stop::run(&args),
+        Command::ZeroSuperblock(args) => zero::run(&args),
+        Command::Man { dir } => man::write_pages(&dir),
+        Command::Completions { shell } => man::print_completions(shell),
     };
     match result {
         Ok(()) => 0,

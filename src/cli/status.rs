@@ -43,6 +43,7 @@ pub fn run(control_socket: Option<&Path>, json: bool) -> CliResult {
             .map(|r| {
                 serde_json::json!({
                     "nbd": r.nbd_uri,
+                    "pid": r.pid,
                     "mdstat": r.mdstat,
                     "detail": r.detail,
                     "events": r.events,
@@ -72,8 +73,19 @@ pub fn run(control_socket: Option<&Path>, json: bool) -> CliResult {
     }
     println!("Personalities : {}", personalities.join(" "));
     for r in &replies {
-        print!("{}", r.mdstat);
+        print!("{}", served_block(r));
     }
     println!("unused devices: <none>");
     Ok(())
+}
+
+/// An array's /proc/mdstat block with the process that serves it as the
+/// block's last indented line: the PID `uraid stop` ends and the export
+/// that NBD clients connect to, which /proc/mdstat has no line for.
+fn served_block(r: &StatusReply) -> String {
+    let block = r.mdstat.strip_suffix("      \n").unwrap_or(&r.mdstat);
+    format!(
+        "{block}      served by pid {} on {}\n      \n",
+        r.pid, r.nbd_uri
+    )
 }

@@ -103,6 +103,8 @@ pub enum Request {
         after: u64,
         timeout_ms: u64,
     },
+    /// mdadm --stop: the server stops as SIGTERM stops it and exits.
+    Stop,
 }
 
 /// What the server reports about its array.
@@ -458,6 +460,13 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
         Request::Status | Request::WaitEvents { .. } => {
             let mut status = status_of(&engine.snapshot(), nbd_uri, homehost);
             status.pid = std::process::id();
+            // Who serves it, after mdadm's part: the process `uraid stop`
+            // ends and the export clients connect to.
+            status.detail["pid"] = status.pid.into();
+            status.detail_text += &format!(
+                "\n    Served (uraid):\n{:>22} : {}\n{:>22} : {nbd_uri}\n",
+                "pid", status.pid, "nbd"
+            );
             status.mismatch_cnt = engine.mismatch_sectors();
             status.check_period_days = engine
                 .check_schedule()
@@ -582,6 +591,7 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
             Ok(message) => Reply::Done { message },
             Err(message) => Reply::Error { message },
         },
+        Request::Stop => stop_server(&engine.snapshot()),
         Request::SpeedLimits {
             min_kib_per_s,
             max_kib_per_s,
@@ -597,6 +607,41 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
                 message: format!("speed_limit_min {min} KiB/s, speed_limit_max {max} KiB/s"),
             }
         }
+    }
+}
+
+/// Asks this process to stop as SIGTERM asks it. `uraid serve` blocks
+/// SIGTERM in every thread and takes it only in its main thread's sigwait,
+/// so a stop by request is the very stop an administrator's `kill` starts:
+/// in-flight I/O finished, superblocks written, the sockets and the
+/// registry entry removed. In a process that does not block SIGTERM the
+/// signal would kill it instead, so the request is refused there.
+fn stop_server(snapshot: &Snapshot) -> Reply {
+    // SAFETY: a zeroed sigset_t is a valid argument for pthread_sigmask to
+    // fill, and a null new set only reads the mask in force.
+    let blocked = unsafe {
+        let mut mask: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut mask);
+        libc::sigismember(&mask, libc::SIGTERM) == 1
+    };
+    if !blocked {
+        return Reply::Error {
+            message: "this process does not stop on request: send it SIGTERM".into(),
+        };
+    }
+    let pid = std::process::id();
+    let what = if snapshot.runnable {
+        "finishing in-flight I/O and writing the superblocks"
+    } else {
+        "the array has failed (not every sector can be read); finishing in-flight I/O"
+    };
+    eprintln!("uraid: stop requested over the control socket");
+    // Process-directed, not raise(): a signal sent to this thread alone
+    // would stay pending here, blocked, unseen by the main thread's sigwait.
+    // SAFETY: kill(2) of this very process with a signal it blocks.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    Reply::Done {
+        message: format!("pid {pid} stopping: {what}"),
     }
 }
 

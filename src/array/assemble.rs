@@ -208,7 +208,7 @@ pub fn open_members(
     let mut seen = Vec::new();
     let mut members: Vec<(String, MemberRef)> = Vec::new();
     for path in paths {
-        let name = path.display().to_string();
+        let name = crate::member::canonical_name(path);
         // The same file or device under two names is still one member.
         let identity =
             crate::member::identity(path).map_err(|e| AssembleError::Open(e.to_string()))?;

@@ -226,8 +226,5 @@ fn parse_component_size(text: &str) -> Result<Option<u64>, String> {
 /// The server may run in another directory: send it absolute paths (an
 /// NBD URI as it is).
 fn absolute(path: &std::path::Path) -> PathBuf {
-    if crate::member::is_uri(path) {
-        return path.to_path_buf();
-    }
-    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+    PathBuf::from(crate::member::canonical_name(path))
 }

@@ -18,7 +18,7 @@ pub struct ServeArgs {
     /// Where to export: unix:PATH (default: a socket in /run/uraid) or tcp:HOST:PORT.
     #[arg(long)]
     nbd: Option<String>,
-    /// The control socket for status, detail and manage (default: next to the NBD socket).
+    /// The control socket for status, detail and manage (default: <name>.ctl in the runtime folder: $URAID_RUNTIME_DIR, else /run/uraid for root, else $XDG_RUNTIME_DIR/uraid).
     #[arg(long)]
     control: Option<PathBuf>,
     /// TLS through NBD's STARTTLS, as nbdkit's --tls: off (never), on
@@ -293,24 +293,14 @@ pub fn run(args: &ServeArgs) -> CliResult {
         pid: std::process::id(),
         control: absolute(&control_path),
         nbd_uri: uri.clone(),
-        members: args
-            .devices
-            .iter()
-            .map(|d| {
-                // A URI is where the member is, wherever one stands.
-                if crate::member::is_uri(d) {
-                    d.display().to_string()
-                } else {
-                    absolute(d).display().to_string()
-                }
-            })
-            .collect(),
+        // The engine's own list, kept current by the registration.
+        members: Vec::new(),
         started_secs: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
     };
-    let registration = Registration::register(&entry)
+    let registration = Registration::register_served(entry, engine.clone())
         .map_err(|e| eprintln!("uraid: not registered for status and monitor --scan: {e}"))
         .ok();
     eprintln!(

@@ -3,13 +3,26 @@
 //! listen, and removes it when it stops, wherever its --control and --nbd
 //! sockets are. `uraid status`, `detail --scan` and `monitor --scan` list
 //! the entries; one whose process is gone (a crash, SIGKILL) or whose
-//! control socket does not answer is skipped and removed.
+//! control socket does not answer is skipped and removed. A served array's
+//! entry lists its members by their canonical names and is written again
+//! whenever a member fails, goes, comes or is replaced.
 
+use crate::array::dspare::is_spare_name;
+use crate::engine::{Engine, Snapshot};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How long the member follower sleeps between events at most: it wakes on
+/// every event anyway, so this only bounds how stale a change that raised
+/// no event can get.
+const FOLLOW_WAIT: Duration = Duration::from_secs(10);
 
 /// The variable that moves the runtime folder (and the default sockets).
 pub const RUNTIME_DIR_VAR: &str = "URAID_RUNTIME_DIR";
@@ -69,6 +82,9 @@ pub struct Entry {
     pub pid: u32,
     pub control: PathBuf,
     pub nbd_uri: String,
+    /// The devices the server holds (members, spares, failed members not
+    /// yet removed) by [`crate::member::canonical_name`], as
+    /// [`member_names`] lists them.
     pub members: Vec<String>,
     /// When the server started serving, seconds since the epoch.
     pub started_secs: u64,
@@ -135,10 +151,24 @@ fn list_in(dir: &Path) -> Vec<Entry> {
     entries
 }
 
+/// The devices a served array holds, by the names its engine gives them
+/// (canonical since assembly): a dRAID's distributed spares are space on
+/// the other members, not devices, and are left out.
+pub fn member_names(snapshot: &Snapshot) -> Vec<String> {
+    snapshot
+        .devices
+        .iter()
+        .map(|d| d.path.clone())
+        .filter(|p| !is_spare_name(p))
+        .collect()
+}
+
 /// A server's entry; removed when dropped (or by `remove`).
 pub struct Registration {
     path: PathBuf,
     pid: u32,
+    /// The thread that keeps the member list current, and its stop flag.
+    follower: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
 }
 
 impl Registration {
@@ -148,6 +178,40 @@ impl Registration {
     /// file name.
     pub fn register(entry: &Entry) -> Result<Registration, String> {
         register_in(&arrays_dir(), entry)
+    }
+
+    /// Registers the array `engine` serves with the members it holds, and
+    /// keeps that list current until dropped: after each of the engine's
+    /// events the entry is written again if the list changed.
+    pub fn register_served(mut entry: Entry, engine: Arc<Engine>) -> Result<Registration, String> {
+        let mut seen = engine.last_event_seq();
+        entry.members = member_names(&engine.snapshot());
+        let mut registration = register_in(&arrays_dir(), &entry)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let path = registration.path.clone();
+        let stopped = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("registry".into())
+            .spawn(move || loop {
+                if !engine.wait_for_event(seen, FOLLOW_WAIT, || stopped.load(Ordering::SeqCst))
+                    && stopped.load(Ordering::SeqCst)
+                {
+                    return;
+                }
+                // The number before the snapshot: an event during it is
+                // waited for next time, not missed.
+                seen = engine.last_event_seq();
+                let members = member_names(&engine.snapshot());
+                if members != entry.members {
+                    entry.members = members;
+                    if let Err(e) = write_entry(&path, &entry) {
+                        eprintln!("uraid: registry entry not updated: {e}");
+                    }
+                }
+            })
+            .map_err(|e| format!("registry follower: {e}"))?;
+        registration.follower = Some((stop, thread));
+        Ok(registration)
     }
 
     pub fn path(&self) -> &Path {
@@ -168,6 +232,18 @@ fn register_in(dir: &Path, entry: &Entry) -> Result<Registration, String> {
     if other_live {
         path = dir.join(format!("{}-{}.json", entry.uuid, entry.pid));
     }
+    write_entry(&path, entry)?;
+    Ok(Registration {
+        path,
+        pid: entry.pid,
+        follower: None,
+    })
+}
+
+/// Writes `entry` at `path` atomically: a temporary dot-file (which
+/// readers skip) renamed into place.
+fn write_entry(path: &Path, entry: &Entry) -> Result<(), String> {
+    let dir = path.parent().expect("an entry lives in the arrays folder");
     let tmp = dir.join(format!(".{}-{}.tmp", entry.uuid, entry.pid));
     let write = || -> std::io::Result<()> {
         let mut file = std::fs::File::create(&tmp)?;
@@ -175,20 +251,22 @@ fn register_in(dir: &Path, entry: &Entry) -> Result<Registration, String> {
         text.push(b'\n');
         file.write_all(&text)?;
         file.sync_all()?;
-        std::fs::rename(&tmp, &path)
+        std::fs::rename(&tmp, path)
     };
     write().map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         format!("{}: {e}", path.display())
-    })?;
-    Ok(Registration {
-        path,
-        pid: entry.pid,
     })
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
+        // The follower first, so that it cannot write the entry again
+        // after it is removed.
+        if let Some((stop, thread)) = self.follower.take() {
+            stop.store(true, Ordering::SeqCst);
+            let _ = thread.join();
+        }
         // Only our own entry: another server may have registered the same
         // UUID since (after a crash of this one, say).
         let ours = std::fs::read_to_string(&self.path)

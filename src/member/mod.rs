@@ -257,6 +257,37 @@ pub fn is_uri(spec: &Path) -> bool {
     spec.to_str().is_some_and(nbd::is_nbd_uri)
 }
 
+/// The one name a member goes by in events, alerts, status, the registry
+/// and scan lines (`manage` sends the server the same): an NBD URI as
+/// written, since it says where the export is from anywhere; a path made
+/// absolute without resolving links, so that a DEVICE glob's or a by-id
+/// link's name stays the one the user chose. `..` is taken out where the
+/// shorter path is still the same file (it is not past a link).
+pub fn canonical_name(spec: &Path) -> String {
+    if is_uri(spec) {
+        return spec.display().to_string();
+    }
+    let Ok(absolute) = std::path::absolute(spec) else {
+        return spec.display().to_string();
+    };
+    let mut short = std::path::PathBuf::new();
+    for part in absolute.components() {
+        match part {
+            std::path::Component::ParentDir => {
+                short.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => short.push(other),
+        }
+    }
+    let same_file = matches!(
+        (identity(&short), identity(&absolute)),
+        (Ok(a), Ok(b)) if a == b
+    );
+    let name = if same_file { short } else { absolute };
+    name.display().to_string()
+}
+
 /// A member's name where one word must do (/proc/mdstat's member list):
 /// a path's file name, and for an NBD export where it is served, since the
 /// export's name alone (`disk4`) would not say which host to look at:

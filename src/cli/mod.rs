@@ -50,7 +50,7 @@ enum Command {
         #[arg(long, short = 'X')]
         bitmap: bool,
         /// One ARRAY line per array found, as mdadm --examine --scan (for uraid.conf).
-        #[arg(long, conflicts_with_all = ["json", "bitmap"])]
+        #[arg(long, conflicts_with = "bitmap")]
         scan: bool,
         /// With --scan: add level=, num-devices= and devices=.
         #[arg(long, short = 'v', requires = "scan")]
@@ -202,11 +202,12 @@ pub fn main() -> i32 {
         Command::Create(args) => create::run(&args),
         Command::Examine {
             scan: true,
+            json,
             verbose,
             config,
             devices,
             ..
-        } => scan::run_examine(&devices, verbose, config.as_deref()),
+        } => scan::run_examine(&devices, verbose, json, config.as_deref()),
         Command::Examine {
             json,
             bitmap: true,
@@ -216,11 +217,11 @@ pub fn main() -> i32 {
         Command::Examine { json, devices, .. } => examine::run(&devices, json),
         Command::Detail {
             scan: true,
+            json,
             control,
             verbose,
             devices,
-            ..
-        } => detail::run_scan(control.as_deref(), &devices, verbose),
+        } => detail::run_scan(control.as_deref(), &devices, verbose, json),
         Command::Detail {
             json,
             control,

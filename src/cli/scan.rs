@@ -37,15 +37,54 @@ fn load(path: Option<&Path>) -> Result<Config, String> {
     Config::load_or_default(path).map_err(|e| e.to_string())
 }
 
-/// `uraid examine --scan [-v] [DEV...]`: one ARRAY line per array found,
-/// as `mdadm --examine --scan` prints them.
-pub fn run_examine(devices: &[PathBuf], verbose: bool, config: Option<&Path>) -> CliResult {
-    let candidates = if devices.is_empty() {
+/// An ARRAY line's tags as data: what `examine --scan --json` and
+/// `detail --scan --json` print, one object per array.
+#[derive(serde::Serialize, Debug, Clone, PartialEq)]
+pub struct ArrayLine {
+    /// The md device the line names (`/dev/md/NAME`, `/dev/mdN`); none
+    /// for an array without a name.
+    pub device: Option<String>,
+    pub level: Option<String>,
+    pub num_devices: u64,
+    /// `1.0`, `1.1`, `1.2`, `0.90` or `uraid-draid`.
+    pub metadata: String,
+    pub spares: u64,
+    pub uuid: String,
+    /// The devices by their canonical names, as `devices=` lists them.
+    pub devices: Vec<String>,
+}
+
+/// `uraid examine --scan [-v] [--json] [DEV...]`: one ARRAY line per array
+/// found, as `mdadm --examine --scan` prints them. The devices given are
+/// named by their canonical names, as DEVICE globs and served arrays name
+/// them, so that a `devices=` tag matches wherever the line is used.
+pub fn run_examine(
+    devices: &[PathBuf],
+    verbose: bool,
+    json: bool,
+    config: Option<&Path>,
+) -> CliResult {
+    let candidates: Vec<PathBuf> = if devices.is_empty() {
         candidate_paths(&load(config)?)
     } else {
-        devices.to_vec()
+        devices
+            .iter()
+            .map(|d| PathBuf::from(crate::member::canonical_name(d)))
+            .collect()
     };
-    print!("{}", brief_examine(&scan::probe(&candidates), verbose));
+    let probed = scan::probe(&candidates);
+    if json {
+        let lines: Vec<ArrayLine> = group_arrays(&probed)
+            .iter()
+            .map(|a| examine_line(a.sb, &a.devices, a.spares))
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&lines).expect("serializable")
+        );
+    } else {
+        print!("{}", brief_examine(&probed, verbose));
+    }
     Ok(())
 }
 
@@ -77,15 +116,18 @@ fn in_sync(sb: &MemberSuper) -> bool {
     }
 }
 
-/// The text of `mdadm --examine --scan` (Examine.c with `brief`) for these
-/// devices: arrays in the reverse order of their first device, as mdadm
-/// prepends each new one to its list.
-pub fn brief_examine(devices: &[Probed], verbose: bool) -> String {
-    struct Entry<'a> {
-        sb: &'a MemberSuper,
-        devices: Vec<String>,
-        spares: usize,
-    }
+/// One array among the devices examined: the first device's superblock,
+/// every device's name, and how many are not in sync.
+struct Entry<'a> {
+    sb: &'a MemberSuper,
+    devices: Vec<String>,
+    spares: usize,
+}
+
+/// The devices grouped into arrays by mdadm's compare_super, in the
+/// reverse order of their first device, as mdadm prepends each new one to
+/// its list.
+fn group_arrays(devices: &[Probed]) -> Vec<Entry<'_>> {
     let mut arrays: Vec<Entry> = Vec::new();
     for d in devices {
         let i = match arrays.iter().position(|a| same_array(a.sb, &d.sb)) {
@@ -104,8 +146,15 @@ pub fn brief_examine(devices: &[Probed], verbose: bool) -> String {
             arrays[i].spares += 1;
         }
     }
+    arrays.reverse();
+    arrays
+}
+
+/// The text of `mdadm --examine --scan` (Examine.c with `brief`) for these
+/// devices.
+pub fn brief_examine(devices: &[Probed], verbose: bool) -> String {
     let mut out = String::new();
-    for a in arrays.iter().rev() {
+    for a in group_arrays(devices) {
         out.push_str(&brief_line(a.sb, verbose));
         out.push('\n');
         if a.spares > 0 {
@@ -144,19 +193,52 @@ pub fn brief_line(sb: &MemberSuper, verbose: bool) -> String {
         o.push_str(&format!(" UUID={}", sb.uuid_string()));
         return o;
     }
-    let name = match sb.set_name.split_once(':') {
-        Some((_, short)) => Some(short),
-        None if !sb.set_name.is_empty() => Some(sb.set_name.as_str()),
-        None => None,
-    };
     let mut o = String::from("ARRAY ");
-    if let Some(name) = name {
+    if let Some(name) = md_name(sb) {
         o.push_str(&format!("/dev/md/{name} "));
     }
     if let (true, Some(level)) = (verbose, level) {
         o.push_str(&format!(" level={level}"));
     }
-    let metadata = if is_draid(sb) {
+    o.push_str(&format!(" metadata={} ", metadata_tag(sb)));
+    if verbose {
+        o.push_str(&format!("num-devices={} ", sb.raid_disks));
+    }
+    o.push_str(&format!("UUID={}", sb.uuid_string()));
+    o
+}
+
+/// The tags `brief_line` prints, as data.
+fn examine_line(sb: &MemberSuper, devices: &[String], spares: usize) -> ArrayLine {
+    let device = match &sb.v090 {
+        Some(extra) => Some(format!("/dev/md{}", extra.md_minor)),
+        None => md_name(sb).map(|name| format!("/dev/md/{name}")),
+    };
+    ArrayLine {
+        device,
+        level: config::level_text(sb.level).map(str::to_string),
+        num_devices: u64::from(sb.raid_disks),
+        metadata: metadata_tag(sb).to_string(),
+        spares: spares as u64,
+        uuid: sb.uuid_string(),
+        devices: devices.to_vec(),
+    }
+}
+
+/// The name of a version-1 array's md device: its name without the host.
+fn md_name(sb: &MemberSuper) -> Option<&str> {
+    match sb.set_name.split_once(':') {
+        Some((_, short)) => Some(short),
+        None if !sb.set_name.is_empty() => Some(sb.set_name.as_str()),
+        None => None,
+    }
+}
+
+/// The `metadata=` value of an array's line.
+fn metadata_tag(sb: &MemberSuper) -> &'static str {
+    if sb.v090.is_some() {
+        "0.90"
+    } else if is_draid(sb) {
         "uraid-draid"
     } else if sb.super_offset_sectors <= 4 {
         "1.1"
@@ -164,13 +246,7 @@ pub fn brief_line(sb: &MemberSuper, verbose: bool) -> String {
         "1.2"
     } else {
         "1.0"
-    };
-    o.push_str(&format!(" metadata={metadata} "));
-    if verbose {
-        o.push_str(&format!("num-devices={} ", sb.raid_disks));
     }
-    o.push_str(&format!("UUID={}", sb.uuid_string()));
-    o
 }
 
 /// Which array `serve --scan` is to serve.

@@ -3,6 +3,7 @@
 //! member's server asked instead).
 
 use super::CliResult;
+use crate::array::dspare::is_spare_name;
 use crate::control::{self, Request};
 use crate::doctor::{self, ArrayNeed, Targets};
 use std::path::PathBuf;
@@ -17,19 +18,13 @@ pub struct DoctorArgs {
     devices: Vec<PathBuf>,
 }
 
-/// The served arrays (through their control sockets): each one's
-/// members and stripe_cache_size. A socket nobody answers is skipped.
+/// The served arrays (through their control sockets, found as `status`
+/// finds them: the registry, wherever --control put them, and the socket
+/// folder): each one's members and stripe_cache_size. A socket nobody
+/// answers is skipped. A dRAID's distributed spares are space on the
+/// members, not devices with queues of their own.
 fn served_arrays() -> Vec<(ArrayNeed, Vec<(PathBuf, String)>)> {
-    let Ok(entries) = std::fs::read_dir(control::default_socket_dir()) else {
-        return Vec::new();
-    };
-    let mut sockets: Vec<PathBuf> = entries
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "ctl"))
-        .collect();
-    sockets.sort();
-    sockets
+    super::status::sockets(None)
         .iter()
         .filter_map(|socket| control::request(socket, &Request::Status).ok())
         .map(|reply| {
@@ -40,7 +35,10 @@ fn served_arrays() -> Vec<(ArrayNeed, Vec<(PathBuf, String)>)> {
                     rows.iter()
                         .filter_map(|r| {
                             let state = r["state"].as_str().unwrap_or_default().to_string();
-                            r["path"].as_str().map(|p| (PathBuf::from(p), state))
+                            r["path"]
+                                .as_str()
+                                .filter(|p| !is_spare_name(p))
+                                .map(|p| (PathBuf::from(p), state))
                         })
                         .collect()
                 })

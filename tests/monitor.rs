@@ -24,13 +24,7 @@ const EVENT_LIMIT: Duration = Duration::from_secs(30);
 
 /// The runtime folder of this test process.
 fn runtime_dir() -> &'static Path {
-    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = scratch("monitor-runtime");
-        std::env::set_var("URAID_RUNTIME_DIR", dir.path());
-        dir
-    })
-    .path()
+    process_runtime_dir()
 }
 
 fn raid5(dir: &Path, name: &str) -> Vec<PathBuf> {

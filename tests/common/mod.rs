@@ -44,6 +44,22 @@ pub fn scratch(name: &str) -> tempfile::TempDir {
         .expect("tempdir")
 }
 
+/// One runtime folder (URAID_RUNTIME_DIR) for the whole test process, set
+/// once and inherited by every server and client it starts: the tests of
+/// a file that list served arrays (bare `status`, `monitor --scan`) see
+/// only that file's, so each test names its arrays apart.
+pub fn process_runtime_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = scratch("runtime");
+        // Edition 2021: a safe call; every test sets the same value
+        // before it starts any child process.
+        std::env::set_var("URAID_RUNTIME_DIR", dir.path());
+        dir
+    })
+    .path()
+}
+
 /// Sparse, zero-filled files of the given sizes.
 pub fn sparse_files(dir: &Path, prefix: &str, sizes: &[u64]) -> Vec<PathBuf> {
     sizes

@@ -221,6 +221,7 @@ pub fn main() -> i32 {
             control,
             verbose,
             devices,
+            ..
         } => detail::run_scan(control.as_deref(), &devices, verbose, json),
         Command::Detail {
             json,

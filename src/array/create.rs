@@ -118,14 +118,15 @@ fn layout_for(level: Level, name: Option<&str>) -> Result<u32, CreateError> {
     }
 }
 
-struct Opened {
-    path: String,
-    member: MemberRef,
+pub(crate) struct Opened {
+    pub(crate) path: String,
+    pub(crate) member: MemberRef,
 }
 
 /// Refuses a device that holds something a create would destroy: another
 /// array's superblock (even a corrupt one), a filesystem or a partition table.
-fn refuse_existing_content(o: &Opened) -> Result<(), CreateError> {
+/// `manage --add` asks the same of a device it is given.
+pub(crate) fn refuse_existing_content(o: &Opened) -> Result<(), CreateError> {
     let name = &o.path;
     match read_superblock(&*o.member) {
         Ok(Some(sb)) => {

@@ -294,6 +294,24 @@ pub fn select_members(devices: Vec<Probed>, force: bool) -> Result<Selection, Sc
     Ok(selection)
 }
 
+/// Refuses `member` as a new member of the array `own_uuid` when joining
+/// would destroy what it holds: another array's superblock (a corrupt one
+/// too), a filesystem or a partition table, as create refuses them. A
+/// device with this array's own superblock (one that left and comes
+/// back) is not refused. The message says `--force` insists.
+pub fn refuse_valuable(name: &str, member: &MemberRef, own_uuid: [u8; 16]) -> Result<(), String> {
+    if let Ok(Some(sb)) = read_superblock(&**member) {
+        if sb.set_uuid == own_uuid {
+            return Ok(());
+        }
+    }
+    super::create::refuse_existing_content(&super::create::Opened {
+        path: name.to_string(),
+        member: member.clone(),
+    })
+    .map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

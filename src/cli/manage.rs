@@ -8,7 +8,7 @@ use crate::control::{self, Request};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
-#[command(group(clap::ArgGroup::new("what").multiple(false).args(["fail", "remove", "add", "replace", "action", "speed_limit_min", "speed_limit_max", "inject", "check_period", "grow", "auto_re_add"])))]
+#[command(group(clap::ArgGroup::new("what").multiple(false).args(["fail", "remove", "add", "re_add", "replace", "action", "speed_limit_min", "inject", "check_period", "grow", "auto_re_add"])))]
 pub struct ManageArgs {
     /// The control socket of the running `uraid serve`.
     #[arg(long)]
@@ -19,9 +19,21 @@ pub struct ManageArgs {
     /// Remove a faulty member or a spare.
     #[arg(long)]
     remove: Option<PathBuf>,
-    /// Add a device: a spare, rebuilt into the array at once if it is degraded.
+    /// Add a device: a spare, rebuilt into the array at once if it is degraded
+    /// (or once the running recovery ends); a member that left comes back
+    /// through the bitmap when it can.
     #[arg(long)]
     add: Option<PathBuf>,
+    /// Take back a member that left, copying only what the write-intent
+    /// bitmap marks (mdadm --re-add); refused with the reason when it
+    /// cannot be a re-add.
+    #[arg(long, value_name = "DEV")]
+    re_add: Option<PathBuf>,
+    /// With --fail: fail the member even if the array could then no longer
+    /// serve its data. With --add or --replace --with: overwrite a device
+    /// that holds another array's member, a filesystem or a partition table.
+    #[arg(long)]
+    force: bool,
     /// Inject a fault into a member (serve with --fault-injection): DEV FAULT,
     /// e.g. `--inject d3 pull`, `--inject d1 eio:read:1M+64K`, `--inject d2 latency:5ms`,
     /// `--inject d2 throttle:50M[:iops=N]` (bytes/s, reads and writes together;
@@ -81,8 +93,9 @@ pub struct ManageArgs {
     /// md's sync_speed_min for this array, KiB/s per member.
     #[arg(long)]
     speed_limit_min: Option<u64>,
-    /// md's sync_speed_max for this array, KiB/s per member.
-    #[arg(long)]
+    /// md's sync_speed_max for this array, KiB/s per member (with
+    /// --speed-limit-min or alone).
+    #[arg(long, conflicts_with_all = ["fail", "remove", "add", "re_add", "replace", "action", "inject", "check_period", "grow", "auto_re_add"])]
     speed_limit_max: Option<u64>,
     /// The array's knobs, changed live and saved (see `--set help`).
     #[command(flatten)]
@@ -96,6 +109,7 @@ pub fn run(args: &ManageArgs) -> CliResult {
         args.fail.is_some(),
         args.remove.is_some(),
         args.add.is_some(),
+        args.re_add.is_some(),
         args.replace.is_some(),
         args.action.is_some(),
         args.speed_limit_min.is_some() || args.speed_limit_max.is_some(),
@@ -109,7 +123,7 @@ pub fn run(args: &ManageArgs) -> CliResult {
     match (other, args.tuning.is_empty()) {
         (false, true) => {
             return Err(
-                "nothing to do: give --fail, --remove, --add, --replace, --action, \
+                "nothing to do: give --fail, --remove, --add, --re-add, --replace, --action, \
                         --speed-limit-min/max, --inject, --check-period, --grow, --auto-re-add \
                         or a setting"
                     .into(),
@@ -120,9 +134,13 @@ pub fn run(args: &ManageArgs) -> CliResult {
         }
         _ => {}
     }
+    if args.force && args.fail.is_none() && args.add.is_none() && args.replace.is_none() {
+        return Err("--force goes with --fail, --add or --replace".into());
+    }
     let request = if let Some(device) = &args.fail {
         Request::Fail {
             device: absolute(device),
+            force: args.force,
         }
     } else if let Some(device) = &args.remove {
         Request::Remove {
@@ -131,11 +149,17 @@ pub fn run(args: &ManageArgs) -> CliResult {
     } else if let Some(device) = &args.add {
         Request::Add {
             device: absolute(device),
+            force: args.force,
+        }
+    } else if let Some(device) = &args.re_add {
+        Request::ReAdd {
+            device: absolute(device),
         }
     } else if let (Some(device), Some(with)) = (&args.replace, &args.with) {
         Request::Replace {
             device: absolute(device),
             with: absolute(with),
+            force: args.force,
         }
     } else if let (true, Some(size)) = (args.grow, &args.size) {
         Request::GrowSize {

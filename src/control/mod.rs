@@ -26,14 +26,25 @@ const MAX_REQUEST_BYTES: u64 = 64 * 1024;
 pub enum Request {
     /// The /proc/mdstat block and the detail of the array.
     Status,
-    /// mdadm --manage: fail, remove or add a member by path.
+    /// mdadm --manage: fail, remove or add a member by path. A fail the
+    /// array would not survive, and an add over another array's member or
+    /// a device holding data, are refused unless `force`.
     Fail {
         device: PathBuf,
+        #[serde(default)]
+        force: bool,
     },
     Remove {
         device: PathBuf,
     },
     Add {
+        device: PathBuf,
+        #[serde(default)]
+        force: bool,
+    },
+    /// mdadm --re-add: a member that left comes back through the bitmap,
+    /// or the request says why it cannot.
+    ReAdd {
         device: PathBuf,
     },
     /// The automatic re-add of members failed by a timeout, on or off.
@@ -68,6 +79,8 @@ pub enum Request {
     Replace {
         device: PathBuf,
         with: PathBuf,
+        #[serde(default)]
+        force: bool,
     },
     /// md's sync_action: "check", "repair" or "idle" (stop the running job).
     SyncAction {
@@ -483,18 +496,22 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
                 status: Box::new(status),
             }
         }
-        Request::Fail { device } => {
+        Request::Fail { device, force } => {
             let message = format!("set {} faulty", device.display());
-            done(engine.manage_fail(&device), message)
+            done(engine.manage_fail_with(&device, force), message)
         }
         Request::Remove { device } => {
             let message = format!("removed {}", device.display());
             done(engine.manage_remove(&device), message)
         }
-        Request::Add { device } => {
+        Request::Add { device, force } => {
             let message = format!("added {}", device.display());
-            done(engine.manage_add(&device), message)
+            done(engine.manage_add_with(&device, force), message)
         }
+        Request::ReAdd { device } => match engine.manage_readd(&device) {
+            Ok(message) => Reply::Done { message },
+            Err(message) => Reply::Error { message },
+        },
         Request::AutoReAdd { on } => {
             engine.set_auto_readd(on);
             Reply::Done {
@@ -553,9 +570,13 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
             Ok(message) => Reply::Done { message },
             Err(message) => Reply::Error { message },
         },
-        Request::Replace { device, with } => {
+        Request::Replace {
+            device,
+            with,
+            force,
+        } => {
             let message = format!("replacing {} with {}", device.display(), with.display());
-            done(engine.manage_replace(&device, &with), message)
+            done(engine.manage_replace_with(&device, &with, force), message)
         }
         Request::SyncAction { action } => match action.as_str() {
             "check" => done(engine.start_scrub(false), "check started".into()),

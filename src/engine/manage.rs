@@ -83,8 +83,19 @@ impl Engine {
             .collect()
     }
 
-    /// `uraid manage --fail DEV`.
+    /// `uraid manage --fail DEV`, refused when the array could no longer
+    /// serve its data after it (see [`manage_fail_with`](Self::manage_fail_with)).
     pub fn manage_fail(&self, path: &Path) -> Result<(), String> {
+        self.manage_fail_with(path, false)
+    }
+
+    /// `uraid manage --fail DEV [--force]`. md refuses to fail the last
+    /// in-sync copy of a mirror (EBUSY) and zpool any offline that leaves
+    /// no valid replica; uraid refuses, for every level, a failure by
+    /// request that the geometry says the array would not survive, unless
+    /// `force`. A member that fails by itself (I/O errors, a timeout) is
+    /// failed whatever is left: that is `fail_member`, not this.
+    pub fn manage_fail_with(&self, path: &Path, force: bool) -> Result<(), String> {
         let (role, spare) = {
             let array = self.array.lock().unwrap();
             let device = array
@@ -108,6 +119,9 @@ impl Engine {
         };
         match role {
             Some(role) => {
+                if !force {
+                    self.refuse_fail_beyond_redundancy(path, role)?;
+                }
                 // A recovery onto this member cannot go on (nor a copy onto
                 // a replacement that took the role as a member being rebuilt).
                 let rebuilding = !spare
@@ -140,6 +154,33 @@ impl Engine {
             None => {}
         }
         Ok(())
+    }
+
+    /// Refuses to fail `role` by request when the array serves its data now
+    /// and would not without that member: the geometry answers, from the
+    /// members in sync, for every level alike. Requests come one at a time
+    /// over the control socket, so nothing fails by request in between;
+    /// a member that fails by itself meanwhile only makes the array worse
+    /// off than this check saw, which the request path handles as ever.
+    fn refuse_fail_beyond_redundancy(&self, path: &Path, role: usize) -> Result<(), String> {
+        let geometry = self.geometry();
+        let mut missing: Vec<bool> = self.table().in_sync().iter().map(|s| !s).collect();
+        assert_eq!(missing.len(), geometry.raid_disks());
+        if !geometry.survives(&missing) {
+            // It serves nothing already: failing another member loses nothing more.
+            return Ok(());
+        }
+        missing[role] = true;
+        if geometry.survives(&missing) {
+            return Ok(());
+        }
+        let lost = missing.iter().filter(|m| **m).count();
+        Err(format!(
+            "failing {} would leave the {} array with {lost} of {} members missing: it could no longer serve its data; --force to fail it anyway",
+            path.display(),
+            geometry.level(),
+            missing.len()
+        ))
     }
 
     /// `uraid manage --remove DEV`: only a failed member or a spare can go.
@@ -199,42 +240,23 @@ impl Engine {
         }
     }
 
-    /// `uraid manage --add DEV`: the device becomes a spare, and a recovery
-    /// onto it starts at once if the array is degraded.
+    /// `uraid manage --add DEV`, refused over a device that holds something
+    /// of value (see [`manage_add_with`](Self::manage_add_with)).
     pub fn manage_add(self: &Arc<Engine>, path: &Path) -> Result<(), String> {
+        self.manage_add_with(path, false)
+    }
+
+    /// `uraid manage --add DEV [--force]`: a member that left comes back
+    /// through the bitmap when it can (a re-add), any other device becomes
+    /// a spare, and a recovery onto it starts at once if the array is
+    /// degraded (or when the running one ends). Another array's member, a
+    /// filesystem or a partition table is not overwritten unless `force`,
+    /// as create refuses them.
+    pub fn manage_add_with(self: &Arc<Engine>, path: &Path, force: bool) -> Result<(), String> {
         let name = path.display().to_string();
-        if self.array.lock().unwrap().devices.iter().any(|d| {
-            Self::same_device(&d.path, path)
-                && matches!(
-                    d.state,
-                    DeviceState::Active { .. }
-                        | DeviceState::Recovering { .. }
-                        | DeviceState::Replacement { .. }
-                        | DeviceState::Spare
-                        | DeviceState::Journal
-                )
-        }) {
-            return Err(format!("{name} is already a member of this array"));
-        }
-        // A member that failed is opened again as what it was (the same
-        // backend and wrappers, and for a file the claim this process
-        // already holds on it); any other device is opened as a file.
-        // A device opened anew gets the wrappers serve gave its members:
-        // a new member that hangs must fail by the member timeout too.
-        let (member, injector): (MemberRef, _) = match self.reopen_failed(path) {
-            Some(Ok(member)) => (member, None),
-            Some(Err(e)) if e.kind() != std::io::ErrorKind::Unsupported => {
-                return Err(e.to_string())
-            }
-            _ => {
-                self.wait_let_go(path);
-                let opened = crate::member::open(path, OpenOptions { write: true })
-                    .map_err(|e| e.to_string())?;
-                let wrapped = self.wrap_new_member(opened);
-                (wrapped.member, wrapped.injector)
-            }
-        };
-        if self.try_readd(path, &member)? {
+        self.refuse_present(path)?;
+        let (member, injector) = self.open_returning(path, force)?;
+        if self.readd(path, &member).is_ok() {
             self.adopt_injector(&name, injector);
             return Ok(());
         }
@@ -317,9 +339,66 @@ impl Engine {
             self.adopt_injector(&name, injector);
             self.write_state(&mut array);
         }
+        if self.table().by_role.iter().any(Option::is_none) {
+            self.give_way_to_recovery(&name);
+        }
         self.start_recovery_if_possible();
         self.rebalance_onto(path);
         Ok(())
+    }
+
+    /// Refuses a device that is in the array already (in a role, being
+    /// rebuilt or built as a replacement, a spare or the journal).
+    pub(super) fn refuse_present(&self, path: &Path) -> Result<(), String> {
+        let present = self.array.lock().unwrap().devices.iter().any(|d| {
+            Self::same_device(&d.path, path)
+                && matches!(
+                    d.state,
+                    DeviceState::Active { .. }
+                        | DeviceState::Recovering { .. }
+                        | DeviceState::Replacement { .. }
+                        | DeviceState::Spare
+                        | DeviceState::Journal
+                )
+        });
+        match present {
+            true => Err(format!(
+                "{} is already a member of this array",
+                path.display()
+            )),
+            false => Ok(()),
+        }
+    }
+
+    /// The member a device given to --add or --re-add is reached through.
+    /// A member that failed is opened again as what it was (the same
+    /// backend and wrappers, and for a file the claim this process already
+    /// holds on it); any other device is opened as a file, and refused
+    /// unless `force` when it holds something of value (see
+    /// `scan::refuse_valuable`). A device opened anew gets the wrappers
+    /// serve gave its members: a new member that hangs must fail by the
+    /// member timeout too.
+    pub(super) fn open_returning(
+        &self,
+        path: &Path,
+        force: bool,
+    ) -> Result<(MemberRef, Option<Arc<crate::member::FaultyMember>>), String> {
+        match self.reopen_failed(path) {
+            Some(Ok(member)) => return Ok((member, None)),
+            Some(Err(e)) if e.kind() != std::io::ErrorKind::Unsupported => {
+                return Err(e.to_string())
+            }
+            _ => {}
+        }
+        self.wait_let_go(path);
+        let opened =
+            crate::member::open(path, OpenOptions { write: true }).map_err(|e| e.to_string())?;
+        if !force {
+            let uuid = self.array.lock().unwrap().sb.set_uuid;
+            crate::array::scan::refuse_valuable(&path.display().to_string(), &opened, uuid)?;
+        }
+        let wrapped = self.wrap_new_member(opened);
+        Ok((wrapped.member, wrapped.injector))
     }
 
     /// dRAID's rebalance: a real disk added while a distributed spare
@@ -432,88 +511,22 @@ impl Engine {
         }
     }
 
-    /// md's re-add: a member that left (failed, pulled, or missing at
-    /// assembly) comes back with its superblock and the array has a trusted
-    /// write-intent bitmap that covers everything written since it left:
-    /// only the regions whose bits are set are copied to it. Returns false
-    /// when the device is no such member (it is then added as a new spare).
-    pub(super) fn try_readd(
-        self: &Arc<Engine>,
-        path: &Path,
-        member: &MemberRef,
-    ) -> Result<bool, String> {
-        let Some(bitmap) = self.live_bitmap().filter(|b| b.trusted) else {
-            return Ok(false);
-        };
-        let Ok(Some(sb)) = crate::array::read_superblock(&**member) else {
-            return Ok(false);
-        };
-        let mut array = self.array.lock().unwrap();
-        if sb.set_uuid != array.sb.set_uuid {
-            return Ok(false);
-        }
-        let crate::format::Role::Active(role) = sb.this_role() else {
-            return Ok(false);
-        };
-        // Only a device that was in sync when it left holds everything the
-        // bitmap does not mark: a replacement or a member part way through
-        // a rebuild lacks what lay beyond its copy, so it starts over as a
-        // spare.
-        let partial = sb.feature_map & crate::format::MD_FEATURE_REPLACEMENT != 0
-            || (sb.feature_map & MD_FEATURE_RECOVERY_OFFSET != 0
-                && sb.recovery_offset_sectors < array.sb.size_sectors);
-        if partial {
-            return Ok(false);
-        }
-        let role = role as usize;
-        let (_, events_cleared) = bitmap.events();
-        if role >= self.geometry().raid_disks()
-            || self.table().entry(role).is_some()
-            || sb.events < events_cleared
-        {
-            return Ok(false);
-        }
-        if self.sync.action().is_some() {
-            return Err("another background job is running; re-add when it is done".into());
-        }
-        let name = path.display().to_string();
-        array.devices.retain(|d| !Self::same_device(&d.path, path));
-        let next = Arc::new(AtomicU64::new(0));
-        let entry = MemberEntry {
-            slot: Slot {
-                member: member.clone(),
-                data_offset_bytes: sb.data_offset_sectors * SECTOR_BYTES,
-            },
-            rebuilt_below: Some(next.clone()),
-        };
-        array.devices.push(FoundDevice {
-            path: name.clone(),
-            sb,
-            state: DeviceState::Recovering {
-                role,
-                recovery_offset_sectors: 0,
-            },
-            member: member.clone(),
-        });
-        self.update_table(|t| t.by_role[role] = Some(entry));
-        self.write_state(&mut array);
-        drop(array);
-        self.returns.back(&name);
-        self.returns.copy_started(&name, member);
-        self.events.push(
-            "ReAdd",
-            &name,
-            &format!("role {role}: copying only the regions the bitmap marks"),
-        );
-        SyncWorker::start_guided(self, SyncAction::Recovery { role }, 0, next, true)?;
-        Ok(true)
-    }
-
     /// `uraid manage --replace DEV --with NEW` (mdadm --replace): NEW (added as
     /// a spare if it is not one yet) receives a copy of DEV's role while DEV
     /// stays in service; at the end NEW takes the role and DEV is marked
     /// faulty. Until then a crash simply leaves NEW a spare.
     pub fn manage_replace(self: &Arc<Engine>, old: &Path, new: &Path) -> Result<(), String> {
+        self.manage_replace_with(old, new, false)
+    }
+
+    /// [`manage_replace`](Self::manage_replace); NEW, when it is not a spare
+    /// yet, is added as `manage_add_with` adds it (`force` as there).
+    pub fn manage_replace_with(
+        self: &Arc<Engine>,
+        old: &Path,
+        new: &Path,
+        force: bool,
+    ) -> Result<(), String> {
         let role = {
             let array = self.array.lock().unwrap();
             let device = array
@@ -543,7 +556,7 @@ impl Engine {
                 .any(|d| Self::same_device(&d.path, new) && d.state == DeviceState::Spare)
         };
         if !is_spare {
-            self.manage_add(new)?;
+            self.manage_add_with(new, force)?;
         }
         let array = self.array.lock().unwrap();
         let device = array
@@ -679,7 +692,12 @@ impl Engine {
         {
             return;
         }
-        // A member left half-rebuilt goes first: it is part way there.
+        // A re-add waiting for its turn goes first: it copies only what
+        // the bitmap marks. Then a member left half-rebuilt: it is part
+        // way there.
+        if self.start_queued_readd() {
+            return;
+        }
         self.resume_recovery();
         if self.sync.action().is_some() {
             return;

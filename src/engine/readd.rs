@@ -14,11 +14,16 @@
 //! member that failed with I/O errors, by request or without a bitmap to
 //! guide its return is never re-added by itself.
 
+use super::members::MemberEntry;
+use super::resync::{SyncAction, SyncWorker};
 use super::Engine;
-use crate::array::DeviceState;
+use crate::array::{Assembled, DeviceState, FoundDevice, Slot};
+use crate::format::{MemberSuper, Role, MD_FEATURE_RECOVERY_OFFSET, MD_FEATURE_REPLACEMENT};
 use crate::member::MemberRef;
+use crate::units::SECTOR_BYTES;
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -52,6 +57,27 @@ pub(super) struct Returns {
     /// Members re-added through the bitmap, by path, with the bytes written
     /// to them when the copy started: its end says how much it copied.
     copies: Mutex<Vec<(String, u64)>>,
+    /// Re-adds back in their roles whose copy waits for the running job
+    /// (md queues a re-add behind a recovery as it does a spare), oldest
+    /// first. At most one a role: a re-add needs its role free.
+    queued: Mutex<Vec<QueuedReAdd>>,
+}
+
+/// A re-added member waiting for its bitmap-guided copy: its role, and the
+/// position its table entry shares with the job that will build it.
+struct QueuedReAdd {
+    path: String,
+    role: usize,
+    next: Arc<AtomicU64>,
+}
+
+/// How a re-add was taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReAdded {
+    /// Its copy runs now.
+    Started,
+    /// Back in its role, its copy waits for the running job to end.
+    Queued,
 }
 
 impl Returns {
@@ -163,7 +189,7 @@ impl Engine {
             if !self.belongs(&member) {
                 continue;
             }
-            if let Ok(true) = self.try_readd(path, &member) {
+            if self.readd(path, &member).is_ok() {
                 self.events.push(
                     "AutoReAdd",
                     &path.display().to_string(),
@@ -185,6 +211,245 @@ impl Engine {
         };
         let array = self.array.lock().unwrap();
         sb.set_uuid == array.sb.set_uuid && sb.events <= array.sb.events
+    }
+}
+
+impl Engine {
+    /// `uraid manage --re-add DEV` (mdadm --re-add): the member comes back
+    /// into its role through the bitmap, or the reply says in one line why
+    /// it cannot be a re-add (and that --add rebuilds it in full).
+    pub fn manage_readd(self: &Arc<Engine>, path: &Path) -> Result<String, String> {
+        let name = path.display().to_string();
+        if self.read_only {
+            return Err("the array is served read-only: nothing can be re-added".into());
+        }
+        self.refuse_present(path)?;
+        // Its own superblock decides (see readd_refusal): another array's
+        // device is refused there, so nothing of value is overwritten.
+        let (member, injector) = self.open_returning(path, true)?;
+        let taken = self.readd(path, &member)?;
+        self.adopt_injector(&name, injector);
+        Ok(match taken {
+            ReAdded::Started => {
+                format!("re-added {name}: copying only the regions the bitmap marks")
+            }
+            ReAdded::Queued => format!(
+                "re-added {name}: its copy of the regions the bitmap marks starts when the running {} ends",
+                self.sync.action().map_or("job", SyncAction::word)
+            ),
+        })
+    }
+
+    /// md's re-add: a member that left (failed, pulled, or missing at
+    /// assembly) comes back with its superblock and the array has a trusted
+    /// write-intent bitmap that covers everything written since it left:
+    /// only the regions whose bits are set are copied to it. While another
+    /// job runs it takes its role at once and its copy is queued; a check
+    /// or repair gives way. The error says why it is no re-add (an `--add`
+    /// then makes it a spare).
+    pub(super) fn readd(
+        self: &Arc<Engine>,
+        path: &Path,
+        member: &MemberRef,
+    ) -> Result<ReAdded, String> {
+        let name = path.display().to_string();
+        if self.reshaping.load(Ordering::SeqCst) {
+            return Err(format!(
+                "{name} cannot be re-added while the array reshapes: re-add it once the reshape has finished"
+            ));
+        }
+        let mut array = self.array.lock().unwrap();
+        let (sb, role) = self.readd_refusal(&name, member, &array)?;
+        array.devices.retain(|d| !Self::same_device(&d.path, path));
+        let next = Arc::new(AtomicU64::new(0));
+        let entry = MemberEntry {
+            slot: Slot {
+                member: member.clone(),
+                data_offset_bytes: sb.data_offset_sectors * SECTOR_BYTES,
+            },
+            rebuilt_below: Some(next.clone()),
+        };
+        array.devices.push(FoundDevice {
+            path: name.clone(),
+            sb,
+            state: DeviceState::Recovering {
+                role,
+                recovery_offset_sectors: 0,
+            },
+            member: member.clone(),
+        });
+        self.update_table(|t| t.by_role[role] = Some(entry));
+        self.write_state(&mut array);
+        drop(array);
+        self.returns.back(&name);
+        self.returns.copy_started(&name, member);
+        self.events.push(
+            "ReAdd",
+            &name,
+            &format!("role {role}: copying only the regions the bitmap marks"),
+        );
+        self.queue_readd(QueuedReAdd {
+            path: name.clone(),
+            role,
+            next,
+        });
+        self.give_way_to_recovery(&name);
+        // The check that gave way may have started it already, as its end
+        // starts recoveries.
+        self.start_queued_readd();
+        let waiting = self
+            .returns
+            .queued
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|q| q.role == role);
+        Ok(match waiting {
+            true => ReAdded::Queued,
+            false => ReAdded::Started,
+        })
+    }
+
+    /// Why `member` cannot come back through the bitmap, in one line, or
+    /// its superblock and the role it comes back to. Called with the array
+    /// locked (`array`), so that the role found free stays free.
+    fn readd_refusal(
+        &self,
+        name: &str,
+        member: &MemberRef,
+        array: &Assembled,
+    ) -> Result<(MemberSuper, usize), String> {
+        let in_full = "--add rebuilds it in full";
+        let Some(bitmap) = self.live_bitmap() else {
+            return Err(format!(
+                "{name} cannot be re-added: the array has no write-intent bitmap to say what it missed; {in_full}"
+            ));
+        };
+        if !bitmap.trusted {
+            return Err(format!(
+                "{name} cannot be re-added: the array's bitmap is stale (not trusted to bound a copy); {in_full}"
+            ));
+        }
+        let sb = match crate::array::read_superblock(&**member) {
+            Ok(Some(sb)) => sb,
+            Ok(None) => {
+                return Err(format!(
+                    "{name} holds no md superblock: it was never a member; --add makes it a spare"
+                ))
+            }
+            Err(e) => return Err(format!("{name} cannot be re-added: {e}")),
+        };
+        if sb.set_uuid != array.sb.set_uuid {
+            return Err(format!(
+                "{name} is a member of another array (UUID {}): only this array's own members can be re-added",
+                sb.uuid_string()
+            ));
+        }
+        let Role::Active(role) = sb.this_role() else {
+            return Err(format!(
+                "{name} held no role when it left (a spare, a journal or faulty); --add makes it a spare"
+            ));
+        };
+        let role = role as usize;
+        // Only a device that was in sync when it left holds everything the
+        // bitmap does not mark: a replacement or a member part way through
+        // a rebuild lacks what lay beyond its copy.
+        if sb.feature_map & MD_FEATURE_REPLACEMENT != 0
+            || (sb.feature_map & MD_FEATURE_RECOVERY_OFFSET != 0
+                && sb.recovery_offset_sectors < array.sb.size_sectors)
+        {
+            return Err(format!(
+                "{name} was partial when it left (a replacement or a member being rebuilt): the bitmap does not cover what it lacks; {in_full}"
+            ));
+        }
+        if role >= self.geometry().raid_disks() {
+            return Err(format!(
+                "{name}'s role {role} is no longer in the array ({} members now); --add makes it a spare",
+                self.geometry().raid_disks()
+            ));
+        }
+        if self.table().entry(role).is_some() {
+            let holder = array
+                .devices
+                .iter()
+                .find(|d| {
+                    matches!(d.state, DeviceState::Active { role: r } | DeviceState::Recovering { role: r, .. } if r == role)
+                })
+                .map_or_else(|| "another member".to_string(), |d| d.path.clone());
+            return Err(format!(
+                "{name}'s role {role} is taken by {holder}; --add makes it a spare"
+            ));
+        }
+        let (_, events_cleared) = bitmap.events();
+        if sb.events < events_cleared {
+            return Err(format!(
+                "{name} left at event {}, before the bitmap was last cleared (event {events_cleared}): the bitmap no longer covers what it missed; {in_full}",
+                sb.events
+            ));
+        }
+        if sb.events > array.sb.events {
+            return Err(format!(
+                "{name} is ahead of the array (events {} > {}): it was written elsewhere since it left; {in_full}",
+                sb.events, array.sb.events
+            ));
+        }
+        Ok((sb, role))
+    }
+
+    /// md interrupts a check or repair when a member can be recovered, so
+    /// that the recovery runs first; the scrub's end starts it (sync_ended).
+    /// Waits for the scrub to stop: the caller holds no lock it needs.
+    pub(super) fn give_way_to_recovery(&self, path: &str) {
+        let scrub = self.sync.action();
+        if self
+            .sync
+            .stop_if(|a| matches!(a, SyncAction::Check | SyncAction::Repair))
+        {
+            let word = scrub.map_or("check", SyncAction::word);
+            self.events.push(
+                "SyncStopped",
+                path,
+                &format!("{word} interrupted for a recovery"),
+            );
+        }
+    }
+
+    /// Starts the copy of the oldest re-add waiting for its turn, if no
+    /// job runs and the array can serve it; returns whether one started.
+    /// A re-add whose member failed or left its role since is dropped.
+    pub(super) fn start_queued_readd(self: &Arc<Engine>) -> bool {
+        if !self.runnable() {
+            return false;
+        }
+        let mut queued = self.returns.queued.lock().unwrap();
+        queued.retain(|q| self.job_owns_target(SyncAction::Recovery { role: q.role }, &q.next));
+        let Some(first) = queued.first() else {
+            return false;
+        };
+        let action = SyncAction::Recovery { role: first.role };
+        if SyncWorker::start_guided(self, action, 0, first.next.clone(), true).is_err() {
+            // Another job runs (or the array stops): its end tries again.
+            return false;
+        }
+        let started = queued.remove(0);
+        drop(queued);
+        self.events.push(
+            "RebuildStarted",
+            &started.path,
+            &format!("re-add of role {} through the bitmap", started.role),
+        );
+        true
+    }
+
+    /// Queues `readd`'s copy, after those of re-adds still in their roles.
+    fn queue_readd(&self, readd: QueuedReAdd) {
+        let mut queued = self.returns.queued.lock().unwrap();
+        queued.retain(|q| self.job_owns_target(SyncAction::Recovery { role: q.role }, &q.next));
+        assert!(
+            queued.iter().all(|q| q.role != readd.role),
+            "a re-add takes a free role only"
+        );
+        queued.push(readd);
     }
 }
 

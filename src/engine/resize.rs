@@ -52,6 +52,28 @@ impl Engine {
         None
     }
 
+    /// Reads every member's size again, as md re-reads a device's size
+    /// when asked to grow: a disk or image grown while the array serves
+    /// gives its new room without a restart.
+    fn refresh_member_sizes(&self) -> Result<(), String> {
+        let members: Vec<crate::member::MemberRef> = {
+            let array = self.array.lock().unwrap();
+            array
+                .devices
+                .iter()
+                .filter(|d| matches!(d.state, DeviceState::Active { .. } | DeviceState::Spare))
+                .map(|d| d.member.clone())
+                .collect()
+        };
+        // Outside the array lock: a network member's answer may take time.
+        for member in members {
+            member
+                .refresh_size()
+                .map_err(|e| format!("cannot read the size of {}: {e}", member.name()))?;
+        }
+        Ok(())
+    }
+
     /// Checks a size change and works out the new size, changing nothing.
     fn plan_size(&self, size_sectors: Option<u64>) -> Result<SizePlan, String> {
         if self.read_only {
@@ -77,6 +99,7 @@ impl Engine {
         if let Some(why) = self.resize_busy() {
             return Err(why);
         }
+        self.refresh_member_sizes()?;
         let array = self.array.lock().unwrap();
         let sb = &array.sb;
         if sb.level == 10 && (sb.layout >> 8) & 0xff > 1 && sb.layout & 0x10000 == 0 {

@@ -1709,6 +1709,10 @@ impl Member for FaultyMember {
         self.inner.size_bytes()
     }
 
+    fn refresh_size(&self) -> io::Result<u64> {
+        self.inner.refresh_size()
+    }
+
     fn logical_block_bytes(&self) -> u32 {
         self.inner.logical_block_bytes()
     }

@@ -17,6 +17,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Once;
 
 /// How a member is opened.
@@ -42,7 +43,8 @@ pub enum CacheMode {
 pub struct FileMember {
     name: String,
     file: File,
-    size_bytes: u64,
+    /// Read at open and again by `refresh_size` (a device grown while served).
+    size_bytes: AtomicU64,
     block_bytes: u32,
     is_block_device: bool,
     /// Whether the descriptor has O_DIRECT.
@@ -137,23 +139,20 @@ impl FileMember {
                 ));
             }
         }
-        let (size_bytes, block_bytes) = if is_block_device {
-            let mut size: u64 = 0;
+        let size_bytes =
+            current_size_bytes(&file, is_block_device).map_err(|e| annotate(&name, e))?;
+        let block_bytes = if is_block_device {
             let mut block: libc::c_int = 0;
-            // SAFETY: both ioctls write one integer of the given type through the
+            // SAFETY: the ioctl writes one integer of the given type through the
             // pointer, which points at a live local of that type.
-            unsafe {
-                if libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut size as *mut u64) != 0 {
-                    return Err(annotate(&name, io::Error::last_os_error()));
-                }
-                if libc::ioctl(file.as_raw_fd(), BLKSSZGET, &mut block as *mut libc::c_int) != 0 {
-                    return Err(annotate(&name, io::Error::last_os_error()));
-                }
+            if unsafe { libc::ioctl(file.as_raw_fd(), BLKSSZGET, &mut block as *mut libc::c_int) }
+                != 0
+            {
+                return Err(annotate(&name, io::Error::last_os_error()));
             }
-            (size, block as u32)
+            block as u32
         } else {
-            // A file's last partial sector cannot hold data: md counts whole sectors.
-            (metadata.len() & !511, 512)
+            512
         };
         let mut memory_align_bytes = 1;
         // (A device node lives on devtmpfs, hence only for regular files.)
@@ -184,7 +183,7 @@ impl FileMember {
         Ok(FileMember {
             name,
             file,
-            size_bytes,
+            size_bytes: AtomicU64::new(size_bytes),
             block_bytes,
             is_block_device,
             direct,
@@ -392,6 +391,21 @@ impl AsRawFd for FileMember {
     }
 }
 
+/// The size of an open file (its whole sectors: md counts no partial one)
+/// or block device, as it is now.
+fn current_size_bytes(file: &File, is_block_device: bool) -> io::Result<u64> {
+    if !is_block_device {
+        return Ok(file.metadata()?.len() & !511);
+    }
+    let mut size: u64 = 0;
+    // SAFETY: the ioctl writes one u64 through the pointer, which points at
+    // a live local of that type.
+    if unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut size as *mut u64) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(size)
+}
+
 fn annotate(name: &str, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("{name}: {e}"))
 }
@@ -421,7 +435,21 @@ impl Member for FileMember {
     }
 
     fn size_bytes(&self) -> u64 {
-        self.size_bytes
+        self.size_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The size as the device or file says it now. Only growth is taken:
+    /// the array's data lies below the old size, and a device that shrank
+    /// under it fails the I/O there by itself. A mapped file keeps the
+    /// size of its mapping, which cannot grow under requests in flight;
+    /// it grows at the next start.
+    fn refresh_size(&self) -> io::Result<u64> {
+        if self.mapped.is_none() {
+            let now = current_size_bytes(&self.file, self.is_block_device)
+                .map_err(|e| annotate(&self.name, e))?;
+            self.size_bytes.fetch_max(now, Ordering::Relaxed);
+        }
+        Ok(self.size_bytes())
     }
 
     fn logical_block_bytes(&self) -> u32 {
@@ -555,6 +583,10 @@ impl Member for RingAlways {
 
     fn size_bytes(&self) -> u64 {
         self.0.size_bytes()
+    }
+
+    fn refresh_size(&self) -> io::Result<u64> {
+        self.0.refresh_size()
     }
 
     fn logical_block_bytes(&self) -> u32 {

@@ -174,6 +174,15 @@ pub trait Member: Send + Sync {
         ))
     }
 
+    /// Reads the member's size again, for a disk or file grown while the
+    /// array serves (`manage --grow --size max` asks, as md re-reads a
+    /// device's size), and returns it; `size_bytes` says the same from
+    /// then on. By default the size known at open: a member whose size
+    /// cannot change under it. Wrappers pass it on.
+    fn refresh_size(&self) -> io::Result<u64> {
+        Ok(self.size_bytes())
+    }
+
     /// Sectors of 512 bytes, the unit md counts in.
     fn size_sectors(&self) -> u64 {
         self.size_bytes() / crate::units::SECTOR_BYTES

@@ -80,12 +80,10 @@ pub fn run(control_socket: Option<&Path>, json: bool) -> CliResult {
 }
 
 /// An array's /proc/mdstat block with the process that serves it as the
-/// block's last indented line: the PID `uraid stop` ends and the export
-/// that NBD clients connect to, which /proc/mdstat has no line for.
+/// block's last indented line: the PID `uraid stop` ends, which /proc/mdstat
+/// has no line for. (Not the export's URI: its socket path is any word a
+/// user chose, and scripts look for words such as "resync" in this text.)
 fn served_block(r: &StatusReply) -> String {
     let block = r.mdstat.strip_suffix("      \n").unwrap_or(&r.mdstat);
-    format!(
-        "{block}      served by pid {} on {}\n      \n",
-        r.pid, r.nbd_uri
-    )
+    format!("{block}      served by pid {}\n      \n", r.pid)
 }

@@ -234,7 +234,7 @@ fn raid1_scan_lines_serve_it_again() {
 fn raid5_with_a_spare_keeps_its_names_through_fail_remove_and_add() {
     round_trip(
         "sn-r5",
-        &["-l", "5", "-n", "3"],
+        &["-l", "5", "-n", "3", "--spare-devices", "1"],
         4,
         |served, members, uuid| {
             // Named relatively here too: the server hears the canonical name.
@@ -263,7 +263,7 @@ fn raid5_with_a_spare_keeps_its_names_through_fail_remove_and_add() {
 
 #[test]
 fn raid6_with_a_spare_scan_lines_serve_it_again() {
-    round_trip("sn-r6", &["-l", "6", "-n", "4"], 5, |_, _, _| {});
+    round_trip("sn-r6", &["-l", "6", "-n", "4", "-x", "1"], 5, |_, _, _| {});
 }
 
 #[test]

@@ -456,10 +456,16 @@ pub fn create_on_members_full(
     let mut free = Vec::new();
     // md's journal is exempt from the member size check (mdadm: "skip write
     // journal for size check"); its own minimum is checked below.
-    for (o, size) in opened.iter().zip(&sizes).take(spare_end) {
+    let mut given: Vec<GivenDevice> = Vec::new();
+    for (i, (o, size)) in opened.iter().zip(&sizes).enumerate().take(spare_end) {
         let (Some(o), Some(size)) = (o, size) else {
             continue;
         };
+        given.push(GivenDevice {
+            path: &o.path,
+            sectors: *size,
+            raid_device: i < raid_disks,
+        });
         let room = format::mdadm_freesize_sectors(opts.metadata, *size, data_offset, false)
             .filter(|room| *room >= chunk_sectors.max(128) as u64)
             .ok_or_else(|| {
@@ -534,6 +540,11 @@ pub fn create_on_members_full(
             "{level} cannot start with {} of {raid_disks} devices missing",
             missing.iter().filter(|m| **m).count()
         )));
+    }
+    // Linear and raid0 use every member whole; the other levels use as much
+    // of each as the smallest has, unless --size said how much.
+    if md_like > 0 && opts.size_sectors.is_none() && !opts.force {
+        refuse_uneven_sizes(&given, size_sectors, geometry.array_sectors())?;
     }
 
     if let Some(j) = journal_index {
@@ -674,6 +685,50 @@ pub fn create_on_members_full(
         write_array_state(&mut array, Cleanliness::Clean)?;
     }
     Ok(array)
+}
+
+/// A device of a create, for the size check: a raid device or a spare.
+struct GivenDevice<'a> {
+    path: &'a str,
+    sectors: u64,
+    raid_device: bool,
+}
+
+/// Refuses a device more than 1% smaller than the largest raid device:
+/// every member would give only what the smallest has, and the array
+/// would quietly be smaller than its devices promise. mdadm warns at the
+/// same point (its largest drive "exceeds size ... by more than 1%") and
+/// asks before it goes on; uraid asks for --force (or --size). A spare
+/// larger than the raid devices shrinks nothing and is not counted as
+/// the largest.
+fn refuse_uneven_sizes(
+    given: &[GivenDevice],
+    member_sectors: u64,
+    array_sectors: u64,
+) -> Result<(), CreateError> {
+    // The first of equals, as the devices were given, names each side.
+    let largest = given
+        .iter()
+        .filter(|d| d.raid_device)
+        .min_by_key(|d| std::cmp::Reverse(d.sectors))
+        .expect("a raid device is present: not every one is missing");
+    let smallest = given
+        .iter()
+        .min_by_key(|d| d.sectors)
+        .expect("the largest is one of them");
+    assert!(smallest.sectors <= largest.sectors);
+    if smallest.sectors * 100 >= largest.sectors * 99 {
+        return Ok(());
+    }
+    Err(CreateError::Device(format!(
+        "{} ({} KiB) is more than 1% smaller than {} ({} KiB): every device would give only {} KiB and the array would be {} KiB; use --force to create it so, or --size to say how much of each device to use",
+        smallest.path,
+        smallest.sectors / 2,
+        largest.path,
+        largest.sectors / 2,
+        member_sectors / 2,
+        array_sectors / 2
+    )))
 }
 
 /// md's level number for md's rules that a level follows: raid6's for

@@ -16,9 +16,13 @@ pub struct CreateArgs {
     /// per group, C children, S distributed spares).
     #[arg(long, short = 'l')]
     level: String,
-    /// Number of active members; further devices become spares.
+    /// Number of active members (a dRAID's children).
     #[arg(long, short = 'n')]
     raid_devices: u32,
+    /// Number of spares: the devices listed after the raid devices (mdadm's
+    /// --spare-devices). Devices beyond --raid-devices are refused without it.
+    #[arg(long, short = 'x', value_name = "N")]
+    spare_devices: Option<u32>,
     /// Chunk size (K/M/G suffixes; a bare number is KiB), default 512K.
     #[arg(long, short = 'c')]
     chunk: Option<String>,
@@ -47,7 +51,9 @@ pub struct CreateArgs {
     /// Host name to record in the array name; "<none>" records none.
     #[arg(long)]
     homehost: Option<String>,
-    /// Overwrite devices that hold a filesystem, a partition table or another array.
+    /// Overwrite devices that hold a filesystem, a partition table or another
+    /// array, and accept devices more than 1% smaller than the largest (every
+    /// member then gives only what the smallest has).
     #[arg(long, short = 'f')]
     force: bool,
     /// A write journal on this device (md's raid5-cache, raid4/5/6): every
@@ -64,6 +70,7 @@ pub struct CreateArgs {
 }
 
 pub fn run(args: &CreateArgs) -> CliResult {
+    check_spare_count(args)?;
     // A dRAID is named by ZFS's spec string, which carries its layout.
     let (level, layout) = if args.level.starts_with("draid") {
         if args.layout.is_some() {
@@ -164,12 +171,148 @@ pub fn run(args: &CreateArgs) -> CliResult {
         &settings,
         args.tuning.i_accept_data_loss,
     )?;
+    let roles = DeviceRoles {
+        raid: args.raid_devices,
+        missing: devices[..args.raid_devices as usize]
+            .iter()
+            .filter(|d| **d == MemberSpec::Missing)
+            .count() as u32,
+        spares: args.spare_devices.unwrap_or(0),
+        journal: args.write_journal.is_some(),
+        distributed_spares: array.geometry.draid().map_or(0, |d| d.spares() as u32),
+    };
     eprintln!(
-        "uraid: created {} array {} ({} KiB) on {} devices",
+        "uraid: created {} array {} ({} KiB) on {}",
         level,
         array.sb.uuid_string(),
         array.array_sectors() / 2,
-        array.devices.len()
+        roles.summary(level.is_draid())
     );
     Ok(())
+}
+
+/// Refuses a device list longer or shorter than the raid devices and the
+/// spares that were asked for. Extra devices taken as spares without a
+/// word would have their contents overwritten by a spare's superblock,
+/// and a miscounted list is more often a mistake than a wish; mdadm
+/// refuses it too. A dRAID's distributed spares are in its spec, not in
+/// the list, and a write journal is given by --write-journal.
+fn check_spare_count(args: &CreateArgs) -> CliResult {
+    let raid = args.raid_devices as usize;
+    let given = args.devices.len();
+    // Too few for the raid devices: the library says so with the numbers.
+    if given < raid {
+        return Ok(());
+    }
+    let extra = given - raid;
+    match args.spare_devices.map(|s| s as usize) {
+        None if extra > 0 => {
+            let draid = if args.level.starts_with("draid") {
+                " (a dRAID's distributed spares are in its spec, not devices)"
+            } else {
+                ""
+            };
+            let would = if extra == 1 {
+                "the last would become a spare"
+            } else {
+                "the others would become spares"
+            };
+            Err(format!(
+                "{given} devices given for {raid} raid devices: {would}{draid}; say --spare-devices {extra} if that is meant"
+            ))
+        }
+        Some(spares) if spares != extra => Err(format!(
+            "--spare-devices {spares} but {extra} {} the {raid} raid devices",
+            if extra == 1 {
+                "device follows"
+            } else {
+                "devices follow"
+            }
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// What the devices of a new array became, for create's last line.
+struct DeviceRoles {
+    raid: u32,
+    missing: u32,
+    spares: u32,
+    journal: bool,
+    distributed_spares: u32,
+}
+
+impl DeviceRoles {
+    /// "6 devices: 4 raid devices, 1 spare, 1 journal"; the devices counted
+    /// are those written to ("missing" is none).
+    fn summary(&self, draid: bool) -> String {
+        assert!(
+            self.missing < self.raid,
+            "create refuses an array of missing devices"
+        );
+        let written = self.raid - self.missing + self.spares + u32::from(self.journal);
+        let plural =
+            |n: u32, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        let mut parts = vec![if draid {
+            plural(self.raid, "child", "children")
+        } else {
+            plural(self.raid, "raid device", "raid devices")
+        }];
+        if self.missing > 0 {
+            parts[0].push_str(&format!(" ({} missing)", self.missing));
+        }
+        if self.distributed_spares > 0 {
+            parts.push(plural(
+                self.distributed_spares,
+                "distributed spare",
+                "distributed spares",
+            ));
+        }
+        if self.spares > 0 {
+            parts.push(plural(self.spares, "spare", "spares"));
+        }
+        if self.journal {
+            parts.push("1 journal".into());
+        }
+        format!(
+            "{}: {}",
+            plural(written, "device", "devices"),
+            parts.join(", ")
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeviceRoles;
+
+    fn roles(raid: u32, missing: u32, spares: u32, journal: bool, distributed: u32) -> DeviceRoles {
+        DeviceRoles {
+            raid,
+            missing,
+            spares,
+            journal,
+            distributed_spares: distributed,
+        }
+    }
+
+    #[test]
+    fn the_summary_names_spares_journals_and_missing_devices() {
+        assert_eq!(
+            roles(4, 0, 1, true, 0).summary(false),
+            "6 devices: 4 raid devices, 1 spare, 1 journal"
+        );
+        assert_eq!(
+            roles(3, 1, 0, false, 0).summary(false),
+            "2 devices: 3 raid devices (1 missing)"
+        );
+        assert_eq!(
+            roles(6, 0, 2, false, 1).summary(true),
+            "8 devices: 6 children, 1 distributed spare, 2 spares"
+        );
+        assert_eq!(
+            roles(2, 0, 0, false, 0).summary(false),
+            "2 devices: 2 raid devices"
+        );
+    }
 }

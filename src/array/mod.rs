@@ -23,6 +23,7 @@ pub use create::{
     create, create_full, create_on_members, create_on_members_full, create_on_members_with_bitmap,
     create_with_bitmap, BitmapRequest, CreateError, CreateOptions, MemberSpec,
 };
+pub(crate) use create::{refuse_existing_content, Opened};
 pub use dspare::{DistributedSpare, SpareArea, SpareRouter};
 pub use reshape::{
     dirty_parity_members, lowest_data_offset, plan_reshape, reshape_backwards,

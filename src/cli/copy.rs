@@ -9,7 +9,7 @@ use crate::units::SECTOR_BYTES;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Bytes moved per step: large enough to cover many stripes of any geometry.
@@ -97,7 +97,87 @@ fn copy_into_array(array: &Assembled, source: &mut File, input_bytes: u64) -> Re
     Ok(())
 }
 
-pub fn copy_out(output: &Path, devices: &[PathBuf]) -> CliResult {
+/// Where copy-out writes, opened once every check on it has passed.
+struct Sink {
+    file: File,
+    /// A regular file or a disk, whose data a sync makes durable; a pipe or
+    /// a character device (/dev/null) has nothing to sync.
+    durable: bool,
+}
+
+/// Opens copy-out's output as an admin expects each kind to be treated.
+/// A missing or empty file is written; a file that holds data is refused
+/// without --force, since the copy would replace it. A pipe and a character
+/// device (/dev/null, a tape) take the stream as it comes. A block device
+/// is written from its start as dd writes an image: refused if it cannot
+/// hold the array, and without --force if it holds an array, a filesystem
+/// or a partition table (as create refuses it); it is opened exclusively,
+/// so the kernel refuses one that is mounted or in an array.
+fn open_sink(output: &Path, force: bool, array_bytes: u64) -> Result<Sink, String> {
+    let name = output.display().to_string();
+    let meta = match std::fs::metadata(output) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let file = File::create(output).map_err(|e| format!("{name}: {e}"))?;
+            return Ok(Sink {
+                file,
+                durable: true,
+            });
+        }
+        Err(e) => return Err(format!("{name}: {e}")),
+    };
+    let kind = meta.file_type();
+    if kind.is_file() {
+        let held = meta.len();
+        if held > 0 && !force {
+            return Err(format!(
+                "{name} exists and holds {held} bytes; use --force to overwrite it"
+            ));
+        }
+        let file = File::create(output).map_err(|e| format!("{name}: {e}"))?;
+        return Ok(Sink {
+            file,
+            durable: true,
+        });
+    }
+    if kind.is_block_device() {
+        refuse_small_or_valuable_disk(output, force, array_bytes)?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(if kind.is_block_device() {
+            libc::O_EXCL
+        } else {
+            0
+        })
+        .open(output)
+        .map_err(|e| format!("{name}: {e}"))?;
+    Ok(Sink {
+        file,
+        durable: kind.is_block_device(),
+    })
+}
+
+/// A disk that copy-out would write over: it must hold the whole array,
+/// and (unless forced) hold nothing that the copy would destroy.
+fn refuse_small_or_valuable_disk(output: &Path, force: bool, array_bytes: u64) -> CliResult {
+    let name = output.display().to_string();
+    let member = crate::member::open(output, crate::member::OpenOptions { write: false })
+        .map_err(|e| format!("{name}: {e}"))?;
+    let disk_bytes = member.size_bytes();
+    if disk_bytes < array_bytes {
+        return Err(format!(
+            "{name} holds {disk_bytes} bytes, less than the array's {array_bytes}"
+        ));
+    }
+    if force {
+        return Ok(());
+    }
+    crate::array::refuse_existing_content(&crate::array::Opened { path: name, member })
+        .map_err(|e| e.to_string())
+}
+
+pub fn copy_out(output: &Path, force: bool, devices: &[PathBuf]) -> CliResult {
     refuse_member_path(output, devices)?;
     let array = assemble(devices, false).map_err(|e| e.to_string())?;
     array.require_runnable().map_err(|e| e.to_string())?;
@@ -107,9 +187,12 @@ pub fn copy_out(output: &Path, devices: &[PathBuf]) -> CliResult {
     if crate::array::has_journal_feature(&array.sb) {
         eprintln!("uraid: note: copy-out does not replay the write journal; after a crash, serve the array once (it replays the journal) before copying out");
     }
-    let mut sink = File::create(output).map_err(|e| format!("{}: {e}", output.display()))?;
-    let io = StripeIo::new(&array.geometry, &array.slots);
     let total = array.array_sectors() * SECTOR_BYTES;
+    let Sink {
+        file: mut sink,
+        durable,
+    } = open_sink(output, force, total)?;
+    let io = StripeIo::new(&array.geometry, &array.slots);
     let bar = progress_bar(total, "copy-out");
     let mut buf = vec![0u8; STEP_BYTES];
     let mut done = 0u64;
@@ -122,8 +205,10 @@ pub fn copy_out(output: &Path, devices: &[PathBuf]) -> CliResult {
         done += len as u64;
         bar.set_position(done);
     }
-    sink.sync_all()
-        .map_err(|e| format!("{}: {e}", output.display()))?;
+    if durable {
+        sink.sync_all()
+            .map_err(|e| format!("{}: {e}", output.display()))?;
+    }
     bar.finish_and_clear();
     Ok(())
 }

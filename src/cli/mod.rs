@@ -131,6 +131,10 @@ enum Command {
     CopyOut {
         #[arg(long)]
         output: PathBuf,
+        /// Write over an output file that is not empty, or a block device
+        /// that holds a filesystem, a partition table or an array.
+        #[arg(long, short = 'f')]
+        force: bool,
         #[arg(required = true)]
         devices: Vec<PathBuf>,
     },
@@ -238,7 +242,11 @@ pub fn main() -> i32 {
         Command::Plan(args) => plan::run(&args),
         Command::Doctor(args) => doctor::run(&args),
         Command::CopyIn { input, devices } => copy::copy_in(&input, &devices),
-        Command::CopyOut { output, devices } => copy::copy_out(&output, &devices),
+        Command::CopyOut {
+            output,
+            force,
+            devices,
+        } => copy::copy_out(&output, force, &devices),
         Command::Stop(args) => stop::run(&args),
         Command::ZeroSuperblock(args) => zero::run(&args),
         Command::Man { dir } => man::write_pages(&dir),

@@ -222,12 +222,13 @@ pub fn run(args: &ServeArgs) -> CliResult {
     let uuid = array.sb.uuid_string();
     let defaults =
         crate::engine::tuning::TuningValues::defaults(array.geometry.stripe(0).data_sectors());
+    let journaled = crate::array::has_journal_feature(&array.sb);
     let (tuning, accept_data_loss) = super::tuning::values_for_serve_with(
         &uuid,
         defaults,
         &config_settings,
         &args.tuning,
-        crate::array::has_journal_feature(&array.sb),
+        journaled,
     )?;
     let engine = Engine::start(
         array,
@@ -245,6 +246,9 @@ pub fn run(args: &ServeArgs) -> CliResult {
         engine.set_auto_readd(true);
     }
     engine.set_speed_limits(speed_min, speed_max);
+    if !args.read_only {
+        super::tuning::warn_unjournaled_write_back(&engine.tuning(), journaled);
+    }
     let size = engine.size_bytes();
     let options = ServeOptions {
         export_name: label.clone(),
@@ -308,14 +312,24 @@ pub fn run(args: &ServeArgs) -> CliResult {
         control_path.display()
     );
     let signal = wait_for_stop_signal(&signals);
-    eprintln!("uraid: signal {signal}: finishing in-flight I/O and marking the array clean");
+    if engine.runnable() {
+        eprintln!("uraid: signal {signal}: finishing in-flight I/O and marking the array clean");
+    } else {
+        eprintln!("uraid: signal {signal}: finishing in-flight I/O; the array has failed and is not marked clean");
+    }
     if let Some(smart) = smart {
         smart.stop();
     }
     drop(registration);
     server.shutdown();
     control.stop();
-    engine.shutdown().map_err(|e| e.to_string())?;
+    let stopped = engine.shutdown().map_err(|e| e.to_string());
+    // A member lost in the last flush may fail the array during the stop.
+    if let Some(note) = engine.failed_stop_note() {
+        eprintln!("uraid: stopped: {note}");
+        return stopped;
+    }
+    stopped?;
     eprintln!("uraid: stopped cleanly");
     Ok(())
 }

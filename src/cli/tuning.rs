@@ -1,7 +1,7 @@
 //! The seeds' knobs on the command line, shared by `create` (saved with
 //! the array), `serve` (for this run) and `manage` (live, and saved).
 
-use crate::engine::tuning::{saved, split_setting, TuningValues, KNOBS};
+use crate::engine::tuning::{saved, split_setting, TuningValues, WritePolicy, KNOBS};
 
 #[derive(clap::Args, Debug, Default, Clone)]
 pub struct TuningArgs {
@@ -89,6 +89,19 @@ impl TuningArgs {
     /// Whether any knob was given.
     pub fn is_empty(&self) -> bool {
         self.set.is_empty() && self.pairs().is_ok_and(|p| p.is_empty())
+    }
+}
+
+/// Says, at a start, that write-back without a journal is in force: saved
+/// with the array, it would otherwise go on silently run after run, long
+/// after the --i-accept-data-loss that allowed it was forgotten.
+pub fn warn_unjournaled_write_back(values: &TuningValues, journaled: bool) {
+    if values.write_policy == WritePolicy::WriteBack && !journaled {
+        eprintln!(
+            "uraid: WARNING: write-back without a write journal: writes acknowledged from \
+             memory are lost in a crash (turn it off with `uraid manage --control SOCK \
+             --write-policy write-through`, which is saved, or serve --write-policy write-through)"
+        );
     }
 }
 

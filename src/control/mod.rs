@@ -373,8 +373,11 @@ impl ControlServer {
                                 stop: &thread_stop,
                                 waiters: &mut waiters,
                             };
-                            if let Err(e) = handle(stream, context) {
-                                eprintln!("uraid: control connection: {e}");
+                            match handle(stream, context) {
+                                Err(e) if !client_hung_up(&e) => {
+                                    eprintln!("uraid: control connection: {e}")
+                                }
+                                _ => {}
                             }
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -423,7 +426,12 @@ fn handle(stream: UnixStream, context: Context) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut line = String::new();
-    BufReader::new((&stream).take(MAX_REQUEST_BYTES)).read_line(&mut line)?;
+    // A client that connects and closes without a word is asking whether a
+    // server listens here (the registry's liveness probe, a serve checking
+    // for a live socket): that is no request, and nothing to answer.
+    if BufReader::new((&stream).take(MAX_REQUEST_BYTES)).read_line(&mut line)? == 0 {
+        return Ok(());
+    }
     let (engine, nbd_uri, homehost) = (context.engine, context.nbd_uri, context.homehost);
     let reply = match serde_json::from_str::<Request>(line.trim()) {
         // A long poll waits in a thread of its own: the other clients of
@@ -452,6 +460,15 @@ fn handle(stream: UnixStream, context: Context) -> io::Result<()> {
         },
     };
     send_reply(&stream, &reply)
+}
+
+/// Whether a connection's error is only its client going away before the
+/// reply (a status it stopped waiting for): not an event for the log.
+fn client_hung_up(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+    )
 }
 
 fn send_reply(stream: &UnixStream, reply: &Reply) -> io::Result<()> {

@@ -66,7 +66,7 @@ pub enum EngineError {
     JournalReplay(std::io::Error),
     #[error("{0}")]
     Reshaping(String),
-    #[error("the {level} array is degraded and was not shut down cleanly: stripes written at the crash may reconstruct wrongly (md refuses to start it too); use --force to start anyway")]
+    #[error("the {level} array is degraded and was not shut down cleanly (a crash, or a stop after it failed): stripes being written then may reconstruct wrongly, and md refuses to start it too; `uraid serve --force` starts it from the members it has (as mdadm --assemble --force), at the risk that those stripes read back wrong: check the data on it (fsck) before trusting it")]
     DirtyDegraded { level: Level },
 }
 
@@ -1065,8 +1065,27 @@ impl Engine {
         self.last_mismatch_sectors.load(Ordering::SeqCst)
     }
 
+    /// What a stop leaves behind when the array has failed, for the log:
+    /// None while it can serve all its data. A failed array keeps the
+    /// superblocks it had (see `write_array_state_failing`), active as md
+    /// keeps them, so that an assembly with the members back can try again;
+    /// the next start then finds it dirty and degraded and asks for --force.
+    pub fn failed_stop_note(&self) -> Option<String> {
+        if self.runnable() {
+            return None;
+        }
+        let in_sync = self.table().in_sync();
+        let lost = in_sync.iter().filter(|s| !**s).count();
+        Some(format!(
+            "the array is failed ({lost} of {} members lost): its superblocks are left active (dirty), as md leaves them, so that an assembly can try again; with the members back, `uraid serve --force` starts it (as mdadm --assemble --force), at the risk that stripes written as it failed read back wrong",
+            in_sync.len()
+        ))
+    }
+
     /// Orderly stop: ends the background job, flushes, and marks the array
     /// clean — or records where an unfinished resync or recovery resumes.
+    /// A failed array is not marked clean: its superblocks stay as they were
+    /// (`failed_stop_note` says so).
     pub fn shutdown(&self) -> Result<(), EngineError> {
         // What the cache holds reaches the members before anything stops.
         self.cache.stop.store(true, Ordering::SeqCst);

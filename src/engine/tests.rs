@@ -1482,7 +1482,7 @@ fn a_failure_during_a_check_interrupts_it_and_the_spare_takes_over() {
 }
 
 #[test]
-fn a_spare_added_during_a_check_is_rebuilt_when_the_check_ends() {
+fn a_spare_added_during_a_check_interrupts_it_and_is_rebuilt() {
     let dir = tempfile::tempdir().unwrap();
     let paths = make_array(dir.path(), Level::Raid5, None, 4, 8);
     let engine = Engine::start(
@@ -1498,12 +1498,15 @@ fn a_spare_added_during_a_check_is_rebuilt_when_the_check_ends() {
         .set_len(6 << 20)
         .unwrap();
     engine.manage_add(&spare).unwrap();
+    // As md does, a check gives way to the recovery that restores the
+    // array's redundancy: the check is stopped and said to be.
     assert_eq!(
         engine.snapshot().sync.map(|p| p.action),
-        Some(SyncAction::Check)
+        Some(SyncAction::Recovery { role: 3 })
     );
+    assert!(has_event(&engine.snapshot(), "SyncStopped"));
     engine.set_speed_limits(None, Some(1_000_000));
-    wait_until(&engine, "the spare rebuilt after the check", |s| {
+    wait_until(&engine, "the spare rebuilt", |s| {
         s.missing_roles.is_empty() && has_event(s, "SpareActive")
     });
     engine.shutdown().unwrap();

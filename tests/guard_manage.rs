@@ -72,7 +72,8 @@ fn filled(dir: &Path, options: &[&str], disks: usize, seed: u64) -> (Vec<String>
 #[test]
 fn failing_beyond_redundancy_is_refused_unless_forced() {
     // (level, create options, members, roles failed first, the role refused, the refusal)
-    let cases: [(&str, &[&str], usize, &[usize], usize, &str); 5] = [
+    type Case<'a> = (&'a str, &'a [&'a str], usize, &'a [usize], usize, &'a str);
+    let cases: [Case; 5] = [
         (
             "raid6",
             &["--level", "raid6", "--raid-devices", "5", "--assume-clean"],
@@ -214,9 +215,12 @@ fn adding_over_another_array_or_a_filesystem_is_refused_unless_forced() {
     manage_ok(&served.control, &["--fail", &members[2]]);
     manage_ok(&served.control, &["--remove", &members[2]]);
     manage_ok(&served.control, &["--add", &members[2]]);
-    wait_status(&served.control, "the member back in sync", LIMIT, |s| {
-        status_whole_and_idle(s)
-    });
+    wait_status(
+        &served.control,
+        "the member back in sync",
+        LIMIT,
+        status_whole_and_idle,
+    );
     assert_same_bytes(&nbdcopy_out(served.uri(), d), &data, "after the re-add");
     served.stop();
 }
@@ -270,9 +274,12 @@ fn readd_takes_back_a_member_or_says_why_it_cannot() {
     data[2 * MIB as usize..3 * MIB as usize].copy_from_slice(&patch);
     let said = manage_ok(&served.control, &["--re-add", &members[1]]);
     assert!(said.contains("re-added"), "{said}");
-    let status = wait_status(&served.control, "the re-added member in sync", LIMIT, |s| {
-        status_whole_and_idle(s)
-    });
+    let status = wait_status(
+        &served.control,
+        "the re-added member in sync",
+        LIMIT,
+        status_whole_and_idle,
+    );
     assert!(has_event(&status, "ReAdd", &members[1]), "{status}");
     let copied = readd_copied_kib(&status_events(&status), &members[1]);
     assert!(copied < 4 * 1024, "the re-add copied {copied} KiB");
@@ -281,9 +288,12 @@ fn readd_takes_back_a_member_or_says_why_it_cannot() {
     // Member 2 leaves and a spare takes its role: its role is taken.
     manage_ok(&served.control, &["--fail", &members[2]]);
     manage_ok(&served.control, &["--add", blank[1]]);
-    wait_status(&served.control, "the spare rebuilt", LIMIT, |s| {
-        status_whole_and_idle(s)
-    });
+    wait_status(
+        &served.control,
+        "the spare rebuilt",
+        LIMIT,
+        status_whole_and_idle,
+    );
     let refused = manage_refused(&served.control, &["--re-add", &members[2]]);
     assert!(
         refused.contains("role 2 is taken by") && refused.contains(blank[1]),
@@ -348,7 +358,7 @@ fn two_members_readded_back_to_back_both_end_in_sync() {
         &served.control,
         "both re-added members in sync",
         LIMIT,
-        |s| status_whole_and_idle(s),
+        status_whole_and_idle,
     );
     for m in [&members[1], &members[4]] {
         assert_eq!(member_state(&served.control, m), "active sync", "{m}");
@@ -357,9 +367,7 @@ fn two_members_readded_back_to_back_both_end_in_sync() {
     }
     assert_same_bytes(&nbdcopy_out(served.uri(), d), &data, "after both re-adds");
     manage_ok(&served.control, &["--action", "check"]);
-    let status = wait_status(&served.control, "the check", LIMIT, |s| {
-        status_whole_and_idle(s)
-    });
+    let status = wait_status(&served.control, "the check", LIMIT, status_whole_and_idle);
     assert_eq!(status["mismatch_cnt"], 0, "{status}");
     served.stop();
 }
@@ -395,9 +403,12 @@ fn grow_size_max_sees_members_grown_while_served() {
     }
     let said = manage_ok(&served.control, &["--grow", "--size", "max"]);
     assert!(said.contains("(was "), "{said}");
-    let status = wait_status(&served.control, "the grown region resynced", LIMIT, |s| {
-        status_whole_and_idle(s)
-    });
+    let status = wait_status(
+        &served.control,
+        "the grown region resynced",
+        LIMIT,
+        status_whole_and_idle,
+    );
     let after = &status["detail"]["array_size_kib"];
     assert!(
         after.as_u64().unwrap() > before.as_u64().unwrap() + 12 * 1024,

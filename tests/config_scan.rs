@@ -272,7 +272,17 @@ fn examine_scan_prints_what_mdadm_prints() {
     create(
         d,
         &["d0", "d1", "d2", "d3"],
-        &["-l", "5", "-n", "3", "-x", "1", "--assume-clean", "-N", "data"],
+        &[
+            "-l",
+            "5",
+            "-n",
+            "3",
+            "-x",
+            "1",
+            "--assume-clean",
+            "-N",
+            "data",
+        ],
     );
     let logs = create(
         d,

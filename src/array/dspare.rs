@@ -23,7 +23,7 @@
 //! so a cycle (two spares whose columns sit on each other's failed disks,
 //! where no data lives) is an I/O error rather than a hang.
 
-use crate::geometry::Draid;
+use crate::geometry::{Draid, Place, StripeMap};
 use crate::member::{check_io, Member, MemberRef};
 use crate::units::SECTOR_BYTES;
 use std::cell::Cell;
@@ -67,6 +67,145 @@ impl SpareRouter {
             .cloned()
             .collect()
     }
+}
+
+/// Which distributed spare holds each role: what the data path needs to
+/// find where a column's bytes are.
+///
+/// A role held by distributed spare s keeps its column of a slice on the
+/// child at s's position in that slice, at the same member sector
+/// ([`Draid::spare_child`]); that child's role may itself be held by
+/// another spare, so a column's bytes are found by following the chain to
+/// its *home*: the first role that is held by a real disk, or that the
+/// caller does not let the chain pass (missing, not yet rebuilt there,
+/// being replaced). Availability is then asked of the home, per row: a
+/// spare whose space lies on a failed child loses one column in the rows
+/// that use that space and nothing elsewhere, as OpenZFS's dRAID has it.
+///
+/// After the head, every role of a chain sits at a spare position of the
+/// slice, each a different spare's (each spare holds one role), so a
+/// chain visits at most `spares` roles beyond its head and never loops.
+#[derive(Clone, Debug)]
+pub struct SpareRoutes {
+    draid: Draid,
+    /// `spare_of[role]`: the distributed spare holding `role`, if one does.
+    spare_of: Vec<Option<usize>>,
+}
+
+impl SpareRoutes {
+    /// The routes of a table whose member names are `names` (None where a
+    /// role has no member); None when no distributed spare holds a role,
+    /// so that every other array pays nothing on its data path.
+    pub fn new<'n>(
+        draid: &Draid,
+        names: impl IntoIterator<Item = Option<&'n str>>,
+    ) -> Option<SpareRoutes> {
+        let spare_of: Vec<Option<usize>> = names
+            .into_iter()
+            .map(|name| name.and_then(spare_index))
+            .collect();
+        assert_eq!(spare_of.len(), draid.raid_disks());
+        if spare_of.iter().all(Option::is_none) {
+            return None;
+        }
+        for s in spare_of.iter().flatten() {
+            assert!(*s < draid.spares(), "spare {s} beyond the layout");
+            let holders = spare_of.iter().filter(|o| **o == Some(*s)).count();
+            assert_eq!(holders, 1, "distributed spare {s} holds {holders} roles");
+        }
+        Some(SpareRoutes {
+            draid: draid.clone(),
+            spare_of,
+        })
+    }
+
+    /// The routes of offline slots (a distributed spare's slot holds its
+    /// member, named as the spare).
+    pub fn of_slots(geometry: &crate::geometry::Geometry, slots: &super::Slots) -> Option<Self> {
+        let crate::geometry::Geometry::Draid(draid) = geometry else {
+            return None;
+        };
+        SpareRoutes::new(
+            draid,
+            slots.iter().map(|s| s.as_ref().map(|s| s.member.name())),
+        )
+    }
+
+    /// The child holding distributed spare `spare`'s space at
+    /// `member_sector`.
+    pub fn spare_child(&self, spare: usize, member_sector: u64) -> usize {
+        self.draid.spare_child(spare, member_sector)
+    }
+
+    /// The distributed spare holding `role`, if one does.
+    pub fn spare_of(&self, role: usize) -> Option<usize> {
+        self.spare_of[role]
+    }
+
+    /// The home of `place`: the chain of distributed spares followed
+    /// through every role `through` lets pass.
+    pub fn home(&self, place: &Place, through: impl Fn(usize) -> bool) -> Place {
+        let mut role = place.member;
+        for _ in 0..=self.draid.spares() {
+            match self.spare_of[role] {
+                Some(s) if through(role) => role = self.draid.spare_child(s, place.member_sector),
+                _ => {
+                    return Place {
+                        member: role,
+                        member_sector: place.member_sector,
+                    }
+                }
+            }
+        }
+        unreachable!(
+            "a chain of distributed spares from role {} at member sector {} loops",
+            place.member, place.member_sector
+        )
+    }
+
+    /// `map` with every place moved to its home (see [`home`](Self::home)),
+    /// for a path that reads and writes members by role.
+    pub fn route_map(&self, map: &StripeMap, through: impl Fn(usize) -> bool) -> StripeMap {
+        let mut routed = map.clone();
+        let places = routed
+            .data
+            .iter_mut()
+            .flat_map(|d| d.copies.iter_mut())
+            .chain(routed.p.iter_mut())
+            .chain(routed.q.iter_mut())
+            .chain(routed.r.iter_mut());
+        for place in places {
+            *place = self.home(place, &through);
+        }
+        debug_assert!(
+            distinct_members(&routed),
+            "two columns of a row at one home"
+        );
+        routed
+    }
+}
+
+/// Whether every place of `map` lies on a different member: true of every
+/// dRAID row, routed or not (a child is at one position of a slice).
+fn distinct_members(map: &StripeMap) -> bool {
+    let mut members: Vec<usize> = map.parity_places().map(|p| p.member).collect();
+    members.extend(
+        map.data
+            .iter()
+            .flat_map(|d| d.copies.iter().map(|c| c.member)),
+    );
+    let all = members.len();
+    members.sort_unstable();
+    members.dedup();
+    members.len() == all
+}
+
+/// The spare index in a distributed spare's name (`draid2-0-1` is 1).
+pub fn spare_index(name: &str) -> Option<usize> {
+    if !is_spare_name(name) {
+        return None;
+    }
+    name.rsplit('-').next()?.parse().ok()
 }
 
 /// The I/O done on one piece: the member, its byte offset, and the range
@@ -319,6 +458,155 @@ mod tests {
     use super::*;
     use crate::geometry::DraidParams;
     use crate::member::{FaultyMember, MemoryMember};
+
+    /// A dRAID of `slices` slices (one chunk of 4 KiB per stripe column).
+    fn small_draid(
+        parity: usize,
+        data: usize,
+        children: usize,
+        spares: usize,
+        slices: u64,
+    ) -> Draid {
+        let probe = DraidParams {
+            parity,
+            data,
+            children,
+            spares,
+            chunk_sectors: 8192,
+            dev_sectors: 1 << 40,
+        };
+        let slice = Draid::new(&probe).unwrap().devslice_sectors();
+        Draid::new(&DraidParams {
+            dev_sectors: slices * slice,
+            ..probe
+        })
+        .unwrap()
+    }
+
+    /// The most columns any stripe of `draid` has homed at a missing role.
+    fn most_lost(draid: &Draid, routes: &SpareRoutes, missing: &[bool]) -> usize {
+        (0..draid.stripe_count())
+            .map(|stripe| {
+                let map = draid.stripe(stripe);
+                let routed = routes.route_map(&map, |r| !missing[r]);
+                assert!(
+                    distinct_members(&routed),
+                    "stripe {stripe}: two columns at one home"
+                );
+                routed.parity_places().filter(|p| missing[p.member]).count()
+                    + routed
+                        .data
+                        .iter()
+                        .filter(|d| missing[d.copies[0].member])
+                        .count()
+            })
+            .max()
+            .unwrap()
+    }
+
+    fn subsets(of: &[usize], k: usize) -> Vec<Vec<usize>> {
+        if k == 0 {
+            return vec![vec![]];
+        }
+        let mut out = Vec::new();
+        for (i, &x) in of.iter().enumerate() {
+            for mut rest in subsets(&of[i + 1..], k - 1) {
+                rest.insert(0, x);
+                out.push(rest);
+            }
+        }
+        out
+    }
+
+    /// OpenZFS's promise for distributed spares, asked of the routes: once
+    /// a failed child's role is held by a distributed spare, any P further
+    /// children may fail (those that hold the spare's space included) and
+    /// no stripe loses more than P columns; with a second distributed
+    /// spare holding a second failed role, the same. Every pattern of the
+    /// small layouts, for every parity.
+    #[test]
+    fn after_a_spare_rebuild_any_parity_more_failures_leave_every_row_readable() {
+        for (parity, data, children, spares) in [
+            (1, 2, 7, 1),
+            (1, 2, 8, 2),
+            (2, 2, 9, 1),
+            (2, 2, 10, 2),
+            (3, 2, 11, 1),
+            (3, 1, 10, 2),
+        ] {
+            let draid = small_draid(parity, data, children, spares, 3);
+            let what = format!("draid{parity}:{data}d:{children}c:{spares}s");
+            for held in 1..=spares {
+                // Roles 0..held failed and are held by spares 0..held.
+                let names: Vec<Option<String>> = (0..children)
+                    .map(|r| {
+                        Some(match r < held {
+                            true => spare_name(parity, r),
+                            false => format!("c{r}"),
+                        })
+                    })
+                    .collect();
+                let routes = SpareRoutes::new(&draid, names.iter().map(|n| n.as_deref())).unwrap();
+                let others: Vec<usize> = (held..children).collect();
+                let mut patterns = 0;
+                for failed in subsets(&others, parity) {
+                    let mut missing = vec![false; children];
+                    failed.iter().for_each(|&c| missing[c] = true);
+                    let lost = most_lost(&draid, &routes, &missing);
+                    assert!(
+                        lost <= parity,
+                        "{what}, {held} spare(s) in use, children {failed:?} failed: a row lost {lost} columns"
+                    );
+                    patterns += 1;
+                }
+                // Some pattern of one more than parity loses a row, as it
+                // must (the count above is not vacuous).
+                let over = subsets(&others, parity + 1).into_iter().any(|failed| {
+                    let mut missing = vec![false; children];
+                    failed.iter().for_each(|&c| missing[c] = true);
+                    most_lost(&draid, &routes, &missing) > parity
+                });
+                assert!(
+                    over,
+                    "{what}: no pattern of {} failures loses a row",
+                    parity + 1
+                );
+                assert!(patterns > 1, "{what}");
+            }
+        }
+    }
+
+    /// Without routes the chain is the place itself, and a spare whose
+    /// space lies on a missing child is homed at that child.
+    #[test]
+    fn a_spare_column_is_homed_where_its_space_lies() {
+        let draid = small_draid(1, 2, 7, 1, 2);
+        let names = ["draid1-0-0", "c1", "c2", "c3", "c4", "c5", "c6"];
+        let routes = SpareRoutes::new(&draid, names.iter().map(|n| Some(*n))).unwrap();
+        assert_eq!(spare_index("draid1-0-0"), Some(0));
+        assert_eq!(spare_index("draid3-0-12"), Some(12));
+        assert_eq!(spare_index("/dev/sda"), None);
+        for stripe in 0..draid.stripe_count() {
+            let map = draid.stripe(stripe);
+            for place in map
+                .parity_places()
+                .chain(map.data.iter().map(|d| d.copies[0]))
+            {
+                let home = routes.home(&place, |_| true);
+                if place.member == 0 {
+                    assert_eq!(home.member, draid.spare_child(0, place.member_sector));
+                    assert_ne!(home.member, 0);
+                    // Not let through (the spare not in sync there): itself.
+                    assert_eq!(routes.home(&place, |_| false), place);
+                } else {
+                    assert_eq!(home, place);
+                }
+                assert_eq!(home.member_sector, place.member_sector);
+            }
+        }
+        let none = ["c0", "c1", "c2", "c3", "c4", "c5", "c6"];
+        assert!(SpareRoutes::new(&draid, none.iter().map(|n| Some(*n))).is_none());
+    }
 
     /// A FUA write to a distributed spare is FUA on the child that holds
     /// each piece (and on every child for its metadata), not a flush of

@@ -24,7 +24,7 @@ pub use create::{
     create_with_bitmap, BitmapRequest, CreateError, CreateOptions, MemberSpec,
 };
 pub(crate) use create::{refuse_existing_content, Opened};
-pub use dspare::{DistributedSpare, SpareArea, SpareRouter};
+pub use dspare::{DistributedSpare, SpareArea, SpareRouter, SpareRoutes};
 pub use reshape::{
     dirty_parity_members, lowest_data_offset, plan_reshape, reshape_backwards,
     reshape_removed_disks, room_after_data, MemberRoom, ReshapeContext, ReshapePlan,

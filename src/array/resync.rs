@@ -29,8 +29,14 @@ pub fn resync(
 ) -> Result<ResyncReport, StripeError> {
     let mut report = ResyncReport::default();
     let mut scratch = Scratch::default();
+    // A dRAID's distributed spares: each column is read and written on the
+    // child that holds it (see `SpareRoutes`).
+    let routes = super::dspare::SpareRoutes::of_slots(geometry, slots);
     for stripe in range {
-        let map = geometry.stripe(stripe);
+        let mut map = geometry.stripe(stripe);
+        if let Some(routes) = &routes {
+            map = routes.route_map(&map, |r| slots[r].is_some());
+        }
         report.mismatch_sectors += resync_stripe(&map, slots, repair, &mut scratch)?;
         report.stripes += 1;
         progress(report.stripes);

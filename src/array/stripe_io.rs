@@ -3,6 +3,7 @@
 //! stripe at a time, and used by the offline commands (create, copy-in,
 //! copy-out) and as the oracle that faster paths are tested against.
 
+use super::dspare::SpareRoutes;
 use super::Slots;
 use crate::geometry::{Geometry, Place, StripeMap};
 use crate::parity::{self, Syndrome};
@@ -27,6 +28,10 @@ pub struct StripeIo<'a> {
     geometry: &'a Geometry,
     slots: &'a Slots,
     syndrome: &'static dyn Syndrome,
+    /// Where a dRAID's distributed spares keep the roles they hold: each
+    /// column is read and written on the child that holds it, so a spare
+    /// whose space lies on a missing child loses only those columns.
+    routes: Option<SpareRoutes>,
 }
 
 impl<'a> StripeIo<'a> {
@@ -36,11 +41,23 @@ impl<'a> StripeIo<'a> {
             geometry,
             slots,
             syndrome: parity::default_impl(),
+            routes: SpareRoutes::of_slots(geometry, slots),
         }
     }
 
     pub fn geometry(&self) -> &Geometry {
         self.geometry
+    }
+
+    /// `map` as the members hold it: columns of roles held by distributed
+    /// spares on the children that hold them (see [`SpareRoutes`]).
+    fn routed<'m>(&self, map: &'m StripeMap) -> std::borrow::Cow<'m, StripeMap> {
+        match &self.routes {
+            None => std::borrow::Cow::Borrowed(map),
+            Some(routes) => {
+                std::borrow::Cow::Owned(routes.route_map(map, |r| self.slots[r].is_some()))
+            }
+        }
     }
 
     fn present(&self, place: &Place) -> bool {
@@ -72,6 +89,7 @@ impl<'a> StripeIo<'a> {
     /// Reads the data of stripe `map` into `out` (exactly map.data_sectors()
     /// sectors), reconstructing what lost members held.
     pub fn read_stripe(&self, map: &StripeMap, out: &mut [u8]) -> Result<(), StripeError> {
+        let map = &*self.routed(map);
         let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
         assert_eq!(out.len(), strip_bytes * map.data.len());
         let mut lost = Vec::new();
@@ -137,6 +155,7 @@ impl<'a> StripeIo<'a> {
 
     /// Writes a whole stripe: every copy of every data strip, and fresh parity.
     pub fn write_stripe(&self, map: &StripeMap, data: &[u8]) -> Result<(), StripeError> {
+        let map = &*self.routed(map);
         let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
         assert_eq!(data.len(), strip_bytes * map.data.len());
         let strips: Vec<&[u8]> = data.chunks(strip_bytes).collect();

@@ -315,7 +315,7 @@ impl Engine {
             let strip_bytes = located.strip_sectors * SECTOR_BYTES;
             let in_strip = located.in_strip_sectors * SECTOR_BYTES + at % SECTOR_BYTES;
             let n = (strip_bytes - in_strip).min(end - at);
-            let place = located.place;
+            let place = table.home(&located.place, located.stripe);
             if !table.usable(place.member, located.stripe) {
                 return None;
             }
@@ -406,7 +406,7 @@ impl Engine {
         let within = array_sector - map.array_sector;
         let data_index = (within / map.strip_sectors) as usize;
         let copies = &map.data.get(data_index)?.copies;
-        let place = self.pick_copy(copies, |c| table.usable(c.member, stripe))?;
+        let place = self.pick_copy(copies, |c| table.present(c, stripe))?;
         Some(Located {
             stripe,
             data_index,
@@ -614,18 +614,26 @@ pub(super) struct View<'a> {
 }
 
 impl View<'_> {
-    /// Whether the member holding `place` is in sync for this stripe.
+    /// Whether the member holding `place` is in sync for this stripe
+    /// (for a role held by a distributed spare, the child holding its
+    /// space there: see [`MemberTable::home`]).
     pub(super) fn present(&self, place: &Place) -> bool {
-        self.table.usable(place.member, self.stripe)
+        self.table.present(place, self.stripe)
+    }
+
+    /// The place that holds the bytes of `place` (see [`MemberTable::home`]).
+    pub(super) fn home(&self, place: &Place) -> Place {
+        self.table.home(place, self.stripe)
     }
 
     pub(super) fn offset_of(&self, place: &Place, offset_in_strip: usize) -> (MemberRef, u64) {
+        let home = self.home(place);
         let entry = self
             .table
-            .entry(place.member)
+            .entry(home.member)
             .expect("I/O to a member in the table");
         let at = entry.slot.data_offset_bytes
-            + place.member_sector * SECTOR_BYTES
+            + home.member_sector * SECTOR_BYTES
             + offset_in_strip as u64;
         (entry.slot.member.clone(), at)
     }
@@ -689,9 +697,12 @@ impl View<'_> {
     ) {
         for &(place, at, buf) in writes {
             let (member, offset) = self.offset_of(place, at);
-            if let Some((replacement, r_offset)) = self.replacement_target(place, offset) {
+            // The role that fails if the write does: the one whose member
+            // holds the bytes.
+            let home = self.home(place);
+            if let Some((replacement, r_offset)) = self.replacement_target(&home, offset) {
                 out.push(WriteTarget {
-                    role: place.member,
+                    role: home.member,
                     replacement: true,
                     member: replacement,
                     offset: r_offset,
@@ -700,7 +711,7 @@ impl View<'_> {
                 });
             }
             out.push(WriteTarget {
-                role: place.member,
+                role: home.member,
                 replacement: false,
                 member,
                 offset,
@@ -753,8 +764,8 @@ impl View<'_> {
         Ok(())
     }
 
-    /// Where a write to `place` at member byte `offset` also goes: the
-    /// replacement under construction, where its copy is done.
+    /// Where a write to `place` (a home) at member byte `offset` also
+    /// goes: the replacement under construction, where its copy is done.
     fn replacement_target(&self, place: &Place, offset: u64) -> Option<(MemberRef, u64)> {
         let replacement = self.table.replacing[place.member].as_ref()?;
         let copied = replacement
@@ -782,13 +793,14 @@ impl View<'_> {
         buf: &mut [u8],
     ) -> io::Result<()> {
         let (member, at) = self.offset_of(place, offset_in_strip);
+        let role = self.home(place).member;
         let max = self.engine.max_member_io();
         for (i, part) in buf.chunks_mut(max).enumerate() {
             let at = at + (i * max) as u64;
             // One retry: a transient error should not cost a member.
             counted::read_at(member.as_ref(), part, at)
                 .or_else(|_| counted::read_at(member.as_ref(), part, at))
-                .map_err(|source| member_error(place.member, source))?;
+                .map_err(|source| member_error(role, source))?;
         }
         Ok(())
     }

@@ -431,86 +431,6 @@ impl Engine {
         }
     }
 
-    /// The distributed spares in use in roles other than `role`. A
-    /// distributed spare keeps its data on every child: when `role` takes a
-    /// new member (a rebuild onto a spare or a disk, a replace, the
-    /// rebalance off a spare), the part of each one that lay on the old
-    /// member is not on the new one, so they are rebuilt from the start,
-    /// which the array's redundancy allows (only they are then not in
-    /// sync). Called with the array locked; the table's change goes in the
-    /// same update as the role's (see [`restart_spares_in_table`]): in
-    /// between, a read routed to the new member would find nothing there.
-    fn spares_on_every_child(
-        &self,
-        array: &crate::array::Assembled,
-        role: usize,
-        newcomer: &str,
-    ) -> Vec<(usize, String)> {
-        if self.spare_router.is_none() {
-            return Vec::new();
-        }
-        let mut in_place = self.spares_rebuilt_in_place.lock().unwrap();
-        if in_place.remove(newcomer) {
-            return Vec::new();
-        }
-        let spares: Vec<(usize, String)> = array
-            .devices
-            .iter()
-            .filter_map(|d| match d.state {
-                DeviceState::Active { role: r } | DeviceState::Recovering { role: r, .. }
-                    if r != role && is_spare_name(&d.path) =>
-                {
-                    Some((r, d.path.clone()))
-                }
-                _ => None,
-            })
-            .collect();
-        in_place.extend(spares.iter().map(|(_, path)| path.clone()));
-        spares
-    }
-
-    /// The device side of restarting `spares` (see [`spares_on_every_child`]),
-    /// on disk before the caller records the new member in sync: the
-    /// superblocks are written in-sync members first, so in one pass a
-    /// crash could keep the member's new state and lose the spares' (their
-    /// own superblocks say they are rebuilding), and a spare would come
-    /// back in sync with nothing of its own on the new member.
-    fn restart_spares_durably(
-        &self,
-        array: &mut crate::array::Assembled,
-        spares: &[(usize, String)],
-        why: &str,
-    ) {
-        if spares.is_empty() {
-            return;
-        }
-        self.restart_spares(array, spares, why);
-        self.write_state(array);
-    }
-
-    fn restart_spares(
-        &self,
-        array: &mut crate::array::Assembled,
-        spares: &[(usize, String)],
-        why: &str,
-    ) {
-        for (r, path) in spares {
-            for d in array.devices.iter_mut() {
-                if d.path == *path {
-                    d.state = DeviceState::Recovering {
-                        role: *r,
-                        recovery_offset_sectors: 0,
-                    };
-                }
-            }
-            self.events.push(
-                "RebuildStarted",
-                path,
-                &format!("distributed spare in role {r} rebuilt after {why}"),
-            );
-        }
-    }
-
     /// `uraid manage --replace DEV --with NEW` (mdadm --replace): NEW (added as
     /// a spare if it is not one yet) receives a copy of DEV's role while DEV
     /// stays in service; at the end NEW takes the role and DEV is marked
@@ -724,19 +644,15 @@ impl Engine {
             return;
         };
         // A dRAID's distributed spare goes first, as ZFS prefers them: it
-        // rebuilds at the speed of every child, not of one disk. It can
-        // take a role only while every other role is in sync, since its
-        // space is spread over all of them.
-        let spare_usable = |d: &FoundDevice| {
-            !is_spare_name(&d.path)
-                || (0..table.by_role.len())
-                    .all(|r| r == role || table.entry(r).is_some_and(|e| e.rebuilt_below.is_none()))
-        };
+        // rebuilds at the speed of every child, not of one disk. Other
+        // roles may be missing meanwhile: the columns whose spare space
+        // lies on a missing child stay missing, homed at that child, and
+        // its own rebuild fills them (`MemberTable::reaches_disk`).
         let Some(index) = array
             .devices
             .iter()
             .enumerate()
-            .filter(|(_, d)| d.state == DeviceState::Spare && spare_usable(d))
+            .filter(|(_, d)| d.state == DeviceState::Spare)
             .min_by_key(|(_, d)| !is_spare_name(&d.path))
             .map(|(i, _)| i)
         else {
@@ -751,12 +667,6 @@ impl Engine {
             role,
             recovery_offset_sectors: 0,
         };
-        // A spare that takes a role afresh is a new member there, whatever
-        // it was rebuilding in a role it left.
-        self.spares_rebuilt_in_place
-            .lock()
-            .unwrap()
-            .remove(&device.path);
         let path = device.path.clone();
         let next = Arc::new(AtomicU64::new(0));
         let entry = MemberEntry {
@@ -833,18 +743,14 @@ impl Engine {
             self.start_recovery_if_possible();
             return;
         }
-        let newcomer = path_where(
-            &array,
-            |s| matches!(s, DeviceState::Recovering { role: r, .. } if *r == role),
-        );
-        let spares = self.spares_on_every_child(&array, role, &newcomer);
+        // Nothing else to redo: the rebuild wrote, besides the role's own
+        // columns, those of the distributed spares whose space lies on it
+        // (`MemberTable::places_homed`).
         self.update_table(|t| {
             if let Some(entry) = t.by_role[role].as_mut() {
                 entry.rebuilt_below = None;
             }
-            restart_spares_in_table(t, &spares);
         });
-        self.restart_spares_durably(&mut array, &spares, "a rebuild");
         let mut path = String::new();
         for d in array.devices.iter_mut() {
             if matches!(d.state, DeviceState::Recovering { role: r, .. } if r == role) {
@@ -921,22 +827,18 @@ impl Engine {
                 if self.table().replacing[role].is_none() {
                     return;
                 }
-                let newcomer = path_where(
-                    &array,
-                    |s| matches!(s, DeviceState::Replacement { role: r, .. } if *r == role),
-                );
-                let spares = self.spares_on_every_child(&array, role, &newcomer);
+                // The copy took, besides the role's own columns, those of
+                // the distributed spares whose space lies on the role
+                // (`MemberTable::places_homed`): they stay in sync.
                 let replacement = self.update_table(|t| {
                     let mut entry = t.replacing[role].take()?;
                     entry.rebuilt_below = None;
                     t.by_role[role] = Some(entry.clone());
-                    restart_spares_in_table(t, &spares);
                     Some(entry)
                 });
                 let Some(replacement) = replacement else {
                     return;
                 };
-                self.restart_spares_durably(&mut array, &spares, "a replace");
                 let (mut old_path, mut new_path) = (String::new(), String::new());
                 for d in array.devices.iter_mut() {
                     if matches!(d.state, DeviceState::Active { role: r } if r == role) {
@@ -1019,25 +921,4 @@ impl Engine {
         }
         self.start_recovery_if_possible();
     }
-}
-
-/// The table side of restarting distributed spares (see
-/// `Engine::spares_on_every_child`): each gets a fresh position at 0, so a
-/// job still running on the old one is stale and stops.
-fn restart_spares_in_table(t: &mut super::members::MemberTable, spares: &[(usize, String)]) {
-    for (r, _) in spares {
-        if let Some(entry) = t.by_role[*r].as_mut() {
-            entry.rebuilt_below = Some(Arc::new(AtomicU64::new(0)));
-        }
-    }
-}
-
-/// The name of the first device whose state `pick` accepts ("" if none).
-fn path_where(array: &crate::array::Assembled, pick: impl Fn(&DeviceState) -> bool) -> String {
-    array
-        .devices
-        .iter()
-        .find(|d| pick(&d.state))
-        .map(|d| d.path.clone())
-        .unwrap_or_default()
 }

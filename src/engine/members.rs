@@ -9,10 +9,11 @@
 
 use super::io::{recover_lost, View};
 use super::Engine;
+use crate::array::SpareRoutes;
 use crate::array::{
     write_array_state_failing, Assembled, Cleanliness, DeviceState, Slot, SuperblockError,
 };
-use crate::geometry::{Place, StripeMap};
+use crate::geometry::{Geometry, Place, StripeMap};
 use crate::member::stats as counted;
 use crate::member::AlignedBuf;
 use crate::parity::Syndrome;
@@ -36,6 +37,10 @@ pub struct MemberTable {
     /// A replacement being built for a role while its member stays in
     /// service (mdadm --replace): it receives writes below its copy point.
     pub replacing: Vec<Option<MemberEntry>>,
+    /// Where a dRAID's distributed spares keep the roles they hold; None
+    /// when no spare holds one (every other array). Derived from
+    /// `by_role` by [`refresh_routes`](Self::refresh_routes).
+    pub routes: Option<Arc<SpareRoutes>>,
 }
 
 impl MemberTable {
@@ -75,6 +80,81 @@ impl MemberTable {
                 .as_ref()
                 .is_none_or(|below| stripe < below.load(Ordering::SeqCst)),
         }
+    }
+
+    /// Recomputes `routes` from the members now in the roles: called
+    /// wherever the table is built or changed.
+    pub fn refresh_routes(&mut self, geometry: &Geometry) {
+        self.routes = match geometry {
+            Geometry::Draid(draid) => SpareRoutes::new(
+                draid,
+                self.by_role
+                    .iter()
+                    .map(|e| e.as_ref().map(|e| e.slot.member.name())),
+            )
+            .map(Arc::new),
+            _ => None,
+        };
+    }
+
+    /// The place that holds the bytes of `place` in `stripe`: itself, or
+    /// for a role held by a distributed spare, the child that holds the
+    /// spare's space there (see [`SpareRoutes`]). The chain passes a role
+    /// only where it is usable and not being replaced: a replacement must
+    /// see the writes to every column its role holds, so I/O to such a
+    /// role goes to its member (the spare, which routes it itself).
+    pub fn home(&self, place: &Place, stripe: u64) -> Place {
+        match &self.routes {
+            None => *place,
+            Some(routes) => routes.home(place, |r| {
+                self.usable(r, stripe) && self.replacing[r].is_none()
+            }),
+        }
+    }
+
+    /// Whether the bytes of `place` can be read in `stripe`: its home's
+    /// member holds them.
+    pub fn present(&self, place: &Place, stripe: u64) -> bool {
+        let home = self.home(place, stripe);
+        self.usable(home.member, stripe)
+    }
+
+    /// The places of `map` whose home is `role`: what `role` holds in the
+    /// stripe, its own columns and the columns of spares whose space lies
+    /// on it. Asked for a role that is not usable in the stripe (a rebuild,
+    /// a read error being corrected) or being replaced, where every chain
+    /// through the role ends at it.
+    pub fn places_homed<'m>(&self, map: &'m StripeMap, role: usize) -> Vec<&'m Place> {
+        let homed: Vec<&Place> = all_places(map)
+            .filter(|p| self.home(p, map.stripe).member == role)
+            .collect();
+        debug_assert!(self.routes.is_some() || homed == places_of(map, role));
+        homed
+    }
+
+    /// Whether a write to `target` (a member building a role) at `place`
+    /// reaches a disk: a distributed spare writes on the child that holds
+    /// its space there, through the children in sync (`SpareRouter`), and
+    /// where that chain ends at a missing child the column cannot be
+    /// placed now. It stays missing, homed at that child, and is rebuilt
+    /// with it.
+    pub fn reaches_disk(&self, target: &MemberEntry, place: &Place) -> bool {
+        let (Some(routes), Some(spare)) = (
+            &self.routes,
+            crate::array::dspare::spare_index(target.slot.member.name()),
+        ) else {
+            return true;
+        };
+        let in_sync = |r: usize| self.entry(r).is_some_and(|e| e.rebuilt_below.is_none());
+        let child = routes.spare_child(spare, place.member_sector);
+        let home = routes.home(
+            &Place {
+                member: child,
+                member_sector: place.member_sector,
+            },
+            in_sync,
+        );
+        in_sync(home.member) && routes.spare_of(home.member).is_none()
     }
 
     /// Roles that are fully in sync.
@@ -133,6 +213,7 @@ impl Engine {
         let mut members = self.members.write().unwrap();
         let mut table: MemberTable = (**members).clone();
         let result = change(&mut table);
+        table.refresh_routes(&self.geometry());
         // Only ever grows: a request aligned to the old block but not the
         // new one may still be in flight, and a smaller one later is fine.
         self.block_bytes
@@ -391,9 +472,10 @@ impl Engine {
             .drop_stripe(stripe, map.strip_sectors as usize * SECTOR_BYTES as usize);
         // md's fix_read_error reads the rewritten sectors back: a sector
         // the drive could not remap still fails, and then so does the member.
+        let homed = others.table.places_homed(&map, role);
         let result = others
             .rebuild_onto(&map, role, &entry)
-            .and_then(|()| read_back(&map, role, &entry));
+            .and_then(|()| read_back(&map, role, &homed, &entry));
         match result {
             Ok(()) => {
                 self.corrected_reads.fetch_add(1, Ordering::SeqCst);
@@ -439,7 +521,15 @@ impl View<'_> {
                 )
             })
         };
-        if places_of(map, role).is_empty() {
+        // What the role holds here that the target can take: its columns,
+        // and those of spares whose space lies on it (see `places_homed`).
+        let homed: Vec<&Place> = self
+            .table
+            .places_homed(map, role)
+            .into_iter()
+            .filter(|p| self.table.reaches_disk(target, p))
+            .collect();
+        if homed.is_empty() {
             return Ok(());
         }
         if map.p.is_none() {
@@ -468,26 +558,33 @@ impl View<'_> {
             .collect();
         let strips = self.read_window(map, 0..strip_bytes, &lost)?;
         for (i, strip) in map.data.iter().enumerate() {
-            if strip.copies[0].member == role {
+            if homed.contains(&&strip.copies[0]) {
                 write(&strip.copies[0], &strips[i])?;
             }
         }
-        let parity = map.parity_places().find(|p| p.member == role);
-        if let Some(place) = parity {
+        for place in map.parity_places().filter(|p| homed.contains(&p)) {
             // Aligned, as the strips read above: O_DIRECT members take
             // it without a bounce copy.
             let mut out = AlignedBuf::zeroed(strip_bytes);
             let data: Vec<Option<&[u8]>> = strips.iter().map(|s| Some(&s[..])).collect();
-            rebuild_strip(self.engine.syndrome, map, role, &data, [None; 3], &mut out)?;
+            rebuild_strip(
+                self.engine.syndrome,
+                map,
+                &place,
+                &data,
+                [None; 3],
+                &mut out,
+            )?;
             write(&place, &out)?;
         }
         Ok(())
     }
 }
 
-/// Computes the strip `role` holds in stripe `map` (of a parity level) into
-/// `out`, from the other strips as read: `data[i]` is data strip i, None
-/// where it was not read (its member is lost, or is `role` itself); `p` and
+/// Computes the strip at `target` (a place of stripe `map`, of a parity
+/// level) into `out`, from the other strips as read: `data[i]` is data
+/// strip i, None where it was not read (its member is lost, or holds
+/// `target` itself); `p` and
 /// `q` are the parity strips, None where not read. Lost data strips are
 /// reconstructed first when the role's strip needs them. Every rebuild of a
 /// strip goes through here, the one-stripe path and the batched one alike,
@@ -495,12 +592,12 @@ impl View<'_> {
 pub(super) fn rebuild_strip(
     syndrome: &dyn Syndrome,
     map: &StripeMap,
-    role: usize,
+    target: &Place,
     data: &[Option<&[u8]>],
     parity: [Option<&[u8]>; 3],
     out: &mut [u8],
 ) -> io::Result<()> {
-    let own = map.data.iter().position(|d| d.copies[0].member == role);
+    let own = map.data.iter().position(|d| d.copies[0] == *target);
     if let Some(i) = own {
         if let Some(strip) = data[i] {
             out.copy_from_slice(strip);
@@ -536,41 +633,52 @@ pub(super) fn rebuild_strip(
         .iter()
         .map(|d| d.unwrap_or_else(|| &recovered.next().expect("recovered above")[..]))
         .collect();
-    if map.p.is_some_and(|p| p.member == role) {
+    if map.p == Some(*target) {
         syndrome.gen_p(&full, out);
-    } else if map.q.is_some_and(|q| q.member == role) {
+    } else if map.q == Some(*target) {
         let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
         syndrome.gen_q(&full, &exps, out);
-    } else if map.r.is_some_and(|r| r.member == role) {
+    } else if map.r == Some(*target) {
         // R is the Q of the doubled exponents (4^e = 2^(2e)).
         let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
         let mut doubled = [0u8; crate::parity::gf::ORDER];
         syndrome.gen_q(&full, crate::parity::r_exps(&exps, &mut doubled), out);
     } else {
         return Err(io::Error::other(format!(
-            "stripe {}: role {role} holds no strip this rebuild computes",
-            map.stripe
+            "stripe {}: member {} sector {} holds no strip of it",
+            map.stripe, target.member, target.member_sector
         )));
     }
     Ok(())
 }
 
-/// The places `role` holds in stripe `map` (data copies, P, Q).
+/// The places `role` holds in stripe `map` (data copies, P, Q), by the
+/// geometry alone: [`MemberTable::places_homed`] adds the columns of
+/// distributed spares whose space lies on the role.
 pub(super) fn places_of(map: &StripeMap, role: usize) -> Vec<&Place> {
+    all_places(map).filter(|p| p.member == role).collect()
+}
+
+/// Every place of a stripe: data copies, then P, Q and R.
+fn all_places(map: &StripeMap) -> impl Iterator<Item = &Place> {
     map.data
         .iter()
         .flat_map(|d| d.copies.iter())
         .chain(map.p.iter())
         .chain(map.q.iter())
         .chain(map.r.iter())
-        .filter(|p| p.member == role)
-        .collect()
 }
 
-/// Reads back what `target` holds for `role` in stripe `map`.
-fn read_back(map: &StripeMap, role: usize, target: &MemberEntry) -> io::Result<()> {
+/// Reads back what `target` holds for `role` in stripe `map` (its places
+/// `homed` there).
+fn read_back(
+    map: &StripeMap,
+    role: usize,
+    homed: &[&Place],
+    target: &MemberEntry,
+) -> io::Result<()> {
     let mut buf = AlignedBuf::zeroed((map.strip_sectors * SECTOR_BYTES) as usize);
-    for place in places_of(map, role) {
+    for place in homed {
         let at = target.slot.data_offset_bytes + place.member_sector * SECTOR_BYTES;
         counted::read_at(target.slot.member.as_ref(), &mut buf, at)
             .map_err(|e| member_error(role, e))?;

@@ -167,14 +167,6 @@ pub struct Engine {
     /// A dRAID's distributed spares route their I/O to the members in
     /// sync in the table: kept current wherever the table changes.
     spare_router: Option<Arc<crate::array::SpareRouter>>,
-    /// Distributed spares (by name) being rebuilt in the role they already
-    /// held, because a role whose child held part of their data took a new
-    /// member (see `spares_on_every_child`). Their end brings no new member
-    /// to any child, so it restarts no other spare: without this, two
-    /// spares in use would restart each other for ever. Keyed by the
-    /// spare, not the role: a disk that later takes the role is a new
-    /// member there, whatever the spare was doing.
-    spares_rebuilt_in_place: Mutex<std::collections::HashSet<String>>,
     /// Why failed members failed, and their automatic re-add (readd.rs).
     returns: readd::Returns,
     /// Members removed, by path, until the last work that took them
@@ -314,6 +306,7 @@ impl Engine {
                 })
                 .collect(),
             replacing: vec![None; array.slots.len()],
+            routes: None,
         };
         // A member left half-rebuilt is in sync below its recovery offset,
         // and must stay so while a crash resync runs before its recovery
@@ -373,6 +366,7 @@ impl Engine {
                 }
             }
         }
+        table.refresh_routes(&geometry);
         let sync = SyncWorker::new(geometry.stripe_count());
         let first = geometry.stripe(0);
         let full_stripe = first.data_sectors();
@@ -442,7 +436,6 @@ impl Engine {
             journal,
             journal_clean,
             spare_router,
-            spares_rebuilt_in_place: Mutex::new(Default::default()),
         });
         engine.route_spares(&engine.table());
         if !options.read_only {
@@ -1419,6 +1412,8 @@ fn flush_all(members: &[&MemberRef]) -> Vec<std::io::Result<()>> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_draid;
 #[cfg(test)]
 mod tests_reshape;
 #[cfg(test)]

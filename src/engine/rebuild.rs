@@ -32,7 +32,7 @@
 //! it always has, and batches resume after them.
 
 use super::io::{run_reads, View};
-use super::members::{places_of, rebuild_strip, MemberEntry};
+use super::members::{rebuild_strip, MemberEntry};
 use super::resync::{SyncAction, Throttle};
 use super::Engine;
 use crate::geometry::{Place, StripeMap};
@@ -360,6 +360,7 @@ impl<'e> Pipeline<'e> {
             return Plan::End;
         }
         let geometry = engine.geometry();
+        let table = engine.table();
         let budget = batch_budget(engine);
         let mut share = vec![0u64; geometry.raid_disks()];
         let mut stripes = Vec::new();
@@ -372,7 +373,7 @@ impl<'e> Pipeline<'e> {
                 continue;
             }
             let map = geometry.stripe(end);
-            if places_of(&map, self.role).is_empty() {
+            if table.places_homed(&map, self.role).is_empty() {
                 // Nothing of the role here (most of a dRAID's stripes): no
                 // I/O and no lock (no write to it touches the target), so
                 // it takes none of the budget; the position passes it.
@@ -387,7 +388,7 @@ impl<'e> Pipeline<'e> {
                 .flat_map(|d| d.copies.iter())
                 .chain(map.parity_places().collect::<Vec<_>>().iter())
             {
-                this[place.member] += bytes;
+                this[table.home(place, end).member] += bytes;
             }
             let over = share.iter().zip(&this).any(|(s, t)| s + t > budget);
             if over && !stripes.is_empty() {
@@ -445,11 +446,24 @@ impl<'e> Pipeline<'e> {
                 stripe: map.stripe,
             };
             let sectors = map.strip_sectors;
-            let mut read = |place: &Place| reads.add(place.member, place.member_sector, sectors);
+            // Each strip is read where its bytes are (a distributed
+            // spare's on the child that holds its space).
+            let mut read = |place: &Place| {
+                let home = view.home(place);
+                reads.add(home.member, home.member_sector, sectors)
+            };
+            // What the role holds here that the target can take (see
+            // `MemberTable::places_homed` and `reaches_disk`).
+            let homed: Vec<&Place> = view
+                .table
+                .places_homed(map, role)
+                .into_iter()
+                .filter(|p| view.table.reaches_disk(&target, p))
+                .collect();
             if view.table.usable(role, map.stripe) {
                 // A replace whose original still serves: its strips are
                 // copied as they are.
-                for place in places_of(map, role) {
+                for place in homed {
                     let out = writes.add(0, place.member_sector, sectors);
                     work.push(Work::Copy(read(place), out));
                 }
@@ -465,7 +479,9 @@ impl<'e> Pipeline<'e> {
                         work.push(Work::Copy(read(source), out));
                     }
                 }
-            } else if let Some(place) = places_of(map, role).first() {
+            } else if let Some(&place) = homed.first() {
+                // A dRAID row has one place per home, md's one per member.
+                debug_assert_eq!(homed.len(), 1);
                 let data: Vec<Option<Slice>> = map
                     .data
                     .iter()
@@ -474,7 +490,7 @@ impl<'e> Pipeline<'e> {
                 // As many parity strips as data strips are missing, P first.
                 let missing = data.iter().filter(|d| d.is_none()).count();
                 let mut parity = [map.p, map.q, map.r]
-                    .map(|p| p.filter(|p| p.member != role && view.present(p)));
+                    .map(|p| p.filter(|p| view.home(p).member != role && view.present(p)));
                 let mut wanted = missing;
                 for p in parity.iter_mut() {
                     if wanted == 0 {
@@ -487,6 +503,7 @@ impl<'e> Pipeline<'e> {
                 let out = writes.add(0, place.member_sector, sectors);
                 work.push(Work::Rebuild {
                     map: index,
+                    target: *place,
                     data,
                     parity,
                     out,
@@ -527,6 +544,7 @@ impl<'e> Pipeline<'e> {
                 }
                 Work::Rebuild {
                     map,
+                    target,
                     data,
                     parity,
                     out,
@@ -536,7 +554,7 @@ impl<'e> Pipeline<'e> {
                     let parity = parity.map(|p| p.map(|p| p.of(&read_bufs)));
                     let out = out.of_mut(&mut write_bufs);
                     let map = &planned.stripes[*map];
-                    if rebuild_strip(engine.syndrome, map, role, &data, parity, out).is_err() {
+                    if rebuild_strip(engine.syndrome, map, target, &data, parity, out).is_err() {
                         ok = false;
                         break;
                     }
@@ -604,6 +622,8 @@ enum Work {
     Rebuild {
         /// The stripe's index in the batch.
         map: usize,
+        /// The place of the stripe the target's strip is.
+        target: Place,
         data: Vec<Option<Slice>>,
         /// P, Q and R, those read.
         parity: [Option<Slice>; 3],

@@ -247,7 +247,7 @@ fn write_parity_row(view: &View, map: &StripeMap, data: &mut dyn StagedWrite) ->
     let replacing = &view.table.replacing;
     let mut regions = Vec::with_capacity(places.len());
     for place in &places {
-        if !view.present(place) || replacing[place.member].is_some() {
+        if !view.present(place) || replacing[view.home(place).member].is_some() {
             return Ok(false);
         }
         let (member, at) = view.offset_of(place, 0);

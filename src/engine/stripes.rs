@@ -313,7 +313,8 @@ impl View<'_> {
         let parity: Vec<_> = map.parity_places().collect();
         let mut places = data.chain(parity.iter());
         map.p.is_some()
-            && places.all(|p| self.present(p) && self.table.replacing[p.member].is_none())
+            && places
+                .all(|p| self.present(p) && self.table.replacing[self.home(p).member].is_none())
     }
 }
 

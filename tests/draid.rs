@@ -359,3 +359,152 @@ fn impossible_specs_and_md_only_operations_are_refused_with_one_line() {
     let error = uraid_refused(&args);
     assert!(error.contains("d0"), "{error}");
 }
+
+/// The children that hold distributed spare 0's space, slice by slice,
+/// read from the array's own geometry.
+fn spare_space_children(members: &[&str]) -> Vec<usize> {
+    let paths: Vec<std::path::PathBuf> = members.iter().map(std::path::PathBuf::from).collect();
+    let array = uraid::array::assemble(&paths, true).expect("assemble");
+    let uraid::geometry::Geometry::Draid(draid) = &array.geometry else {
+        panic!("not a dRAID");
+    };
+    let mut children: Vec<usize> = (0..draid.slices())
+        .map(|slice| draid.spare_child(0, slice * draid.devslice_sectors()))
+        .collect();
+    children.sort_unstable();
+    children.dedup();
+    children
+}
+
+/// The case of OpenZFS's promise: a child rebuilt onto the distributed
+/// spare, then two more children fail (one of them holding the spare's
+/// space, so the spare's role loses a column in the rows there) while a
+/// client writes. Every byte reads back, after kill -9 and `serve --force`
+/// too; detail says what is missing; new disks restore full redundancy.
+#[test]
+fn after_the_spare_rebuild_two_more_children_may_fail() {
+    let dir = scratch("draid-promise");
+    let members = create_array(
+        dir.path(),
+        "m",
+        &[
+            "--level",
+            "draid2:4d:11c:1s",
+            "--raid-devices",
+            "11",
+            "--chunk",
+            "64K",
+            "--assume-clean",
+        ],
+        11,
+        120 * MIB,
+    );
+    let names = paths(&members);
+    let size = detail_offline(&names)["array_size_kib"].as_u64().unwrap() * 1024;
+    let space = spare_space_children(&names);
+    let (first, _) = image(dir.path(), "first.img", 11, size);
+    let served = serve(dir.path(), &[], &names);
+    nbdcopy_in(&first, served.uri());
+    manage_ok(&served.control, &["--fail", names[3]]);
+    wait_status(
+        &served.control,
+        "the rebuild onto the distributed spare",
+        Duration::from_secs(120),
+        |s| status_whole_and_idle(s) && has_event(s, "SpareActive", "draid2-0-0"),
+    );
+    // One child that holds the spare's space, one that does not, while a
+    // client writes the whole array again.
+    let holding = *space
+        .iter()
+        .find(|c| **c != 3)
+        .expect("a child holds the spare's space");
+    let other = (0..11)
+        .rev()
+        .find(|c| *c != 3 && !space.contains(c))
+        .expect("a child without the spare's space");
+    let (second, second_data) = image(dir.path(), "second.img", 12, size);
+    let uri = served.uri().to_string();
+    let writer = std::thread::spawn(move || nbdcopy_in(&second, &uri));
+    std::thread::sleep(Duration::from_millis(200));
+    manage_ok(&served.control, &["--fail", names[holding]]);
+    manage_ok(&served.control, &["--fail", names[other]]);
+    writer.join().unwrap();
+    let status = array_status(&served.control);
+    assert!(
+        !has_event(&status, "Fail", "draid2-0-0") && !has_event(&status, "Failed", ""),
+        "the spare or the array was failed: {status}"
+    );
+    assert_eq!(
+        role_of(&status["detail"], "draid2-0-0"),
+        Some(3),
+        "{status}"
+    );
+    let state = status["detail"]["state"].as_str().unwrap_or_default();
+    assert!(state.contains("degraded"), "{state}: {status}");
+    assert_same_bytes(
+        &nbdcopy_out(served.uri(), dir.path()),
+        &second_data,
+        "with two more children failed",
+    );
+    // kill -9: dirty and degraded, started on purpose as md would be.
+    served.kill();
+    let left: Vec<&str> = names
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != holding && *i != other)
+        .map(|(_, m)| *m)
+        .collect();
+    let served = serve(dir.path(), &["--force"], &left);
+    let detail = served.detail_json();
+    assert_eq!(role_of(&detail, "draid2-0-0"), Some(3), "{detail}");
+    assert_same_bytes(
+        &nbdcopy_out(served.uri(), dir.path()),
+        &second_data,
+        "after kill -9 and serve --force",
+    );
+    // Offline too, with the same children missing.
+    assert_same_bytes(&copy_out_of(&left, dir.path()), &second_data, "copy-out");
+
+    // Two new disks take the missing roles, a third the spare's.
+    for k in 0..3 {
+        let disk = sparse_files(dir.path(), &format!("new{k}-"), &[120 * MIB]).remove(0);
+        let name = disk.file_name().unwrap().to_str().unwrap().to_string();
+        manage_ok(&served.control, &["--add", disk.to_str().unwrap()]);
+        wait_status(
+            &served.control,
+            "the work onto a new disk",
+            Duration::from_secs(180),
+            |s| {
+                let idle = sync_line(s["mdstat"].as_str().unwrap_or_default()).is_none()
+                    && s["detail"]["sync_status"].is_null();
+                idle && role_of(&s["detail"], &name).is_some()
+            },
+        );
+    }
+    let status = wait_status(
+        &served.control,
+        "the rebalance",
+        Duration::from_secs(180),
+        |s| status_whole_and_idle(s) && role_of(&s["detail"], "draid2-0-0").is_none(),
+    );
+    let state = status["detail"]["state"].as_str().unwrap_or_default();
+    assert!(!state.contains("degraded"), "{state}: {status}");
+    manage_ok(&served.control, &["--action", "check"]);
+    let status = wait_status(
+        &served.control,
+        "the check",
+        Duration::from_secs(120),
+        |s| {
+            status_whole_and_idle(s)
+                && has_event(s, "RebuildFinished", "")
+                && s["mismatch_cnt"].is_number()
+        },
+    );
+    assert_eq!(status["mismatch_cnt"], 0, "{status}");
+    assert_same_bytes(
+        &nbdcopy_out(served.uri(), dir.path()),
+        &second_data,
+        "restored",
+    );
+    served.stop();
+}

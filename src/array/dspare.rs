@@ -22,6 +22,10 @@
 //! routing follows it through the router, bounded by the number of spares,
 //! so a cycle (two spares whose columns sit on each other's failed disks,
 //! where no data lives) is an I/O error rather than a hang.
+//!
+//! The engine and the offline paths do not send data through a spare they
+//! can route around: [`SpareRoutes`] finds each column's home, so that
+//! availability is asked per row (see docs/ARCHITECTURE.md, dRAID).
 
 use crate::geometry::{Draid, Place, StripeMap};
 use crate::member::{check_io, Member, MemberRef};

@@ -145,7 +145,18 @@ impl MemoryBackend {
         Ok(())
     }
 
+    /// Refuses what the server guarantees never to send (see
+    /// `BlockBackend`), as the engine does: an access outside the device or
+    /// not aligned to its minimum block. A test of the server then sees a
+    /// request that the server should have cut at the blocks.
     fn check(&self, offset: u64, len: u64) -> io::Result<()> {
+        let min = self.block_sizes.min as u64;
+        if !offset.is_multiple_of(min) || !len.is_multiple_of(min) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("access at {offset}+{len} is not aligned to {min}-byte blocks"),
+            ));
+        }
         if offset.checked_add(len).is_none_or(|end| end > self.size) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -197,8 +208,20 @@ impl MemoryBackend {
     /// A copy of the whole device, for comparisons in tests.
     pub fn contents(&self) -> Vec<u8> {
         let mut out = vec![0u8; self.size as usize];
-        self.read(0, &mut out).expect("reading the whole device");
+        self.copy_out(0, &mut out);
         out
+    }
+
+    /// Copies bytes out without the checks of `read`, which a device whose
+    /// size is not whole blocks would fail for its last bytes.
+    fn copy_out(&self, offset: u64, buf: &mut [u8]) {
+        Self::for_each_piece(offset, buf.len() as u64, |seg, at, pos, n| {
+            let guard = self.segments[seg].read().unwrap_or_else(|e| e.into_inner());
+            match guard.as_ref() {
+                Some(data) => buf[pos..pos + n].copy_from_slice(&data[at..at + n]),
+                None => buf[pos..pos + n].fill(0),
+            }
+        });
     }
 
     pub fn stats(&self) -> MemoryStats {
@@ -235,13 +258,7 @@ impl BlockBackend for MemoryBackend {
         self.check(offset, buf.len() as u64)?;
         self.hooks(offset, buf.len() as u64)?;
         self.reads.fetch_add(1, Ordering::Relaxed);
-        Self::for_each_piece(offset, buf.len() as u64, |seg, at, pos, n| {
-            let guard = self.segments[seg].read().unwrap_or_else(|e| e.into_inner());
-            match guard.as_ref() {
-                Some(data) => buf[pos..pos + n].copy_from_slice(&data[at..at + n]),
-                None => buf[pos..pos + n].fill(0),
-            }
-        });
+        self.copy_out(offset, buf);
         Ok(())
     }
 
@@ -372,6 +389,10 @@ mod tests {
         );
         m.set_fail_range(None);
         assert!(m.read(4096, &mut buf).is_ok());
+        // What the server must never pass on: a block cut short.
+        assert!(m.read(4097, &mut buf).is_err());
+        assert!(m.write(0, &buf[..100], false).is_err());
+        assert!(m.trim(512, 1).is_err());
         let ro = MemoryBackend::new(SEGMENT).with_read_only(true);
         assert_eq!(
             ro.write(0, &buf, false).unwrap_err().raw_os_error(),

@@ -28,7 +28,8 @@ use super::proto::{
     self, Command, InfoRequest, NbdError, ProtoError, RequestHeader, TransmissionParams,
 };
 use super::server::Shared;
-use crate::export::{ExtentUse, ZeroFlags};
+use super::unaligned;
+use crate::export::{BlockSizes, ExtentUse, ZeroFlags};
 
 /// Option data beyond this is not buffered: the option is refused with
 /// `NBD_REP_ERR_TOO_BIG` (its data discarded) or, beyond
@@ -127,9 +128,7 @@ fn negotiate_and_serve(
 ) -> Option<bool> {
     let mut reader = SockReader::new(sock, shared.wake_fd());
     match handshake(shared, sock, &mut reader, tls_flags) {
-        Ok(Negotiated::Transmission(structured, size)) => {
-            transmission(shared, sock, reader, structured, size, log)
-        }
+        Ok(Negotiated::Transmission(agreed)) => transmission(shared, sock, reader, agreed, log),
         Ok(Negotiated::StartTls(no_zeroes)) => return Some(no_zeroes),
         Ok(Negotiated::Aborted) => {}
         // A client that leaves, or a server that stops, is not worth a log
@@ -143,13 +142,22 @@ fn negotiate_and_serve(
 
 /// How option negotiation ended without an error.
 enum Negotiated {
-    /// In transmission, with or without structured replies, and the export
-    /// size the client was given.
-    Transmission(bool, u64),
+    /// In transmission, on the terms agreed.
+    Transmission(Agreed),
     Aborted,
     /// STARTTLS was acknowledged: TLS starts on the socket now. Holds the
     /// client's NO_ZEROES flag, which still applies inside TLS.
     StartTls(bool),
+}
+
+/// What a client that entered transmission agreed to.
+struct Agreed {
+    structured_replies: bool,
+    /// The export size the client was given.
+    size: u64,
+    /// Whether the client asked for the block sizes in its OPT_GO (and so
+    /// must obey them); else it may address single bytes.
+    block_sizes: bool,
 }
 
 /// Whether a write failed only because the client closed the connection.
@@ -270,7 +278,11 @@ fn handshake(
                     sock,
                     &[&proto::encode_export_name_reply(size, flags, no_zeroes)],
                 )?;
-                return Ok(Negotiated::Transmission(structured, size));
+                return Ok(Negotiated::Transmission(Agreed {
+                    structured_replies: structured,
+                    size,
+                    block_sizes: false,
+                }));
             }
             proto::OPT_ABORT => {
                 // The client may already have closed; a failed ACK is fine.
@@ -329,7 +341,12 @@ fn handshake(
                 }
                 send_option_reply(shared, sock, option, proto::REP_ACK, &[])?;
                 if option == proto::OPT_GO {
-                    return Ok(Negotiated::Transmission(structured, size));
+                    return Ok(Negotiated::Transmission(Agreed {
+                        structured_replies: structured,
+                        size,
+                        // An earlier OPT_INFO that asked commits to nothing.
+                        block_sizes: request.wants(proto::INFO_BLOCK_SIZE),
+                    }));
                 }
             }
             proto::OPT_STRUCTURED_REPLY => {
@@ -523,6 +540,9 @@ struct Job {
     /// or, if `staged`, in the worker's staging pipe.
     payload_len: usize,
     staged: bool,
+    /// Not aligned to the backend's blocks: served cut at them (see
+    /// `Conn::cut`), never by the fast path, a splice or inline.
+    cut: bool,
     /// The bytes counted in `Inflight` for this request.
     cost: u64,
 }
@@ -536,21 +556,35 @@ enum End {
     Abort,
 }
 
+/// The block sizes a connection's requests are checked against: the
+/// export's when the client agreed to them, as the spec then lets the
+/// server refuse misaligned requests; else a minimum of 1, the spec's
+/// default, with the server cutting requests at the backend's blocks
+/// (`unaligned`). An export that is not whole blocks keeps its minimum:
+/// its last, partial block cannot be read whole.
+fn connection_block_sizes(export: BlockSizes, agreed: &Agreed) -> BlockSizes {
+    let whole_blocks = agreed.size.is_multiple_of(export.min as u64);
+    if agreed.block_sizes || !whole_blocks {
+        return export;
+    }
+    BlockSizes { min: 1, ..export }
+}
+
 fn transmission(
     shared: &Arc<Shared>,
     sock: &Arc<Sock>,
     reader: SockReader,
-    structured: bool,
-    size: u64,
+    agreed: Agreed,
     log: &Log,
 ) {
     let options = &shared.options;
     // The size now: an array that grew (a reshape or a size change that
     // ended) is offered whole to connections made since; one made before
     // keeps the size it was given, as NBD has no way to tell it.
+    let structured = agreed.structured_replies;
     let params = TransmissionParams {
-        size,
-        block_sizes: shared.export.block_sizes,
+        size: agreed.size,
+        block_sizes: connection_block_sizes(shared.export.block_sizes, &agreed),
         transmission_flags: shared.export.transmission_flags(structured),
         structured_replies: structured,
     };
@@ -701,7 +735,7 @@ fn read_request(
     let request = proto::decode_request_header(&header).map_err(|e| violation(&e))?;
     let payload_len =
         proto::request_payload_len(&request, &conn.params).map_err(|e| violation(&e))?;
-    let command = match proto::check_request(&request, &conn.params) {
+    let command = match check_request(&request, &conn.params) {
         Ok(c) => c,
         Err(err) => {
             // The payload of a refused write is still on the wire and
@@ -721,6 +755,7 @@ fn read_request(
     if let Command::Disconnect = command {
         return Err(End::Graceful);
     }
+    let cut = conn.cut(&command);
     let cost = match command {
         Command::Read { length, .. } | Command::Write { length, .. } => length as u64,
         _ => 0,
@@ -735,7 +770,7 @@ fn read_request(
             before_wait(BeforeWait::Submit);
         }
         let mut have = 0;
-        if let Command::Write { offset, .. } = command {
+        if let (Command::Write { offset, .. }, false) = (command, cut) {
             match stage_write(conn, reader, staging, offset, payload_len, deadline) {
                 Ok(n) if n == payload_len => staged = true,
                 Ok(n) => have = n,
@@ -769,8 +804,23 @@ fn read_request(
         command,
         payload_len,
         staged,
+        cut,
         cost,
     }))
+}
+
+/// `proto::check_request`, with EOVERFLOW kept to what the spec reserves it
+/// for among reads: one with the DF flag, whose single chunk cannot be that
+/// long. Any other read beyond the maximum payload is EINVAL, as nbdkit
+/// answers too (nbd-tester-client checks it).
+fn check_request(
+    request: &RequestHeader,
+    params: &TransmissionParams,
+) -> Result<Command, NbdError> {
+    match proto::check_request(request, params) {
+        Err(NbdError::Overflow) if request.flags & proto::CMD_FLAG_DF == 0 => Err(NbdError::Inval),
+        checked => checked,
+    }
 }
 
 /// Stages a write's payload in the worker's pipe when the backend will
@@ -852,9 +902,17 @@ fn refusal_message(request: &RequestHeader, err: NbdError, params: &Transmission
             params.size
         ),
         NbdError::Overflow => format!(
-            "{what}: longer than the maximum payload {}",
+            "{what}: longer than the maximum payload {}, which a read with DF gets in one chunk",
             params.block_sizes.max_payload
         ),
+        _ if matches!(request.command, proto::CMD_READ | proto::CMD_WRITE)
+            && request.length > params.block_sizes.max_payload =>
+        {
+            format!(
+                "{what}: longer than the maximum payload {}",
+                params.block_sizes.max_payload
+            )
+        }
         _ => format!("{what}: invalid (unknown command or flag, misaligned, or out of range)"),
     }
 }
@@ -956,6 +1014,20 @@ const SPLICE_MIN_BYTES: usize = 64 << 10;
 /// The default pipe-max-size: the largest pipe a process without
 /// CAP_SYS_RESOURCE may have unless the system says otherwise.
 const PIPE_MAX_USUAL: usize = 1 << 20;
+
+/// An error to answer a request with, and the message for a structured
+/// reply's error chunk.
+type Refusal = (NbdError, String);
+
+/// How a request ended: for a read, where its reply's bytes lie in the
+/// worker's scratch buffer.
+type Outcome = Result<Option<std::ops::Range<usize>>, Refusal>;
+
+/// A backend's result as a request's: its error mapped to NBD's, with what
+/// failed.
+fn io(result: std::io::Result<()>, what: &str) -> Result<(), Refusal> {
+    result.map_err(|e| (NbdError::from_io_error(&e), format!("{what} failed: {e}")))
+}
 
 fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
     // The worker's buffers, reused: a new buffer per request costs a page
@@ -1191,6 +1263,22 @@ impl Conn {
         }
     }
 
+    /// Whether a request must be cut at the backend's blocks (`unaligned`):
+    /// only a connection whose client agreed to no block sizes has a
+    /// smaller minimum than the backend's, and so sends such requests.
+    fn cut(&self, command: &Command) -> bool {
+        let block = self.shared.export.block_sizes.min;
+        let (offset, length) = match *command {
+            Command::Read { offset, length }
+            | Command::Write { offset, length, .. }
+            | Command::Trim { offset, length, .. }
+            | Command::Cache { offset, length }
+            | Command::WriteZeroes { offset, length, .. } => (offset, length),
+            Command::Flush | Command::Disconnect => return false,
+        };
+        self.params.block_sizes.min < block && !unaligned::is_aligned(offset, length as u64, block)
+    }
+
     /// Whether the worker holding the reader serves this request itself
     /// and reads on, instead of letting go of the reader. Only requests
     /// that never wait for a device (members in memory) qualify:
@@ -1211,6 +1299,9 @@ impl Conn {
     ///   most the cache's gather deadlines.
     fn serves_inline(&self, job: &Job) -> bool {
         let backend = &self.shared.backend;
+        if job.cut {
+            return false;
+        }
         match job.command {
             Command::Read { length, .. } => {
                 length as usize <= INLINE_READ_MAX && backend.reads_from_memory()
@@ -1235,115 +1326,19 @@ impl Conn {
         scratch: &mut AlignedBuf,
         pipe: &mut Staging,
     ) {
-        let backend = &*self.shared.backend;
         let cookie = job.cookie;
         if let Command::Read { offset, length } = job.command {
-            if self.splice_read(cookie, offset, length as usize, pipe) {
+            if !job.cut && self.splice_read(cookie, offset, length as usize, pipe) {
                 return;
             }
         }
-        let result = catch_unwind(AssertUnwindSafe(
-            || -> Result<Option<usize>, (NbdError, String)> {
-                let io = |r: std::io::Result<()>, what: &str| {
-                    r.map_err(|e| (NbdError::from_io_error(&e), format!("{what} failed: {e}")))
-                };
-                match job.command {
-                    Command::Read { offset, length } => {
-                        let length = length as usize;
-                        if scratch.len() < length {
-                            *scratch = AlignedBuf::zeroed(length);
-                        }
-                        if length > 0 {
-                            // Other requests of this connection in flight
-                            // (replies being sent) make it no lone reader.
-                            let company = self.inflight.requests() > 1;
-                            let buf = &mut scratch[..length];
-                            io(backend.read_among(offset, buf, company), "read")?;
-                        }
-                        Ok(Some(length))
-                    }
-                    Command::Write { offset, fua, .. } if job.staged => {
-                        let len = job.payload_len;
-                        let staged = pipe.pipe.as_ref().expect("a staged payload has its pipe");
-                        let mut data = StagedPayload::new(staged, &mut pipe.spare, len);
-                        let result = backend.write_staged(offset, len, fua, &mut data);
-                        let whole = data.untouched();
-                        let clean = data.consumed();
-                        if let Some(result) = result {
-                            if !clean {
-                                pipe.pipe = None;
-                            }
-                            let counter = &self.shared.staged_writes;
-                            counter.fetch_add(1, Ordering::Relaxed);
-                            return io(result, "write").map(|()| None);
-                        }
-                        // Declined: the bytes come back by copy.
-                        assert!(whole, "a declined staged write took bytes");
-                        if scratch.len() < len {
-                            *scratch = AlignedBuf::zeroed(len);
-                        }
-                        if let Err(e) = staged.read_exact(&mut scratch[..len]) {
-                            pipe.pipe = None;
-                            return io(Err(e), "write").map(|()| None);
-                        }
-                        io(backend.write(offset, &scratch[..len], fua), "write")?;
-                        Ok(None)
-                    }
-                    Command::Write { offset, fua, .. } => {
-                        if job.payload_len > 0 {
-                            let data = &payload[..job.payload_len];
-                            io(backend.write(offset, data, fua), "write")?;
-                        }
-                        Ok(None)
-                    }
-                    // Every write already answered has returned from the backend,
-                    // so one backend flush covers exactly what the spec requires.
-                    Command::Flush => io(backend.flush(), "flush").map(|_| None),
-                    Command::Trim {
-                        offset,
-                        length,
-                        fua,
-                    } => {
-                        if length > 0 {
-                            io(backend.trim(offset, length as u64), "trim")?;
-                        }
-                        if fua {
-                            io(backend.flush(), "flush after trim")?;
-                        }
-                        Ok(None)
-                    }
-                    Command::Cache { offset, length } => {
-                        io(backend.cache(offset, length as u64), "cache").map(|_| None)
-                    }
-                    Command::WriteZeroes {
-                        offset,
-                        length,
-                        fua,
-                        no_hole,
-                        fast,
-                    } => {
-                        if fast && !backend.zeroes_are_fast() {
-                            return Err((
-                                NbdError::NotSup,
-                                "zeroing is not faster than writing on this export".into(),
-                            ));
-                        }
-                        if length > 0 {
-                            let flags = ZeroFlags {
-                                fua,
-                                may_trim: !no_hole,
-                            };
-                            io(
-                                backend.write_zeroes(offset, length as u64, flags),
-                                "write zeroes",
-                            )?;
-                        }
-                        Ok(None)
-                    }
-                    Command::Disconnect => Ok(None),
-                }
-            },
-        ))
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            if job.cut {
+                self.run_cut(&job, payload, scratch)
+            } else {
+                self.run(&job, payload, scratch, pipe)
+            }
+        }))
         .unwrap_or_else(|_| {
             // A staged payload may be half taken.
             if job.staged {
@@ -1353,10 +1348,190 @@ impl Conn {
         });
 
         match result {
-            Ok(Some(length)) => self.reply_read(cookie, &job.command, &scratch[..length]),
+            Ok(Some(bytes)) => self.reply_read(cookie, &job.command, &scratch[bytes]),
             Ok(None) => self.send(&[&proto::encode_simple_reply(0, cookie)]),
             Err((err, msg)) => self.reply_error_raw(cookie, err, &msg),
         }
+    }
+
+    /// Runs a request on the backend's own blocks. Every change of blocks
+    /// holds the shared write locks of its range while the backend runs it,
+    /// so that no read-modify-write of a block it changes straddles it.
+    fn run(
+        &self,
+        job: &Job,
+        payload: &AlignedBuf,
+        scratch: &mut AlignedBuf,
+        pipe: &mut Staging,
+    ) -> Outcome {
+        let backend = &*self.shared.backend;
+        let locks = &self.shared.write_locks;
+        match job.command {
+            Command::Read { offset, length } => {
+                let length = length as usize;
+                if scratch.len() < length {
+                    *scratch = AlignedBuf::zeroed(length);
+                }
+                if length > 0 {
+                    // Other requests of this connection in flight
+                    // (replies being sent) make it no lone reader.
+                    let company = self.inflight.requests() > 1;
+                    let buf = &mut scratch[..length];
+                    io(backend.read_among(offset, buf, company), "read")?;
+                }
+                Ok(Some(0..length))
+            }
+            Command::Write { offset, fua, .. } if job.staged => {
+                let _shared = locks.shared(offset, job.payload_len as u64);
+                self.write_staged(job.payload_len, offset, fua, scratch, pipe)
+            }
+            Command::Write { offset, fua, .. } => {
+                if job.payload_len > 0 {
+                    let data = &payload[..job.payload_len];
+                    let _shared = locks.shared(offset, data.len() as u64);
+                    io(backend.write(offset, data, fua), "write")?;
+                }
+                Ok(None)
+            }
+            // Every write already answered has returned from the backend,
+            // so one backend flush covers exactly what the spec requires.
+            Command::Flush => io(backend.flush(), "flush").map(|_| None),
+            Command::Trim {
+                offset,
+                length,
+                fua,
+            } => {
+                if length > 0 {
+                    let _shared = locks.shared(offset, length as u64);
+                    io(backend.trim(offset, length as u64), "trim")?;
+                }
+                self.flush_after_trim(fua)
+            }
+            Command::Cache { offset, length } => {
+                io(backend.cache(offset, length as u64), "cache").map(|_| None)
+            }
+            Command::WriteZeroes { offset, length, .. } => {
+                let flags = self.zero_flags(&job.command)?;
+                if length > 0 {
+                    let _shared = locks.shared(offset, length as u64);
+                    let zeroed = backend.write_zeroes(offset, length as u64, flags);
+                    io(zeroed, "write zeroes")?;
+                }
+                Ok(None)
+            }
+            Command::Disconnect => Ok(None),
+        }
+    }
+
+    /// Runs a request that is not aligned to the backend's blocks, from a
+    /// client that agreed to no block sizes: cut at the blocks, its edges
+    /// read, modified and written back (see `unaligned`).
+    fn run_cut(&self, job: &Job, payload: &AlignedBuf, scratch: &mut AlignedBuf) -> Outcome {
+        let backend = &*self.shared.backend;
+        let locks = &self.shared.write_locks;
+        let sizes = self.shared.export.block_sizes;
+        let block = sizes.min;
+        match job.command {
+            Command::Read { offset, length } => {
+                let len = length as usize;
+                let read = unaligned::read(backend, block, sizes.max_payload, offset, len, scratch);
+                read.map(Some)
+                    .map_err(|e| (NbdError::from_io_error(&e), format!("read failed: {e}")))
+            }
+            Command::Write { offset, fua, .. } => {
+                let data = &payload[..job.payload_len];
+                let written = unaligned::write(backend, locks, block, offset, data, fua);
+                io(written, "write").map(|()| None)
+            }
+            Command::Trim {
+                offset,
+                length,
+                fua,
+            } => {
+                let trimmed = unaligned::trim(backend, locks, block, offset, length as u64);
+                io(trimmed, "trim")?;
+                self.flush_after_trim(fua)
+            }
+            Command::Cache { offset, length } => {
+                let (start, len) = unaligned::covering(offset, length as u64, block);
+                io(backend.cache(start, len), "cache").map(|_| None)
+            }
+            Command::WriteZeroes { offset, length, .. } => {
+                let flags = self.zero_flags(&job.command)?;
+                let len = length as u64;
+                let zeroed = unaligned::write_zeroes(backend, locks, block, offset, len, flags);
+                io(zeroed, "write zeroes").map(|()| None)
+            }
+            Command::Flush | Command::Disconnect => {
+                unreachable!("only commands with a range are cut")
+            }
+        }
+    }
+
+    /// Writes a payload of `len` bytes staged in the worker's pipe: moved
+    /// into the backend's files when it takes it, else copied back into
+    /// `scratch` and written.
+    fn write_staged(
+        &self,
+        len: usize,
+        offset: u64,
+        fua: bool,
+        scratch: &mut AlignedBuf,
+        pipe: &mut Staging,
+    ) -> Outcome {
+        let backend = &*self.shared.backend;
+        let staged = pipe.pipe.as_ref().expect("a staged payload has its pipe");
+        let mut data = StagedPayload::new(staged, &mut pipe.spare, len);
+        let result = backend.write_staged(offset, len, fua, &mut data);
+        let whole = data.untouched();
+        let clean = data.consumed();
+        if let Some(result) = result {
+            if !clean {
+                pipe.pipe = None;
+            }
+            let counter = &self.shared.staged_writes;
+            counter.fetch_add(1, Ordering::Relaxed);
+            return io(result, "write").map(|()| None);
+        }
+        // Declined: the bytes come back by copy.
+        assert!(whole, "a declined staged write took bytes");
+        if scratch.len() < len {
+            *scratch = AlignedBuf::zeroed(len);
+        }
+        if let Err(e) = staged.read_exact(&mut scratch[..len]) {
+            pipe.pipe = None;
+            return io(Err(e), "write").map(|()| None);
+        }
+        io(backend.write(offset, &scratch[..len], fua), "write")?;
+        Ok(None)
+    }
+
+    fn flush_after_trim(&self, fua: bool) -> Outcome {
+        if fua {
+            io(self.shared.backend.flush(), "flush after trim")?;
+        }
+        Ok(None)
+    }
+
+    /// The backend's flags for a write-zeroes; ENOTSUP at once for a fast
+    /// zero that the backend cannot do faster than writing.
+    fn zero_flags(&self, command: &Command) -> Result<ZeroFlags, Refusal> {
+        let Command::WriteZeroes {
+            fua, no_hole, fast, ..
+        } = *command
+        else {
+            unreachable!("flags of a write-zeroes only")
+        };
+        if fast && !self.shared.backend.zeroes_are_fast() {
+            return Err((
+                NbdError::NotSup,
+                "zeroing is not faster than writing on this export".into(),
+            ));
+        }
+        Ok(ZeroFlags {
+            fua,
+            may_trim: !no_hole,
+        })
     }
 
     /// Starts a read on the fast path when it can take it: a read of at
@@ -1372,7 +1547,7 @@ impl Conn {
             return Some(job);
         };
         let len = length as usize;
-        if len == 0 || len > fastpath::READ_MAX || *refused {
+        if len == 0 || len > fastpath::READ_MAX || *refused || job.cut {
             return Some(job);
         }
         let backend = &*self.shared.backend;

@@ -24,10 +24,19 @@
 //!   FAST_ZERO), CACHE (a hint passed to the backend), DISC, the FUA flag,
 //!   and DF (trivially: a read is always answered with one data chunk).
 //!   Structured replies are used for reads and errors when negotiated.
+//! - Alignment: a client that asked for the block sizes in its OPT_GO must
+//!   obey them, and its misaligned requests are refused. Any other client
+//!   (OPT_EXPORT_NAME, or OPT_GO without NBD_INFO_BLOCK_SIZE) may address
+//!   single bytes, the spec's default minimum block size of 1: the server
+//!   cuts its requests at the backend's blocks and reads, modifies and
+//!   writes back the partial ones, ordered against every other change of
+//!   those blocks (see `unaligned`).
 //! - Errors: EINVAL for unknown commands or flags, misaligned or out-of-range
-//!   requests; ENOSPC for writes past the end; EPERM for writes to a
-//!   read-only export; ENOTSUP for a fast zero the backend cannot do fast;
-//!   the backend's own errors mapped by [`proto::NbdError::from_io_error`].
+//!   requests, and reads or writes beyond the maximum payload; EOVERFLOW
+//!   only for a read with DF beyond it (the spec keeps EOVERFLOW for that);
+//!   ENOSPC for writes past the end; EPERM for writes to a read-only
+//!   export; ENOTSUP for a fast zero the backend cannot do fast; the
+//!   backend's own errors mapped by [`proto::NbdError::from_io_error`].
 //!
 //! Concurrency: a pool of worker threads per connection takes turns reading
 //! requests and each serves what it read, up to `max_inflight` at once;
@@ -49,6 +58,7 @@ mod tls;
 #[path = "tls_off.rs"]
 mod tls;
 mod tls_config;
+mod unaligned;
 
 pub use listen::{BoundAddr, Listener};
 pub use server::{serve, ServeOptions, ServerHandle, Stopper};

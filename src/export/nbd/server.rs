@@ -11,6 +11,7 @@ use super::conn;
 use super::io::{poll_one, PollResult, Sock};
 use super::listen::{self, Bound, BoundAddr, Listener};
 use super::proto;
+use super::unaligned::WriteLocks;
 use crate::export::{BlockBackend, BlockSizes};
 
 /// Tunables of an NBD server. `ServeOptions::default()` suits a local RAID
@@ -42,8 +43,9 @@ pub struct ServeOptions {
     pub io_timeout: Option<Duration>,
     /// Refuse clients that do not ask for the block size constraints
     /// (NBD_REP_ERR_BLOCK_SIZE_REQD to OPT_GO; OPT_EXPORT_NAME is dropped).
-    /// Off by default: clients that do not ask still get misaligned requests
-    /// refused with EINVAL, which the spec allows.
+    /// Off by default: clients that do not ask may address single bytes, as
+    /// the spec asks of a server, and the server reads, modifies and writes
+    /// back the partial blocks of their requests.
     pub require_block_size: bool,
     /// Log every connection and disconnection, not only errors.
     pub log_connections: bool,
@@ -154,6 +156,9 @@ pub(crate) struct Shared {
     /// start (each connection keeps a few empty ones for reuse:
     /// `conn::PipePool`).
     pub(crate) pipes_made: Arc<AtomicU64>,
+    /// Order the read-modify-writes of partial blocks against every other
+    /// change of those blocks, on any connection (see `unaligned`).
+    pub(crate) write_locks: WriteLocks,
 }
 
 impl Shared {
@@ -381,6 +386,7 @@ pub fn serve(
         inline_writes: AtomicU64::new(0),
         busy_connections: Arc::new(AtomicUsize::new(0)),
         pipes_made: Arc::new(AtomicU64::new(0)),
+        write_locks: WriteLocks::new(),
     });
     let accept_shared = shared.clone();
     let accept_thread = std::thread::Builder::new()

@@ -127,9 +127,25 @@ fn run_ok(cmd: &mut Command, limit: Duration) -> Output {
     out
 }
 
-/// Runs a Python script in nbdsh. The script gets `URI`, connects itself
-/// (so that it can relax libnbd's client-side checks first) and signals
-/// failure with an exception, which makes nbdsh exit non-zero.
+/// What every nbdsh script starts with: `expect(errno, fn, *args)` checks
+/// that a call fails with that error number.
+const NBDSH_PRELUDE: &str = r#"
+import errno
+import nbd
+
+def expect(code, fn, *args):
+    try:
+        fn(*args)
+    except nbd.Error as e:
+        assert e.errnum == code, "%s%r: expected errno %d, got %r (%s)" % (fn.__name__, args, code, e.errnum, e.string)
+        return
+    raise AssertionError("%s%r unexpectedly succeeded" % (fn.__name__, args))
+"#;
+
+/// Runs a Python script in nbdsh, after `NBDSH_PRELUDE`. The script gets
+/// `URI`, connects itself (so that it can relax libnbd's client-side checks
+/// first) and signals failure with an exception, which makes nbdsh exit
+/// non-zero.
 fn nbdsh(uri: &str, script: &str) -> Output {
     let nbdsh = tool("nbdsh", "python3-libnbd");
     // nbdsh is a shell script that runs `python3 -m nbd` from PATH. The nbd
@@ -140,7 +156,7 @@ fn nbdsh(uri: &str, script: &str) -> Output {
         std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
     ))
     .unwrap();
-    let code = format!("URI = {uri:?}\n{script}");
+    let code = format!("URI = {uri:?}\n{NBDSH_PRELUDE}\n{script}");
     let out = run(
         Command::new(&nbdsh).env("PATH", path).arg("-c").arg(&code),
         Duration::from_secs(30),
@@ -255,7 +271,13 @@ fn assert_closed(s: &mut UnixStream) {
 }
 
 impl RawClient {
+    /// A client that asks for the block sizes, and so agrees to them.
     fn connect(path: &Path, structured: bool) -> RawClient {
+        RawClient::connect_asking(path, structured, vec![proto::INFO_BLOCK_SIZE])
+    }
+
+    /// A client whose OPT_GO asks for the information items `requests`.
+    fn connect_asking(path: &Path, structured: bool, requests: Vec<u16>) -> RawClient {
         let mut s = connect(path);
         greet(
             &mut s,
@@ -267,7 +289,7 @@ impl RawClient {
         }
         let request = proto::InfoRequest {
             name: String::new(),
-            requests: vec![proto::INFO_BLOCK_SIZE],
+            requests,
         };
         send_option(&mut s, proto::OPT_GO, &proto::encode_info_request(&request));
         let replies = option_replies(&mut s);
@@ -279,6 +301,24 @@ impl RawClient {
         RawClient {
             s,
             structured,
+            reads: HashMap::new(),
+        }
+    }
+
+    /// An old-style client: OPT_EXPORT_NAME, which cannot agree to block
+    /// sizes.
+    fn export_name(path: &Path) -> RawClient {
+        let mut s = connect(path);
+        greet(
+            &mut s,
+            proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES,
+        );
+        send_option(&mut s, proto::OPT_EXPORT_NAME, b"");
+        // Size and transmission flags, without the zeroes.
+        read_n(&mut s, 10);
+        RawClient {
+            s,
+            structured: false,
             reads: HashMap::new(),
         }
     }
@@ -566,17 +606,6 @@ fn nbdsh_commands_and_errors() {
     };
     let f = Fixture::new(MemoryBackend::new(64 * MIB), options);
     let script = r#"
-import errno
-import nbd
-
-def expect(code, fn, *args):
-    try:
-        fn(*args)
-    except nbd.Error as e:
-        assert e.errnum == code, "%s%r: expected errno %d, got %r (%s)" % (fn.__name__, args, code, e.errnum, e.string)
-        return
-    raise AssertionError("%s%r unexpectedly succeeded" % (fn.__name__, args))
-
 # Let the server, not libnbd, judge the invalid requests below.
 h.set_strict_mode(0)
 h.set_full_info(True)
@@ -584,6 +613,8 @@ h.connect_uri(URI)
 size = h.get_size()
 assert size == 64 << 20
 assert h.get_structured_replies_negotiated()
+# This client asked for the block sizes, so it must obey them.
+assert h.get_request_block_size()
 assert h.get_canonical_export_name() == "md0", h.get_canonical_export_name()
 assert h.get_export_description() == "test array"
 assert h.get_block_size(nbd.SIZE_MINIMUM) == 512
@@ -627,7 +658,8 @@ expect(errno.ENOSPC, h.zero, 1024, size - 512)         # zero past the end
 expect(errno.EINVAL, h.trim, 512, size)                # trim past the end
 expect(errno.EINVAL, h.pread, 512, 1)                  # misaligned offset
 expect(errno.EINVAL, h.pwrite, bytes(100), 0)          # misaligned length
-expect(errno.EOVERFLOW, h.pread, (32 << 20) + 512, 0)  # beyond the maximum payload
+expect(errno.EINVAL, h.pread, (32 << 20) + 512, 0)    # beyond the maximum payload
+expect(errno.EOVERFLOW, h.pread, (32 << 20) + 512, 0, nbd.CMD_FLAG_DF)  # too long for one chunk
 expect(errno.EINVAL, h.pread, 512, 0, nbd.CMD_FLAG_NO_HOLE)  # flag not valid for reads
 assert h.pread(4096, 8192) == bytes(4096)
 h.shutdown()
@@ -649,17 +681,6 @@ fn nbdsh_simple_replies_read_only_and_backend_errors() {
     let f = Fixture::default(8 * MIB);
     f.backend.set_fail_range(Some(MIB..MIB + 4096));
     let script = r#"
-import errno
-import nbd
-
-def expect(code, fn, *args):
-    try:
-        fn(*args)
-    except nbd.Error as e:
-        assert e.errnum == code, "%s%r: expected errno %d, got %r (%s)" % (fn.__name__, args, code, e.errnum, e.string)
-        return
-    raise AssertionError("%s%r unexpectedly succeeded" % (fn.__name__, args))
-
 h.set_strict_mode(0)
 h.set_request_structured_replies(False)
 h.connect_uri(URI)
@@ -680,17 +701,6 @@ h.shutdown()
     let backend = MemoryBackend::new(8 * MIB).with_read_only(true);
     let ro = Fixture::new(backend, ServeOptions::default());
     let script = r#"
-import errno
-import nbd
-
-def expect(code, fn, *args):
-    try:
-        fn(*args)
-    except nbd.Error as e:
-        assert e.errnum == code, "%s%r: expected errno %d, got %r (%s)" % (fn.__name__, args, code, e.errnum, e.string)
-        return
-    raise AssertionError("%s%r unexpectedly succeeded" % (fn.__name__, args))
-
 h.set_strict_mode(0)
 h.connect_uri(URI)
 assert h.is_read_only()
@@ -703,6 +713,81 @@ h.shutdown()
 "#;
     nbdsh(&ro.uri(), script);
     assert_eq!(ro.backend.stats().writes, 0);
+}
+
+/// Clients that agreed to no block sizes, through libnbd: old-style
+/// (OPT_EXPORT_NAME, simple replies) and OPT_GO without an
+/// NBD_INFO_BLOCK_SIZE request (structured replies). Each addresses single
+/// bytes of an export of 512-byte blocks, whose backend refuses anything
+/// but whole blocks; the export must then hold exactly what the client
+/// wrote, every other byte as it was.
+#[test]
+fn nbdsh_clients_without_block_sizes_address_bytes() {
+    // Larger than the maximum payload, so that an oversized read can lie
+    // inside it; only the first MiB holds a pattern.
+    const SIZE: u64 = 40 * MIB;
+    let script = r#"
+h.set_strict_mode(0)
+SETUP
+h.connect_uri(URI)
+assert h.get_protocol() == PROTOCOL, h.get_protocol()
+assert h.get_structured_replies_negotiated() == STRUCTURED
+size = h.get_size()
+data = bytes((i * 13 + 1) % 256 for i in range(1000))
+h.pwrite(data, 3)
+assert h.pread(1000, 3) == data
+h.pwrite(b"\xaa", 511, nbd.CMD_FLAG_FUA)   # the last byte of a block
+assert h.pread(1, 511) == b"\xaa"
+h.pwrite(data[:300], 5000)                  # astride a block boundary
+assert h.pread(300, 5000) == data[:300]
+h.zero(7, 2000)                             # inside one block
+h.zero(1500, 9000, nbd.CMD_FLAG_FUA)        # two edges and whole blocks between
+assert h.pread(1500, 9000) == bytes(1500)
+h.trim(1000, 20000)
+h.cache(10, 5)
+h.flush()
+assert h.pread(5, size - 5) == h.pread(512, size - 512)[-5:]
+expect(errno.EINVAL, h.pread, 6, size - 5)  # past the end
+expect(errno.ENOSPC, h.pwrite, b"xy", size - 1)
+expect(errno.EINVAL, h.pread, (32 << 20) + 1, 3)
+if STRUCTURED:
+    expect(errno.EOVERFLOW, h.pread, (32 << 20) + 1, 3, nbd.CMD_FLAG_DF)
+h.shutdown()
+"#;
+    let modes = [
+        ("h.set_handshake_flags(0)", "newstyle", "False"),
+        ("h.set_request_block_size(False)", "newstyle-fixed", "True"),
+    ];
+    for (setup, protocol, structured) in modes {
+        let f = Fixture::default(SIZE);
+        let mut model = pseudo_random(MIB as usize, 11);
+        f.backend.write(0, &model, false).unwrap();
+        model.resize(SIZE as usize, 0);
+        let script = script
+            .replace("SETUP", setup)
+            .replace("PROTOCOL", &format!("{protocol:?}"))
+            .replace("STRUCTURED", structured);
+        nbdsh(&f.uri(), &script);
+        // The same changes, on the model.
+        let data: Vec<u8> = (0..1000u32).map(|i| ((i * 13 + 1) % 256) as u8).collect();
+        model[3..1003].copy_from_slice(&data);
+        model[511] = 0xaa;
+        model[5000..5300].copy_from_slice(&data[..300]);
+        model[2000..2007].fill(0);
+        model[9000..10_500].fill(0);
+        // The memory backend forgets trimmed blocks as zeroes; the server
+        // trims only the whole blocks of the range.
+        model[20_480..20_992].fill(0);
+        let contents = f.backend.contents();
+        let differ = (0..model.len()).find(|&i| contents[i] != model[i]);
+        assert_eq!(differ, None, "{setup}: the export differs from the model");
+        let stats = f.backend.stats();
+        assert!(
+            stats.fua_writes >= 2 && stats.flushes >= 2,
+            "{setup}: {stats:?}"
+        );
+        assert!(stats.trims == 1 && stats.caches == 1, "{setup}: {stats:?}");
+    }
 }
 
 /// fio's JSON report. The nbd engine prints "fio: connected to NBD server"
@@ -832,6 +917,173 @@ fn export_name_with_and_without_zeroes() {
         assert_eq!(c.read(2, 0, 512), vec![9u8; 512]);
         c.disconnect();
     }
+}
+
+/// Which clients may address bytes: those that agreed to no block sizes
+/// (old-style, OPT_GO without the request, even after an OPT_INFO that
+/// asked, which commits to nothing). One that asked keeps the export's
+/// 512-byte minimum, its misaligned requests refused with EINVAL.
+#[test]
+fn only_clients_without_block_sizes_address_bytes() {
+    let f = Fixture::default(MIB);
+    let data = pseudo_random(1000, 5);
+    let mut byte_clients = vec![
+        ("export name", RawClient::export_name(&f.sock)),
+        (
+            "GO without",
+            RawClient::connect_asking(&f.sock, true, vec![]),
+        ),
+    ];
+    let mut informed = connect(&f.sock);
+    greet(&mut informed, 3);
+    let asking = proto::InfoRequest {
+        name: String::new(),
+        requests: vec![proto::INFO_BLOCK_SIZE],
+    };
+    send_option(
+        &mut informed,
+        proto::OPT_INFO,
+        &proto::encode_info_request(&asking),
+    );
+    assert_eq!(
+        option_replies(&mut informed).last().unwrap().0,
+        proto::REP_ACK
+    );
+    let bare = proto::InfoRequest {
+        name: String::new(),
+        requests: vec![],
+    };
+    send_option(
+        &mut informed,
+        proto::OPT_GO,
+        &proto::encode_info_request(&bare),
+    );
+    assert_eq!(
+        option_replies(&mut informed).last().unwrap().0,
+        proto::REP_ACK
+    );
+    let informed = RawClient {
+        s: informed,
+        structured: false,
+        reads: HashMap::new(),
+    };
+    byte_clients.push(("INFO, then GO without", informed));
+    for (n, (what, mut c)) in byte_clients.into_iter().enumerate() {
+        let offset = 3 + 4096 * n as u64;
+        let before = f.backend.contents();
+        c.write(1, offset, &data);
+        assert_eq!(c.read(2, offset, 1000), data, "{what}");
+        let after = f.backend.contents();
+        let at = offset as usize;
+        assert!(
+            after[..at] == before[..at],
+            "{what}: bytes before the write changed"
+        );
+        assert!(
+            after[at + 1000..] == before[at + 1000..],
+            "{what}: bytes after it changed"
+        );
+        // A read of no bytes at an odd offset is fine too.
+        assert_eq!(c.read(3, offset, 0), Vec::<u8>::new(), "{what}");
+        c.disconnect();
+    }
+
+    let before = f.backend.contents();
+    for structured in [false, true] {
+        let mut c = RawClient::connect(&f.sock, structured);
+        c.send(proto::CMD_WRITE, 0, 1, 3, 1000, &data);
+        assert_eq!(c.reply().error, 22, "a misaligned write was accepted");
+        c.send(proto::CMD_READ, 0, 2, 3, 1000, &[]);
+        assert_eq!(c.reply().error, 22, "a misaligned read was accepted");
+        c.send(proto::CMD_WRITE_ZEROES, 0, 3, 512, 100, &[]);
+        assert_eq!(c.reply().error, 22, "a misaligned zero was accepted");
+        c.disconnect();
+    }
+    assert!(
+        f.backend.contents() == before,
+        "a refused request changed the export"
+    );
+}
+
+/// A read beyond the maximum payload is EINVAL, except with DF (structured
+/// replies only), whose one chunk could not hold it: EOVERFLOW.
+#[test]
+fn oversized_reads_are_einval_unless_they_ask_for_one_chunk() {
+    let f = Fixture::default(64 * MIB);
+    let too_long = (32 << 20) + 512;
+    for structured in [false, true] {
+        let mut c = RawClient::connect(&f.sock, structured);
+        c.send(proto::CMD_READ, 0, 1, 0, too_long, &[]);
+        assert_eq!(c.reply().error, 22, "structured {structured}");
+        if structured {
+            c.send(proto::CMD_READ, proto::CMD_FLAG_DF, 2, 0, too_long, &[]);
+            assert_eq!(c.reply().error, 75);
+            // DF on a read that fits is answered in one chunk.
+            c.send(proto::CMD_READ, proto::CMD_FLAG_DF, 3, 0, 32 << 20, &[]);
+            let r = c.reply();
+            assert_eq!((r.error, r.data.len()), (0, 32 << 20));
+        }
+        assert_eq!(c.read(4, 0, 512), vec![0u8; 512]);
+        c.disconnect();
+    }
+}
+
+/// Byte-granular clients on several connections change disjoint bytes of
+/// the same blocks at once, while a client that agreed to block sizes
+/// rewrites a whole one of them: each reads back what it wrote after every
+/// write, which a read-modify-write that straddled another change would
+/// break. The slow range widens each read-modify-write to milliseconds.
+#[test]
+fn partial_block_writes_on_several_connections_are_not_lost() {
+    let f = Fixture::default(MIB);
+    f.backend
+        .set_slow_range(Some((0..1024, Duration::from_millis(1))));
+    // (offset, length, checked): the last writer's bytes lie in block 1,
+    // which the aligned client overwrites whole, so it cannot check them.
+    let owners: [(u64, usize, bool); 4] = [
+        (3, 10, true),
+        (100, 50, true),
+        (500, 12, true),
+        (512, 18, false),
+    ];
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for (n, &(offset, len, checked)) in owners.iter().enumerate() {
+            let (f, done) = (&f, &done);
+            scope.spawn(move || {
+                let mut c = if n % 2 == 0 {
+                    RawClient::export_name(&f.sock)
+                } else {
+                    RawClient::connect_asking(&f.sock, true, vec![])
+                };
+                for round in 0..30u8 {
+                    let data = vec![round ^ (n as u8 * 64 + 1); len];
+                    c.write(1, offset, &data);
+                    let back = c.read(2, offset, len as u32);
+                    if checked {
+                        assert_eq!(back, data, "writer {n}, round {round}");
+                    }
+                }
+                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                c.disconnect();
+            });
+        }
+        scope.spawn(|| {
+            let mut c = RawClient::connect(&f.sock, true);
+            let mut round = 0u8;
+            while done.load(std::sync::atomic::Ordering::Relaxed) < owners.len() {
+                round = round.wrapping_add(1);
+                c.write(1, 512, &[round; 512]);
+                let back = c.read(2, 512, 512);
+                assert!(
+                    back[18..].iter().all(|&b| b == round),
+                    "aligned writer, round {round}"
+                );
+            }
+            assert!(round > 0, "the aligned writer never wrote");
+            c.disconnect();
+        });
+    });
 }
 
 #[test]

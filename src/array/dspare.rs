@@ -438,11 +438,24 @@ impl Member for DistributedSpare {
         self.write_pieces(buf, offset_bytes, true)
     }
 
+    /// Every child present is flushed; the spare fails only when none
+    /// could be. A child whose flush fails is failing itself: the array
+    /// fails it through its own device, and the columns of this spare that
+    /// lie on it are then missing in their rows only (availability per
+    /// row). Failing the spare for it would cost every row it serves.
     fn flush(&self) -> io::Result<()> {
+        let mut flushed = 0;
+        let mut last = None;
         for child in self.router()?.present() {
-            child.flush()?;
+            match child.flush() {
+                Ok(()) => flushed += 1,
+                Err(e) => last = Some(e),
+            }
         }
-        Ok(())
+        match (flushed, last) {
+            (0, Some(e)) => Err(e),
+            _ => Ok(()),
+        }
     }
 
     fn discard(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {

@@ -421,12 +421,10 @@ fn attach_distributed_spares(
             router.clone(),
             block_bytes,
         ));
-        let Ok(Some(sb)) = read_superblock(&*member) else {
+        let Some(sb) = freshest_spare_superblock(freshest, draid, spare, area, slots, block_bytes)
+        else {
             continue;
         };
-        if sb.set_uuid != freshest.set_uuid {
-            continue;
-        }
         let state = device_state(freshest, &sb, slots);
         if let DeviceState::Active { role } = state {
             slots[role] = Some(Slot {
@@ -442,6 +440,40 @@ fn attach_distributed_spares(
         });
     }
     router
+}
+
+/// The freshest copy of distributed spare `spare`'s superblock of this
+/// array among the children present. Every child keeps a copy; after a
+/// crash their volatile caches may have kept different ones, and a child
+/// that left the array stopped receiving them: the first copy that reads
+/// may be stale, and a spare taken at a stale copy would be left out as
+/// not up to date while its role's data is all there.
+fn freshest_spare_superblock(
+    freshest: &MemberSuper,
+    draid: &Draid,
+    spare: usize,
+    area: SpareArea,
+    slots: &Slots,
+    block_bytes: u32,
+) -> Option<MemberSuper> {
+    let mut best: Option<MemberSuper> = None;
+    for (k, slot) in slots.iter().enumerate() {
+        let Some(slot) = slot else { continue };
+        // A router that knows only child k reads the copy on child k.
+        let mut only = vec![None; slots.len()];
+        only[k] = Some(slot.member.clone());
+        // The spare holds its router weakly (the array owns it): this one
+        // lives to the end of the read.
+        let router = SpareRouter::new(only);
+        let member = DistributedSpare::new(draid, spare, area, router.clone(), block_bytes);
+        let Ok(Some(sb)) = read_superblock(&member) else {
+            continue;
+        };
+        if sb.set_uuid == freshest.set_uuid && best.as_ref().is_none_or(|b| sb.events > b.events) {
+            best = Some(sb);
+        }
+    }
+    best
 }
 
 /// md's view of one device against the freshest superblock (super_1_validate).

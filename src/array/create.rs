@@ -358,6 +358,39 @@ pub fn create_on_members_with_bitmap(
     create_on_members_full(members, None, opts, bitmap, progress)
 }
 
+/// Keeps device numbers `raid_disks..raid_disks + spares` for a dRAID's
+/// distributed spares (`dspare::spare_dev_numbers`): hot spares and a
+/// journal listed at create, which mdadm's numbering puts from
+/// `raid_disks` on, move up past them. The spares keep these numbers for
+/// the array's life, so that a disk added while a spare's superblock cannot
+/// be read never takes one.
+fn reserve_distributed_spare_numbers(
+    plan: &mut format::CreatePlan,
+    raid_disks: u32,
+    spares: usize,
+) {
+    if spares == 0 {
+        return;
+    }
+    let reserved = super::dspare::spare_dev_numbers(raid_disks, spares);
+    let shift = reserved.end - reserved.start;
+    for n in plan.dev_numbers.iter_mut().flatten() {
+        if *n >= reserved.start {
+            *n += shift;
+        }
+    }
+    let at = (reserved.start as usize).min(plan.roles.len());
+    plan.roles.splice(
+        at..at,
+        std::iter::repeat_n(format::Role::Spare, shift as usize),
+    );
+    assert!(plan
+        .dev_numbers
+        .iter()
+        .flatten()
+        .all(|n| !reserved.contains(n)));
+}
+
 /// [`create_on_members`] with a write-intent bitmap or a write journal
 /// (mdadm's --write-journal: md's raid5-cache device, for raid4/5/6).
 pub fn create_on_members_full(
@@ -578,7 +611,8 @@ pub fn create_on_members_full(
         .collect();
     // uraid computes redundancy itself below, so it numbers devices the way
     // mdadm does with --force (no spare-rebuild trick).
-    let plan = format::plan_create(md_like, opts.raid_disks, &kinds, true, true)?;
+    let mut plan = format::plan_create(md_like, opts.raid_disks, &kinds, true, true)?;
+    reserve_distributed_spare_numbers(&mut plan, opts.raid_disks, draid_spares(level, layout));
     let redundant = md_like > 0 && level != Level::Raid0;
     let needs_resync = redundant && !opts.assume_clean;
     let policy = bitmap_policy(bitmap, opts, layout, size_sectors)?;
@@ -626,20 +660,20 @@ pub fn create_on_members_full(
     }
     let spare_count = draid_spares(level, layout);
     if spare_count > 0 {
-        // The distributed spares are spares from the start, numbered after
-        // the devices, with superblocks like a spare disk's.
-        let taken = supers
-            .iter()
-            .map(|(_, sb)| sb.dev_number)
-            .max()
-            .unwrap_or(0);
+        // The distributed spares are spares from the start, with the
+        // numbers kept for them (`reserve_distributed_spare_numbers`) and
+        // superblocks like a spare disk's.
         let template = supers
             .first()
             .map(|(_, sb)| sb.clone())
             .ok_or_else(|| invalid("no device to create on"))?;
-        for s in 0..spare_count {
+        let numbers = super::dspare::spare_dev_numbers(template.raid_disks, spare_count);
+        assert!(supers
+            .iter()
+            .all(|(_, sb)| !numbers.contains(&sb.dev_number)));
+        for dev_number in numbers {
             let mut sb = template.clone();
-            sb.dev_number = taken + 1 + s as u32;
+            sb.dev_number = dev_number;
             sb.device_uuid = rand::random();
             sb.data_size_sectors = size_sectors;
             if sb.max_dev <= sb.dev_number {
@@ -828,4 +862,35 @@ fn write_distributed_spares(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{CreateDevice, Role};
+
+    #[test]
+    fn hot_spares_and_a_journal_move_past_the_distributed_spares_numbers() {
+        use CreateDevice::*;
+        // Four children (the last missing), a hot spare and a journal.
+        let kinds = [Disk, Disk, Disk, Missing, Disk, Journal];
+        let mut plan = format::plan_create(5, 4, &kinds, true, true).unwrap();
+        assert_eq!(
+            plan.dev_numbers,
+            vec![Some(0), Some(1), Some(2), None, Some(4), Some(5)]
+        );
+        reserve_distributed_spare_numbers(&mut plan, 4, 2);
+        assert_eq!(
+            plan.dev_numbers,
+            vec![Some(0), Some(1), Some(2), None, Some(6), Some(7)]
+        );
+        assert_eq!(plan.roles[4..6], [Role::Spare, Role::Spare]);
+        assert_eq!(plan.roles[6], Role::Spare);
+        assert_eq!(plan.roles[7], Role::Journal);
+        // Without distributed spares nothing moves.
+        let before = format::plan_create(5, 4, &kinds, true, true).unwrap();
+        let mut same = before.clone();
+        reserve_distributed_spare_numbers(&mut same, 4, 0);
+        assert_eq!(same, before);
+    }
 }

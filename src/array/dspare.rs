@@ -264,6 +264,16 @@ pub fn spare_name(parity: usize, spare: usize) -> String {
     format!("draid{parity}-0-{spare}")
 }
 
+/// The device numbers (superblock slots) create gives a dRAID's
+/// distributed spares: from `raid_disks` on. They stay the spares' for the
+/// array's life: a disk added later never takes one, also while a spare's
+/// superblock cannot be read (a number given away would make the spare, once
+/// readable again, claim the role of the disk that took it).
+pub fn spare_dev_numbers(raid_disks: u32, spares: usize) -> std::ops::Range<u32> {
+    let spares = u32::try_from(spares).expect("a handful of spares");
+    raid_disks..raid_disks + spares
+}
+
 /// Whether a member name is a distributed spare's.
 pub fn is_spare_name(name: &str) -> bool {
     let mut parts = name.splitn(3, '-');

@@ -301,7 +301,13 @@ impl Engine {
                     member.size_sectors()
                 ));
             }
-            let taken: Vec<u32> = array.devices.iter().map(|d| d.sb.dev_number).collect();
+            let mut taken: Vec<u32> = array.devices.iter().map(|d| d.sb.dev_number).collect();
+            if let Some(draid) = self.geometry().draid() {
+                taken.extend(crate::array::dspare::spare_dev_numbers(
+                    sb.raid_disks,
+                    draid.spares(),
+                ));
+            }
             let dev_number = (0..sb.max_dev)
                 .find(|n| !taken.contains(n))
                 .ok_or("no free device slot in the superblock")?;

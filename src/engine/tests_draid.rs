@@ -341,13 +341,8 @@ fn after_a_distributed_spare_rebuild_parity_more_children_may_fail() {
 /// Drops the engine as a crash would (no shutdown), waiting until its
 /// threads let go, and starts it again from the files.
 fn crash_and_restart(engine: Arc<Engine>, paths: &[PathBuf]) -> Arc<Engine> {
-    let weak = Arc::downgrade(&engine);
-    drop(engine);
+    let_go(engine);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while weak.strong_count() > 0 {
-        assert!(Instant::now() < deadline, "the engine's threads hold it");
-        std::thread::sleep(Duration::from_millis(10));
-    }
     let options = EngineOptions {
         force: true,
         ..EngineOptions::default()
@@ -443,5 +438,135 @@ fn a_crash_during_the_spare_rebuild_and_during_the_rebalance_loses_nothing() {
     });
     assert_reads(&engine, &image, "after the rebalance");
     check_finds_nothing(&engine, "after the rebalance");
+    engine.shutdown().unwrap();
+}
+
+/// Shuts the engine down and waits until its threads let go of the
+/// members (and their locks).
+fn shut_down(engine: Arc<Engine>) {
+    engine.shutdown().unwrap();
+    let_go(engine);
+}
+
+/// Drops the engine and waits until its threads let go of it.
+fn let_go(engine: Arc<Engine>) {
+    let weak = Arc::downgrade(&engine);
+    drop(engine);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while weak.strong_count() > 0 {
+        assert!(Instant::now() < deadline, "the engine's threads hold it");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The byte range of distributed spare `spare`'s superblock copy on each
+/// child: in its metadata slot after the data, at version 1.2's 4 KiB.
+fn spare_superblock_bytes(sb: &crate::format::MemberSuper, spare: u64) -> std::ops::Range<u64> {
+    let slot = (sb.data_offset_sectors * (1 + spare) + sb.size_sectors) * 512;
+    slot + 4096..slot + 8192
+}
+
+fn file_bytes(path: &Path, range: std::ops::Range<u64>) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; (range.end - range.start) as usize];
+    std::fs::File::open(path)
+        .unwrap()
+        .read_exact_at(&mut buf, range.start)
+        .unwrap();
+    buf
+}
+
+fn put_file_bytes(path: &Path, at: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.write_all_at(bytes, at).unwrap();
+}
+
+#[test]
+fn a_stale_copy_of_a_spares_superblock_does_not_undo_its_rebuild() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = make_draid(dir.path(), 2, 2, 9, 1);
+    let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+    let range = spare_superblock_bytes(&engine.snapshot().sb, 0);
+    let before = file_bytes(&paths[1], range.clone());
+    let image = fill(&engine, 11);
+    engine.manage_fail(&paths[0]).unwrap();
+    wait_for(&engine, "the spare rebuild", |s| {
+        idle(s) && holder(s, 0).is_some()
+    });
+    let spare = holder(&engine.snapshot(), 0).unwrap();
+    assert!(crate::array::dspare::is_spare_name(&spare), "{spare}");
+    shut_down(engine);
+
+    // Child 1, the first one an assembly reads, lost the spare's later
+    // superblocks (a volatile cache at a power cut): its copy still says
+    // spare. The others say it holds role 0.
+    put_file_bytes(&paths[1], range.start, &before);
+    let engine = Engine::start(
+        assemble(&paths[1..], true).unwrap(),
+        EngineOptions::default(),
+    )
+    .unwrap();
+    let s = engine.snapshot();
+    assert_eq!(holder(&s, 0).as_deref(), Some(spare.as_str()));
+    assert!(s.missing_roles.is_empty(), "{:?}", s.missing_roles);
+    assert_reads(&engine, &image, "after the restart");
+    engine.shutdown().unwrap();
+}
+
+#[test]
+fn a_disk_added_while_a_spare_is_unreadable_does_not_take_its_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = make_draid(dir.path(), 2, 2, 9, 1);
+    let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+    let s = engine.snapshot();
+    let range = spare_superblock_bytes(&s.sb, 0);
+    let reserved = crate::array::dspare::spare_dev_numbers(s.sb.raid_disks, 1);
+    let spare = s
+        .devices
+        .iter()
+        .find(|d| crate::array::dspare::is_spare_name(&d.path))
+        .unwrap();
+    assert!(reserved.contains(&spare.dev_number), "{}", spare.dev_number);
+    let image = fill(&engine, 12);
+    engine.manage_fail(&paths[0]).unwrap();
+    wait_for(&engine, "the spare rebuild", |s| {
+        idle(s) && holder(s, 0).is_some()
+    });
+    shut_down(engine);
+
+    // Every copy of the spare's superblock is gone: it is left out, and
+    // role 0 is missing.
+    for p in &paths[1..] {
+        put_file_bytes(
+            p,
+            range.start,
+            &vec![0u8; (range.end - range.start) as usize],
+        );
+    }
+    let engine = Engine::start(
+        assemble(&paths[1..], true).unwrap(),
+        EngineOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(engine.snapshot().missing_roles, vec![0]);
+    assert_reads(&engine, &image, "with the spare left out");
+    // The first disk takes the failed child's number 0; the second would
+    // take the spare's next.
+    for name in ["new", "new2"] {
+        let disk = new_file(dir.path(), name);
+        engine.manage_add(&disk).unwrap();
+        let s = engine.snapshot();
+        let added = s.devices.iter().find(|d| d.path.ends_with(name)).unwrap();
+        assert!(
+            !reserved.contains(&added.dev_number),
+            "{name} took the spare's device number {}",
+            added.dev_number
+        );
+        wait_for(&engine, "the rebuild onto the new disk", |s| {
+            idle(s) && s.missing_roles.is_empty()
+        });
+    }
+    assert_reads(&engine, &image, "after the rebuild");
     engine.shutdown().unwrap();
 }

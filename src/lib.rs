@@ -33,4 +33,5 @@ pub mod parity;
 pub mod plan;
 pub mod smart;
 pub mod tune;
+pub mod text;
 pub mod units;

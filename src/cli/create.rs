@@ -1,6 +1,6 @@
 //! `uraid create`: a new array on member devices, with mdadm's options.
 
-use super::text::hostname;
+use crate::text::hostname;
 use super::CliResult;
 use crate::array::{create_full, BitmapRequest, CreateOptions, MemberSpec};
 use crate::format::Metadata;

@@ -2,7 +2,7 @@
 //! (--control) or from the members' superblocks (offline).
 
 use super::scan::ArrayLine;
-use super::text::hostname;
+use crate::text::hostname;
 use super::tuning::{values_for_serve, TuningArgs};
 use super::CliResult;
 use crate::array::assemble;

@@ -1,7 +1,7 @@
 //! `uraid examine`: each device's superblock, laid out as mdadm --examine
 //! prints it so that people (and scripts) that know mdadm read it at once.
 
-use super::text::{chunk_text, ctime, hostname, human_size_paren};
+use crate::text::{chunk_text, ctime, hostname, human_size_paren};
 use super::CliResult;
 use crate::array::{read_bitmap, read_bitmap_node, read_superblock};
 use crate::format::bitmap::{Bitmap, BitmapSuper, BITMAP_MAGIC, BITMAP_STATE_STALE};

@@ -22,7 +22,6 @@ mod tuning;
 mod zero;
 
 mod examine;
-pub(crate) mod text;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

@@ -111,7 +111,7 @@ pub fn run(args: &MonitorArgs) -> CliResult {
             timeout: Duration::from_secs_f64(args.program_timeout),
             mail,
             syslog: args.syslog,
-            hostname: super::text::hostname(),
+            hostname: crate::text::hostname(),
         },
         oneshot: args.oneshot,
         test: args.test,

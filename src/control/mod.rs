@@ -357,7 +357,7 @@ impl ControlServer {
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let thread_stop = stop.clone();
-        let homehost = crate::cli::text::hostname();
+        let homehost = crate::text::hostname();
         let thread = std::thread::Builder::new()
             .name("uraid-control".into())
             .spawn(move || {

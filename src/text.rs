@@ -1,4 +1,6 @@
-//! Small formatting helpers shared by the commands that print what mdadm prints.
+//! Small formatting helpers for what mdadm prints (times, sizes, chunks, the
+//! host name), shared by the commands and the control plane: a lower layer
+//! than both, so that `control` does not import `cli`.
 
 /// A time as ctime(3) prints it in local time ("Sat Nov 21 05:35:33 2026"),
 /// which is what mdadm shows for creation and update times.

@@ -32,6 +32,6 @@ pub mod monitor;
 pub mod parity;
 pub mod plan;
 pub mod smart;
-pub mod tune;
 pub mod text;
+pub mod tune;
 pub mod units;

@@ -1,10 +1,10 @@
 //! `uraid create`: a new array on member devices, with mdadm's options.
 
-use crate::text::hostname;
 use super::CliResult;
 use crate::array::{create_full, BitmapRequest, CreateOptions, MemberSpec};
 use crate::format::Metadata;
 use crate::geometry::{level_from_name, DraidSpec};
+use crate::text::hostname;
 use crate::units::parse_size_bytes;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;

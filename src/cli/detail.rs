@@ -2,7 +2,6 @@
 //! (--control) or from the members' superblocks (offline).
 
 use super::scan::ArrayLine;
-use crate::text::hostname;
 use super::tuning::{values_for_serve, TuningArgs};
 use super::CliResult;
 use crate::array::assemble;
@@ -11,6 +10,7 @@ use crate::control::{self, view::DetailView, Request};
 use crate::engine::tuning::TuningValues;
 use crate::engine::Snapshot;
 use crate::geometry::{level_from_name, Level};
+use crate::text::hostname;
 use std::path::{Path, PathBuf};
 
 pub fn run(control_socket: Option<&Path>, devices: &[PathBuf], json: bool) -> CliResult {

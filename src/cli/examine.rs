@@ -1,7 +1,6 @@
 //! `uraid examine`: each device's superblock, laid out as mdadm --examine
 //! prints it so that people (and scripts) that know mdadm read it at once.
 
-use crate::text::{chunk_text, ctime, hostname, human_size_paren};
 use super::CliResult;
 use crate::array::{read_bitmap, read_bitmap_node, read_superblock};
 use crate::format::bitmap::{Bitmap, BitmapSuper, BITMAP_MAGIC, BITMAP_STATE_STALE};
@@ -12,6 +11,7 @@ use crate::format::{
 };
 use crate::geometry::{layout_name, Level};
 use crate::member::{Member, OpenOptions};
+use crate::text::{chunk_text, ctime, hostname, human_size_paren};
 use std::fmt::Write;
 use std::path::PathBuf;
 

@@ -3,10 +3,10 @@
 //! engine, or of a set of members read offline (degraded or failed too).
 
 use crate::array::DeviceState;
-use crate::text::{chunk_text, ctime, human_size_paren};
 use crate::engine::{Snapshot, SyncAction};
 use crate::format::{Metadata, MD_FEATURE_BITMAP_OFFSET, MD_FEATURE_RAID0_LAYOUT};
 use crate::geometry::{layout_name, Level};
+use crate::text::{chunk_text, ctime, human_size_paren};
 use std::fmt::Write;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 

@@ -829,29 +829,17 @@ impl Sim {
     /// of them: the spare's space on a child is one column of the rows that
     /// use it, lost with that child (whose role is counted) and with
     /// nothing else, so the array still survives what its parity promises.
-    /// Except while that role is being handed to a disk (the rebalance): a
-    /// child failing then costs the spare its role (docs/ARCHITECTURE.md,
-    /// dRAID, "Not handled"), so the role counts as compromised.
+    /// That holds while the role is being handed to a disk (the
+    /// rebalance) too.
     fn compromised(&self) -> BTreeSet<usize> {
         let snapshot = self.engine().snapshot();
         let routes = self.spare_routes(&snapshot);
-        let rebalancing: BTreeSet<usize> = snapshot
-            .devices
-            .iter()
-            .filter_map(|d| match d.state {
-                DeviceState::Replacement { role, .. } => Some(role),
-                _ => None,
-            })
-            .collect();
         self.active_roles(&snapshot)
             .iter()
             .enumerate()
             .filter(|(role, holder)| match holder {
                 Some(d) => self.has_faults(*d),
-                None => {
-                    routes.as_ref().is_none_or(|r| r.spare_of(*role).is_none())
-                        || rebalancing.contains(role)
-                }
+                None => routes.as_ref().is_none_or(|r| r.spare_of(*role).is_none()),
             })
             .map(|(role, _)| role)
             .collect()

@@ -212,6 +212,69 @@ pub fn spare_index(name: &str) -> Option<usize> {
     name.rsplit('-').next()?.parse().ok()
 }
 
+/// An I/O error a distributed spare met on the child that holds its space
+/// there, tagged with that child's role: the array fails the child for it,
+/// not the spare, whose space on every other child is sound (a spare
+/// failed for one child's error would lose its column in every row). An
+/// error already tagged (a chain of spares) keeps the innermost child: the
+/// disk that erred.
+#[derive(Debug)]
+pub struct ChildIoError {
+    spare: String,
+    role: usize,
+    source: io::Error,
+}
+
+impl std::fmt::Display for ChildIoError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (its space on role {}): {}",
+            self.spare, self.role, self.source
+        )
+    }
+}
+
+impl std::error::Error for ChildIoError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+fn child_error(spare: &str, role: usize, source: io::Error) -> io::Error {
+    if child_of(&source).is_some() {
+        return source;
+    }
+    io::Error::new(
+        source.kind(),
+        ChildIoError {
+            spare: spare.to_string(),
+            role,
+            source,
+        },
+    )
+}
+
+/// The role of the child a distributed spare's I/O error came from, if it
+/// did: found through the wrappers that keep their source (the engine's
+/// tag of a member's role).
+pub fn child_of(error: &io::Error) -> Option<usize> {
+    let mut inner: &(dyn std::error::Error + 'static) = error.get_ref()?;
+    // Each step goes one wrapper down; a chain of spares is bounded by the
+    // spares, and the engine adds one tag: a few steps at most.
+    for _ in 0..16 {
+        if let Some(child) = inner.downcast_ref::<ChildIoError>() {
+            return Some(child.role);
+        }
+        let next = inner.source()?;
+        inner = match next.downcast_ref::<io::Error>() {
+            Some(io) => io.get_ref()?,
+            None => next,
+        };
+    }
+    None
+}
+
 /// The I/O done on one piece: the member, its byte offset, and the range
 /// of the caller's buffer.
 type PieceIo<'a> = dyn FnMut(&dyn Member, u64, std::ops::Range<usize>) -> io::Result<()> + 'a;
@@ -324,11 +387,14 @@ impl DistributedSpare {
         let slice_end = (member_sector / slice_sectors + 1) * slice_sectors;
         let piece = (len as u64).min((slice_end - member_sector) * SECTOR_BYTES) as usize;
         let child = self.draid.spare_child(self.spare, member_sector);
+        // A missing child is that child's loss too: the column is missing
+        // in this row, homed at the child, and the spare stays.
         let member = self.router()?.role(child).ok_or_else(|| {
-            io::Error::other(format!(
-                "{}: its space on child {child} is unavailable (the child is missing or not in sync)",
-                self.name
-            ))
+            child_error(
+                &self.name,
+                child,
+                io::Error::other("the child is missing or not in sync"),
+            )
         })?;
         let depth = DEPTH.with(|d| d.get());
         if depth > self.draid.spares() {
@@ -340,7 +406,9 @@ impl DistributedSpare {
         DEPTH.with(|d| d.set(depth + 1));
         let result = io(&*member, offset, done..done + piece);
         DEPTH.with(|d| d.set(depth));
-        result.map(|()| piece)
+        result
+            .map(|()| piece)
+            .map_err(|e| child_error(&self.name, child, e))
     }
 
     /// Splits `[offset, offset+len)` into metadata and routed data pieces.

@@ -515,7 +515,7 @@ impl Engine {
                             format!("read error after a rewrite: {e}"),
                             &[&e],
                         );
-                        self.fail_member_if(role, member.as_ref(), &reason);
+                        self.fail_blamed(role, member.as_ref(), &e, &reason);
                         last = Some(e);
                     }
                     Some(role) => {
@@ -755,7 +755,7 @@ impl View<'_> {
         source: &io::Error,
     ) -> io::Result<()> {
         let reason = super::readd::failure_reason(format!("write error: {source}"), &[source]);
-        self.engine.fail_member_if(role, Some(member), &reason);
+        self.engine.fail_blamed(role, Some(member), source, &reason);
         if !self.engine.runnable() {
             return Err(io::Error::other(format!(
                 "array failed: member {role} lost on write ({source})"

@@ -8,7 +8,9 @@
 //! I/O never holds a lock across a member call.
 
 use super::io::{recover_lost, View};
+use super::resync::SyncAction;
 use super::Engine;
+use crate::array::dspare::is_spare_name;
 use crate::array::SpareRoutes;
 use crate::array::{
     write_array_state_failing, Assembled, Cleanliness, DeviceState, Slot, SuperblockError,
@@ -179,7 +181,13 @@ impl std::fmt::Display for MemberIoError {
     }
 }
 
-impl std::error::Error for MemberIoError {}
+impl std::error::Error for MemberIoError {
+    // The error underneath stays reachable: a distributed spare's tag of
+    // the child it met the error on (`dspare::child_of`).
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
 
 pub fn member_error(role: usize, source: io::Error) -> io::Error {
     io::Error::new(source.kind(), MemberIoError { role, source })
@@ -318,6 +326,7 @@ impl Engine {
         } else {
             self.events.push("DegradedArray", &path, "");
         }
+        self.give_up_rebalances(&mut array, role, &path);
         // A check or repair gives way, as md interrupts any sync on a
         // failure: a spare should take over now, not when the check ends.
         self.interrupt_scrub(&path);
@@ -335,6 +344,81 @@ impl Engine {
         if let Some(engine) = self.me.get().and_then(std::sync::Weak::upgrade) {
             engine.start_recovery_if_possible();
         }
+    }
+
+    /// Fails the member an I/O error is to be blamed on: the one in `role`
+    /// (if it is still `member`), or, for an error a distributed spare met
+    /// on the child holding its space there, that child. The spare's space
+    /// on every other child is sound: failing it would lose its column in
+    /// every row, failing the child loses one column in the rows that use
+    /// it. A child already gone costs nothing more.
+    pub(super) fn fail_blamed(
+        &self,
+        role: usize,
+        member: Option<&crate::member::MemberRef>,
+        error: &io::Error,
+        reason: &str,
+    ) {
+        match crate::array::dspare::child_of(error) {
+            Some(child) if child != role => {
+                let holder = self.table().entry(child).map(|e| e.slot.member.clone());
+                if let Some(holder) = holder {
+                    self.fail_member_if(child, Some(&holder), reason);
+                }
+            }
+            _ => self.fail_member_if(role, member, reason),
+        }
+    }
+
+    /// A member failed while a role held by a distributed spare was being
+    /// handed to a disk (the rebalance). The spare's space on the failed
+    /// member went with it, so the copy can neither read those rows from
+    /// the spare nor rebuild them: I/O to a role being replaced stops at
+    /// its member, so that the replacement sees every write. The rebalance
+    /// is given up, as ZFS restarts a resilver when another disk fails:
+    /// the disk is a spare again (the failed member's rebuild may take
+    /// it), the role stays on the distributed spare, missing only in the
+    /// rows that used the failed member's space, and the copy job stops.
+    /// Returns whether it gave one up (the caller writes the superblocks).
+    fn give_up_rebalances(&self, array: &mut Assembled, failed: usize, failed_path: &str) -> bool {
+        let taken = self.update_table(|t| {
+            let mut taken = Vec::new();
+            for role in 0..t.replacing.len() {
+                let on_spare = t.by_role[role]
+                    .as_ref()
+                    .is_some_and(|e| is_spare_name(e.slot.member.name()));
+                if role != failed && on_spare {
+                    if let Some(entry) = t.replacing[role].take() {
+                        taken.push((role, entry));
+                    }
+                }
+            }
+            taken
+        });
+        for (role, entry) in &taken {
+            let Some(disk) = array
+                .devices
+                .iter_mut()
+                .find(|d| Arc::ptr_eq(&d.member, &entry.slot.member))
+            else {
+                continue;
+            };
+            debug_assert!(
+                matches!(disk.state, DeviceState::Replacement { role: r, .. } if r == *role)
+            );
+            disk.state = DeviceState::Spare;
+            let job = SyncAction::Replace { role: *role };
+            self.sync.interrupt(|a| a == job);
+            self.events.push(
+                "SyncStopped",
+                &disk.path,
+                &format!(
+                    "the rebalance of role {role} is given up: {failed_path} failed, taking \
+                     the distributed spare's space on it; the disk is a spare again"
+                ),
+            );
+        }
+        !taken.is_empty()
     }
 
     /// The member in `role` has left: a replacement being built takes the
@@ -391,6 +475,7 @@ impl Engine {
     ) -> Result<(), SuperblockError> {
         let lost = write_array_state_failing(array, state)?;
         let mut first_error = None;
+        let mut gave_up = false;
         for device in lost {
             let io_error = match &device.error {
                 SuperblockError::Io { source, .. } => Some(source),
@@ -432,8 +517,17 @@ impl Engine {
                 self.events.push("DegradedArray", &device.path, "");
                 self.interrupt_scrub(&device.path);
                 self.promote_replacement(array, role);
+                gave_up |= self.give_up_rebalances(array, role, &device.path);
             }
             first_error.get_or_insert(device.error);
+        }
+        // A disk handed back to the spares says so on its superblock at
+        // once: a restart must not resume a copy that misses every write
+        // from now on. Each round takes a rebalance away, so this ends.
+        if gave_up && self.runnable() {
+            if let Err(e) = self.write_state_locked(array, state) {
+                first_error.get_or_insert(e);
+            }
         }
         match first_error {
             Some(error) if !self.runnable() => Err(error),
@@ -485,14 +579,23 @@ impl Engine {
                     &format!("stripe {stripe}: {error}"),
                 );
             }
-            Err(e) => self.fail_member_if(
-                role,
-                Some(&entry.slot.member),
-                &super::readd::failure_reason(
-                    format!("read error ({error}) not correctable: {e}"),
-                    &[error, &e],
-                ),
-            ),
+            Err(e) => {
+                // The rewrite's error says who failed it; a spare's original
+                // read error may name the child when the rewrite's does not.
+                let blame = match crate::array::dspare::child_of(&e) {
+                    Some(_) => &e,
+                    None => error,
+                };
+                self.fail_blamed(
+                    role,
+                    Some(&entry.slot.member),
+                    blame,
+                    &super::readd::failure_reason(
+                        format!("read error ({error}) not correctable: {e}"),
+                        &[error, &e],
+                    ),
+                )
+            }
         }
     }
 }
@@ -515,6 +618,11 @@ impl View<'_> {
         let write = |place: &Place, buf: &[u8]| -> io::Result<()> {
             let at = target.slot.data_offset_bytes + place.member_sector * SECTOR_BYTES;
             counted::write_at(target.slot.member.as_ref(), buf, at).map_err(|e| {
+                // A distributed spare's error names itself and keeps the
+                // tag of the child that failed it (see `fail_blamed`).
+                if crate::array::dspare::child_of(&e).is_some() {
+                    return e;
+                }
                 io::Error::new(
                     e.kind(),
                     format!("writing {}: {e}", target.slot.member.name()),

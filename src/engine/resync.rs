@@ -231,10 +231,16 @@ impl SyncWorker {
     /// caller may hold a stripe lock the job needs). md interrupts a sync
     /// when a member fails, so that recovery can start.
     pub fn interrupt_scrub(&self) -> Option<SyncAction> {
+        self.interrupt(|a| matches!(a, SyncAction::Check | SyncAction::Repair))
+    }
+
+    /// Asks the running job to stop if `pick` picks it, without waiting
+    /// for it; returns the job asked.
+    pub fn interrupt(&self, pick: impl Fn(SyncAction) -> bool) -> Option<SyncAction> {
         let current = self.action.lock().unwrap();
-        let scrub = current.filter(|a| matches!(a, SyncAction::Check | SyncAction::Repair))?;
+        let job = current.filter(|&a| pick(a))?;
         self.stop.store(true, Ordering::SeqCst);
-        Some(scrub)
+        Some(job)
     }
 
     pub fn is_closed(&self) -> bool {
@@ -496,6 +502,22 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                 // from redundancy, or fail the member), and the stripe is
                 // tried again, a bounded number of times.
                 retries += 1;
+                // A distributed spare being rebuilt met the error on the
+                // child holding its space: the child fails, and the stripe
+                // goes on without it (the spare's column there is homed at
+                // the child, rebuilt with it).
+                if let (None, Some(_), SyncAction::Recovery { role }) = (
+                    super::members::member_of(&e),
+                    crate::array::dspare::child_of(&e),
+                    action,
+                ) {
+                    if retries <= engine.geometry().raid_disks() {
+                        let reason =
+                            super::readd::failure_reason(format!("write error: {e}"), &[&e]);
+                        engine.fail_blamed(role, None, &e, &reason);
+                        continue;
+                    }
+                }
                 if let Some(role) = super::members::member_of(&e) {
                     if retries <= engine.geometry().raid_disks() {
                         // A replace reads the member it copies: its read

@@ -570,3 +570,104 @@ fn a_disk_added_while_a_spare_is_unreadable_does_not_take_its_number() {
     assert_reads(&engine, &image, "after the rebuild");
     engine.shutdown().unwrap();
 }
+
+/// A child lost while a spare's role is being handed to a new disk (the
+/// rebalance) is that child's loss alone: the spare keeps the role (its
+/// space on the other children is sound), the rebalance is given up and
+/// its disk rebuilds the lost child instead. Failing the spare for the
+/// child's error would leave two roles short on a single-parity array.
+#[test]
+fn a_child_lost_during_the_rebalance_costs_the_spare_nothing() {
+    use crate::member::{BadRange, Fault, FaultyMember, MemberRef, Ops};
+    let dir = tempfile::tempdir().unwrap();
+    let paths = make_draid(dir.path(), 1, 2, 7, 1);
+    let wrappers: Vec<Arc<FaultyMember>> = crate::array::open_members(&paths, true)
+        .unwrap()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (_, m))| Arc::new(FaultyMember::with_seed(m, i as u64)))
+        .collect();
+    let members = paths
+        .iter()
+        .zip(&wrappers)
+        .map(|(p, w)| (p.display().to_string(), w.clone() as MemberRef))
+        .collect();
+    let engine = Engine::start(
+        crate::array::assemble_members(members).unwrap(),
+        EngineOptions::default(),
+    )
+    .unwrap();
+    let draid = draid_of(&engine);
+    let image = fill(&engine, 13);
+    // The spare's space in the first slice lies on `child`; the role that
+    // fails is another, whose columns there the spare then keeps on it.
+    let child = draid.spare_child(0, 0);
+    let role = (child + 1) % paths.len();
+    engine.manage_fail(&paths[role]).unwrap();
+    wait_for(&engine, "the spare rebuild", |s| {
+        idle(s) && holder(s, role).is_some()
+    });
+    let spare = holder(&engine.snapshot(), role).unwrap();
+    assert!(crate::array::dspare::is_spare_name(&spare), "{spare}");
+
+    // The rebalance onto a new disk, slowed so that the child goes in the
+    // middle of it.
+    engine.set_speed_limits(Some(100), Some(1000));
+    let disk = new_file(dir.path(), "new");
+    engine.manage_add(&disk).unwrap();
+    wait_for(&engine, "the rebalance's start", |s| {
+        s.devices
+            .iter()
+            .any(|d| matches!(d.state, DeviceState::Replacement { role: r, .. } if r == role))
+    });
+    // The child's sectors under the spare's space in that slice go bad for
+    // reads and writes: only I/O through the spare meets them, as the
+    // first to see a pulled child may be.
+    let data_offset = engine.snapshot().sb.data_offset_sectors;
+    wrappers[child]
+        .apply(&Fault::Eio(BadRange {
+            offset_bytes: data_offset * SECTOR_BYTES,
+            len_bytes: draid.devslice_sectors() * SECTOR_BYTES,
+            ops: Ops::Both,
+            remap: false,
+        }))
+        .unwrap();
+    // Every row is read, those whose column of the role lies there among
+    // them: each must come back, rebuilt from parity.
+    assert_reads(&engine, &image, "with the child failing mid-rebalance");
+    assert!(
+        wrappers[child].counters().bad_range_errors > 0,
+        "no read went through the spare to the bad sectors"
+    );
+    engine.set_speed_limits(None, Some(1_000_000));
+    let child_path = paths[child].display().to_string();
+    wait_for(&engine, "the lost child's rebuild", |s| {
+        idle(s) && holder(s, child).is_some_and(|h| h != child_path)
+    });
+    let s = engine.snapshot();
+    assert!(s.runnable, "{:?}", events(&s));
+    assert_eq!(
+        holder(&s, role).as_deref(),
+        Some(spare.as_str()),
+        "the spare lost its role: {:?}",
+        events(&s)
+    );
+    assert_eq!(
+        holder(&s, child).as_deref(),
+        Some(disk.display().to_string().as_str()),
+        "the new disk does not hold the lost child's role: {:?}",
+        events(&s)
+    );
+    assert!(s.missing_roles.is_empty(), "{:?}", s.missing_roles);
+    let stopped = format!("rebalance of role {role} is given up");
+    assert!(
+        events(&s)
+            .iter()
+            .any(|e| e.starts_with("SyncStopped") && e.contains(&stopped)),
+        "{:?}",
+        events(&s)
+    );
+    assert_reads(&engine, &image, "after the lost child's rebuild");
+    check_finds_nothing(&engine, "after the lost child's rebuild");
+    engine.shutdown().unwrap();
+}

@@ -634,15 +634,23 @@ impl Engine {
         if matches!(*geometry, crate::geometry::Geometry::Reshaping(_)) {
             return;
         }
-        let from = geometry.stripe_at_resync_position(offset);
         let device = &array.devices[index];
         // An entry that has a position keeps it: whoever starts the job
         // (a spare's add racing the end of a check, say) then moves the
         // position that writes to the member look at (see job_owns_target).
-        let next = table
-            .entry(role)
-            .and_then(|e| e.rebuilt_below.clone())
-            .unwrap_or_else(|| Arc::new(AtomicU64::new(from)));
+        let live = table.entry(role).and_then(|e| e.rebuilt_below.clone());
+        // And the job resumes there, not at the superblock's offset: writes
+        // reach the member below the position, so it is in sync there, while
+        // the offset is a checkpoint that lags behind it (raid10 records 0).
+        // Moved back, the position would let writes skip the member, which
+        // the end of the job that built it that far would then declare in
+        // sync: that job may have cleared its action, which is all this
+        // looks at, and not yet run its end (see resync::run).
+        let from = match &live {
+            Some(next) => next.load(Ordering::SeqCst),
+            None => geometry.stripe_at_resync_position(offset),
+        };
+        let next = live.unwrap_or_else(|| Arc::new(AtomicU64::new(from)));
         let entry = members::MemberEntry {
             slot: members::slot_of(device),
             rebuilt_below: Some(next.clone()),
@@ -653,7 +661,7 @@ impl Engine {
         self.events.push(
             "RebuildStarted",
             &path,
-            &format!("resuming role {role} at {offset} sectors"),
+            &format!("resuming role {role} at stripe {from}"),
         );
         let _ = SyncWorker::start(self, SyncAction::Recovery { role }, from, next);
         let _ = index;

@@ -1567,6 +1567,96 @@ fn a_half_rebuilt_member_takes_writes_during_the_resync_after_a_crash() {
     assert!(back == image, "the rebuilt member misses writes");
 }
 
+/// A recovery job that has built its member to the end clears its action
+/// before its thread runs its end (resync::run): a resume in between (a
+/// member failing or a spare added meanwhile) goes on from where the member
+/// is built, not from the superblock's checkpoint (0 for raid10). Moved back
+/// to it, the position let a write skip the member, and the late end then
+/// declared the member in sync without that write.
+#[test]
+fn a_resume_racing_the_end_of_a_finished_recovery_loses_no_write() {
+    use super::resync::Outcome;
+    use crate::member::Member;
+    let (array, _wrappers) = faulty_array(Level::Raid10, 4, 1);
+    let engine = Engine::start(array, EngineOptions::default()).unwrap();
+    hammer(&engine, 2, 20, 16);
+    // Foreground I/O all along holds the recovery in its throttle once it
+    // has written its one batch (a member's share fits in one), with the
+    // member built to the end and the job not yet at its end.
+    engine.set_speed_limits(Some(1), None);
+    let pumping = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let pump = {
+        let (engine, pumping) = (engine.clone(), pumping.clone());
+        std::thread::spawn(move || {
+            while pumping.load(Ordering::SeqCst) {
+                engine.foreground_ios.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        })
+    };
+    engine.manage_fail(std::path::Path::new("m1")).unwrap();
+    let next = (engine.table().entry(1))
+        .and_then(|e| e.rebuilt_below.clone())
+        .expect("role 1 is being rebuilt");
+    let count = engine.sync.stripe_count();
+    wait_until(&engine, "the recovery built to the end", |_| {
+        next.load(Ordering::SeqCst) == count
+    });
+    // Stopped there, it stands as a finished job does between the two.
+    engine.stop_sync().unwrap();
+    pumping.store(false, Ordering::SeqCst);
+    pump.join().unwrap();
+    assert_eq!(engine.sync.action(), None);
+    assert!(matches!(
+        state_of(&engine, std::path::Path::new("m4")),
+        Some(DeviceState::Recovering { role: 1, .. })
+    ));
+    // A job that went back would wait for stripe 0's lock: the write below
+    // comes before it could copy anything.
+    let stripe_0 = engine.locks.lock_slot(engine.locks.slot(0));
+    engine.start_recovery_if_possible();
+    // A strip with a copy on role 1, in the last stripes (far from where
+    // a job that went back stands), and not under stripe 0's lock.
+    let (map, index, place) = (1..count)
+        .rev()
+        .map(|s| engine.geometry().stripe(s))
+        .filter(|m| engine.locks.slot(m.stripe) != engine.locks.slot(0))
+        .find_map(|m| {
+            let (i, c) = (m.data.iter().enumerate())
+                .find_map(|(i, d)| d.copies.iter().find(|c| c.member == 1).map(|c| (i, *c)))?;
+            Some((m, i, c))
+        })
+        .expect("a strip with a copy on role 1");
+    let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
+    let data = vec![0xa7u8; strip_bytes];
+    let at = (map.array_sector + index as u64 * map.strip_sectors) * SECTOR_BYTES;
+    engine.write(at, &data, false).unwrap();
+    // The end of the first job, late.
+    engine.sync_ended(
+        SyncAction::Recovery { role: 1 },
+        Outcome::Finished {
+            mismatch_sectors: 0,
+        },
+        &next,
+    );
+    drop(stripe_0);
+    wait_idle(&engine);
+    assert!(matches!(
+        state_of(&engine, std::path::Path::new("m4")),
+        Some(DeviceState::Active { role: 1 })
+    ));
+    let slot = engine.table().entry(1).unwrap().slot.clone();
+    let mut back = vec![0u8; strip_bytes];
+    slot.member
+        .read_at(
+            &mut back,
+            slot.data_offset_bytes + place.member_sector * SECTOR_BYTES,
+        )
+        .unwrap();
+    assert!(back == data, "the member rebuilt in role 1 misses a write");
+    engine.shutdown().unwrap();
+}
+
 #[test]
 fn raid6_check_with_a_data_member_missing_still_checks_q() {
     use std::os::unix::fs::FileExt;

@@ -263,7 +263,14 @@ fn a_rebuild_killed_mid_way_resumes_where_it_stood() {
     let resumed_at: Vec<u64> = status_events(&status)
         .iter()
         .filter(|(e, d, _)| e == "RebuildStarted" && d.ends_with("draid2-0-0"))
-        .filter_map(|(_, _, x)| x.split(" at ").nth(1)?.split(' ').next()?.parse().ok())
+        .filter_map(|(_, _, x)| {
+            x.split(" at stripe ")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
         .collect();
     assert!(
         resumed_at.first().is_some_and(|at| *at > 0),

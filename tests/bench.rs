@@ -6,8 +6,8 @@ mod common;
 use common::{uraid, uraid_refused};
 use std::path::Path;
 use std::process::Command;
-use uraid::bench::nbd_client::NbdSync;
 use uraid::bench::targets::Nbdkit;
+use uraid::export::nbd::client::NbdSync;
 
 /// `uraid bench` on tiny members in `dir` (64 KiB chunks, no warm-up,
 /// the benchmark's own client): these tests check what is reported, never

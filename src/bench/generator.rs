@@ -9,9 +9,9 @@
 //! concurrency without an async I/O layer.
 
 use super::buffers::{check_pattern, fill_pattern, noise, AlignedBuf};
-use super::nbd_client;
 use super::targets::{thread_cpu_seconds, Access, RawStripes};
 use super::workload::{Op, Pattern, Phase, MAX_DEPTH_PER_JOB};
+use crate::export::nbd::client as nbd_client;
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicU64, Ordering};

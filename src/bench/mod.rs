@@ -7,7 +7,7 @@
 //! machine.
 //!
 //! One module per concern: `workload` (the jobs), `generator` (the
-//! closed-loop load), `nbd_client`, `targets` (raw files, nbdkit, CPU
+//! closed-loop load, on `export::nbd::client`), `targets` (raw files, nbdkit, CPU
 //! time), `array` (the array under test and its states), `tunables` (the
 //! engine's knobs, behind an adapter), `diskbusy` (how busy the members'
 //! disk was), `report` (rows, ratios, the performance targets, table), `chart`
@@ -19,7 +19,6 @@ pub mod chart;
 pub mod clients;
 pub mod diskbusy;
 pub mod generator;
-pub mod nbd_client;
 pub mod parity;
 pub mod report;
 pub mod targets;

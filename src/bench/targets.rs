@@ -11,7 +11,7 @@
 //!   socket with nothing behind them but memory.
 
 use super::buffers::{fill_pattern, noise, AlignedBuf};
-use super::nbd_client::NbdSync;
+use crate::export::nbd::client::NbdSync;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};

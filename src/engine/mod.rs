@@ -1419,7 +1419,7 @@ fn flush_all(members: &[&MemberRef]) -> Vec<std::io::Result<()>> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 #[cfg(test)]
 mod tests_draid;
 #[cfg(test)]

@@ -46,12 +46,15 @@
 //!
 //! [`BlockBackend`]: crate::export::BlockBackend
 
+pub mod client;
 mod conn;
 mod fastpath;
 mod io;
 mod listen;
 pub use crate::member::nbd::proto;
 mod server;
+#[cfg(test)]
+mod tests_engine;
 #[cfg(feature = "tls")]
 mod tls;
 #[cfg(not(feature = "tls"))]

@@ -1,4 +1,5 @@
-//! A small NBD client for the benchmark: fixed newstyle handshake with
+//! A small NBD client, for `uraid bench`'s load generator and for tests
+//! that drive the server: fixed newstyle handshake with
 //! `NBD_OPT_GO`, then pipelined READ/WRITE/FLUSH told apart by cookie.
 //!
 //! It speaks only what the benchmark needs, over a unix socket, with simple

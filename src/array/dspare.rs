@@ -15,8 +15,9 @@
 //!   lose (ZFS's `vdev_draid_spare_get_child`);
 //! - what md keeps before the data (superblock, bitmap) lives in a metadata
 //!   slot per spare after every child's data area, written to every child
-//!   and read from the first that answers, so that it survives as long as
-//!   the array does.
+//!   and read from the first that answers (children whose copy a write
+//!   failed on are asked last), so that it survives as long as the array
+//!   does.
 //!
 //! A child's role may itself be served by a distributed spare (a chain);
 //! routing follows it through the router, bounded by the number of spares,
@@ -39,19 +40,55 @@ use std::sync::{Arc, RwLock, Weak};
 #[derive(Default)]
 pub struct SpareRouter {
     roles: RwLock<Vec<Option<MemberRef>>>,
+    /// Children a spare's metadata write failed on, by identity: what
+    /// they hold of the spares' metadata may be torn or old, so reads go
+    /// to the others first. A failed write is the child's own failure (the
+    /// array fails it through its own device); until the table says so, a
+    /// superblock read back from it would fail the spare instead.
+    stale: RwLock<Vec<usize>>,
+}
+
+/// A member's identity while it lives: the address of what its `Arc`
+/// points to.
+fn identity(member: &MemberRef) -> usize {
+    Arc::as_ptr(member) as *const u8 as usize
 }
 
 impl SpareRouter {
     pub fn new(roles: Vec<Option<MemberRef>>) -> Arc<SpareRouter> {
         Arc::new(SpareRouter {
             roles: RwLock::new(roles),
+            stale: RwLock::default(),
         })
     }
 
     /// Replaces the table: `roles[r]` is the member that holds role r and
-    /// is in sync, or None.
+    /// is in sync, or None. A child that leaves the table leaves the
+    /// stale set with it: a new member in its place is judged afresh.
     pub fn set(&self, roles: Vec<Option<MemberRef>>) {
+        let kept: Vec<usize> = roles.iter().flatten().map(identity).collect();
+        self.stale.write().unwrap().retain(|s| kept.contains(s));
         *self.roles.write().unwrap() = roles;
+    }
+
+    fn mark_stale(&self, child: &MemberRef) {
+        let id = identity(child);
+        let mut stale = self.stale.write().unwrap();
+        if !stale.contains(&id) {
+            stale.push(id);
+        }
+    }
+
+    /// The children present, those with a whole copy of the spares'
+    /// metadata first: a child whose metadata write failed is read last.
+    fn present_for_reads(&self) -> Vec<MemberRef> {
+        let stale = self.stale.read().unwrap();
+        let (mut fresh, old): (Vec<MemberRef>, Vec<MemberRef>) = self
+            .present()
+            .into_iter()
+            .partition(|m| !stale.contains(&identity(m)));
+        fresh.extend(old);
+        fresh
     }
 
     fn role(&self, role: usize) -> Option<MemberRef> {
@@ -444,7 +481,8 @@ impl DistributedSpare {
                 // Every child gets the metadata; one copy is enough to keep.
                 let mut written = 0;
                 let mut last = None;
-                for child in self.router()?.present() {
+                let router = self.router()?;
+                for child in router.present() {
                     let piece = &buf[range.clone()];
                     let done = match fua {
                         true => child.write_at_fua(piece, at),
@@ -452,7 +490,10 @@ impl DistributedSpare {
                     };
                     match done {
                         Ok(()) => written += 1,
-                        Err(e) => last = Some(e),
+                        Err(e) => {
+                            router.mark_stale(&child);
+                            last = Some(e);
+                        }
                     }
                 }
                 match (written, last) {
@@ -495,7 +536,7 @@ impl Member for DistributedSpare {
             |at, range| {
                 // The first child that answers: every child holds a copy.
                 let mut last = io::Error::other(format!("{}: no child to read from", self.name));
-                for child in self.router()?.present() {
+                for child in self.router()?.present_for_reads() {
                     match child.read_at(&mut buf.borrow_mut()[range.clone()], at) {
                         Ok(()) => return Ok(()),
                         Err(e) => last = e,
@@ -707,6 +748,61 @@ mod tests {
     /// each piece (and on every child for its metadata), not a flush of
     /// every child: at a crash of the children's volatile caches it stays,
     /// and nothing was flushed.
+    /// A spare's superblock write torn on one child (which the array then
+    /// fails through its own device) leaves a part-written copy there: the
+    /// read back that checks the write takes a whole copy from another
+    /// child, so the spare is not failed for the child's fault.
+    #[test]
+    fn metadata_torn_on_one_child_reads_back_whole_from_another() {
+        let probe = DraidParams {
+            parity: 1,
+            data: 2,
+            children: 5,
+            spares: 1,
+            chunk_sectors: 8,
+            dev_sectors: 1 << 20,
+        };
+        let slice = Draid::new(&probe).unwrap().devslice_sectors();
+        let draid = Draid::new(&DraidParams {
+            dev_sectors: 4 * slice,
+            ..probe
+        })
+        .unwrap();
+        let area = SpareArea {
+            data_offset_sectors: 64,
+            dev_sectors: 4 * slice,
+        };
+        let child_bytes = (area.data_offset_sectors + area.child_data_sectors(1)) * SECTOR_BYTES;
+        let children: Vec<Arc<FaultyMember>> = (0..5)
+            .map(|i| {
+                let inner = Arc::new(MemoryMember::new(&format!("c{i}"), child_bytes, 512));
+                Arc::new(FaultyMember::new(inner))
+            })
+            .collect();
+        let roles: Vec<Option<MemberRef>> = children
+            .iter()
+            .map(|c| Some(c.clone() as MemberRef))
+            .collect();
+        let router = SpareRouter::new(roles.clone());
+        let spare = DistributedSpare::new(&draid, 0, area, router.clone(), 512);
+        spare.write_at(&[0x11; 4096], 4096).unwrap();
+        children[0].apply_str("torn:keep=2").unwrap();
+        spare
+            .write_at(&[0x5a; 4096], 4096)
+            .expect("the other children took the write");
+        assert_eq!(children[0].counters().torn_writes, 1);
+        let mut back = vec![0u8; 4096];
+        spare.read_at(&mut back, 4096).unwrap();
+        assert!(back == [0x5a; 4096], "read back the torn copy");
+        // Once the torn child has left the table and a member is back in
+        // its role, that member is read like any other.
+        let mut without = roles.clone();
+        without[0] = None;
+        router.set(without);
+        router.set(roles);
+        assert!(router.stale.read().unwrap().is_empty());
+    }
+
     #[test]
     fn a_fua_write_is_fua_on_the_children_that_hold_it() {
         let probe = DraidParams {

@@ -72,6 +72,90 @@ pub fn human_size(bytes: u64) -> String {
     )
 }
 
+/// A byte count with an optional K, M, G or T suffix (powers of 1024) or `s`
+/// for 512-byte sectors. Unlike mdadm's `--size`, a bare number is bytes:
+/// fault offsets are copied from error messages, which give bytes.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, suffix) = text.split_at(split);
+    let multiplier: u64 = match suffix.to_ascii_lowercase().as_str() {
+        "" => 1,
+        "s" => 512,
+        "k" => 1 << 10,
+        "m" => 1 << 20,
+        "g" => 1 << 30,
+        "t" => 1 << 40,
+        _ => {
+            return Err(format!(
+                "size '{text}' is not a number with an optional K, M, G, T or s (sectors) suffix"
+            ))
+        }
+    };
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("size '{text}' is not a number"))?;
+    value
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("size '{text}' is too large"))
+}
+
+/// Formats bytes with the largest suffix that divides them exactly, so that
+/// `parse_bytes` reads back the same number.
+pub fn format_bytes(bytes: u64) -> String {
+    for (shift, suffix) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if bytes != 0 && bytes.trailing_zeros() >= shift {
+            return format!("{}{suffix}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+/// A duration with a unit (`us`, `ms`, `s`, `m`); decimals are allowed
+/// (`1.5s`). Returns microseconds.
+pub fn parse_duration_us(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let unit_us: f64 = match unit {
+        "us" | "µs" => 1.0,
+        "ms" => 1e3,
+        "s" => 1e6,
+        "m" | "min" => 60e6,
+        "" => return Err(format!("duration '{text}' needs a unit: us, ms, s or m")),
+        _ => {
+            return Err(format!(
+                "duration '{text}' has an unknown unit (us, ms, s or m)"
+            ))
+        }
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("duration '{text}' is not a number"))?;
+    let us = (value * unit_us).round();
+    if !(0.0..=u64::MAX as f64 / 2.0).contains(&us) {
+        return Err(format!("duration '{text}' is too long"));
+    }
+    Ok(us as u64)
+}
+
+/// Formats microseconds in the largest unit that divides them exactly.
+pub fn format_us(us: u64) -> String {
+    if us == 0 {
+        "0ms".to_string()
+    } else if us.is_multiple_of(1_000_000) {
+        format!("{}s", us / 1_000_000)
+    } else if us.is_multiple_of(1000) {
+        format!("{}ms", us / 1000)
+    } else {
+        format!("{us}us")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,8 +3,9 @@
 //! hot spares taking over a failed member, and the hooks the background job
 //! calls as it progresses and ends.
 
+use super::job::{Outcome, SyncAction};
 use super::members::MemberEntry;
-use super::resync::{Outcome, SyncAction, SyncWorker};
+use super::resync::SyncWorker;
 use super::Engine;
 use crate::array::dspare::is_spare_name;
 use crate::array::{DeviceState, FoundDevice, Slot};

@@ -8,7 +8,7 @@
 //! I/O never holds a lock across a member call.
 
 use super::io::{recover_lost, View};
-use super::resync::SyncAction;
+use super::job::SyncAction;
 use super::Engine;
 use crate::array::dspare::is_spare_name;
 use crate::array::SpareRoutes;

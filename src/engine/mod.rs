@@ -9,6 +9,7 @@ mod bitmap;
 mod cache;
 mod events;
 mod io;
+mod job;
 mod journal;
 mod locks;
 mod manage;
@@ -28,8 +29,8 @@ pub mod tuning;
 
 pub use cache::CacheReport;
 pub use events::Event;
+pub use job::{SyncAction, SyncProgress};
 pub use journal::{JournalError, JournalStats};
-pub use resync::{SyncAction, SyncProgress};
 
 use crate::array::{write_array_state_failing, Assembled, Cleanliness, DeviceState};
 use crate::export::{BlockBackend, BlockSizes, ZeroFlags};
@@ -664,7 +665,6 @@ impl Engine {
             &format!("resuming role {role} at stripe {from}"),
         );
         let _ = SyncWorker::start(self, SyncAction::Recovery { role }, from, next);
-        let _ = index;
     }
 
     /// Starts a check (count mismatches) or repair (fix them), md's

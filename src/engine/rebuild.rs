@@ -32,8 +32,8 @@
 //! it always has, and batches resume after them.
 
 use super::io::{run_reads, View};
+use super::job::{SyncAction, Throttle};
 use super::members::{rebuild_strip, MemberEntry};
-use super::resync::{SyncAction, Throttle};
 use super::Engine;
 use crate::geometry::{Place, StripeMap};
 use crate::member::{batch, AlignedBuf, IoOp, MemberRef};

@@ -29,7 +29,7 @@
 //! with parity, its data moved down by md's min_offset_change
 //! (`raid10_window_end`).
 
-use super::resync::{SyncAction, SyncProgress, Throttle};
+use super::job::{SyncAction, SyncProgress, Throttle};
 use super::{Engine, MemberEntry};
 use crate::array::{
     lowest_data_offset, plan_level_change, plan_reshape, reshape_backwards, room_after_data,

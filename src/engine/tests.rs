@@ -1634,7 +1634,7 @@ fn a_half_rebuilt_member_takes_writes_during_the_resync_after_a_crash() {
 /// declared the member in sync without that write.
 #[test]
 fn a_resume_racing_the_end_of_a_finished_recovery_loses_no_write() {
-    use super::resync::Outcome;
+    use super::job::Outcome;
     let (array, _wrappers) = faulty_array(Level::Raid10, 4, 1);
     let engine = Engine::start(array, EngineOptions::default()).unwrap();
     hammer(&engine, 2, 20, 16);

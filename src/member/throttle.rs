@@ -9,9 +9,9 @@
 //! they asked. The limits can change at any time; a change wakes the waiting
 //! I/Os, so lifting a limit takes effect at once.
 
-use super::fault::{format_bytes, format_us, parse_bytes, parse_duration_us};
 use super::model::{DeviceModel, ModelName};
 use super::{check_io, Member, MemberRef};
+use crate::units::{format_bytes, format_us, parse_bytes, parse_duration_us};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::io;

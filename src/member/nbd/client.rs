@@ -7,7 +7,9 @@
 //! The handshake is shared with the benchmark's pipelined client, which
 //! drives the connection itself afterwards.
 
-use super::proto::{self, BlockSizes, InfoRequest, OptionHeader, ReplyHeader, RequestHeader};
+use super::proto::{
+    self, BlockSizes, InfoRequest, OptionHeader, ReplyHeader, RequestHeader, Stream,
+};
 use super::uri::{Address, NbdUri};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -51,10 +53,6 @@ impl ExportInfo {
         self.transmission_flags & flag != 0
     }
 }
-
-/// A byte stream a connection runs on: a socket, or TLS over one.
-pub trait Stream: Read + Write + Send {}
-impl<T: Read + Write + Send> Stream for T {}
 
 /// The socket under a connection, kept apart from its stream (which may be
 /// TLS) to set timeouts and shut it down.

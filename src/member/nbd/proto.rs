@@ -14,6 +14,13 @@
 //! same code the server uses to parse them.
 
 use std::fmt;
+use std::io::{Read, Write};
+
+/// A byte stream a connection runs on: a socket, or TLS over one. It sits
+/// with the wire format so that the client and its TLS layer both build on
+/// it without importing each other.
+pub trait Stream: Read + Write + Send {}
+impl<T: Read + Write + Send> Stream for T {}
 
 // ---------------------------------------------------------------------------
 // Magic numbers.

@@ -2,7 +2,7 @@
 //! (what nbdkit's and qemu-nbd's `--tls-psk` servers check), or X.509
 //! certificates in libnbd's folder layout.
 
-use super::client::Stream;
+use super::proto::Stream;
 use super::psk::load_psk_file;
 use super::uri::{NbdUri, Tls, TlsAuth};
 use openssl::ssl::{

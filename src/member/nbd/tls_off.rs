@@ -1,6 +1,6 @@
 //! The stand-in for `tls.rs` in a build without the `tls` feature.
 
-use super::client::Stream;
+use super::proto::Stream;
 use super::uri::{NbdUri, Tls};
 use std::io;
 

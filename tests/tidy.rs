@@ -6,10 +6,10 @@
 use std::path::{Path, PathBuf};
 
 /// The longest non-test function's length in lines, today
-/// (`array::create::create_on_members_full`).
-const LONGEST_MAX: usize = 327;
+/// (`monitor::metrics::families`).
+const LONGEST_MAX: usize = 300;
 /// How many non-test functions are over 100 lines, today.
-const OVER_100_MAX: usize = 46;
+const OVER_100_MAX: usize = 45;
 const LONG: usize = 100;
 
 #[derive(Debug)]

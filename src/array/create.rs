@@ -393,35 +393,112 @@ fn reserve_distributed_spare_numbers(
 
 /// [`create_on_members`] with a write-intent bitmap or a write journal
 /// (mdadm's --write-journal: md's raid5-cache device, for raid4/5/6).
+///
+/// Every check comes before the first write: the request, the device
+/// list, the sizes, the geometry and what it survives, the journal's room,
+/// and every superblock built. Only then are they written, the array
+/// assembled from them and, unless --assume-clean, resynced.
 pub fn create_on_members_full(
     mut members: Vec<Option<(String, MemberRef)>>,
     journal: Option<(String, MemberRef)>,
     opts: &CreateOptions,
     bitmap: BitmapRequest,
-    mut progress: impl FnMut(u64, u64),
+    progress: impl FnMut(u64, u64),
 ) -> Result<Assembled, CreateError> {
     check_device_count(members.len(), opts)?;
     if journal.is_some() {
-        if !matches!(opts.level, Level::Raid4 | Level::Raid5 | Level::Raid6) {
-            return Err(invalid(format!(
-                "a write journal is for raid4/5/6, not {}",
-                opts.level
-            )));
-        }
-        if bitmap != BitmapRequest::None {
-            return Err(invalid(
-                "an array cannot have both a write journal and a bitmap (md refuses to run it)",
-            ));
-        }
-        if !matches!(opts.metadata, Metadata::V1_1 | Metadata::V1_2) {
-            return Err(invalid(
-                "uraid creates write journals with 1.1 or 1.2 metadata; use --metadata 1.2",
-            ));
-        }
+        check_journal_request(opts, bitmap)?;
     }
     // The journal comes last in mdadm's device list: after the spares.
     let journal_index = journal.as_ref().map(|_| members.len());
     members.extend(journal.map(Some));
+    let (devices, opened) = device_list(members);
+    if !opts.force {
+        for o in opened.iter().flatten() {
+            refuse_existing_content(o)?;
+        }
+    }
+    let level = opts.level;
+    // md's rules for a redundant level fit dRAID where md's level number is
+    // asked (sizes, missing devices, the bitmap): it is raid6's, not one
+    // of md's negative numbers, which mean levels without redundancy.
+    let md_like = md_like_level(level);
+    check_device_list(&devices, opts)?;
+    let raid_disks = opts.raid_disks as usize;
+    let chunk_sectors = chunk_sectors_for(level, opts.chunk_bytes)?;
+    let layout = layout_for(level, opts.layout.as_deref())?;
+    let missing: Vec<bool> = devices[..raid_disks]
+        .iter()
+        .map(|d| *d == MemberSpec::Missing)
+        .collect();
+    if missing.iter().all(|m| *m) {
+        return Err(invalid("every raid device is missing"));
+    }
+    let sizes: Vec<Option<u64>> = opened
+        .iter()
+        .map(|o| o.as_ref().map(|o| o.member.size_sectors()))
+        .collect();
+    let spare_end = journal_index.unwrap_or(devices.len());
+    let sizing = size_members(&opened, &sizes, spare_end, opts, chunk_sectors, layout)?;
+    let Sizing {
+        data_offset,
+        size_sectors,
+        ..
+    } = sizing;
+    let (geometry, raid0_layout_feature) =
+        geometry_of(opts, layout, chunk_sectors, &sizes, &sizing)?;
+    if !geometry.survives(&missing) {
+        return Err(invalid(format!(
+            "{level} cannot start with {} of {raid_disks} devices missing",
+            missing.iter().filter(|m| **m).count()
+        )));
+    }
+    // Linear and raid0 use every member whole; the other levels use as much
+    // of each as the smallest has, unless --size said how much.
+    if md_like > 0 && opts.size_sectors.is_none() && !opts.force {
+        refuse_uneven_sizes(&sizing.given, size_sectors, geometry.array_sectors())?;
+    }
+    if let Some(j) = journal_index {
+        let path = &opened[j].as_ref().expect("the journal is a device").path;
+        let device_sectors = sizes[j].expect("opened");
+        check_journal_room(path, device_sectors, data_offset, chunk_sectors, raid_disks)?;
+    }
+    let CreatePlan {
+        dev_numbers,
+        spec,
+        needs_resync,
+    } = plan_superblocks(
+        &devices,
+        journal_index,
+        opts,
+        bitmap,
+        layout,
+        chunk_sectors,
+        size_sectors,
+        raid0_layout_feature,
+    )?;
+    let supers = member_superblocks(opened, &dev_numbers, &spec, data_offset)?;
+    let spare_supers =
+        distributed_spare_superblocks(&supers, draid_spares(level, layout), size_sectors)?;
+    // Every superblock was built: only now is anything written.
+    write_created(&supers, &spare_supers, &spec.policy, needs_resync)?;
+    let mut array = assemble_members(
+        supers
+            .into_iter()
+            .map(|(o, _)| (o.path, o.member))
+            .collect(),
+    )?;
+    if needs_resync {
+        resync_created(&mut array, progress)?;
+    }
+    Ok(array)
+}
+
+/// The device list as mdadm's create reads it ('missing' where a member
+/// is none), beside the devices opened.
+fn device_list(
+    members: Vec<Option<(String, MemberRef)>>,
+) -> (Vec<MemberSpec>, Vec<Option<Opened>>) {
     let devices: Vec<MemberSpec> = members
         .iter()
         .map(|m| match m {
@@ -433,24 +510,112 @@ pub fn create_on_members_full(
         .into_iter()
         .map(|m| m.map(|(path, member)| Opened { path, member }))
         .collect();
-    if !opts.force {
-        for o in opened.iter().flatten() {
-            refuse_existing_content(o)?;
-        }
-    }
+    (devices, opened)
+}
+
+/// What every superblock of a new array will say, and who gets which
+/// number: md's device numbering, the distributed spares' numbers kept,
+/// the consistency policy, clean unless the array needs a resync.
+struct CreatePlan {
+    dev_numbers: Vec<Option<u32>>,
+    spec: CreateSpec,
+    needs_resync: bool,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn plan_superblocks(
+    devices: &[MemberSpec],
+    journal_index: Option<usize>,
+    opts: &CreateOptions,
+    bitmap: BitmapRequest,
+    layout: u32,
+    chunk_sectors: u32,
+    size_sectors: u64,
+    raid0_layout_feature: bool,
+) -> Result<CreatePlan, CreateError> {
     let level = opts.level;
-    // md's rules for a redundant level fit dRAID where md's level number is
-    // asked (sizes, missing devices, the bitmap): it is raid6's, not one
-    // of md's negative numbers, which mean levels without redundancy.
     let md_like = md_like_level(level);
-    if level.is_draid() && opts.metadata != Metadata::V1_2 {
+    let kinds: Vec<CreateDevice> = devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            if Some(i) == journal_index {
+                CreateDevice::Journal
+            } else if *d == MemberSpec::Missing {
+                CreateDevice::Missing
+            } else {
+                CreateDevice::Disk
+            }
+        })
+        .collect();
+    // uraid computes redundancy itself below, so it numbers devices the way
+    // mdadm does with --force (no spare-rebuild trick).
+    let mut plan = format::plan_create(md_like, opts.raid_disks, &kinds, true, true)?;
+    reserve_distributed_spare_numbers(&mut plan, opts.raid_disks, draid_spares(level, layout));
+    let redundant = md_like > 0 && level != Level::Raid0;
+    let needs_resync = redundant && !opts.assume_clean;
+    let policy = bitmap_policy(bitmap, opts, layout, size_sectors)?;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs();
+    let spec = CreateSpec {
+        metadata: opts.metadata,
+        level: level.md_number(),
+        layout,
+        chunk_sectors,
+        raid_disks: opts.raid_disks,
+        size_sectors,
+        name: opts.name.clone(),
+        homehost: opts.homehost.clone(),
+        set_uuid: rand::random(),
+        ctime_secs: now,
+        clean: !needs_resync,
+        policy,
+        bad_block_log: true,
+        roles: plan.roles.clone(),
+        spare_disks: plan.spare_disks,
+        raid0_layout_feature,
+    };
+    assert_eq!(plan.dev_numbers.len(), devices.len());
+    Ok(CreatePlan {
+        dev_numbers: plan.dev_numbers,
+        spec,
+        needs_resync,
+    })
+}
+
+/// A write journal is md's raid5-cache: for raid4/5/6, without a bitmap,
+/// on 1.1 or 1.2 metadata.
+fn check_journal_request(opts: &CreateOptions, bitmap: BitmapRequest) -> Result<(), CreateError> {
+    if !matches!(opts.level, Level::Raid4 | Level::Raid5 | Level::Raid6) {
+        return Err(invalid(format!(
+            "a write journal is for raid4/5/6, not {}",
+            opts.level
+        )));
+    }
+    if bitmap != BitmapRequest::None {
+        return Err(invalid(
+            "an array cannot have both a write journal and a bitmap (md refuses to run it)",
+        ));
+    }
+    if !matches!(opts.metadata, Metadata::V1_1 | Metadata::V1_2) {
+        return Err(invalid(
+            "uraid creates write journals with 1.1 or 1.2 metadata; use --metadata 1.2",
+        ));
+    }
+    Ok(())
+}
+
+/// What the device list itself must be: 'missing' only for raid devices,
+/// no more devices than 0.90's table holds, dRAID on 1.2 metadata.
+fn check_device_list(devices: &[MemberSpec], opts: &CreateOptions) -> Result<(), CreateError> {
+    if opts.level.is_draid() && opts.metadata != Metadata::V1_2 {
         return Err(invalid(
             "a dRAID array keeps uraid's own superblock at the 1.2 location; use --metadata 1.2",
         ));
     }
-    let raid_disks = opts.raid_disks as usize;
-    let spare_end = journal_index.unwrap_or(devices.len());
-    if devices[raid_disks..].contains(&MemberSpec::Missing) {
+    if devices[opts.raid_disks as usize..].contains(&MemberSpec::Missing) {
         return Err(invalid(
             "'missing' can only stand for a raid device, not a spare",
         ));
@@ -461,43 +626,56 @@ pub fn create_on_members_full(
             format::sb090::MD_SB_DISKS
         )));
     }
-    let chunk_sectors = chunk_sectors_for(level, opts.chunk_bytes)?;
-    let layout = layout_for(level, opts.layout.as_deref())?;
-    let missing: Vec<bool> = devices[..raid_disks]
-        .iter()
-        .map(|d| *d == MemberSpec::Missing)
-        .collect();
-    if missing.iter().all(|m| *m) {
-        return Err(invalid("every raid device is missing"));
-    }
+    Ok(())
+}
 
-    let sizes: Vec<Option<u64>> = opened
-        .iter()
-        .map(|o| o.as_ref().map(|o| o.member.size_sectors()))
-        .collect();
+/// How much of each device the array uses.
+struct Sizing<'a> {
+    /// Sectors before the data on every member (mdadm takes the first
+    /// device's and uses it for all).
+    data_offset: u64,
+    /// Sectors of data per member.
+    size_sectors: u64,
+    /// The raid devices and spares, for the size check.
+    given: Vec<GivenDevice<'a>>,
+}
+
+/// The data offset and the per-member size: what the smallest device (the
+/// journal aside) has room for after md's metadata, or --size, cut to
+/// whole chunks, and for dRAID to whole rows after its distributed spares'
+/// metadata.
+fn size_members<'a>(
+    opened: &'a [Option<Opened>],
+    sizes: &[Option<u64>],
+    spare_end: usize,
+    opts: &CreateOptions,
+    chunk_sectors: u32,
+    layout: u32,
+) -> Result<Sizing<'a>, CreateError> {
+    let level = opts.level;
+    let md_like = md_like_level(level);
     let first_size = sizes
         .iter()
         .flatten()
         .next()
         .copied()
         .expect("one device at least");
-    // mdadm takes the data offset from the first device and uses it for all.
     let data_offset = match opts.metadata {
         Metadata::V1_0 | Metadata::V0_90 => 0,
         _ => format::default_data_offset_sectors(first_size, chunk_sectors, false),
     };
     let mut free = Vec::new();
     // md's journal is exempt from the member size check (mdadm: "skip write
-    // journal for size check"); its own minimum is checked below.
+    // journal for size check"); its own minimum is checked apart.
     let mut given: Vec<GivenDevice> = Vec::new();
-    for (i, (o, size)) in opened.iter().zip(&sizes).enumerate().take(spare_end) {
+    for (i, (o, size)) in opened.iter().zip(sizes).enumerate().take(spare_end) {
         let (Some(o), Some(size)) = (o, size) else {
             continue;
         };
         given.push(GivenDevice {
             path: &o.path,
             sectors: *size,
-            raid_device: i < raid_disks,
+            raid_device: i < opts.raid_disks as usize,
         });
         let room = format::mdadm_freesize_sectors(opts.metadata, *size, data_offset, false)
             .filter(|room| *room >= chunk_sectors.max(128) as u64)
@@ -541,14 +719,31 @@ pub fn create_on_members_full(
     if md_like > 0 && size_sectors == 0 {
         return Err(invalid("the devices are too small for one chunk of data"));
     }
+    assert!(size_sectors <= min_free);
+    Ok(Sizing {
+        data_offset,
+        size_sectors,
+        given,
+    })
+}
 
-    // Check the geometry, and that the missing members leave the data readable.
+/// The array's geometry from the sizes, and whether raid0 needs md's
+/// layout feature (members of different sizes).
+fn geometry_of(
+    opts: &CreateOptions,
+    layout: u32,
+    chunk_sectors: u32,
+    sizes: &[Option<u64>],
+    sizing: &Sizing,
+) -> Result<(Geometry, bool), CreateError> {
+    let raid_disks = opts.raid_disks as usize;
+    let data_offset = sizing.data_offset;
     let member_data: Vec<u64> = sizes
         .iter()
         .take(raid_disks)
         .map(|s| s.map_or(0, |s| s - data_offset))
         .collect();
-    let raid0_layout_feature = level == Level::Raid0
+    let raid0_layout_feature = opts.level == Level::Raid0
         && format::raid0_needs_layout(
             layout,
             chunk_sectors,
@@ -559,88 +754,51 @@ pub fn create_on_members_full(
                 .collect::<Vec<_>>(),
         );
     let geometry = Geometry::new(&GeometryParams {
-        level,
+        level: opts.level,
         layout,
         chunk_sectors: chunk_sectors as u64,
         raid_disks: opts.raid_disks,
-        dev_sectors: size_sectors,
+        dev_sectors: sizing.size_sectors,
         member_data_sectors: member_data,
         raid0_layout_feature,
     })
     .map_err(|e| invalid(e.to_string()))?;
-    if !geometry.survives(&missing) {
-        return Err(invalid(format!(
-            "{level} cannot start with {} of {raid_disks} devices missing",
-            missing.iter().filter(|m| **m).count()
+    Ok((geometry, raid0_layout_feature))
+}
+
+/// The journal's ring (whole journal blocks after the data offset) must
+/// hold what md's raid5-cache needs for this chunk and device count.
+fn check_journal_room(
+    path: &str,
+    device_sectors: u64,
+    data_offset: u64,
+    chunk_sectors: u32,
+    raid_disks: usize,
+) -> Result<(), CreateError> {
+    let ring = device_sectors.saturating_sub(data_offset) / format::journal::BLOCK_SECTORS
+        * format::journal::BLOCK_SECTORS;
+    let needed = format::journal::min_ring_sectors(chunk_sectors as u64, raid_disks);
+    if ring < needed {
+        return Err(CreateError::Device(format!(
+            "{path}: too small for the journal ({} KiB after the data offset; {} KiB chunks on {raid_disks} devices need {} KiB)",
+            ring / 2,
+            chunk_sectors / 2,
+            needed / 2
         )));
     }
-    // Linear and raid0 use every member whole; the other levels use as much
-    // of each as the smallest has, unless --size said how much.
-    if md_like > 0 && opts.size_sectors.is_none() && !opts.force {
-        refuse_uneven_sizes(&given, size_sectors, geometry.array_sectors())?;
-    }
+    Ok(())
+}
 
-    if let Some(j) = journal_index {
-        let o = opened[j].as_ref().expect("the journal is a device");
-        let ring = sizes[j].expect("opened").saturating_sub(data_offset)
-            / format::journal::BLOCK_SECTORS
-            * format::journal::BLOCK_SECTORS;
-        let needed = format::journal::min_ring_sectors(chunk_sectors as u64, raid_disks);
-        if ring < needed {
-            return Err(CreateError::Device(format!(
-                "{}: too small for the journal ({} KiB after the data offset; {} KiB chunks on {raid_disks} devices need {} KiB)",
-                o.path,
-                ring / 2,
-                chunk_sectors / 2,
-                needed / 2
-            )));
-        }
-    }
-    let kinds: Vec<CreateDevice> = devices
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            if Some(i) == journal_index {
-                CreateDevice::Journal
-            } else if *d == MemberSpec::Missing {
-                CreateDevice::Missing
-            } else {
-                CreateDevice::Disk
-            }
-        })
-        .collect();
-    // uraid computes redundancy itself below, so it numbers devices the way
-    // mdadm does with --force (no spare-rebuild trick).
-    let mut plan = format::plan_create(md_like, opts.raid_disks, &kinds, true, true)?;
-    reserve_distributed_spare_numbers(&mut plan, opts.raid_disks, draid_spares(level, layout));
-    let redundant = md_like > 0 && level != Level::Raid0;
-    let needs_resync = redundant && !opts.assume_clean;
-    let policy = bitmap_policy(bitmap, opts, layout, size_sectors)?;
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_secs();
-    let spec = CreateSpec {
-        metadata: opts.metadata,
-        level: level.md_number(),
-        layout,
-        chunk_sectors,
-        raid_disks: opts.raid_disks,
-        size_sectors,
-        name: opts.name.clone(),
-        homehost: opts.homehost.clone(),
-        set_uuid: rand::random(),
-        ctime_secs: now,
-        clean: !needs_resync,
-        policy,
-        bad_block_log: true,
-        roles: plan.roles.clone(),
-        spare_disks: plan.spare_disks,
-        raid0_layout_feature,
-    };
-    let mut supers: Vec<(Opened, MemberSuper)> = Vec::new();
-    let mut spare_supers: Vec<MemberSuper> = Vec::new();
-    for (o, dev_number) in opened.into_iter().zip(&plan.dev_numbers) {
+/// One superblock per device given, numbered by the plan.
+fn member_superblocks(
+    opened: Vec<Option<Opened>>,
+    dev_numbers: &[Option<u32>],
+    spec: &CreateSpec,
+    data_offset: u64,
+) -> Result<Vec<(Opened, MemberSuper)>, CreateError> {
+    assert_eq!(opened.len(), dev_numbers.len());
+    let mut supers = Vec::new();
+    for (o, dev_number) in opened.into_iter().zip(dev_numbers) {
         let (Some(o), Some(dev_number)) = (o, dev_number) else {
             continue;
         };
@@ -652,44 +810,63 @@ pub fn create_on_members_full(
             write_mostly: false,
             failfast: false,
         };
-        let sb = match opts.metadata {
-            Metadata::V0_90 => superblock_090(&spec, &member)?,
-            _ => MemberSuper::new_for_create(&spec, &member)?,
+        let sb = match spec.metadata {
+            Metadata::V0_90 => superblock_090(spec, &member)?,
+            _ => MemberSuper::new_for_create(spec, &member)?,
         };
         supers.push((o, sb));
     }
-    let spare_count = draid_spares(level, layout);
-    if spare_count > 0 {
-        // The distributed spares are spares from the start, with the
-        // numbers kept for them (`reserve_distributed_spare_numbers`) and
-        // superblocks like a spare disk's.
-        let template = supers
-            .first()
-            .map(|(_, sb)| sb.clone())
-            .ok_or_else(|| invalid("no device to create on"))?;
-        let numbers = super::dspare::spare_dev_numbers(template.raid_disks, spare_count);
-        assert!(supers
-            .iter()
-            .all(|(_, sb)| !numbers.contains(&sb.dev_number)));
-        for dev_number in numbers {
-            let mut sb = template.clone();
-            sb.dev_number = dev_number;
-            sb.device_uuid = rand::random();
-            sb.data_size_sectors = size_sectors;
-            if sb.max_dev <= sb.dev_number {
-                return Err(invalid("too many devices for the superblock's role table"));
-            }
-            sb.dev_roles[sb.dev_number as usize] = format::MD_DISK_ROLE_SPARE;
-            spare_supers.push(sb);
-        }
+    Ok(supers)
+}
+
+/// The distributed spares are spares from the start, with the numbers
+/// kept for them (`reserve_distributed_spare_numbers`) and superblocks
+/// like a spare disk's.
+fn distributed_spare_superblocks(
+    supers: &[(Opened, MemberSuper)],
+    spare_count: usize,
+    size_sectors: u64,
+) -> Result<Vec<MemberSuper>, CreateError> {
+    if spare_count == 0 {
+        return Ok(Vec::new());
     }
-    // Every superblock was built: only now is anything written.
-    for (o, sb) in &supers {
+    let template = supers
+        .first()
+        .map(|(_, sb)| sb.clone())
+        .ok_or_else(|| invalid("no device to create on"))?;
+    let numbers = super::dspare::spare_dev_numbers(template.raid_disks, spare_count);
+    assert!(supers
+        .iter()
+        .all(|(_, sb)| !numbers.contains(&sb.dev_number)));
+    let mut spare_supers = Vec::new();
+    for dev_number in numbers {
+        let mut sb = template.clone();
+        sb.dev_number = dev_number;
+        sb.device_uuid = rand::random();
+        sb.data_size_sectors = size_sectors;
+        if sb.max_dev <= sb.dev_number {
+            return Err(invalid("too many devices for the superblock's role table"));
+        }
+        sb.dev_roles[sb.dev_number as usize] = format::MD_DISK_ROLE_SPARE;
+        spare_supers.push(sb);
+    }
+    Ok(spare_supers)
+}
+
+/// Writes every superblock built, the journal's empty ring, the initial
+/// bitmap, and the distributed spares' metadata, each device flushed.
+fn write_created(
+    supers: &[(Opened, MemberSuper)],
+    spare_supers: &[MemberSuper],
+    policy: &ConsistencyPolicy,
+    needs_resync: bool,
+) -> Result<(), CreateError> {
+    for (o, sb) in supers {
         write_superblock(&*o.member, sb)?;
         if sb.role_of(sb.dev_number) == format::Role::Journal {
             write_empty_journal(o, sb)?;
         }
-        if let ConsistencyPolicy::Bitmap(bm) = &policy {
+        if let ConsistencyPolicy::Bitmap(bm) = policy {
             write_initial_bitmap(o, sb, bm, needs_resync)?;
         }
         o.member
@@ -697,28 +874,29 @@ pub fn create_on_members_full(
             .map_err(|e| CreateError::Device(format!("{}: {e}", o.path)))?;
     }
     if !spare_supers.is_empty() {
-        write_distributed_spares(&supers, &spare_supers, &policy, needs_resync)?;
+        write_distributed_spares(supers, spare_supers, policy, needs_resync)?;
     }
-    let mut array = assemble_members(
-        supers
-            .into_iter()
-            .map(|(o, _)| (o.path, o.member))
-            .collect(),
-    )?;
-    if needs_resync {
-        let total = array.geometry.stripe_count();
-        resync(&array.geometry, &array.slots, 0..total, true, |done| {
-            progress(done, total)
-        })
-        .map_err(|e| CreateError::Resync(e.to_string()))?;
-        for slot in array.slots.iter().flatten() {
-            slot.member
-                .flush()
-                .map_err(|e| CreateError::Device(e.to_string()))?;
-        }
-        write_array_state(&mut array, Cleanliness::Clean)?;
+    Ok(())
+}
+
+/// Makes a new redundant array's redundancy agree with its data, then
+/// records it clean.
+fn resync_created(
+    array: &mut Assembled,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<(), CreateError> {
+    let total = array.geometry.stripe_count();
+    resync(&array.geometry, &array.slots, 0..total, true, |done| {
+        progress(done, total)
+    })
+    .map_err(|e| CreateError::Resync(e.to_string()))?;
+    for slot in array.slots.iter().flatten() {
+        slot.member
+            .flush()
+            .map_err(|e| CreateError::Device(e.to_string()))?;
     }
-    Ok(array)
+    write_array_state(array, Cleanliness::Clean)?;
+    Ok(())
 }
 
 /// A device of a create, for the size check: a raid device or a spare.

@@ -351,7 +351,7 @@ pub fn assemble_members(members: Vec<(String, MemberRef)>) -> Result<Assembled, 
     }
     // raid0 and linear take their shape from every member's size, and cannot
     // lose any member: with one missing there is no array to read.
-    if matches!(level, Level::Raid0 | Level::Linear) && slots.iter().any(|s| s.is_none()) {
+    if !level.redundant() && slots.iter().any(|s| s.is_none()) {
         return Err(AssembleError::TooManyMissing {
             level,
             present: slots.iter().filter(|s| s.is_some()).count(),

@@ -552,8 +552,7 @@ fn plan_superblocks(
     // mdadm does with --force (no spare-rebuild trick).
     let mut plan = format::plan_create(md_like, opts.raid_disks, &kinds, true, true)?;
     reserve_distributed_spare_numbers(&mut plan, opts.raid_disks, draid_spares(level, layout));
-    let redundant = md_like > 0 && level != Level::Raid0;
-    let needs_resync = redundant && !opts.assume_clean;
+    let needs_resync = level.redundant() && !opts.assume_clean;
     let policy = bitmap_policy(bitmap, opts, layout, size_sectors)?;
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)

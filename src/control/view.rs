@@ -3,7 +3,7 @@
 //! engine, or of a set of members read offline (degraded or failed too).
 
 use crate::array::DeviceState;
-use crate::engine::{Snapshot, SyncAction};
+use crate::engine::{Snapshot, SnapshotDevice, SyncAction};
 use crate::format::{Metadata, MD_FEATURE_BITMAP_OFFSET, MD_FEATURE_RAID0_LAYOUT};
 use crate::geometry::{layout_name, Level};
 use crate::text::{chunk_text, ctime, human_size_paren};
@@ -185,129 +185,9 @@ impl DetailView {
     pub fn from_snapshot(array: &Snapshot) -> DetailView {
         let sb = &array.sb;
         let level = array.level;
-        let raid_disks = sb.raid_disks as usize;
-        let active = raid_disks - array.missing_roles.len();
-        let failed = array
-            .devices
-            .iter()
-            .filter(|d| matches!(d.state, DeviceState::Faulty))
-            .count();
-        let spares = array
-            .devices
-            .iter()
-            .filter(|d| {
-                matches!(
-                    d.state,
-                    DeviceState::Spare
-                        | DeviceState::Recovering { .. }
-                        | DeviceState::Replacement { .. }
-                )
-            })
-            .count();
-        let condition = if active == raid_disks {
-            ""
-        } else if !array.runnable {
-            ", FAILED"
-        } else {
-            ", degraded"
-        };
-        // A served array is active (dirty) on disk; md shows "clean" for an
-        // idle array and "active" while it writes. uraid shows the on-disk truth.
-        let clean = if sb.is_clean() { "clean" } else { "active" };
-        let sync_suffix = match array.sync.as_ref().map(|p| p.action) {
-            Some(SyncAction::Recovery { .. } | SyncAction::Replace { .. }) => ", recovering",
-            Some(SyncAction::Resync) => ", resyncing",
-            Some(SyncAction::Check | SyncAction::Repair) => ", checking",
-            Some(SyncAction::Reshape) => ", reshaping",
-            None => "",
-        };
+        let counts = DeviceCounts::of(array);
         let reshape = ReshapeDetail::new(sb, level);
-        let sync_suffix = if reshape.is_some() && sync_suffix.is_empty() {
-            ", reshaping"
-        } else {
-            sync_suffix
-        };
-        let mut rows = Vec::new();
-        for role in 0..raid_disks {
-            let holder = array.devices.iter().find(|d| match d.state {
-                DeviceState::Active { role: r } => r == role,
-                _ => false,
-            });
-            rows.push(match holder {
-                Some(d) => {
-                    let (major, minor) = device_numbers(&d.path);
-                    let mut state = "active sync".to_string();
-                    if let Some(set) = raid10_set(level, sb.layout, raid_disks, role) {
-                        state.push_str(&format!(" set-{set}"));
-                    }
-                    DeviceRow {
-                        number: Some(d.dev_number),
-                        major,
-                        minor,
-                        raid_device: Some(role),
-                        state,
-                        path: Some(d.path.clone()),
-                        health: None,
-                    }
-                }
-                None => DeviceRow {
-                    number: None,
-                    major: 0,
-                    minor: 0,
-                    raid_device: Some(role),
-                    state: "removed".into(),
-                    path: None,
-                    health: None,
-                },
-            });
-        }
-        for d in &array.devices {
-            let (major, minor) = device_numbers(&d.path);
-            let (raid_device, state) = match &d.state {
-                DeviceState::Active { .. } => continue,
-                DeviceState::Spare => (None, "spare".to_string()),
-                // mdadm --detail: "-  journal  /dev/sdX".
-                DeviceState::Journal => (None, "journal".to_string()),
-                // mdadm --detail shows a replacement as a spare being
-                // rebuilt into the role its original still holds.
-                DeviceState::Recovering { role, .. } | DeviceState::Replacement { role, .. } => {
-                    (Some(*role), "spare rebuilding".to_string())
-                }
-                DeviceState::Faulty => (None, "faulty".to_string()),
-                DeviceState::Stale { events } => (
-                    None,
-                    format!("faulty (stale: events {events} < {})", sb.events),
-                ),
-                DeviceState::Duplicate { role } => {
-                    (None, format!("faulty (duplicate of role {role})"))
-                }
-            };
-            rows.push(DeviceRow {
-                number: Some(d.dev_number),
-                major,
-                minor,
-                raid_device,
-                state,
-                path: Some(d.path.clone()),
-                health: None,
-            });
-        }
-        for row in rows.iter_mut() {
-            row.health = array
-                .member_health
-                .iter()
-                .find(|(p, _)| Some(p) == row.path.as_ref())
-                .map(|(_, h)| h.clone());
-        }
         let bitmap = sb.feature_map & MD_FEATURE_BITMAP_OFFSET != 0;
-        let layout = match level {
-            Level::Raid0 if sb.feature_map & MD_FEATURE_RAID0_LAYOUT != 0 => {
-                layout_name(level, sb.layout)
-            }
-            Level::Raid5 | Level::Raid6 | Level::Raid10 => layout_name(level, sb.layout),
-            Level::Draid1 | Level::Draid2 | Level::Draid3 => layout_name(level, sb.layout),
-            _ => None,
-        };
         DetailView {
             version: if sb.metadata == Metadata::V0_90 {
                 "0.90".into()
@@ -321,61 +201,27 @@ impl DetailView {
             raid_devices: sb.raid_disks,
             total_devices: array.devices.len(),
             update_time: sb.utime_secs,
-            state: format!("{clean}{condition}{sync_suffix}"),
-            active_devices: active,
-            working_devices: active + spares,
-            failed_devices: failed,
-            spare_devices: spares,
-            layout,
+            state: state_text(array, counts.active, reshape.is_some()),
+            active_devices: counts.active,
+            working_devices: counts.active + counts.spares,
+            failed_devices: counts.failed,
+            spare_devices: counts.spares,
+            layout: detail_layout(array),
             chunk_kib: sb.chunk_sectors / 2,
-            consistency_policy: if !level.has_parity()
-                && matches!(level, Level::Raid0 | Level::Linear)
-            {
-                "none".into()
-            } else if bitmap {
-                "bitmap".into()
-            } else if crate::array::has_journal_feature(sb) {
-                "journal".into()
-            } else {
-                "resync".into()
-            },
+            consistency_policy: consistency_policy(array, bitmap).into(),
             name: sb.set_name.clone(),
             uuid: sb.uuid_string(),
             events: sb.events,
             bitmap,
-            // A reshape's status is in its own block (ReshapeDetail).
-            sync_status: array
-                .sync
-                .as_ref()
-                .filter(|p| p.action != SyncAction::Reshape)
-                .map(|p| {
-                    let word = match p.action {
-                        SyncAction::Recovery { .. } | SyncAction::Replace { .. } => "Rebuild",
-                        SyncAction::Resync => "Resync",
-                        SyncAction::Check | SyncAction::Repair => "Check",
-                        SyncAction::Reshape => "Reshape",
-                    };
-                    format!(
-                        "{word:>7} Status : {}% complete",
-                        p.done_kib * 100 / p.total_kib.max(1)
-                    )
-                }),
-            devices: rows,
+            sync_status: sync_status(array),
+            devices: device_rows(array),
             reshape,
             tuning: array.tuning.iter().cloned().collect(),
             tuning_saved: false,
             tuned: None,
             injected_faults: array.injected_faults.iter().cloned().collect(),
             member_failures: array.member_failures.iter().cloned().collect(),
-            // Only the serving process knows what it runs.
-            parity: (array.serving && array.level.has_parity()).then(|| {
-                let how = if std::env::var_os(crate::parity::ENV_VAR).is_some() {
-                    "forced by URAID_PARITY"
-                } else {
-                    "the fastest in a start-up benchmark; URAID_PARITY overrides"
-                };
-                format!("{} ({how})", crate::parity::default_impl().name())
-            }),
+            parity: parity_choice(array),
         }
     }
 
@@ -541,6 +387,224 @@ impl DetailView {
         }
         o
     }
+}
+
+/// The device counts mdadm --detail prints (Active, Failed, Spare).
+struct DeviceCounts {
+    active: usize,
+    failed: usize,
+    /// Spares and the devices being rebuilt into a role: md counts both
+    /// as spares until the rebuild ends.
+    spares: usize,
+}
+
+impl DeviceCounts {
+    fn of(array: &Snapshot) -> DeviceCounts {
+        let active = array.sb.raid_disks as usize - array.missing_roles.len();
+        let failed = array
+            .devices
+            .iter()
+            .filter(|d| matches!(d.state, DeviceState::Faulty))
+            .count();
+        let spares = array
+            .devices
+            .iter()
+            .filter(|d| {
+                matches!(
+                    d.state,
+                    DeviceState::Spare
+                        | DeviceState::Recovering { .. }
+                        | DeviceState::Replacement { .. }
+                )
+            })
+            .count();
+        DeviceCounts {
+            active,
+            failed,
+            spares,
+        }
+    }
+}
+
+/// mdadm's "State :" words: clean or active, then degraded or FAILED,
+/// then the job running ("clean, degraded, recovering").
+fn state_text(array: &Snapshot, active: usize, reshaping: bool) -> String {
+    let condition = if active == array.sb.raid_disks as usize {
+        ""
+    } else if !array.runnable {
+        ", FAILED"
+    } else {
+        ", degraded"
+    };
+    // A served array is active (dirty) on disk; md shows "clean" for an
+    // idle array and "active" while it writes. uraid shows the on-disk truth.
+    let clean = if array.sb.is_clean() {
+        "clean"
+    } else {
+        "active"
+    };
+    let sync_suffix = match array.sync.as_ref().map(|p| p.action) {
+        Some(SyncAction::Recovery { .. } | SyncAction::Replace { .. }) => ", recovering",
+        Some(SyncAction::Resync) => ", resyncing",
+        Some(SyncAction::Check | SyncAction::Repair) => ", checking",
+        Some(SyncAction::Reshape) => ", reshaping",
+        // A reshape the superblock records shows even when no job
+        // reports one.
+        None if reshaping => ", reshaping",
+        None => "",
+    };
+    format!("{clean}{condition}{sync_suffix}")
+}
+
+/// The layout line, for the levels where mdadm prints one (raid0 only
+/// when its superblock records a multi-zone layout).
+fn detail_layout(array: &Snapshot) -> Option<String> {
+    let (level, sb) = (array.level, &array.sb);
+    match level {
+        Level::Raid0 if sb.feature_map & MD_FEATURE_RAID0_LAYOUT != 0 => {
+            layout_name(level, sb.layout)
+        }
+        Level::Raid5 | Level::Raid6 | Level::Raid10 => layout_name(level, sb.layout),
+        Level::Draid1 | Level::Draid2 | Level::Draid3 => layout_name(level, sb.layout),
+        _ => None,
+    }
+}
+
+/// md's consistency_policy: what keeps the redundancy right after a
+/// crash (nothing for levels without any).
+fn consistency_policy(array: &Snapshot, bitmap: bool) -> &'static str {
+    let level = array.level;
+    if !level.has_parity() && matches!(level, Level::Raid0 | Level::Linear) {
+        "none"
+    } else if bitmap {
+        "bitmap"
+    } else if crate::array::has_journal_feature(&array.sb) {
+        "journal"
+    } else {
+        "resync"
+    }
+}
+
+/// "Rebuild Status : N% complete" and friends while a job runs; a
+/// reshape's status is in its own block (ReshapeDetail).
+fn sync_status(array: &Snapshot) -> Option<String> {
+    let p = array
+        .sync
+        .as_ref()
+        .filter(|p| p.action != SyncAction::Reshape)?;
+    let word = match p.action {
+        SyncAction::Recovery { .. } | SyncAction::Replace { .. } => "Rebuild",
+        SyncAction::Resync => "Resync",
+        SyncAction::Check | SyncAction::Repair => "Check",
+        SyncAction::Reshape => "Reshape",
+    };
+    Some(format!(
+        "{word:>7} Status : {}% complete",
+        p.done_kib * 100 / p.total_kib.max(1)
+    ))
+}
+
+/// The parity implementation and how it was chosen; only the serving
+/// process knows what it runs.
+fn parity_choice(array: &Snapshot) -> Option<String> {
+    (array.serving && array.level.has_parity()).then(|| {
+        let how = if std::env::var_os(crate::parity::ENV_VAR).is_some() {
+            "forced by URAID_PARITY"
+        } else {
+            "the fastest in a start-up benchmark; URAID_PARITY overrides"
+        };
+        format!("{} ({how})", crate::parity::default_impl().name())
+    })
+}
+
+/// The device table: one row per role in role order (its holder, or
+/// "removed"), then the devices that hold no role, each with its health.
+fn device_rows(array: &Snapshot) -> Vec<DeviceRow> {
+    let raid_disks = array.sb.raid_disks as usize;
+    let mut rows: Vec<DeviceRow> = (0..raid_disks).map(|role| role_row(array, role)).collect();
+    rows.extend(array.devices.iter().filter_map(|d| roleless_row(array, d)));
+    // text() ends the role rows at raid_devices: they must come first.
+    assert!(
+        rows.iter()
+            .take(raid_disks)
+            .enumerate()
+            .all(|(role, row)| row.raid_device == Some(role)),
+        "the device table does not start with its {raid_disks} roles in order"
+    );
+    for row in rows.iter_mut() {
+        row.health = array
+            .member_health
+            .iter()
+            .find(|(p, _)| Some(p) == row.path.as_ref())
+            .map(|(_, h)| h.clone());
+    }
+    rows
+}
+
+/// The row of one role: the active device holding it, or "removed".
+fn role_row(array: &Snapshot, role: usize) -> DeviceRow {
+    let holder = array.devices.iter().find(|d| match d.state {
+        DeviceState::Active { role: r } => r == role,
+        _ => false,
+    });
+    let Some(d) = holder else {
+        return DeviceRow {
+            number: None,
+            major: 0,
+            minor: 0,
+            raid_device: Some(role),
+            state: "removed".into(),
+            path: None,
+            health: None,
+        };
+    };
+    let (major, minor) = device_numbers(&d.path);
+    let mut state = "active sync".to_string();
+    let sb = &array.sb;
+    if let Some(set) = raid10_set(array.level, sb.layout, sb.raid_disks as usize, role) {
+        state.push_str(&format!(" set-{set}"));
+    }
+    DeviceRow {
+        number: Some(d.dev_number),
+        major,
+        minor,
+        raid_device: Some(role),
+        state,
+        path: Some(d.path.clone()),
+        health: None,
+    }
+}
+
+/// The row of a device that is not active in a role (spare, journal,
+/// rebuilding, faulty); None for an active one, which has its role's row.
+fn roleless_row(array: &Snapshot, d: &SnapshotDevice) -> Option<DeviceRow> {
+    let (raid_device, state) = match &d.state {
+        DeviceState::Active { .. } => return None,
+        DeviceState::Spare => (None, "spare".to_string()),
+        // mdadm --detail: "-  journal  /dev/sdX".
+        DeviceState::Journal => (None, "journal".to_string()),
+        // mdadm --detail shows a replacement as a spare being
+        // rebuilt into the role its original still holds.
+        DeviceState::Recovering { role, .. } | DeviceState::Replacement { role, .. } => {
+            (Some(*role), "spare rebuilding".to_string())
+        }
+        DeviceState::Faulty => (None, "faulty".to_string()),
+        DeviceState::Stale { events } => (
+            None,
+            format!("faulty (stale: events {events} < {})", array.sb.events),
+        ),
+        DeviceState::Duplicate { role } => (None, format!("faulty (duplicate of role {role})")),
+    };
+    let (major, minor) = device_numbers(&d.path);
+    Some(DeviceRow {
+        number: Some(d.dev_number),
+        major,
+        minor,
+        raid_device,
+        state,
+        path: Some(d.path.clone()),
+        health: None,
+    })
 }
 
 /// mdadm shows near-only raid10 members in sets (A, B, ...) when the

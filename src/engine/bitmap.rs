@@ -438,12 +438,7 @@ impl Engine {
                 sb.metadata.as_str()
             ));
         }
-        if !(self.geometry().level().has_parity()
-            || matches!(
-                self.geometry().level(),
-                crate::geometry::Level::Raid1 | crate::geometry::Level::Raid10
-            ))
-        {
+        if !self.geometry().level().redundant() {
             return Err(format!(
                 "{} has no redundancy for a bitmap to protect",
                 self.geometry().level()

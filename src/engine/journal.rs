@@ -86,7 +86,7 @@ pub(super) struct JournalHold {
 }
 
 impl JournalHold {
-    pub(super) fn hold(journal: &Arc<Journal>, ticket: Ticket) -> super::cache::Hold {
+    pub(super) fn hold(journal: &Arc<Journal>, ticket: Ticket) -> super::datapath::cache::Hold {
         Arc::new(JournalHold {
             journal: journal.clone(),
             ticket: Mutex::new(Some(ticket)),

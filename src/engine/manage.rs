@@ -3,9 +3,9 @@
 //! hot spares taking over a failed member, and the hooks the background job
 //! calls as it progresses and ends.
 
-use super::job::{Outcome, SyncAction};
+use super::jobs::job::{Outcome, SyncAction};
+use super::jobs::resync::SyncWorker;
 use super::members::MemberEntry;
-use super::resync::SyncWorker;
 use super::Engine;
 use crate::array::dspare::is_spare_name;
 use crate::array::{DeviceState, FoundDevice, Slot};
@@ -270,12 +270,7 @@ impl Engine {
             {
                 return Err(format!("{name} is already a member of this array"));
             }
-            if !self.geometry().level().has_parity()
-                && matches!(
-                    self.geometry().level(),
-                    crate::geometry::Level::Raid0 | crate::geometry::Level::Linear
-                )
-            {
+            if !self.geometry().level().redundant() {
                 return Err(format!(
                     "a {} array has no redundancy to rebuild a member from",
                     self.geometry().level()
@@ -896,7 +891,7 @@ impl Engine {
             (SyncAction::Recovery { .. }, Outcome::Failed) => self.recovery_failed(action, next),
             (_, Outcome::Failed) => self.events.push("SyncFailed", "", action.word()),
             (SyncAction::Reshape, Outcome::Finished { .. }) => {
-                unreachable!("the reshape job ends on its own (engine/reshape.rs)")
+                unreachable!("the reshape job ends on its own (engine/jobs/reshape.rs)")
             }
         }
     }

@@ -7,8 +7,9 @@
 //! it in. So a failing member never waits for in-flight I/O to drain, and
 //! I/O never holds a lock across a member call.
 
-use super::io::{recover_lost, View};
-use super::job::SyncAction;
+use super::datapath::failure::PathError;
+use super::datapath::io::{recover_lost, View};
+use super::jobs::job::SyncAction;
 use super::Engine;
 use crate::array::dspare::is_spare_name;
 use crate::array::SpareRoutes;
@@ -166,39 +167,6 @@ impl MemberTable {
             .map(|e| e.as_ref().is_some_and(|e| e.rebuilt_below.is_none()))
             .collect()
     }
-}
-
-/// An I/O error from a member, tagged with its role.
-#[derive(Debug)]
-struct MemberIoError {
-    role: usize,
-    source: io::Error,
-}
-
-impl std::fmt::Display for MemberIoError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "member {}: {}", self.role, self.source)
-    }
-}
-
-impl std::error::Error for MemberIoError {
-    // The error underneath stays reachable: a distributed spare's tag of
-    // the child it met the error on (`dspare::child_of`).
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.source)
-    }
-}
-
-pub fn member_error(role: usize, source: io::Error) -> io::Error {
-    io::Error::new(source.kind(), MemberIoError { role, source })
-}
-
-/// The role of the member an error came from, if it came from one.
-pub fn member_of(error: &io::Error) -> Option<usize> {
-    error
-        .get_ref()
-        .and_then(|e| e.downcast_ref::<MemberIoError>())
-        .map(|e| e.role)
 }
 
 impl Engine {
@@ -570,31 +538,29 @@ impl Engine {
         let result = others
             .rebuild_onto(&map, role, &entry)
             .and_then(|()| read_back(&map, role, &homed, &entry));
+        // Said as the request path said it before the correction.
+        let said = format!("member {role}: {error}");
         match result {
             Ok(()) => {
                 self.corrected_reads.fetch_add(1, Ordering::SeqCst);
                 self.events.push(
                     "CorrectedRead",
                     entry.slot.member.name(),
-                    &format!("stripe {stripe}: {error}"),
+                    &format!("stripe {stripe}: {said}"),
                 );
             }
-            Err(e) => {
+            Err(failure) => {
                 // The rewrite's error says who failed it; a spare's original
                 // read error may name the child when the rewrite's does not.
-                let blame = match crate::array::dspare::child_of(&e) {
-                    Some(_) => &e,
+                let blame = match crate::array::dspare::child_of(failure.error()) {
+                    Some(_) => failure.error(),
                     None => error,
                 };
-                self.fail_blamed(
-                    role,
-                    Some(&entry.slot.member),
-                    blame,
-                    &super::readd::failure_reason(
-                        format!("read error ({error}) not correctable: {e}"),
-                        &[error, &e],
-                    ),
-                )
+                let reason = super::readd::failure_reason(
+                    format!("read error ({said}) not correctable: {failure}"),
+                    &[error, failure.error()],
+                );
+                self.fail_blamed(role, Some(&entry.slot.member), blame, &reason)
             }
         }
     }
@@ -609,12 +575,12 @@ impl View<'_> {
         map: &StripeMap,
         role: usize,
         target: &MemberEntry,
-    ) -> io::Result<()> {
+    ) -> Result<(), PathError> {
         let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
-        // A failed write to the target is not tagged with `role`: during a
-        // replace the member in `role` is the original, read here, and an
-        // error tagged with its role is corrected from redundancy as a read
-        // error of the original; the target's own failure ends the job.
+        // A failed write to the target is the array's failure, not a member
+        // read's: during a replace the member in `role` is the original,
+        // read here, whose read failure is corrected from redundancy; the
+        // target's own failure ends the job.
         let write = |place: &Place, buf: &[u8]| -> io::Result<()> {
             let at = target.slot.data_offset_bytes + place.member_sector * SECTOR_BYTES;
             counted::write_at(target.slot.member.as_ref(), buf, at).map_err(|e| {
@@ -784,12 +750,12 @@ fn read_back(
     role: usize,
     homed: &[&Place],
     target: &MemberEntry,
-) -> io::Result<()> {
+) -> Result<(), PathError> {
     let mut buf = AlignedBuf::zeroed((map.strip_sectors * SECTOR_BYTES) as usize);
     for place in homed {
         let at = target.slot.data_offset_bytes + place.member_sector * SECTOR_BYTES;
         counted::read_at(target.slot.member.as_ref(), &mut buf, at)
-            .map_err(|e| member_error(role, e))?;
+            .map_err(|error| PathError::MemberRead { role, error })?;
     }
     Ok(())
 }

@@ -6,30 +6,18 @@
 //! socket — calls its small API and never looks at the level.
 
 mod bitmap;
-mod cache;
+mod datapath;
 mod events;
-mod io;
-mod job;
+mod jobs;
 mod journal;
-mod locks;
 mod manage;
 mod members;
-mod paritycache;
-mod readcache;
 mod readd;
-mod rebuild;
-mod reshape;
-mod resize;
-mod resync;
-mod schedule;
-mod staged;
-mod stripes;
-mod takeover;
 pub mod tuning;
 
-pub use cache::CacheReport;
+pub use datapath::cache::CacheReport;
 pub use events::Event;
-pub use job::{SyncAction, SyncProgress};
+pub use jobs::job::{SyncAction, SyncProgress};
 pub use journal::{JournalError, JournalStats};
 
 use crate::array::{write_array_state_failing, Assembled, Cleanliness, DeviceState};
@@ -38,10 +26,12 @@ use crate::geometry::{Geometry, Level};
 use crate::member::MemberRef;
 use crate::parity::{self, Syndrome};
 use crate::units::SECTOR_BYTES;
+use datapath::locks::StripeLocks;
+use datapath::{cache, paritycache, readcache, staged, stripes};
 use events::EventLog;
-use locks::StripeLocks;
+use jobs::resync::SyncWorker;
+use jobs::{reshape, schedule};
 use members::{MemberEntry, MemberTable};
-use resync::SyncWorker;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Duration;
@@ -97,7 +87,7 @@ pub struct Engine {
     /// stripe-cache batches, staged writes, extents for the server to
     /// read itself, or hot parity), whose mapping the gate protects.
     reshaping: std::sync::atomic::AtomicBool,
-    /// The reshape job, when one runs (engine/reshape.rs).
+    /// The reshape job, when one runs (engine/jobs/reshape.rs).
     reshape_job: reshape::ReshapeJob,
     /// The members by role; swapped whole when membership changes.
     members: RwLock<Arc<MemberTable>>,
@@ -271,9 +261,7 @@ impl Engine {
         let geometry = array.geometry.clone();
         // A resync is owed from where the last one stopped; md records that
         // point in resync_offset when it shuts down mid-resync.
-        // Levels with redundancy: md's positive numbers but raid0, and dRAID.
-        let redundant = (level.md_number() > 0 && level != Level::Raid0) || level.is_draid();
-        let resync_owed = !array.is_clean() && redundant;
+        let resync_owed = !array.is_clean() && level.redundant();
         // A reshape goes first and rewrites the rows it moves; the resync
         // owed runs over the new geometry once it ends.
         let resync_from = (resync_owed && !reshaping)
@@ -673,9 +661,7 @@ impl Engine {
         if self.read_only && repair {
             return Err("the array is served read-only".into());
         }
-        if !self.geometry().level().has_parity()
-            && !matches!(self.geometry().level(), Level::Raid1 | Level::Raid10)
-        {
+        if !self.geometry().level().redundant() {
             return Err(format!(
                 "{} has no redundancy to check",
                 self.geometry().level()

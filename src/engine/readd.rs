@@ -14,9 +14,9 @@
 //! member that failed with I/O errors, by request or without a bitmap to
 //! guide its return is never re-added by itself.
 
-use super::job::SyncAction;
+use super::jobs::job::SyncAction;
+use super::jobs::resync::SyncWorker;
 use super::members::MemberEntry;
-use super::resync::SyncWorker;
 use super::Engine;
 use crate::array::{Assembled, DeviceState, FoundDevice, Slot};
 use crate::format::{MemberSuper, Role, MD_FEATURE_RECOVERY_OFFSET, MD_FEATURE_REPLACEMENT};

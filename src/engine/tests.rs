@@ -1634,7 +1634,7 @@ fn a_half_rebuilt_member_takes_writes_during_the_resync_after_a_crash() {
 /// declared the member in sync without that write.
 #[test]
 fn a_resume_racing_the_end_of_a_finished_recovery_loses_no_write() {
-    use super::job::Outcome;
+    use super::jobs::job::Outcome;
     let (array, _wrappers) = faulty_array(Level::Raid10, 4, 1);
     let engine = Engine::start(array, EngineOptions::default()).unwrap();
     hammer(&engine, 2, 20, 16);
@@ -1944,7 +1944,7 @@ fn read_ahead_leaves_alone_a_reader_with_fast_reads_in_flight() {
     // then on and the engine's read path fetches more. (Before the habit,
     // a 16-deep reader whose replies drained together had its next read
     // taken for a lone one, one read in nine at 1 MiB.)
-    let habit = super::readcache::LONE_HABIT as u64;
+    let habit = super::datapath::readcache::LONE_HABIT as u64;
     assert!(habit >= 2, "one lone instant must not make a lone reader");
     for n in 0..habit - 1 {
         let at = 8192 + n * 4096;

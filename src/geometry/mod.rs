@@ -127,6 +127,15 @@ impl Level {
     pub fn is_draid(self) -> bool {
         matches!(self, Level::Draid1 | Level::Draid2 | Level::Draid3)
     }
+
+    /// The level keeps every byte twice, as a mirror's copy or as parity,
+    /// so that a member can be checked, rebuilt or lost: every level but
+    /// linear and raid0. Whether an array of the level survives a given
+    /// loss is its geometry's answer (`Geometry::survives`); this is the
+    /// one answer to whether it can have redundancy at all.
+    pub fn redundant(self) -> bool {
+        !matches!(self, Level::Linear | Level::Raid0)
+    }
 }
 
 impl fmt::Display for Level {

@@ -278,15 +278,55 @@ fn with(device: &str, key: &'static str, value: &str) -> Labels {
     vec![("device", device.to_string()), (key, value.to_string())]
 }
 
+/// Every family of one scrape, in the order they are written: md's as
+/// node_exporter names them, then uraid's by subject. Each step walks the
+/// arrays in device order, so a family's series stay in that order.
 fn families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
-    use Kind::{Counter, Gauge, Histogram};
     let mut out = md_families(arrays);
+    out.extend(info_families(arrays));
+    out.extend(job_families(arrays));
+    out.extend(job_limit_families(arrays));
+    out.extend(consistency_families(arrays));
+    out.extend(cache_families(arrays));
+    out.extend(journal_families(arrays));
+    out.extend(member_families(arrays));
+    out.extend(member_io_families(arrays));
+    // Two families of one name would make the text invalid for a scraper.
+    let mut names: Vec<&str> = out.iter().map(|f| f.name).collect();
+    names.sort_unstable();
+    assert!(
+        names.windows(2).all(|w| w[0] != w[1]),
+        "a metric family is built twice: {names:?}"
+    );
+    out
+}
 
+/// `uraid_array_info`: what md's families lack to tell arrays apart
+/// (UUID, name, level), joined on `device`.
+fn info_families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
     let mut info = Family::new(
         "uraid_array_info",
-        Gauge,
+        Kind::Gauge,
         "The array's UUID, name and level; joins node_md_* series on device.",
     );
+    for (device, a) in arrays {
+        info.int(
+            vec![
+                ("device", device.clone()),
+                ("level", a.level.clone()),
+                ("name", a.name.clone()),
+                ("uuid", a.uuid.clone()),
+            ],
+            1,
+        );
+    }
+    vec![info]
+}
+
+/// The running background job: which one, and its progress in bytes,
+/// ratio, speed and ETA (md gives only blocks per member).
+fn job_families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
+    use Kind::Gauge;
     let mut action = Family::new(
         "uraid_sync_action",
         Gauge,
@@ -317,6 +357,38 @@ fn families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
         Gauge,
         "Seconds the running job needs at its average speed.",
     );
+    for (device, a) in arrays {
+        let d = device.as_str();
+        let running = a.sync.as_ref().map_or("idle", |s| s.action.as_str());
+        for word in SYNC_ACTIONS {
+            action.int(with(d, "action", word), u64::from(word == running));
+        }
+        let Some(s) = &a.sync else {
+            ratio.add(dev(d), Value::Float(1.0));
+            continue;
+        };
+        let left_kib = s.total_kib.saturating_sub(s.done_kib);
+        ratio.add(
+            dev(d),
+            Value::Float(s.done_kib as f64 / s.total_kib.max(1) as f64),
+        );
+        done.int(dev(d), s.done_kib << 10);
+        total.int(dev(d), s.total_kib << 10);
+        speed.int(dev(d), s.speed_kib_per_s << 10);
+        if s.speed_kib_per_s > 0 {
+            eta.add(
+                dev(d),
+                Value::Float(left_kib as f64 / s.speed_kib_per_s as f64),
+            );
+        }
+    }
+    vec![action, ratio, done, total, speed, eta]
+}
+
+/// What bounds and schedules the jobs: md's speed limits and the next
+/// scheduled check.
+fn job_limit_families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
+    use Kind::Gauge;
     let mut speed_min = Family::new(
         "uraid_sync_speed_limit_min_bytes_per_second",
         Gauge,
@@ -332,6 +404,23 @@ fn families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
         Gauge,
         "Seconds until the next scheduled consistency check.",
     );
+    for (device, a) in arrays {
+        let d = device.as_str();
+        if a.speed_limit_max_kib_per_s > 0 {
+            speed_min.int(dev(d), a.speed_limit_min_kib_per_s << 10);
+            speed_max.int(dev(d), a.speed_limit_max_kib_per_s << 10);
+        }
+        if let Some(secs) = a.next_check_in_secs {
+            next_check.int(dev(d), secs);
+        }
+    }
+    vec![speed_min, speed_max, next_check]
+}
+
+/// What the last check found inconsistent and what a resync after a
+/// crash would cover (the write-intent bitmap).
+fn consistency_families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
+    use Kind::Gauge;
     let mut mismatch = Family::new(
         "uraid_mismatch_cnt",
         Gauge,
@@ -347,6 +436,20 @@ fn families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
         Gauge,
         "Chunks of the write-intent bitmap.",
     );
+    for (device, a) in arrays {
+        let d = device.as_str();
+        mismatch.int(dev(d), a.mismatch_cnt);
+        if let Some((dirty, all)) = a.bitmap_dirty_chunks {
+            bitmap_dirty.int(dev(d), dirty);
+            bitmap_chunks.int(dev(d), all);
+        }
+    }
+    vec![mismatch, bitmap_dirty, bitmap_chunks]
+}
+
+/// The stripe cache's occupancy and counters, for arrays that have one.
+fn cache_families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
+    use Kind::{Counter, Gauge};
     let mut cache_used = Family::new(
         "uraid_stripe_cache_entries_used",
         Gauge,
@@ -377,6 +480,34 @@ fn families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
         Counter,
         "Writes that joined a batch (path=gathered) and partial-row writes that went straight to the members (path=direct).",
     );
+    for (device, a) in arrays {
+        let d = device.as_str();
+        let Some(c) = &a.stripe_cache else { continue };
+        cache_used.int(dev(d), c.entries_in_use as u64);
+        cache_size.int(dev(d), c.capacity as u64);
+        cache_hits.int(with(d, "kind", "parity"), c.parity_hits);
+        cache_hits.int(with(d, "kind", "read"), c.read_hits);
+        cache_misses.int(with(d, "kind", "parity"), c.parity_misses);
+        cache_misses.int(with(d, "kind", "read"), c.read_misses);
+        cache_rows.int(with(d, "kind", "full"), c.full_rows);
+        cache_rows.int(with(d, "kind", "partial"), c.partial_rows);
+        cache_writes.int(with(d, "path", "direct"), c.direct_writes);
+        cache_writes.int(with(d, "path", "gathered"), c.gathered_writes);
+    }
+    vec![
+        cache_used,
+        cache_size,
+        cache_hits,
+        cache_misses,
+        cache_rows,
+        cache_writes,
+    ]
+}
+
+/// The write journal's counters, size and health, for arrays that have
+/// one.
+fn journal_families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
+    use Kind::{Counter, Gauge};
     let mut journal_pages = Family::new(
         "uraid_journal_pages_written",
         Counter,
@@ -412,104 +543,45 @@ fn families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
         Gauge,
         "1 when the journal device has failed.",
     );
-    let mut member_state = Family::new(
-        "uraid_member_state",
-        Gauge,
-        "Each device of the array, with its state (in_sync, rebuilding, replacement, spare, faulty, journal) and role.",
-    );
-    let mut member_smart = Family::new(
-        "uraid_member_smart_status",
-        Gauge,
-        "SMART verdict of each member that is polled (passed, warning, failing, unavailable): 1 for the one in force.",
-    );
-    let mut member_errors = Family::new(
-        "uraid_member_io_errors",
-        Counter,
-        "Member reads and writes that failed.",
-    );
-    let mut member_bytes = Family::new(
-        "uraid_member_io_bytes",
-        Counter,
-        "Bytes of member reads and writes that succeeded.",
-    );
-    let mut member_latency = Family::new(
-        "uraid_member_io_latency_seconds",
-        Histogram,
-        "Time of member reads and writes, from queueing to completion.",
-    );
-
     for (device, a) in arrays {
         let d = device.as_str();
-        info.int(
-            vec![
-                ("device", device.clone()),
-                ("level", a.level.clone()),
-                ("name", a.name.clone()),
-                ("uuid", a.uuid.clone()),
-            ],
-            1,
-        );
-        let running = a.sync.as_ref().map_or("idle", |s| s.action.as_str());
-        for word in SYNC_ACTIONS {
-            action.int(with(d, "action", word), u64::from(word == running));
-        }
-        match &a.sync {
-            Some(s) => {
-                let left_kib = s.total_kib.saturating_sub(s.done_kib);
-                ratio.add(
-                    dev(d),
-                    Value::Float(s.done_kib as f64 / s.total_kib.max(1) as f64),
-                );
-                done.int(dev(d), s.done_kib << 10);
-                total.int(dev(d), s.total_kib << 10);
-                speed.int(dev(d), s.speed_kib_per_s << 10);
-                if s.speed_kib_per_s > 0 {
-                    eta.add(
-                        dev(d),
-                        Value::Float(left_kib as f64 / s.speed_kib_per_s as f64),
-                    );
-                }
-            }
-            None => ratio.add(dev(d), Value::Float(1.0)),
-        }
-        if a.speed_limit_max_kib_per_s > 0 {
-            speed_min.int(dev(d), a.speed_limit_min_kib_per_s << 10);
-            speed_max.int(dev(d), a.speed_limit_max_kib_per_s << 10);
-        }
-        if let Some(secs) = a.next_check_in_secs {
-            next_check.int(dev(d), secs);
-        }
-        mismatch.int(dev(d), a.mismatch_cnt);
-        if let Some((dirty, all)) = a.bitmap_dirty_chunks {
-            bitmap_dirty.int(dev(d), dirty);
-            bitmap_chunks.int(dev(d), all);
-        }
-        if let Some(c) = &a.stripe_cache {
-            cache_used.int(dev(d), c.entries_in_use as u64);
-            cache_size.int(dev(d), c.capacity as u64);
-            cache_hits.int(with(d, "kind", "parity"), c.parity_hits);
-            cache_hits.int(with(d, "kind", "read"), c.read_hits);
-            cache_misses.int(with(d, "kind", "parity"), c.parity_misses);
-            cache_misses.int(with(d, "kind", "read"), c.read_misses);
-            cache_rows.int(with(d, "kind", "full"), c.full_rows);
-            cache_rows.int(with(d, "kind", "partial"), c.partial_rows);
-            cache_writes.int(with(d, "path", "direct"), c.direct_writes);
-            cache_writes.int(with(d, "path", "gathered"), c.gathered_writes);
-        }
-        if let Some(j) = &a.journal {
-            journal_pages.int(dev(d), j.pages_written);
-            journal_commits.int(dev(d), j.commits);
-            journal_callers.int(dev(d), j.callers);
-            journal_reclaims.int(dev(d), j.reclaims);
-            journal_replayed.int(dev(d), j.replayed_rows);
-            journal_size.int(dev(d), j.ring_sectors * 512);
-            journal_failed.int(dev(d), u64::from(j.failed.is_some()));
-        }
-        let mut members: Vec<_> = a.members.iter().collect();
-        members.sort_by(|x, y| x.path.cmp(&y.path));
-        for m in members {
+        let Some(j) = &a.journal else { continue };
+        journal_pages.int(dev(d), j.pages_written);
+        journal_commits.int(dev(d), j.commits);
+        journal_callers.int(dev(d), j.callers);
+        journal_reclaims.int(dev(d), j.reclaims);
+        journal_replayed.int(dev(d), j.replayed_rows);
+        journal_size.int(dev(d), j.ring_sectors * 512);
+        journal_failed.int(dev(d), u64::from(j.failed.is_some()));
+    }
+    vec![
+        journal_pages,
+        journal_commits,
+        journal_callers,
+        journal_reclaims,
+        journal_replayed,
+        journal_size,
+        journal_failed,
+    ]
+}
+
+/// Each member's state and role, and its SMART verdict where it is
+/// polled.
+fn member_families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
+    let mut state = Family::new(
+        "uraid_member_state",
+        Kind::Gauge,
+        "Each device of the array, with its state (in_sync, rebuilding, replacement, spare, faulty, journal) and role.",
+    );
+    let mut smart = Family::new(
+        "uraid_member_smart_status",
+        Kind::Gauge,
+        "SMART verdict of each member that is polled (passed, warning, failing, unavailable): 1 for the one in force.",
+    );
+    for (device, a) in arrays {
+        for m in members_by_path(a) {
             let role = m.role.map_or_else(|| "none".to_string(), |r| r.to_string());
-            member_state.int(
+            state.int(
                 vec![
                     ("device", device.clone()),
                     ("member", m.path.clone()),
@@ -518,18 +590,42 @@ fn families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
                 ],
                 1,
             );
-            if let Some(verdict) = &m.smart {
-                for status in ["passed", "warning", "failing", "unavailable"] {
-                    member_smart.int(
-                        vec![
-                            ("device", device.clone()),
-                            ("member", m.path.clone()),
-                            ("status", status.to_string()),
-                        ],
-                        u64::from(verdict == status),
-                    );
-                }
+            let Some(verdict) = &m.smart else { continue };
+            for status in ["passed", "warning", "failing", "unavailable"] {
+                smart.int(
+                    vec![
+                        ("device", device.clone()),
+                        ("member", m.path.clone()),
+                        ("status", status.to_string()),
+                    ],
+                    u64::from(verdict == status),
+                );
             }
+        }
+    }
+    vec![state, smart]
+}
+
+/// Each member's I/O errors, bytes and latency, by operation.
+fn member_io_families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
+    use Kind::{Counter, Histogram};
+    let mut errors = Family::new(
+        "uraid_member_io_errors",
+        Counter,
+        "Member reads and writes that failed.",
+    );
+    let mut bytes = Family::new(
+        "uraid_member_io_bytes",
+        Counter,
+        "Bytes of member reads and writes that succeeded.",
+    );
+    let mut latency = Family::new(
+        "uraid_member_io_latency_seconds",
+        Histogram,
+        "Time of member reads and writes, from queueing to completion.",
+    );
+    for (device, a) in arrays {
+        for m in members_by_path(a) {
             let Some(io) = &m.io else { continue };
             for (op, counts) in [("read", &io.read), ("write", &io.write)] {
                 let labels = vec![
@@ -537,46 +633,20 @@ fn families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
                     ("member", m.path.clone()),
                     ("op", op.to_string()),
                 ];
-                member_errors.int(labels.clone(), counts.errors);
-                member_bytes.int(labels.clone(), counts.bytes);
-                member_latency.add(labels, Value::Histogram(counts.clone()));
+                errors.int(labels.clone(), counts.errors);
+                bytes.int(labels.clone(), counts.bytes);
+                latency.add(labels, Value::Histogram(counts.clone()));
             }
         }
     }
-    out.extend([
-        info,
-        action,
-        ratio,
-        done,
-        total,
-        speed,
-        eta,
-        speed_min,
-        speed_max,
-        next_check,
-        mismatch,
-        bitmap_dirty,
-        bitmap_chunks,
-        cache_used,
-        cache_size,
-        cache_hits,
-        cache_misses,
-        cache_rows,
-        cache_writes,
-        journal_pages,
-        journal_commits,
-        journal_callers,
-        journal_reclaims,
-        journal_replayed,
-        journal_size,
-        journal_failed,
-        member_state,
-        member_smart,
-        member_errors,
-        member_bytes,
-        member_latency,
-    ]);
-    out
+    vec![errors, bytes, latency]
+}
+
+/// An array's members in path order, as Go's registry sorts the series.
+fn members_by_path(a: &StatusReply) -> Vec<&crate::control::MemberStatus> {
+    let mut members: Vec<_> = a.members.iter().collect();
+    members.sort_by(|x, y| x.path.cmp(&y.path));
+    members
 }
 
 /// node_exporter's md collector's families, by name as its registry

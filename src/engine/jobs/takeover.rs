@@ -4,15 +4,18 @@
 //! restripe is a reshape job; a takeover planned for after the restripe
 //! runs when the job finishes (`ReshapeJob::then`).
 
-use super::Engine;
 use crate::array::{DeviceState, LevelChange, Roles, Takeover};
+use crate::engine::Engine;
 use crate::geometry::{layout_name, Geometry, Level};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 impl Engine {
     /// Runs `change` (`manage --grow --level`). Returns a line for the user.
-    pub(super) fn change_level(self: &Arc<Engine>, change: LevelChange) -> Result<String, String> {
+    pub(in crate::engine) fn change_level(
+        self: &Arc<Engine>,
+        change: LevelChange,
+    ) -> Result<String, String> {
         let from = self.geometry().level();
         let to = change.final_level();
         let gate = self.reshape_gate.write().unwrap();
@@ -64,7 +67,7 @@ impl Engine {
     /// One takeover: the superblocks take the new level and the roles
     /// change as `t` says. Called under the reshape gate, held exclusively,
     /// with nothing left in the stripe cache.
-    pub(super) fn apply_takeover(&self, t: &Takeover) -> Result<(), String> {
+    pub(in crate::engine) fn apply_takeover(&self, t: &Takeover) -> Result<(), String> {
         let geometry = Geometry::new(&t.params).map_err(|e| e.to_string())?;
         let mut array = self.array.lock().unwrap();
         let old = array.geometry.level();

@@ -27,7 +27,7 @@
 //! visible until it is on the members; a write that finds it so waits for
 //! it first. So a later write never lands under an earlier one.
 
-use super::tuning::STRIPE_CACHE_PAGE;
+use crate::engine::tuning::STRIPE_CACHE_PAGE;
 use crate::member::AlignedBuf;
 use std::collections::HashMap;
 use std::io;
@@ -41,7 +41,7 @@ const SHARDS: usize = 64;
 /// How long a write-through batch waits for its row to fill after the last
 /// write joined it: a stream's next writes come once its earlier ones are
 /// answered, which takes as long as writing a row.
-pub(super) const GATHER_DEADLINE: Duration = Duration::from_millis(10);
+pub(in crate::engine) const GATHER_DEADLINE: Duration = Duration::from_millis(10);
 /// How long a write-through batch may wait in all.
 const GATHER_CAP: Duration = Duration::from_millis(100);
 /// How long write-back leaves a partial row in memory before writing it.
@@ -58,8 +58,8 @@ const PEAK_WINDOW_US: u64 = 200_000;
 /// Recent write ends remembered to tell sequential writes.
 const RECENT: usize = 32;
 
-pub(super) struct Batch {
-    pub(super) stripe: u64,
+pub(in crate::engine) struct Batch {
+    pub(in crate::engine) stripe: u64,
     state: Mutex<BatchState>,
     changed: Condvar,
 }
@@ -88,16 +88,17 @@ struct BatchState {
 
 /// Keeps something alive while a batch holds bytes (the journal units
 /// that logged them); dropped once the batch is on the members.
-pub(super) type Hold = Arc<dyn Send + Sync>;
+pub(in crate::engine) type Hold = Arc<dyn Send + Sync>;
 
 /// Logs a write's data before the cache acknowledges it (write-back with a
 /// journal): a hold on what was logged, or None when the journal has no
 /// room for it (the write then goes through).
-pub(super) type LogData<'a> = dyn Fn() -> io::Result<Option<Hold>> + 'a;
+pub(in crate::engine) type LogData<'a> = dyn Fn() -> io::Result<Option<Hold>> + 'a;
 
 /// Writes a closed batch's covered ranges (of its row's data, `buf`) to
 /// the members: the engine's side of a destage.
-pub(super) type Destage<'a> = dyn Fn(&Batch, &[Range<usize>], &[u8]) -> io::Result<()> + 'a;
+pub(in crate::engine) type Destage<'a> =
+    dyn Fn(&Batch, &[Range<usize>], &[u8]) -> io::Result<()> + 'a;
 
 /// One of the cache's shards: the open batches of the rows that hash to it.
 type Shard = Mutex<HashMap<u64, Arc<Batch>>>;
@@ -169,13 +170,13 @@ pub struct CacheReport {
 
 impl Batch {
     /// Whether every byte in the batch is in the journal already.
-    pub(super) fn logged(&self) -> bool {
+    pub(in crate::engine) fn logged(&self) -> bool {
         lock(&self.state).logged
     }
 
     /// Whether a FUA write is in it: its write-out carries FUA. Read once
     /// the batch is closed, when no write joins it any more.
-    pub(super) fn urgent(&self) -> bool {
+    pub(in crate::engine) fn urgent(&self) -> bool {
         lock(&self.state).urgent
     }
 
@@ -189,7 +190,7 @@ impl Batch {
 }
 
 /// What happened to a write offered to the cache.
-pub(super) enum Offer {
+pub(in crate::engine) enum Offer {
     /// Not taken: write it to the members now.
     Direct,
     /// Taken; the result is final (acknowledged from cache, or written).
@@ -208,7 +209,7 @@ pub struct CacheStats {
     pub direct_writes: AtomicU64,
 }
 
-pub(super) struct StripeCache {
+pub(in crate::engine) struct StripeCache {
     shards: Box<[Shard]>,
     /// Entries (md's units) held by batches.
     entries_in_use: AtomicUsize,
@@ -226,12 +227,12 @@ pub(super) struct StripeCache {
     epoch: Instant,
     /// Wakes the workers when write-back batches appear.
     wake: (Mutex<()>, Condvar),
-    pub(super) stop: AtomicBool,
-    pub(super) stats: CacheStats,
+    pub(in crate::engine) stop: AtomicBool,
+    pub(in crate::engine) stats: CacheStats,
 }
 
 /// Counts a write in flight for as long as it lives.
-pub(super) struct InFlight<'a>(&'a StripeCache);
+pub(in crate::engine) struct InFlight<'a>(&'a StripeCache);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
@@ -244,7 +245,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl StripeCache {
-    pub(super) fn new() -> StripeCache {
+    pub(in crate::engine) fn new() -> StripeCache {
         StripeCache {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             entries_in_use: AtomicUsize::new(0),
@@ -272,7 +273,7 @@ impl StripeCache {
     /// is worth gathering: it continues a write seen recently (a sequential
     /// stream) and others are in flight (a lone writer at queue depth 1
     /// would only wait for itself).
-    pub(super) fn write_arrives(&self, offset: u64, len: usize) -> (InFlight<'_>, bool) {
+    pub(in crate::engine) fn write_arrives(&self, offset: u64, len: usize) -> (InFlight<'_>, bool) {
         let before = self.writes_in_flight.fetch_add(1, Ordering::SeqCst);
         let others = before > 0;
         let now_us = self.epoch.elapsed().as_micros() as u64;
@@ -298,12 +299,12 @@ impl StripeCache {
     }
 
     /// Whether any batch exists (reads need not look otherwise).
-    pub(super) fn has_batches(&self) -> bool {
+    pub(in crate::engine) fn has_batches(&self) -> bool {
         self.batches.load(Ordering::SeqCst) > 0
     }
 
     /// The cache's counters, for status and benchmarks.
-    pub(super) fn report(&self, capacity: usize) -> CacheReport {
+    pub(in crate::engine) fn report(&self, capacity: usize) -> CacheReport {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         CacheReport {
             entries_in_use: self.entries_in_use.load(Ordering::SeqCst),
@@ -324,7 +325,7 @@ impl StripeCache {
     /// costs in md's units, `capacity` stripe_cache_size. `destage` writes
     /// a closed batch's covered ranges to the members.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn offer(
+    pub(in crate::engine) fn offer(
         &self,
         stripe: u64,
         row_bytes: usize,
@@ -527,7 +528,11 @@ impl StripeCache {
     /// The bytes of row `stripe` within `range` still in a batch, as
     /// (offset in `range`, bytes). Taken before the members are read, so
     /// that a batch written out in between is then on the members.
-    pub(super) fn pending_in(&self, stripe: u64, range: Range<usize>) -> Vec<(usize, Vec<u8>)> {
+    pub(in crate::engine) fn pending_in(
+        &self,
+        stripe: u64,
+        range: Range<usize>,
+    ) -> Vec<(usize, Vec<u8>)> {
         let Some(batch) = lock(self.shard(stripe)).get(&stripe).cloned() else {
             return Vec::new();
         };
@@ -548,7 +553,7 @@ impl StripeCache {
     /// Forgets every batch not yet being written, as a power cut loses
     /// memory: for tests of what the journal must then bring back.
     #[cfg(test)]
-    pub(super) fn forget_unwritten(&self) -> usize {
+    pub(in crate::engine) fn forget_unwritten(&self) -> usize {
         let mut forgotten = 0;
         for shard in self.shards.iter() {
             lock(shard).retain(|_, batch| {
@@ -570,7 +575,7 @@ impl StripeCache {
 
     /// Writes out every batch in the table and waits for each: after this,
     /// every write acknowledged before it is on the members.
-    pub(super) fn write_all(&self, entries: usize, destage: &Destage) -> io::Result<()> {
+    pub(in crate::engine) fn write_all(&self, entries: usize, destage: &Destage) -> io::Result<()> {
         let mut first_error = None;
         for batch in self.all_batches() {
             self.write_out(&batch, entries, destage);
@@ -585,7 +590,7 @@ impl StripeCache {
     /// One pass of a write-back worker: writes out the batches of its
     /// shards that are whole, old, urgent, or that the idle array no
     /// longer needs to hold. Returns whether any batch remains.
-    pub(super) fn work(
+    pub(in crate::engine) fn work(
         &self,
         worker: usize,
         workers: usize,
@@ -622,7 +627,7 @@ impl StripeCache {
     }
 
     /// Sleeps a worker until there may be work.
-    pub(super) fn idle_wait(&self, busy: bool) {
+    pub(in crate::engine) fn idle_wait(&self, busy: bool) {
         let guard = lock(&self.wake.0);
         let timeout = if busy {
             POLL * 5
@@ -632,12 +637,12 @@ impl StripeCache {
         let _ = self.wake.1.wait_timeout(guard, timeout);
     }
 
-    pub(super) fn wake_workers(&self) {
+    pub(in crate::engine) fn wake_workers(&self) {
         self.wake.1.notify_all();
     }
 
     /// Entries (md's units) a batch for a row of strips `strip_bytes` deep costs.
-    pub(super) fn entries_for(strip_bytes: usize) -> usize {
+    pub(in crate::engine) fn entries_for(strip_bytes: usize) -> usize {
         strip_bytes.div_ceil(STRIPE_CACHE_PAGE).max(1)
     }
 }

@@ -11,8 +11,10 @@
 //! the old size), and as the bitmap says with one, whose new region's bits
 //! are set when it is resized (md_bitmap_resize).
 
-use super::{Engine, SyncAction, SyncWorker};
+use super::job::SyncAction;
+use super::resync::SyncWorker;
 use crate::array::DeviceState;
+use crate::engine::Engine;
 use crate::format::Metadata;
 use crate::geometry::{Geometry, GeometryParams, Level};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,7 +87,7 @@ impl Engine {
                 "a {level} array's size is fixed when it is created: its distributed spares' metadata lies after the data"
             ));
         }
-        if matches!(level, Level::Raid0 | Level::Linear) {
+        if !level.redundant() {
             return Err(format!(
                 "{level} arrays cannot change component size: they always use all of each member"
             ));

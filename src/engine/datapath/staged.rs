@@ -21,7 +21,7 @@
 //! replacement below its copy point.
 
 use super::io::{lost_error, View, WriteTarget};
-use super::Engine;
+use crate::engine::Engine;
 use crate::export::StagedWrite;
 use crate::geometry::{Place, StripeMap};
 use crate::member::mapped::Mapped;
@@ -35,15 +35,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// start: for tests, which must know a path ran, not only that the
 /// bytes came out right.
 #[derive(Default)]
-pub(super) struct StagedRows {
+pub(in crate::engine) struct StagedRows {
     /// Into mapped members' pages (levels without parity).
-    pub(super) mapped: AtomicU64,
+    pub(in crate::engine) mapped: AtomicU64,
     /// Whole parity rows, parity computed in the parity members' pages.
-    pub(super) parity_in_place: AtomicU64,
+    pub(in crate::engine) parity_in_place: AtomicU64,
     /// Spliced into member files.
-    pub(super) spliced: AtomicU64,
+    pub(in crate::engine) spliced: AtomicU64,
     /// Copied into memory and written the plain way.
-    pub(super) copied: AtomicU64,
+    pub(in crate::engine) copied: AtomicU64,
 }
 
 impl Engine {
@@ -53,7 +53,7 @@ impl Engine {
     /// or mapped files on a level without parity; mapped files, and at
     /// least one whole row in the write, on a parity level (its partial
     /// rows are copied).
-    pub(super) fn takes_staged(&self, offset: u64, len: usize) -> bool {
+    pub(in crate::engine) fn takes_staged(&self, offset: u64, len: usize) -> bool {
         if self.read_only
             || self.journal.is_some()
             || self.reshaping.load(Ordering::SeqCst)
@@ -83,7 +83,7 @@ impl Engine {
     /// Writes `len` staged bytes at array byte `offset`, row by row under
     /// each row's lock. Stops at the first error; the caller throws away
     /// what is left.
-    pub(super) fn write_staged_bytes(
+    pub(in crate::engine) fn write_staged_bytes(
         &self,
         offset: u64,
         len: usize,

@@ -28,7 +28,7 @@
 //! 4 KiB pages; a window that is not page aligned is neither read from
 //! nor stored here.
 
-use super::tuning::STRIPE_CACHE_PAGE;
+use crate::engine::tuning::STRIPE_CACHE_PAGE;
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -39,7 +39,7 @@ const PAGE: usize = STRIPE_CACHE_PAGE;
 const SHARDS: usize = 64;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum Which {
+pub(in crate::engine) enum Which {
     P,
     Q,
 }
@@ -113,10 +113,10 @@ impl Shard {
     }
 }
 
-pub(super) struct ParityCache {
+pub(in crate::engine) struct ParityCache {
     shards: Box<[Mutex<Shard>]>,
-    pub(super) hits: AtomicU64,
-    pub(super) misses: AtomicU64,
+    pub(in crate::engine) hits: AtomicU64,
+    pub(in crate::engine) misses: AtomicU64,
     /// Pages held, over every shard: a drop on an empty cache (the common
     /// case under whole-row writes) locks nothing. Changed under the shard
     /// lock that changes the pages; a writer holds its stripe's lock, so a
@@ -131,7 +131,7 @@ fn pages_of(window: &Range<usize>) -> Option<Range<u64>> {
 }
 
 impl ParityCache {
-    pub(super) fn new() -> ParityCache {
+    pub(in crate::engine) fn new() -> ParityCache {
         ParityCache {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hits: AtomicU64::new(0),
@@ -148,7 +148,7 @@ impl ParityCache {
     }
 
     /// Whether every page of `which` parity of `window` is here.
-    pub(super) fn has(&self, stripe: u64, window: &Range<usize>, which: Which) -> bool {
+    pub(in crate::engine) fn has(&self, stripe: u64, window: &Range<usize>, which: Which) -> bool {
         pages_of(window).is_some_and(|mut pages| {
             pages.all(|page| {
                 let mut shard = self.shard(stripe, page).lock().unwrap();
@@ -161,7 +161,7 @@ impl ParityCache {
     }
 
     /// Fills `out` with `which` parity of `window` if every page is here.
-    pub(super) fn get(
+    pub(in crate::engine) fn get(
         &self,
         stripe: u64,
         window: &Range<usize>,
@@ -192,7 +192,7 @@ impl ParityCache {
 
     /// After a write of `window`: keeps what it wrote of `which` parity, or
     /// (None: that parity's member is absent) drops it.
-    pub(super) fn put(
+    pub(in crate::engine) fn put(
         &self,
         stripe: u64,
         window: &Range<usize>,
@@ -278,12 +278,12 @@ impl ParityCache {
     /// Whether `pages` more entries (a page of P and of Q each) fit among
     /// `capacity` in all; the shards evict on their own, so one that is
     /// fuller than the rest may still evict a little.
-    pub(super) fn has_room(&self, pages: usize, capacity: usize) -> bool {
+    pub(in crate::engine) fn has_room(&self, pages: usize, capacity: usize) -> bool {
         self.held.load(Ordering::Relaxed) + pages <= capacity
     }
 
     /// Forgets the pages `window` touches.
-    pub(super) fn drop_window(&self, stripe: u64, window: &Range<usize>) {
+    pub(in crate::engine) fn drop_window(&self, stripe: u64, window: &Range<usize>) {
         if self.held.load(Ordering::Relaxed) == 0 {
             return;
         }
@@ -300,12 +300,12 @@ impl ParityCache {
 
     /// Forgets every page of `stripe` (the background job is about to
     /// rewrite or rebuild it).
-    pub(super) fn drop_stripe(&self, stripe: u64, strip_bytes: usize) {
+    pub(in crate::engine) fn drop_stripe(&self, stripe: u64, strip_bytes: usize) {
         self.drop_window(stripe, &(0..strip_bytes));
     }
 
     /// Forgets everything (a live change of the cache size).
-    pub(super) fn clear(&self) {
+    pub(in crate::engine) fn clear(&self) {
         for shard in self.shards.iter() {
             let mut shard = shard.lock().unwrap();
             self.held.fetch_sub(shard.pages.len(), Ordering::Relaxed);

@@ -7,8 +7,10 @@
 //! rebuilt member's recovery_offset) so that a restart resumes.
 
 use super::job::{Outcome, SyncAction, SyncProgress, Throttle};
-use super::{rebuild, Engine};
+use super::rebuild;
 use crate::array::resync;
+use crate::engine::datapath::failure::PathError;
+use crate::engine::Engine;
 use crate::geometry::Geometry;
 use crate::units::SECTOR_BYTES;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,7 +30,7 @@ pub struct SyncWorker {
     /// The next stripe to process; shared with a rebuilding member's entry.
     next_stripe: Mutex<Arc<AtomicU64>>,
     first_stripe: AtomicU64,
-    pub(super) stop: AtomicBool,
+    pub(in crate::engine) stop: AtomicBool,
     mismatch_sectors: AtomicU64,
     started: Mutex<Option<Instant>>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -67,7 +69,7 @@ impl SyncWorker {
         self.stripe_count.store(stripe_count, Ordering::SeqCst);
     }
 
-    pub(super) fn stripe_count(&self) -> u64 {
+    pub(in crate::engine) fn stripe_count(&self) -> u64 {
         self.stripe_count.load(Ordering::SeqCst)
     }
 
@@ -305,7 +307,9 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                     });
                     match target {
                         Some(target) => view.rebuild_onto(&map, role, &target).map(|_| 0),
-                        None => Err(std::io::Error::other("the member being rebuilt is gone")),
+                        None => Err(PathError::Array(std::io::Error::other(
+                            "the member being rebuilt is gone",
+                        ))),
                     }
                 }
                 SyncAction::Replace { role } => {
@@ -321,7 +325,9 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                     };
                     match view.table.replacing[role].clone().or_else(promoted) {
                         Some(target) => view.rebuild_onto(&map, role, &target).map(|_| 0),
-                        None => Err(std::io::Error::other("the replacement is gone")),
+                        None => Err(PathError::Array(std::io::Error::other(
+                            "the replacement is gone",
+                        ))),
                     }
                 }
                 SyncAction::Reshape => unreachable!("a reshape is not the sync worker's job"),
@@ -335,7 +341,7 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                         |_| {},
                     )
                     .map(|r| r.mismatch_sectors)
-                    .map_err(|e| std::io::Error::other(e.to_string()))
+                    .map_err(|e| PathError::Array(std::io::Error::other(e.to_string())))
                 }
             };
             if step.is_ok() {
@@ -358,41 +364,37 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                     &engine.sync.stop,
                 );
             }
-            Err(e) => {
+            Err(failure) => {
                 // A member's error is handled as on the request path (correct
                 // from redundancy, or fail the member), and the stripe is
                 // tried again, a bounded number of times.
                 retries += 1;
-                // A distributed spare being rebuilt met the error on the
-                // child holding its space: the child fails, and the stripe
-                // goes on without it (the spare's column there is homed at
-                // the child, rebuilt with it).
-                if let (None, Some(_), SyncAction::Recovery { role }) = (
-                    super::members::member_of(&e),
-                    crate::array::dspare::child_of(&e),
-                    action,
-                ) {
-                    if retries <= engine.geometry().raid_disks() {
+                let again = retries <= engine.geometry().raid_disks();
+                match (&failure, action) {
+                    // A distributed spare being rebuilt met the error on the
+                    // child holding its space: the child fails, and the
+                    // stripe goes on without it (the spare's column there is
+                    // homed at the child, rebuilt with it).
+                    (PathError::Array(e), SyncAction::Recovery { role })
+                        if again && crate::array::dspare::child_of(e).is_some() =>
+                    {
                         let reason =
-                            super::readd::failure_reason(format!("write error: {e}"), &[&e]);
-                        engine.fail_blamed(role, None, &e, &reason);
+                            crate::engine::readd::failure_reason(format!("write error: {e}"), &[e]);
+                        engine.fail_blamed(role, None, e, &reason);
                         continue;
                     }
-                }
-                if let Some(role) = super::members::member_of(&e) {
-                    if retries <= engine.geometry().raid_disks() {
-                        // A replace reads the member it copies: its read
-                        // errors are corrected like any other member's.
-                        let target = match action {
-                            SyncAction::Recovery { role } => Some(role),
-                            _ => None,
-                        };
-                        if target != Some(role) {
-                            engine.correct_read_error(stripe, role, &e, false);
-                            continue;
-                        }
+                    // A replace reads the member it copies: its read errors
+                    // are corrected like any other member's; a rebuild's
+                    // target is not read.
+                    (PathError::MemberRead { role, error }, _)
+                        if again && action != (SyncAction::Recovery { role: *role }) =>
+                    {
+                        engine.correct_read_error(stripe, *role, error, false);
+                        continue;
                     }
+                    _ => {}
                 }
+                let e = failure.into_io();
                 engine.events.push(
                     "SyncFailed",
                     "",

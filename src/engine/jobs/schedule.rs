@@ -3,7 +3,7 @@
 //! when no other job runs. A check can also be started at once with
 //! `uraid manage --action check`.
 
-use super::Engine;
+use crate::engine::Engine;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 

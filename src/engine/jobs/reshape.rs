@@ -30,11 +30,11 @@
 //! (`raid10_window_end`).
 
 use super::job::{SyncAction, SyncProgress, Throttle};
-use super::{Engine, MemberEntry};
 use crate::array::{
     lowest_data_offset, plan_level_change, plan_reshape, reshape_backwards, room_after_data,
     DeviceState, MemberRoom, ReshapeContext, ReshapePlan, ReshapeRequest, Takeover,
 };
+use crate::engine::{Engine, MemberEntry};
 use crate::format::{MD_FEATURE_NEW_OFFSET, MD_FEATURE_RESHAPE_ACTIVE};
 use crate::geometry::{Geometry, GeometryParams, ReshapePoint, Reshaping};
 use crate::units::SECTOR_BYTES;
@@ -55,13 +55,13 @@ pub struct ReshapeJob {
     started: Mutex<Option<(Instant, u64)>>,
     /// A resync is owed once the reshape ends (the array stopped uncleanly
     /// while reshaping): md's recovery_cp survives the reshape.
-    pub(super) resync_after: AtomicBool,
+    pub(in crate::engine) resync_after: AtomicBool,
     last_event_step: AtomicU64,
     /// The takeover a level change makes once its restripe is done
     /// (raid6→raid5 drops Q then). Held in memory only: the kernel's
     /// superblock has no word for it, so a restripe cut short by a stop
     /// ends at the restripe's level, as md's does.
-    pub(super) then: Mutex<Option<Takeover>>,
+    pub(in crate::engine) then: Mutex<Option<Takeover>>,
 }
 
 impl Engine {
@@ -192,7 +192,7 @@ impl Engine {
         for (new_role, &i) in order.iter().enumerate() {
             let device = &mut array.devices[i];
             device.state = DeviceState::Active { role: new_role };
-            slots[new_role] = Some(super::members::slot_of(device));
+            slots[new_role] = Some(crate::engine::members::slot_of(device));
         }
         array.slots = slots;
         array.sb.raid_disks = count as u32;
@@ -218,7 +218,7 @@ impl Engine {
     /// held exclusively: what the stripe cache holds is written out, hot
     /// parity forgotten, and reads the server fetches itself are awaited,
     /// all in the old geometry.
-    pub(super) fn enter_reshape_mode(&self) -> Result<(), String> {
+    pub(in crate::engine) fn enter_reshape_mode(&self) -> Result<(), String> {
         self.reshaping.store(true, Ordering::SeqCst);
         self.write_out_cache().map_err(|e| e.to_string())?;
         self.parity_cache.clear();
@@ -241,7 +241,7 @@ impl Engine {
     /// spares take the new roles in sync, the point is 0, or the new end of
     /// a shrink, which runs backwards) and switches the engine to the two
     /// geometries.
-    pub(super) fn begin(&self, plan: &ReshapePlan) -> Result<(), String> {
+    pub(in crate::engine) fn begin(&self, plan: &ReshapePlan) -> Result<(), String> {
         let mut array = self.array.lock().unwrap();
         let old_roles = plan.old.raid_disks as usize;
         let new_roles = plan.new.raid_disks as usize;
@@ -297,7 +297,7 @@ impl Engine {
                 }
             }
             if let DeviceState::Active { role } = device.state {
-                slots[role] = Some(super::members::slot_of(device));
+                slots[role] = Some(crate::engine::members::slot_of(device));
             }
         }
         array.slots = slots;
@@ -340,7 +340,11 @@ impl Engine {
 
     /// Makes `geometry` the engine's and the array's, with each member's
     /// data starting where the geometry's places count from.
-    pub(super) fn install(&self, array: &mut crate::array::Assembled, geometry: Geometry) {
+    pub(in crate::engine) fn install(
+        &self,
+        array: &mut crate::array::Assembled,
+        geometry: Geometry,
+    ) {
         let offsets = base_offsets(array, &geometry);
         for (role, slot) in array.slots.iter_mut().enumerate() {
             if let (Some(slot), Some(offset)) = (slot.as_mut(), offsets[role]) {
@@ -363,7 +367,7 @@ impl Engine {
                         Some(r) => r.done_stripes(),
                         None => geometry.stripe_at_resync_position(recovery_offset_sectors),
                     };
-                    let mut slot = super::members::slot_of(d);
+                    let mut slot = crate::engine::members::slot_of(d);
                     slot.data_offset_bytes = offsets[role].unwrap_or(0) * SECTOR_BYTES;
                     Some((
                         role,
@@ -393,7 +397,7 @@ impl Engine {
         *self.geometry.write().unwrap() = Arc::new(geometry);
     }
 
-    pub(super) fn spawn_reshape(self: &Arc<Engine>) -> Result<(), String> {
+    pub(in crate::engine) fn spawn_reshape(self: &Arc<Engine>) -> Result<(), String> {
         let job = &self.reshape_job;
         job.stop.store(false, Ordering::SeqCst);
         let position = self
@@ -412,7 +416,7 @@ impl Engine {
 
     /// Continues a reshape the array was assembled in the middle of (md
     /// resumes one at every start).
-    pub(super) fn resume_reshape(self: &Arc<Engine>) {
+    pub(in crate::engine) fn resume_reshape(self: &Arc<Engine>) {
         let gate = self.reshape_gate.write().unwrap();
         let entered = self.enter_reshape_mode();
         drop(gate);
@@ -466,7 +470,7 @@ impl Engine {
     }
 
     /// Progress as /proc/mdstat shows it: per member, in KiB.
-    pub(super) fn reshape_progress(&self) -> Option<SyncProgress> {
+    pub(in crate::engine) fn reshape_progress(&self) -> Option<SyncProgress> {
         let geometry = self.geometry();
         let reshaping = geometry.reshaping()?;
         let new = reshaping.new_geometry();
@@ -647,7 +651,7 @@ impl Engine {
         for i in 0..array.devices.len() {
             if let DeviceState::Recovering { role, .. } = array.devices[i].state {
                 array.devices[i].state = DeviceState::Active { role };
-                let slot = super::members::slot_of(&array.devices[i]);
+                let slot = crate::engine::members::slot_of(&array.devices[i]);
                 array.slots[role] = Some(slot);
             }
         }
@@ -715,7 +719,7 @@ fn run(weak: Weak<Engine>) {
                     .swap(false, Ordering::SeqCst);
                 if resync {
                     let next = Arc::new(AtomicU64::new(0));
-                    let _ = super::SyncWorker::start(&engine, SyncAction::Resync, 0, next);
+                    let _ = crate::engine::SyncWorker::start(&engine, SyncAction::Resync, 0, next);
                 } else {
                     engine.start_recovery_if_possible();
                 }
@@ -1014,7 +1018,7 @@ fn raid10_window_end(reshaping: &Reshaping, offsets: &[(u64, u64)]) -> Result<u6
 
 /// Whether uraid can continue the reshape an array was assembled in the
 /// middle of; the reason it cannot otherwise.
-pub(super) fn check_resumable(array: &crate::array::Assembled) -> Result<(), String> {
+pub(in crate::engine) fn check_resumable(array: &crate::array::Assembled) -> Result<(), String> {
     let reshaping = array.geometry.reshaping().expect("reshaping");
     let why = if reshaping.backwards() && array.sb.delta_disks > 0 {
         Some("it adds members yet runs backwards, which md never writes")

@@ -8,7 +8,7 @@
 //! that share a slot merely wait for each other. A stripe worker takes the
 //! locks of a whole round of rows at once, in slot order; the batched
 //! rebuild takes a batch's in slot order too, and while it still holds an
-//! earlier batch's it only tries (see engine/rebuild.rs); every other
+//! earlier batch's it only tries (see engine/jobs/rebuild.rs); every other
 //! thread holds at most one stripe lock at a time, so no cycle can form.
 
 use std::sync::{Mutex, MutexGuard};

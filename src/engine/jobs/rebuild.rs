@@ -31,10 +31,10 @@
 //! (`View::rebuild_onto`), which corrects read errors or fails members as
 //! it always has, and batches resume after them.
 
-use super::io::{run_reads, View};
 use super::job::{SyncAction, Throttle};
-use super::members::{rebuild_strip, MemberEntry};
-use super::Engine;
+use crate::engine::datapath::io::{run_reads, View};
+use crate::engine::members::{rebuild_strip, MemberEntry};
+use crate::engine::Engine;
 use crate::geometry::{Place, StripeMap};
 use crate::member::{batch, AlignedBuf, IoOp, MemberRef};
 use crate::units::SECTOR_BYTES;
@@ -60,7 +60,7 @@ const BATCHES_IN_FLIGHT: usize = 2;
 const BATCH_STRIPES_MAX: u64 = 4096;
 
 /// How a run of batches ended.
-pub(super) enum Ended {
+pub(in crate::engine) enum Ended {
     /// Stopped, at the end, or after a while: the job looks at its state
     /// again and carries on.
     Yielded,
@@ -70,7 +70,7 @@ pub(super) enum Ended {
 }
 
 /// Whether `action` can run in batches.
-pub(super) fn batched(action: SyncAction) -> bool {
+pub(in crate::engine) fn batched(action: SyncAction) -> bool {
     matches!(
         action,
         SyncAction::Recovery { .. } | SyncAction::Replace { .. }
@@ -80,7 +80,7 @@ pub(super) fn batched(action: SyncAction) -> bool {
 /// Runs batches of `action` from the shared position `next` until the job
 /// is stopped or done, a while has passed, or a stripe needs the
 /// one-stripe path.
-pub(super) fn run_batches(
+pub(in crate::engine) fn run_batches(
     engine: &Arc<Engine>,
     action: SyncAction,
     next: &Arc<AtomicU64>,
@@ -407,7 +407,7 @@ impl<'e> Pipeline<'e> {
 
     /// The target: the member being rebuilt in the role, or the replacement
     /// being built for it.
-    fn target(&self, table: &super::members::MemberTable) -> Option<MemberEntry> {
+    fn target(&self, table: &crate::engine::members::MemberTable) -> Option<MemberEntry> {
         let role = self.role;
         // Only the member whose position this job moves (see
         // Engine::job_owns_target): any other takes the one-stripe path,

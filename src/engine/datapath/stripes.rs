@@ -33,13 +33,13 @@
 //! request thread. Reads never come here (md's chunk-aligned reads bypass
 //! raid5d too).
 
-use super::io::{run_reads, run_writes, ParityWrite, Piece, View};
-use super::tuning::GROUP_THREAD_CNT_MAX;
-use super::Engine;
+use super::io::{Piece, View};
+use crate::engine::datapath::execute::{Row, RowOutcome};
+use crate::engine::tuning::GROUP_THREAD_CNT_MAX;
+use crate::engine::Engine;
 use crate::geometry::StripeMap;
 use std::collections::VecDeque;
 use std::io;
-use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -60,7 +60,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// One row to write, handed from a request thread to a stripe worker.
-pub(super) struct Job {
+pub(in crate::engine) struct Job {
     stripe: u64,
     slot: usize,
     /// (offset in the row's data, address, length) of each part: the
@@ -127,7 +127,7 @@ struct Wake {
     changed: Condvar,
 }
 
-pub(super) struct StripeWorkers {
+pub(in crate::engine) struct StripeWorkers {
     queues: Vec<Queue>,
     wakes: Vec<Wake>,
     /// Threads started; they last as long as the engine (a lowered
@@ -137,14 +137,14 @@ pub(super) struct StripeWorkers {
     wanted: AtomicUsize,
     spawning: Mutex<()>,
     /// Rounds run and rows written through them, for status.
-    pub(super) rounds: AtomicU64,
-    pub(super) rows: AtomicU64,
+    pub(in crate::engine) rounds: AtomicU64,
+    pub(in crate::engine) rows: AtomicU64,
     /// Rows that took the one-row path (degraded, read error, several parts).
-    pub(super) rows_alone: AtomicU64,
+    pub(in crate::engine) rows_alone: AtomicU64,
 }
 
 impl StripeWorkers {
-    pub(super) fn new() -> StripeWorkers {
+    pub(in crate::engine) fn new() -> StripeWorkers {
         StripeWorkers {
             queues: (0..QUEUES)
                 .map(|_| Queue {
@@ -163,7 +163,7 @@ impl StripeWorkers {
     }
 
     /// Workers taking new jobs: 0 when writes do their own stripe work.
-    pub(super) fn active(&self) -> usize {
+    pub(in crate::engine) fn active(&self) -> usize {
         let started = self.started.load(Ordering::SeqCst);
         self.wanted.load(Ordering::SeqCst).min(started)
     }
@@ -176,7 +176,7 @@ impl StripeWorkers {
 
     /// Sets the worker count to `wanted` (group_thread_cnt), starting
     /// threads that are missing.
-    pub(super) fn ensure(self: &Arc<Self>, engine: &Weak<Engine>, wanted: usize) {
+    pub(in crate::engine) fn ensure(self: &Arc<Self>, engine: &Weak<Engine>, wanted: usize) {
         let wanted = wanted.min(QUEUES);
         let _spawning = lock(&self.spawning);
         while self.started.load(Ordering::SeqCst) < wanted {
@@ -206,7 +206,7 @@ impl StripeWorkers {
     /// Hands the write of `parts` of row `stripe` (guarded by lock `slot`)
     /// to the row's worker and waits for it. None when no worker runs (a
     /// read-only array, or before the engine has started them).
-    pub(super) fn submit(
+    pub(in crate::engine) fn submit(
         &self,
         stripe: u64,
         slot: usize,
@@ -320,9 +320,9 @@ impl View<'_> {
 
 impl Engine {
     /// One round of a stripe worker: the rows of `jobs` (one per lock slot)
-    /// are locked in slot order, every plain row's reads go out as one
-    /// batch, parity is computed, and every write goes out as one batch.
-    /// The other rows take the one-row path under the same locks.
+    /// are locked in slot order and the plain ones run together in the
+    /// row executor (one batch of reads, one journal commit, one batch of
+    /// writes). The other rows take the one-row path under the same locks.
     fn write_round(&self, jobs: &[Arc<Job>]) -> Vec<io::Result<()>> {
         let mut slots: Vec<usize> = jobs.iter().map(|j| j.slot).collect();
         slots.sort_unstable();
@@ -364,105 +364,31 @@ impl Engine {
                 _ => None,
             })
             .collect();
-        let mut plans: Vec<Option<ParityWrite>> = pieces
-            .iter()
-            .zip(&views)
-            .map(|(piece, view)| piece.as_ref().map(|p| view.plan_parity_write(p, true)))
-            .collect();
-        let max = self.max_member_io();
-        // Every read of the round in one batch; a row with a failed read
-        // goes the one-row way, which corrects it from redundancy.
-        {
-            let mut reads = Vec::new();
-            let mut owner = Vec::new();
-            for (k, plan) in plans.iter_mut().enumerate() {
-                let Some(plan) = plan else { continue };
-                for (place, at, buf) in plan.reads() {
-                    let (member, offset) = views[k].offset_of(place, at);
-                    reads.push((member, offset, buf));
-                    owner.push(k);
+        // Plain rows have every member present, so they always plan; their
+        // outcomes come back in the order they went in.
+        let mut planned = Vec::new();
+        let mut rows = Vec::new();
+        for (k, piece) in pieces.iter().enumerate() {
+            let Some(piece) = piece else { continue };
+            match views[k].plan_write(piece, true) {
+                Ok(write) => {
+                    rows.push(Row {
+                        view: &views[k],
+                        write,
+                    });
+                    planned.push(k);
                 }
-            }
-            let errors = run_reads(max, &mut reads);
-            drop(reads);
-            for (k, error) in owner.into_iter().zip(errors) {
-                if error.is_some() {
-                    plans[k] = None;
-                }
+                Err(e) => results[k] = Some(Err(e)),
             }
         }
-        for (k, slot) in plans.iter_mut().enumerate() {
-            if let Some(plan) = slot {
-                if views[k].compute_parity(plan).is_err() {
-                    *slot = None;
-                }
-            }
-        }
-        // With a journal, every row of the round is logged in one commit
-        // before any of its writes; rows past what one caller may log take
-        // the one-row path, which logs its own.
-        // Rows whose data is logged already (write-back) log their parity
-        // apart: that commit may use the room kept back for it.
-        let mut tickets = Vec::new();
-        if let Some(journal) = &self.journal {
-            for logged in [true, false] {
-                let budget = journal.max_caller_pages();
-                let mut rows = Vec::new();
-                let mut pages = 0;
-                let mut first = None;
-                for (k, slot) in plans.iter_mut().enumerate() {
-                    let Some(plan) = slot else { continue };
-                    if plan.piece.logged != logged {
-                        continue;
-                    }
-                    let mine = views[k].journal_rows(plan.piece, Some(plan));
-                    let more: usize = mine.iter().map(|r| r.data.len() + r.parity).sum();
-                    if pages + more > budget {
-                        *slot = None;
-                    } else {
-                        pages += more;
-                        rows.extend(mine);
-                        first.get_or_insert(k);
-                    }
-                }
-                let Some(k) = first else { continue };
-                let piece = plans[k].as_ref().expect("taken above").piece;
-                match views[k].log_rows(piece, rows) {
-                    Err(e) => {
-                        for (k, slot) in plans.iter_mut().enumerate() {
-                            if slot.as_ref().is_some_and(|p| p.piece.logged == logged) {
-                                *slot = None;
-                                results[k] = Some(Err(io::Error::new(e.kind(), e.to_string())));
-                            }
-                        }
-                    }
-                    Ok(ticket) => tickets.push(ticket),
-                }
-            }
-        }
-        // Every write of the round in one batch.
-        let mut targets = Vec::new();
-        let mut spans: Vec<Range<usize>> = vec![0..0; jobs.len()];
-        for (k, plan) in plans.iter().enumerate() {
-            if let Some(plan) = plan {
-                let start = targets.len();
-                views[k].write_targets(&plan.writes(), plan.piece.fua, &mut targets);
-                spans[k] = start..targets.len();
-            }
-        }
-        let mut errors = run_writes(max, &targets).into_iter();
-        for ticket in tickets {
-            self.journal_done(ticket);
-        }
-        for (k, plan) in plans.iter().enumerate() {
-            if let Some(plan) = plan {
-                let mine: Vec<_> = errors.by_ref().take(spans[k].len()).collect();
-                let result = views[k].settle_writes(&targets[spans[k].clone()], mine);
-                views[k].keep_parity(plan, result.is_ok());
+        // A row whose read failed, or that did not fit the round's journal
+        // commit, takes the one-row path: it corrects a read error from
+        // redundancy and logs alone.
+        for (k, outcome) in planned.into_iter().zip(self.run_rows(rows)) {
+            if let RowOutcome::Written(result) = outcome {
                 results[k] = Some(result);
             }
         }
-        drop(plans);
         for (k, result) in results.iter_mut().enumerate() {
             if result.is_none() {
                 self.stripes.rows_alone.fetch_add(1, Ordering::Relaxed);

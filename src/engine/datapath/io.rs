@@ -9,9 +9,9 @@
 //! strip. Parity is read, computed and written over that window only.
 
 use super::cache::{Batch, Offer, StripeCache};
-use super::members::{member_error, member_of, MemberTable};
-use super::paritycache::Which;
-use super::Engine;
+use crate::engine::datapath::failure::PathError;
+use crate::engine::members::MemberTable;
+use crate::engine::Engine;
 use crate::export::{ExtentUse, FileExtent};
 use crate::geometry::{Located, Place, StripeMap};
 use crate::member::stats as counted;
@@ -23,30 +23,26 @@ use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// The parity a read-modify-write reads around its window while the parity
-/// cache has room (see [`View::parity_span`]).
-const PARITY_PREFETCH_BYTES: usize = 64 * 1024;
-
 fn lost(what: String) -> io::Error {
     io::Error::other(what)
 }
 
 /// The part of one stripe that a request covers.
-pub(super) struct Piece<'a> {
-    pub(super) map: StripeMap,
+pub(in crate::engine) struct Piece<'a> {
+    pub(in crate::engine) map: StripeMap,
     /// For each data strip, the byte range (strip-relative) the request covers; empty if none.
-    ranges: Vec<Range<usize>>,
+    pub(in crate::engine) ranges: Vec<Range<usize>>,
     /// Union of the ranges: where parity changes.
-    window: Range<usize>,
+    pub(in crate::engine) window: Range<usize>,
     /// The request's bytes for this stripe, starting at the first covered byte.
     data: &'a [u8],
     /// Offset of the first covered byte within the stripe's data.
     start_in_stripe: usize,
     /// Its data is in the journal already (logged alone for write-back):
     /// only its parity is logged before its member writes.
-    pub(super) logged: bool,
+    pub(in crate::engine) logged: bool,
     /// A client's FUA write: every member write it makes carries FUA.
-    pub(super) fua: bool,
+    pub(in crate::engine) fua: bool,
 }
 
 impl Piece<'_> {
@@ -55,30 +51,30 @@ impl Piece<'_> {
     }
 
     /// The request's bytes for strip `i` (its covered range).
-    fn new_bytes(&self, i: usize) -> &[u8] {
+    pub(in crate::engine) fn new_bytes(&self, i: usize) -> &[u8] {
         let r = &self.ranges[i];
         let from = i * self.strip_bytes() + r.start - self.start_in_stripe;
         &self.data[from..from + r.len()]
     }
 
-    pub(super) fn touched(&self, i: usize) -> bool {
+    pub(in crate::engine) fn touched(&self, i: usize) -> bool {
         !self.ranges[i].is_empty()
     }
 
     /// The byte range (strip-relative) the request covers in strip `i`.
-    pub(super) fn range(&self, i: usize) -> &Range<usize> {
+    pub(in crate::engine) fn range(&self, i: usize) -> &Range<usize> {
         &self.ranges[i]
     }
 
     /// Whether strip `i`'s new bytes cover the whole window.
-    fn covers_window(&self, i: usize) -> bool {
+    pub(in crate::engine) fn covers_window(&self, i: usize) -> bool {
         self.ranges[i].start <= self.window.start && self.ranges[i].end >= self.window.end
     }
 }
 
 impl Engine {
     /// Calls `f` for each stripe piece of the byte range [offset, offset+len).
-    pub(super) fn for_each_piece(
+    pub(in crate::engine) fn for_each_piece(
         &self,
         offset: u64,
         len: usize,
@@ -115,7 +111,7 @@ impl Engine {
 
     /// The piece of stripe `map` covering `len` bytes from `in_stripe`;
     /// `data` holds the bytes of a write (empty for a read).
-    pub(super) fn piece<'a>(
+    pub(in crate::engine) fn piece<'a>(
         map: StripeMap,
         in_stripe: usize,
         len: usize,
@@ -150,7 +146,7 @@ impl Engine {
     }
 
     /// Reads array bytes at `offset` into `buf`.
-    pub(super) fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    pub(in crate::engine) fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         if self.read_direct(offset, buf) {
             return Ok(());
         }
@@ -218,7 +214,12 @@ impl Engine {
 
     /// Reads through read-ahead and the read cache (see [`super::readcache`]);
     /// `company`: the client has other requests in flight (`read_among`).
-    pub(super) fn read_cached(&self, offset: u64, buf: &mut [u8], company: bool) -> io::Result<()> {
+    pub(in crate::engine) fn read_cached(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        company: bool,
+    ) -> io::Result<()> {
         let len = buf.len();
         let t = &self.tunables;
         let strip = self.row.strip_bytes as u64;
@@ -268,15 +269,15 @@ impl Engine {
     /// data strips of a row, md's memory for stripe_cache_size.
     fn read_cache_bytes(&self) -> usize {
         self.tunables.stripe_cache_size() as usize
-            * super::tuning::STRIPE_CACHE_PAGE
+            * crate::engine::tuning::STRIPE_CACHE_PAGE
             * self.row.data_strips
     }
 
     /// The most one read-ahead fetches: half the read cache, so that what
     /// is fetched stays until it is read.
-    pub(super) fn read_ahead_cap_bytes(&self) -> u64 {
+    pub(in crate::engine) fn read_ahead_cap_bytes(&self) -> u64 {
         let entries = self.tunables.stripe_cache_size();
-        super::tuning::read_ahead_cap_sectors(entries, self.row.data_strips) * SECTOR_BYTES
+        crate::engine::tuning::read_ahead_cap_sectors(entries, self.row.data_strips) * SECTOR_BYTES
     }
 
     /// Where the bytes of a read lie on the members, for a server that
@@ -287,7 +288,7 @@ impl Engine {
     /// stripe cache and nothing for the read cache or read-ahead to do.
     /// Else `None`, and the read goes through
     /// [`read_cached`](Self::read_cached).
-    pub(super) fn file_extents(
+    pub(in crate::engine) fn file_extents(
         &self,
         offset: u64,
         len: usize,
@@ -418,17 +419,17 @@ impl Engine {
 
     /// The largest I/O sent to a member (max_sectors_kb). It is a whole
     /// number of 4 KiB (tuning checks it), so of every member's block.
-    pub(super) fn max_member_io(&self) -> usize {
+    pub(in crate::engine) fn max_member_io(&self) -> usize {
         self.tunables.max_io_bytes()
     }
 
     /// What a stripe-cache batch for one row costs, in entries.
-    pub(super) fn cache_entries_per_row(&self) -> usize {
+    pub(in crate::engine) fn cache_entries_per_row(&self) -> usize {
         StripeCache::entries_for(self.row.strip_bytes)
     }
 
     /// Writes a batch of the stripe cache to the members.
-    pub(super) fn destage(
+    pub(in crate::engine) fn destage(
         &self,
         batch: &Batch,
         runs: &[Range<usize>],
@@ -466,9 +467,9 @@ impl Engine {
     /// Writes parts of one row, one piece at a time with retries; the
     /// caller holds the row's lock and has marked it in the bitmap.
     /// `prefetch`: its first try may read neighbouring parity for the cache
-    /// (see [`View::plan_parity_write`]); a retry, which follows a read
+    /// (see [`View::plan_write`]); a retry, which follows a read
     /// error, reads no more than it needs.
-    pub(super) fn write_parts_locked(
+    pub(in crate::engine) fn write_parts_locked(
         &self,
         map: &StripeMap,
         parts: &[(usize, &[u8])],
@@ -497,44 +498,46 @@ impl Engine {
         &self,
         stripe: u64,
         locked: bool,
-        mut f: impl FnMut(&View) -> io::Result<()>,
+        mut f: impl FnMut(&View) -> Result<(), PathError>,
     ) -> io::Result<()> {
         let mut last = None;
         let mut corrected = vec![false; self.geometry().raid_disks()];
         // Each member is corrected once, then failed: at most two rounds each.
         for _ in 0..=2 * self.geometry().raid_disks() {
             let view = self.view(stripe);
-            match f(&view) {
+            let (role, error) = match f(&view) {
                 Ok(()) => return Ok(()),
-                Err(e) => match member_of(&e) {
-                    // It fails again after its sectors were rewritten and read
-                    // back: the data must come from redundancy, without it.
-                    Some(role) if corrected[role] => {
-                        let member = view.table.entry(role).map(|e| e.slot.member.clone());
-                        let reason = super::readd::failure_reason(
-                            format!("read error after a rewrite: {e}"),
-                            &[&e],
-                        );
-                        self.fail_blamed(role, member.as_ref(), &e, &reason);
-                        last = Some(e);
-                    }
-                    Some(role) => {
-                        corrected[role] = true;
-                        self.correct_read_error(stripe, role, &e, locked);
-                        last = Some(e);
-                    }
-                    None => return Err(e),
-                },
+                Err(PathError::Array(e)) => return Err(e),
+                Err(PathError::MemberRead { role, error }) => (role, error),
+            };
+            if corrected[role] {
+                // It fails again after its sectors were rewritten and read
+                // back: the data must come from redundancy, without it.
+                let member = view.table.entry(role).map(|e| e.slot.member.clone());
+                let reason = crate::engine::readd::failure_reason(
+                    format!("read error after a rewrite: member {role}: {error}"),
+                    &[&error],
+                );
+                self.fail_blamed(role, member.as_ref(), &error, &reason);
+            } else {
+                corrected[role] = true;
+                self.correct_read_error(stripe, role, &error, locked);
             }
+            last = Some(PathError::MemberRead { role, error });
         }
-        Err(last.unwrap_or_else(|| io::Error::other("I/O failed")))
+        Err(last.map_or_else(|| io::Error::other("I/O failed"), PathError::into_io))
     }
 
     /// Writes `data` at array byte `offset`, keeping redundancy right.
     /// Partial rows may wait in the stripe cache to be gathered into whole
     /// ones (see [`super::cache`]); with write-back they are acknowledged
     /// from it.
-    pub(super) fn write_bytes(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
+    pub(in crate::engine) fn write_bytes(
+        &self,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> io::Result<()> {
         let (_in_flight, sequential) = self.cache.write_arrives(offset, data.len());
         // Bytes read ahead are dropped once the write is in; reads racing
         // with it keep nothing (see readcache).
@@ -566,8 +569,10 @@ impl Engine {
                 let journal = engine.journal.as_ref().expect("logging needs a journal");
                 let piece = Engine::piece(map.clone(), in_stripe, bytes.len(), bytes);
                 let rows = engine.view(map.stripe).journal_rows(&piece, None);
-                match journal.log(engine, rows, super::journal::LogKind::DataOnly) {
-                    Ok(ticket) => Ok(Some(super::journal::JournalHold::hold(journal, ticket))),
+                match journal.log(engine, rows, crate::engine::journal::LogKind::DataOnly) {
+                    Ok(ticket) => Ok(Some(crate::engine::journal::JournalHold::hold(
+                        journal, ticket,
+                    ))),
                     // The journal's share for the cache is full: this write
                     // goes through, as md's r5c does when its log runs short.
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
@@ -607,26 +612,30 @@ impl Engine {
 /// The members as one request piece sees them: a snapshot of the member
 /// table (which members are in sync, up to which stripe for a rebuilding
 /// one) taken without holding any lock during I/O.
-pub(super) struct View<'a> {
-    pub(super) engine: &'a Engine,
-    pub(super) table: Arc<MemberTable>,
-    pub(super) stripe: u64,
+pub(in crate::engine) struct View<'a> {
+    pub(in crate::engine) engine: &'a Engine,
+    pub(in crate::engine) table: Arc<MemberTable>,
+    pub(in crate::engine) stripe: u64,
 }
 
 impl View<'_> {
     /// Whether the member holding `place` is in sync for this stripe
     /// (for a role held by a distributed spare, the child holding its
     /// space there: see [`MemberTable::home`]).
-    pub(super) fn present(&self, place: &Place) -> bool {
+    pub(in crate::engine) fn present(&self, place: &Place) -> bool {
         self.table.present(place, self.stripe)
     }
 
     /// The place that holds the bytes of `place` (see [`MemberTable::home`]).
-    pub(super) fn home(&self, place: &Place) -> Place {
+    pub(in crate::engine) fn home(&self, place: &Place) -> Place {
         self.table.home(place, self.stripe)
     }
 
-    pub(super) fn offset_of(&self, place: &Place, offset_in_strip: usize) -> (MemberRef, u64) {
+    pub(in crate::engine) fn offset_of(
+        &self,
+        place: &Place,
+        offset_in_strip: usize,
+    ) -> (MemberRef, u64) {
         let home = self.home(place);
         let entry = self
             .table
@@ -642,7 +651,10 @@ impl View<'_> {
     /// allow it: a stripe costs one member's latency, not one per member).
     /// A failed read is retried once alone; a failure is tagged with the
     /// member's role so that the piece can correct it from redundancy.
-    pub(super) fn read_places(&self, reads: &mut [(&Place, usize, &mut [u8])]) -> io::Result<()> {
+    pub(in crate::engine) fn read_places(
+        &self,
+        reads: &mut [(&Place, usize, &mut [u8])],
+    ) -> Result<(), PathError> {
         if reads.len() == 1 {
             let (place, at, buf) = &mut reads[0];
             return self.read_place(place, *at, buf);
@@ -668,28 +680,9 @@ impl View<'_> {
         Ok(())
     }
 
-    /// Writes several places at once (one batch where the members allow
-    /// it). A member that fails a write is failed at once (md does the same
-    /// without a bad-block log) and the rest goes on without it: parity,
-    /// computed before any write, still covers its share. Only when that
-    /// leaves the array unable to serve is it an error. A replacement under
-    /// construction gets the write too where its copy is done, so that it
-    /// does not fall behind; a failing replacement is dropped.
-    /// Every write carries FUA when `fua` says so (a client's FUA write).
-    pub(super) fn write_places(
-        &self,
-        writes: &[(&Place, usize, &[u8])],
-        fua: bool,
-    ) -> io::Result<()> {
-        let mut targets = Vec::new();
-        self.write_targets(writes, fua, &mut targets);
-        let errors = run_writes(self.engine.max_member_io(), &targets);
-        self.settle_writes(&targets, errors)
-    }
-
     /// The member writes that `writes` make: each place, and its
     /// replacement where it has one; all with FUA when `fua` says so.
-    pub(super) fn write_targets<'b>(
+    pub(in crate::engine) fn write_targets<'b>(
         &self,
         writes: &[(&Place, usize, &'b [u8])],
         fua: bool,
@@ -722,9 +715,11 @@ impl View<'_> {
     }
 
     /// Acts on the outcome of member writes (the first error of each
-    /// target): a failed member is failed, a failed replacement dropped.
-    /// An error only when the array can no longer serve.
-    pub(super) fn settle_writes(
+    /// target): a failed member is failed at once (md does the same without
+    /// a bad-block log) and the rest goes on without it, as parity computed
+    /// before any write still covers its share; a failed replacement is
+    /// dropped. An error only when the array can no longer serve.
+    pub(in crate::engine) fn settle_writes(
         &self,
         targets: &[WriteTarget],
         errors: Vec<Option<io::Error>>,
@@ -748,13 +743,14 @@ impl View<'_> {
 
     /// Fails `member` in `role` for a write error; an error when the array
     /// cannot run without it.
-    pub(super) fn fail_on_write(
+    pub(in crate::engine) fn fail_on_write(
         &self,
         role: usize,
         member: &MemberRef,
         source: &io::Error,
     ) -> io::Result<()> {
-        let reason = super::readd::failure_reason(format!("write error: {source}"), &[source]);
+        let reason =
+            crate::engine::readd::failure_reason(format!("write error: {source}"), &[source]);
         self.engine.fail_blamed(role, Some(member), source, &reason);
         if !self.engine.runnable() {
             return Err(io::Error::other(format!(
@@ -786,12 +782,12 @@ impl View<'_> {
 
     /// Reads from a member; a failure is tagged with the member's role so
     /// that the piece can correct it from redundancy.
-    pub(super) fn read_place(
+    pub(in crate::engine) fn read_place(
         &self,
         place: &Place,
         offset_in_strip: usize,
         buf: &mut [u8],
-    ) -> io::Result<()> {
+    ) -> Result<(), PathError> {
         let (member, at) = self.offset_of(place, offset_in_strip);
         let role = self.home(place).member;
         let max = self.engine.max_member_io();
@@ -800,13 +796,13 @@ impl View<'_> {
             // One retry: a transient error should not cost a member.
             counted::read_at(member.as_ref(), part, at)
                 .or_else(|_| counted::read_at(member.as_ref(), part, at))
-                .map_err(|source| member_error(role, source))?;
+                .map_err(|error| PathError::MemberRead { role, error })?;
         }
         Ok(())
     }
 
     /// Reads one piece, reconstructing strips whose members are gone.
-    fn read_piece(&self, piece: &Piece, in_stripe: usize, out: &mut [u8]) -> io::Result<()> {
+    fn read_piece(&self, piece: &Piece, in_stripe: usize, out: &mut [u8]) -> Result<(), PathError> {
         let strip_bytes = piece.strip_bytes();
         let mut missing = Vec::new();
         let mut reads = Vec::new();
@@ -865,12 +861,12 @@ impl View<'_> {
 
     /// Reads the window of every data strip, reconstructing the strips in
     /// `lost` (whose members are gone) from the others and parity.
-    pub(super) fn read_window(
+    pub(in crate::engine) fn read_window(
         &self,
         map: &StripeMap,
         window: Range<usize>,
         lost: &[usize],
-    ) -> io::Result<Vec<AlignedBuf>> {
+    ) -> Result<Vec<AlignedBuf>, PathError> {
         let len = window.len();
         let mut strips: Vec<AlignedBuf> = (0..map.data.len())
             .map(|_| AlignedBuf::zeroed(len))
@@ -894,13 +890,13 @@ impl View<'_> {
     }
 
     /// Rebuilds the window of the strips in `lost` in place.
-    fn reconstruct(
+    pub(in crate::engine) fn reconstruct(
         &self,
         map: &StripeMap,
         window: Range<usize>,
         strips: &mut [AlignedBuf],
         lost: &[usize],
-    ) -> io::Result<()> {
+    ) -> Result<(), PathError> {
         if lost.is_empty() {
             return Ok(());
         }
@@ -948,517 +944,10 @@ impl View<'_> {
         }
         Ok(())
     }
-
-    /// Writes one piece of a row. `prefetch`: see [`View::plan_parity_write`].
-    fn write_piece(&self, piece: &Piece, prefetch: bool) -> io::Result<()> {
-        let map = &piece.map;
-        if map.p.is_none() {
-            // Mirrors and stripes without parity: every present copy.
-            let mut writes = Vec::new();
-            for i in (0..map.data.len()).filter(|i| piece.touched(*i)) {
-                let copies: Vec<&Place> = map.data[i]
-                    .copies
-                    .iter()
-                    .filter(|c| self.present(c))
-                    .collect();
-                if copies.is_empty() {
-                    return Err(lost_error(map, "every copy of the data is lost"));
-                }
-                for copy in copies {
-                    writes.push((copy, piece.ranges[i].start, piece.new_bytes(i)));
-                }
-            }
-            return self.write_places(&writes, piece.fua);
-        }
-        let parity_present = map.parity_places().filter(|p| self.present(p)).count();
-        if parity_present == 0 {
-            // No parity left to maintain: the data is all there is, and
-            // what was kept of the parity is stale from now on.
-            self.engine
-                .parity_cache
-                .drop_window(map.stripe, &piece.window);
-            let ticket = self.log_rows(piece, self.journal_rows(piece, None))?;
-            let written = (|| {
-                for i in (0..map.data.len()).filter(|&i| piece.touched(i)) {
-                    let Some(copy) = map.data[i].copies.iter().find(|c| self.present(c)) else {
-                        return Err(lost_error(map, "data and parity lost"));
-                    };
-                    let write = (copy, piece.ranges[i].start, piece.new_bytes(i));
-                    self.write_places(&[write], piece.fua)?;
-                }
-                Ok(())
-            })();
-            self.engine.journal_done(ticket);
-            return written;
-        }
-        let mut plan = self.plan_parity_write(piece, prefetch);
-        self.read_places(&mut plan.reads())?;
-        self.compute_parity(&mut plan)?;
-        let ticket = self.log_rows(piece, self.journal_rows(piece, Some(&plan)))?;
-        let written = self.write_places(&plan.writes(), piece.fua);
-        self.engine.journal_done(ticket);
-        self.keep_parity(&plan, written.is_ok());
-        written
-    }
-
-    /// With a write journal, the rows of a piece as md logs them: for each
-    /// 4 KiB column of its window, the new pages of the data strips it
-    /// writes, then the new parity (P, and Q on raid6) from `plan`; data
-    /// alone when no parity member is left. Empty without a journal.
-    pub(super) fn journal_rows(
-        &self,
-        piece: &Piece,
-        plan: Option<&ParityWrite>,
-    ) -> Vec<super::journal::PageRow> {
-        const PAGE: usize = crate::format::journal::BLOCK_BYTES;
-        if self.engine.journal.is_none() {
-            return Vec::new();
-        }
-        let map = &piece.map;
-        let window = piece.window.clone();
-        // The engine refuses requests that are not whole 4 KiB blocks when
-        // a journal is on, and strips are whole chunks: every range is
-        // whole pages.
-        assert!(
-            window.start.is_multiple_of(PAGE) && window.end.is_multiple_of(PAGE),
-            "a journaled write of {window:?} is not whole pages"
-        );
-        let strip_sectors = map.strip_sectors;
-        let base = map.p.expect("a parity level").member_sector;
-        let parity: Vec<&[u8]> = match plan {
-            Some(plan) => {
-                let mut v = vec![plan.p_window()];
-                if map.q.is_some() {
-                    v.push(plan.q_window());
-                }
-                v
-            }
-            None => Vec::new(),
-        };
-        let mut rows = Vec::new();
-        for at in (window.start..window.end).step_by(PAGE) {
-            let mut row = super::journal::PageRow {
-                stripe_sector: base + (at as u64) / SECTOR_BYTES,
-                data: Vec::new(),
-                parity: parity.len(),
-                pages: Vec::with_capacity((map.data.len() + 2) * PAGE),
-            };
-            for i in (0..map.data.len()).filter(|&i| piece.touched(i)) {
-                let r = &piece.ranges[i];
-                if r.start <= at && at + PAGE <= r.end {
-                    row.data.push(
-                        map.array_sector + i as u64 * strip_sectors + (at as u64) / SECTOR_BYTES,
-                    );
-                    row.pages
-                        .extend_from_slice(&piece.new_bytes(i)[at - r.start..at - r.start + PAGE]);
-                }
-            }
-            if row.data.is_empty() {
-                // Parity alone changes nothing here, and md replays no
-                // column without data.
-                continue;
-            }
-            if piece.logged {
-                // The data is in the journal already: parity alone, which
-                // replay joins to it (md's write-out of cached data).
-                row.data.clear();
-                row.pages.clear();
-                if parity.is_empty() {
-                    continue;
-                }
-            }
-            for p in &parity {
-                let k = at - window.start;
-                row.pages.extend_from_slice(&p[k..k + PAGE]);
-            }
-            rows.push(row);
-        }
-        rows
-    }
-
-    /// Logs rows in the journal, if the array has one, before their member
-    /// writes start.
-    pub(super) fn log_rows(
-        &self,
-        piece: &Piece,
-        rows: Vec<super::journal::PageRow>,
-    ) -> io::Result<Option<super::journal::Ticket>> {
-        let kind = if piece.logged {
-            super::journal::LogKind::ParityOnly
-        } else {
-            super::journal::LogKind::Rows
-        };
-        match &self.engine.journal {
-            Some(journal) if !rows.is_empty() => journal.log(self.engine, rows, kind).map(Some),
-            _ => Ok(None),
-        }
-    }
-
-    /// Decides how a write of `piece` keeps parity right, and sets up its
-    /// buffers: read-modify-write or reconstruct-write, whichever reads
-    /// less (md's rmw_level), parity still hot from the last write filled
-    /// in. Nothing is read or written yet, so that the stripe workers can
-    /// send the reads and writes of many plans as one batch each.
-    /// At least one parity member must be present. `prefetch` lets a
-    /// read-modify-write that finds no parity hot read the parity of its
-    /// neighbouring rows too (see [`View::parity_span`]).
-    pub(super) fn plan_parity_write<'p, 'a>(
-        &self,
-        piece: &'p Piece<'a>,
-        prefetch: bool,
-    ) -> ParityWrite<'p, 'a> {
-        let map = &piece.map;
-        assert!(map.p.is_some(), "a parity write on a level without parity");
-        let p_place = map.p.filter(|p| self.present(p));
-        let q_place = map.q.filter(|q| self.present(q));
-        let r_place = map.r.filter(|r| self.present(r));
-        let parity_present = usize::from(p_place.is_some())
-            + usize::from(q_place.is_some())
-            + usize::from(r_place.is_some());
-        assert!(parity_present > 0, "a parity write with no parity member");
-        let lost: Vec<usize> = (0..map.data.len())
-            .filter(|&i| !map.data[i].copies.iter().any(|c| self.present(c)))
-            .collect();
-        let touched: Vec<usize> = (0..map.data.len()).filter(|&i| piece.touched(i)).collect();
-        let window = piece.window.clone();
-        let hot = &self.engine.parity_cache;
-        // The parity cache keeps P and Q pages; a row with R (dRAID's
-        // triple parity) reads its old parity from the members.
-        let cacheable = map.r.is_none();
-        let hot_parity = [(p_place, Which::P), (q_place, Which::Q)]
-            .iter()
-            .filter(|(place, which)| {
-                cacheable && place.is_some() && hot.has(map.stripe, &window, *which)
-            })
-            .count();
-        // Reads each method needs over the window.
-        let rmw_possible = touched.iter().all(|i| !lost.contains(i));
-        let rmw_reads = touched.len() + parity_present - hot_parity;
-        let rebuild = lost.iter().any(|&i| !piece.covers_window(i));
-        let rcw_reads = if rebuild {
-            map.data.len() - lost.len() + parity_present
-        } else {
-            (0..map.data.len())
-                .filter(|&i| !piece.covers_window(i) && !lost.contains(&i))
-                .count()
-        };
-        // md's rmw_level: 0 never reads-modifies-writes, 1 does when it
-        // needs fewer reads, 2 also when the counts tie. A journal logs P
-        // and Q whole, so with a parity member missing (whose old parity
-        // cannot be read) the parity is computed from the data.
-        let every_parity = parity_present == map.parity_places().count();
-        let rmw = rmw_possible
-            && (every_parity || self.engine.journal.is_none())
-            && match self.engine.tunables.rmw_level() {
-                0 => false,
-                1 => rmw_reads < rcw_reads,
-                _ => rmw_reads <= rcw_reads,
-            };
-        let span = if rmw && prefetch && hot_parity == 0 && cacheable {
-            self.parity_span(map, &window)
-        } else {
-            window.clone()
-        };
-        let sized =
-            |place: Option<Place>| AlignedBuf::zeroed(if place.is_some() { span.len() } else { 0 });
-        let mut plan = ParityWrite {
-            piece,
-            lost,
-            rmw,
-            old: Vec::new(),
-            strips: Vec::new(),
-            need_rebuild: Vec::new(),
-            // Every strip's window is in the request (a full-stripe write):
-            // parity comes straight from the request's bytes.
-            whole: (0..map.data.len()).all(|i| piece.covers_window(i)),
-            p_place,
-            q_place,
-            r_place,
-            p: sized(map.p),
-            q: sized(map.q),
-            r: sized(map.r),
-            p_hot: false,
-            q_hot: false,
-            touched,
-            span,
-        };
-        if rmw {
-            // Parity still hot from the last write of this window is not
-            // read. (A span wider than the window means none was hot.)
-            let at = plan.in_span();
-            debug_assert!(plan.span == window || hot_parity == 0);
-            plan.p_hot = cacheable
-                && p_place.is_some()
-                && hot.get(map.stripe, &window, Which::P, &mut plan.p[at.clone()]);
-            plan.q_hot = cacheable
-                && q_place.is_some()
-                && hot.get(map.stripe, &window, Which::Q, &mut plan.q[at]);
-            plan.old = plan
-                .touched
-                .iter()
-                .map(|&i| AlignedBuf::zeroed(piece.ranges[i].len()))
-                .collect();
-        } else {
-            // If any lost strip holds old bytes the request does not
-            // replace, all lost strips are rebuilt: the others' old bytes
-            // are just as unknown, and the algebra needs every strip but
-            // the rebuilt ones.
-            if rebuild {
-                plan.need_rebuild = plan.lost.clone();
-            }
-            if !plan.whole {
-                plan.strips = (0..map.data.len())
-                    .map(|_| AlignedBuf::zeroed(window.len()))
-                    .collect();
-            }
-        }
-        plan
-    }
-
-    /// Computes the new parity of a plan whose reads are done: from the
-    /// old data and parity (read-modify-write), or from every strip,
-    /// rebuilding lost ones first (reconstruct-write; those reads are the
-    /// only ones done here, and only on a degraded row).
-    pub(super) fn compute_parity(&self, plan: &mut ParityWrite) -> io::Result<()> {
-        let piece = plan.piece;
-        let map = &piece.map;
-        let window = piece.window.clone();
-        let syndrome = self.engine.syndrome;
-        if plan.rmw {
-            // New parity = old parity + (old data - new data) for each
-            // touched strip, over the window.
-            for (&i, delta) in plan.touched.iter().zip(plan.old.iter_mut()) {
-                let r = piece.ranges[i].clone();
-                syndrome.xor_into(delta, piece.new_bytes(i));
-                // The parity buffers cover the span read, the window and
-                // maybe its neighbours.
-                let at = r.start - plan.span.start..r.end - plan.span.start;
-                if plan.p_place.is_some() {
-                    syndrome.xor_into(&mut plan.p[at.clone()], delta);
-                }
-                if plan.q_place.is_some() {
-                    let coef = parity::gf::pow2(map.data[i].q_exponent);
-                    syndrome.mul_acc(&mut plan.q[at.clone()], delta, coef);
-                }
-                if plan.r_place.is_some() {
-                    // R's coefficient is the square of Q's: 4^e = 2^(2e).
-                    let e = u16::from(map.data[i].q_exponent) * 2 % parity::gf::ORDER as u16;
-                    syndrome.mul_acc(&mut plan.r[at], delta, parity::gf::pow2(e as u8));
-                }
-            }
-            return Ok(());
-        }
-        let views: Vec<&[u8]> = if plan.whole {
-            (0..map.data.len()).map(|i| piece.new_bytes(i)).collect()
-        } else {
-            self.reconstruct(map, window.clone(), &mut plan.strips, &plan.need_rebuild)?;
-            for &i in &plan.touched {
-                let r = &piece.ranges[i];
-                plan.strips[i][r.start - window.start..r.end - window.start]
-                    .copy_from_slice(piece.new_bytes(i));
-            }
-            plan.strips.iter().map(|s| &s[..]).collect()
-        };
-        let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
-        match (map.q, map.r) {
-            (None, _) => syndrome.gen_p(&views, &mut plan.p),
-            (Some(_), None) => syndrome.gen_pq(&views, &exps, &mut plan.p, &mut plan.q),
-            (Some(_), Some(_)) => {
-                syndrome.gen_pqr(&views, &exps, &mut plan.p, &mut plan.q, &mut plan.r)
-            }
-        }
-        Ok(())
-    }
-
-    /// After a plan's writes: the parity it wrote stays hot, and the
-    /// neighbours' parity it read with it (see `parity_span`); parity
-    /// whose member is absent, or a failed write, leaves nothing behind.
-    pub(super) fn keep_parity(&self, plan: &ParityWrite, ok: bool) {
-        let (map, window) = (&plan.piece.map, &plan.piece.window);
-        let hot = &self.engine.parity_cache;
-        if !ok || map.r.is_some() {
-            hot.drop_window(map.stripe, window);
-            return;
-        }
-        // A whole-window write needed no old parity and its row's next
-        // write most likely needs none either (a sequential writer of whole
-        // rows): copying its parity into the cache would cost a page
-        // allocation and copy per 4 KiB for nothing, so what was kept of
-        // the window is only forgotten.
-        if plan.whole {
-            hot.drop_window(map.stripe, window);
-            return;
-        }
-        let capacity = self.engine.parity_cache_rows();
-        // The neighbours' parity read with the window's is the members'
-        // (this writer holds the stripe's lock): kept as read, and the
-        // window's as written.
-        let span = &plan.span;
-        let parts = [
-            span.start..window.start,
-            window.clone(),
-            window.end..span.end,
-        ];
-        for part in parts.into_iter().filter(|part| !part.is_empty()) {
-            let at = part.start - span.start..part.end - span.start;
-            let p = plan.p_place.map(|_| &plan.p[at.clone()]);
-            let q = plan.q_place.map(|_| &plan.q[at]);
-            if map.p.is_some() {
-                hot.put(map.stripe, &part, Which::P, p, capacity);
-            }
-            if map.q.is_some() {
-                hot.put(map.stripe, &part, Which::Q, q, capacity);
-            }
-        }
-    }
-
-    /// The bytes of the parity strips a read-modify-write of `window`
-    /// reads when no parity of it is hot: the `PARITY_PREFETCH_BYTES`
-    /// aligned block(s) that hold it, within its strip and no larger than
-    /// max_sectors_kb, while the parity cache has room for them; else the
-    /// window alone (and always for a window not in whole pages).
-    ///
-    /// A random writer over an array whose parity fits in the cache
-    /// (stripe_cache_size at md's 32768 holds 131,072 rows for 8 members:
-    /// 512 MiB of each parity strip's bytes, 1 GiB of memory as md would
-    /// use) would otherwise need one miss per 4 KiB row to fill it: a
-    /// 64 KiB read costs the disk about what a 4 KiB one does and fills
-    /// sixteen rows. Once the cache is full it fills no faster than it
-    /// evicts, so a writer whose parity does not fit reads what md reads.
-    fn parity_span(&self, map: &StripeMap, window: &Range<usize>) -> Range<usize> {
-        const PAGE: usize = super::tuning::STRIPE_CACHE_PAGE;
-        let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
-        let aligned = window.start.is_multiple_of(PAGE) && window.end.is_multiple_of(PAGE);
-        let span = window.start / PARITY_PREFETCH_BYTES * PARITY_PREFETCH_BYTES
-            ..(window.end.div_ceil(PARITY_PREFETCH_BYTES) * PARITY_PREFETCH_BYTES).min(strip_bytes);
-        let room = self
-            .engine
-            .parity_cache
-            .has_room(span.len() / PAGE, self.engine.parity_cache_rows());
-        if aligned && room && span.len() <= self.engine.max_member_io() {
-            span
-        } else {
-            window.clone()
-        }
-    }
-}
-
-/// One parity write, planned: what it reads, what it computes, what it
-/// writes. See [`View::plan_parity_write`].
-pub(super) struct ParityWrite<'p, 'a> {
-    pub(super) piece: &'p Piece<'a>,
-    touched: Vec<usize>,
-    lost: Vec<usize>,
-    /// Read-modify-write (else reconstruct-write).
-    rmw: bool,
-    /// Read-modify-write: the old bytes of each touched strip's range.
-    old: Vec<AlignedBuf>,
-    /// Reconstruct-write: every strip's window (none when `whole`).
-    strips: Vec<AlignedBuf>,
-    /// Reconstruct-write: lost strips to rebuild first.
-    need_rebuild: Vec<usize>,
-    whole: bool,
-    /// The parity members present, and the parity over `span`: old then
-    /// new for read-modify-write (new only over the window), new for
-    /// reconstruct-write.
-    p_place: Option<Place>,
-    q_place: Option<Place>,
-    r_place: Option<Place>,
-    p: AlignedBuf,
-    q: AlignedBuf,
-    r: AlignedBuf,
-    /// Old parity that came from the parity cache, not to be read.
-    p_hot: bool,
-    q_hot: bool,
-    /// The bytes of the parity strips that `p` and `q` cover: the window,
-    /// or more around it when the plan reads neighbouring parity for the
-    /// cache (read-modify-write only).
-    span: Range<usize>,
-}
-
-impl ParityWrite<'_, '_> {
-    /// What the plan must read before its parity can be computed.
-    pub(super) fn reads(&mut self) -> Vec<(&Place, usize, &mut [u8])> {
-        let piece = self.piece;
-        let map = &piece.map;
-        let window = piece.window.clone();
-        let mut reads: Vec<(&Place, usize, &mut [u8])> = Vec::new();
-        if self.rmw {
-            // Old data of every touched strip and old parity.
-            for (&i, buf) in self.touched.iter().zip(self.old.iter_mut()) {
-                reads.push((&map.data[i].copies[0], piece.ranges[i].start, &mut buf[..]));
-            }
-            if let (Some(place), false) = (&self.p_place, self.p_hot) {
-                reads.push((place, self.span.start, &mut self.p[..]));
-            }
-            if let (Some(place), false) = (&self.q_place, self.q_hot) {
-                reads.push((place, self.span.start, &mut self.q[..]));
-            }
-            if let Some(place) = &self.r_place {
-                reads.push((place, self.span.start, &mut self.r[..]));
-            }
-            return reads;
-        }
-        // Rebuilding a lost strip needs the old data of every other strip;
-        // otherwise the strips the request covers need not be read.
-        for (i, buf) in self.strips.iter_mut().enumerate() {
-            let needed = !self.need_rebuild.is_empty() || !piece.covers_window(i);
-            if needed && !self.lost.contains(&i) {
-                reads.push((&map.data[i].copies[0], window.start, &mut buf[..]));
-            }
-        }
-        reads
-    }
-
-    /// What the plan writes once its parity is computed: the touched
-    /// strips that are present, and the parity.
-    pub(super) fn writes(&self) -> Vec<(&Place, usize, &[u8])> {
-        let piece = self.piece;
-        let mut writes: Vec<(&Place, usize, &[u8])> = self
-            .touched
-            .iter()
-            .filter(|i| !self.lost.contains(i))
-            .map(|&i| {
-                (
-                    &piece.map.data[i].copies[0],
-                    piece.ranges[i].start,
-                    piece.new_bytes(i),
-                )
-            })
-            .collect();
-        let start = piece.window.start;
-        if let Some(place) = &self.p_place {
-            writes.push((place, start, self.p_window()));
-        }
-        if let Some(place) = &self.q_place {
-            writes.push((place, start, self.q_window()));
-        }
-        if let Some(place) = &self.r_place {
-            writes.push((place, start, &self.r[self.in_span()]));
-        }
-        writes
-    }
-
-    /// The new P of the window (the buffer may cover more, see `span`).
-    fn p_window(&self) -> &[u8] {
-        &self.p[self.in_span()]
-    }
-
-    /// The new Q of the window.
-    fn q_window(&self) -> &[u8] {
-        &self.q[self.in_span()]
-    }
-
-    /// Where the window lies in the parity buffers.
-    fn in_span(&self) -> Range<usize> {
-        let window = &self.piece.window;
-        debug_assert!(self.span.start <= window.start && window.end <= self.span.end);
-        window.start - self.span.start..window.end - self.span.start
-    }
 }
 
 /// One member write of a request: a place's member, or its replacement.
-pub(super) struct WriteTarget<'b> {
+pub(in crate::engine) struct WriteTarget<'b> {
     role: usize,
     replacement: bool,
     member: MemberRef,
@@ -1468,19 +957,19 @@ pub(super) struct WriteTarget<'b> {
 }
 
 impl WriteTarget<'_> {
-    pub(super) fn member(&self) -> &MemberRef {
+    pub(in crate::engine) fn member(&self) -> &MemberRef {
         &self.member
     }
 
     /// The member byte offset written.
-    pub(super) fn offset(&self) -> u64 {
+    pub(in crate::engine) fn offset(&self) -> u64 {
         self.offset
     }
 }
 
 /// Runs member writes as one batch, each split at `max` bytes
 /// (max_sectors_kb); returns the first error of each.
-pub(super) fn run_writes(max: usize, targets: &[WriteTarget]) -> Vec<Option<io::Error>> {
+pub(in crate::engine) fn run_writes(max: usize, targets: &[WriteTarget]) -> Vec<Option<io::Error>> {
     let mut ops = Vec::new();
     let mut owner = Vec::new();
     for (k, t) in targets.iter().enumerate() {
@@ -1498,7 +987,7 @@ pub(super) fn run_writes(max: usize, targets: &[WriteTarget]) -> Vec<Option<io::
 
 /// [`crate::array::recover_lost`], failing as a request does when too many
 /// members are lost.
-pub(super) fn recover_lost(
+pub(in crate::engine) fn recover_lost(
     syndrome: &dyn parity::Syndrome,
     map: &StripeMap,
     present: &[&[u8]],
@@ -1512,7 +1001,7 @@ pub(super) fn recover_lost(
 
 /// Runs member reads (member, byte offset, buffer) as one batch, each split
 /// at `max` bytes; returns the first error of each.
-pub(super) fn run_reads(
+pub(in crate::engine) fn run_reads(
     max: usize,
     reads: &mut [(MemberRef, u64, &mut [u8])],
 ) -> Vec<Option<io::Error>> {
@@ -1545,7 +1034,7 @@ fn first_errors(
     first
 }
 
-pub(super) fn lost_error(map: &StripeMap, what: &str) -> io::Error {
+pub(in crate::engine) fn lost_error(map: &StripeMap, what: &str) -> io::Error {
     lost(format!("stripe {}: {what}", map.stripe))
 }
 

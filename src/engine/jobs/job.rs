@@ -4,7 +4,7 @@
 //! the action a job does to each stripe, its progress for status, how it
 //! ended, and md's throttle between speed_limit_min and speed_limit_max.
 
-use super::Engine;
+use crate::engine::Engine;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -22,7 +22,7 @@ pub enum SyncAction {
     Check,
     /// Count mismatches and rewrite redundancy where it disagrees.
     Repair,
-    /// Move the array to a new geometry (the reshape job, engine/reshape.rs;
+    /// Move the array to a new geometry (the reshape job, engine/jobs/reshape.rs;
     /// shown here for status only, it never runs as this worker's job).
     Reshape,
 }
@@ -63,14 +63,14 @@ pub enum Outcome {
 /// md's throttle: the per-member rate since the job started (or since the
 /// last mark) above the maximum sleeps; above the minimum it yields while
 /// foreground I/O is active.
-pub(super) struct Throttle {
+pub(in crate::engine) struct Throttle {
     mark: Instant,
     done_kib: u64,
     foreground_seen: u64,
 }
 
 impl Throttle {
-    pub(super) fn new() -> Throttle {
+    pub(in crate::engine) fn new() -> Throttle {
         Throttle {
             mark: Instant::now(),
             done_kib: 0,
@@ -80,13 +80,13 @@ impl Throttle {
 
     /// Accounts `kib` per member done, and waits while the job runs too
     /// fast; `stop` ends a wait early.
-    pub(super) fn account(&mut self, engine: &Engine, kib: u64, stop: &AtomicBool) {
+    pub(in crate::engine) fn account(&mut self, engine: &Engine, kib: u64, stop: &AtomicBool) {
         self.count(kib);
         self.wait(engine, stop);
     }
 
     /// Accounts `kib` per member done, without waiting.
-    pub(super) fn count(&mut self, kib: u64) {
+    pub(in crate::engine) fn count(&mut self, kib: u64) {
         self.done_kib += kib;
         // A 30-second window, as md measures its speed over SYNC_MARKS.
         if self.mark.elapsed() > Duration::from_secs(30) {
@@ -97,7 +97,7 @@ impl Throttle {
 
     /// Whether `wait` would wait now: the job is above the maximum, or
     /// above the minimum while foreground I/O has come since the last look.
-    pub(super) fn would_wait(&self, engine: &Engine) -> bool {
+    pub(in crate::engine) fn would_wait(&self, engine: &Engine) -> bool {
         let (min, max) = limits(engine);
         let speed = self.speed();
         let foreground = engine.foreground_ios.load(Ordering::Relaxed);
@@ -111,7 +111,7 @@ impl Throttle {
     }
 
     /// Waits while the job runs too fast; `stop` ends a wait early.
-    pub(super) fn wait(&mut self, engine: &Engine, stop: &AtomicBool) {
+    pub(in crate::engine) fn wait(&mut self, engine: &Engine, stop: &AtomicBool) {
         let (min, max) = limits(engine);
         loop {
             let elapsed = self.mark.elapsed().as_secs_f64().max(1e-3);

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Counts a read in flight for as long as it lives.
-pub(super) struct ReadInFlight<'a>(&'a ReadCache);
+pub(in crate::engine) struct ReadInFlight<'a>(&'a ReadCache);
 
 impl Drop for ReadInFlight<'_> {
     fn drop(&mut self) {
@@ -43,7 +43,7 @@ const RECENT: usize = 16;
 /// spliced (a 16-deep 1 MiB reader had one read in nine copied).
 /// A reader that really reads one request at a time (dd) pays this
 /// many reads without read-ahead, once.
-pub(super) const LONE_HABIT: u32 = 4;
+pub(in crate::engine) const LONE_HABIT: u32 = 4;
 
 /// Cached bytes: extents that never overlap, found by their start, and
 /// evicted oldest first. Lookups and writes cost a logarithm of the count,
@@ -155,7 +155,7 @@ impl Extents {
     }
 }
 
-pub(super) struct ReadCache {
+pub(in crate::engine) struct ReadCache {
     extents: Mutex<Extents>,
     /// Bumped when a write starts and when it ends.
     generation: AtomicU64,
@@ -168,12 +168,12 @@ pub(super) struct ReadCache {
     lone_streak: AtomicU32,
     /// Extents held (checked without the lock on every write).
     count: AtomicUsize,
-    pub(super) hits: AtomicU64,
-    pub(super) misses: AtomicU64,
+    pub(in crate::engine) hits: AtomicU64,
+    pub(in crate::engine) misses: AtomicU64,
 }
 
 impl ReadCache {
-    pub(super) fn new() -> ReadCache {
+    pub(in crate::engine) fn new() -> ReadCache {
         ReadCache {
             extents: Mutex::new(Extents::default()),
             generation: AtomicU64::new(0),
@@ -189,7 +189,11 @@ impl ReadCache {
 
     /// Notes a read; says whether it continues a recent one and whether it
     /// is alone (no other read in flight), for as long as the guard lives.
-    pub(super) fn read_arrives(&self, offset: u64, len: usize) -> (ReadInFlight<'_>, bool, bool) {
+    pub(in crate::engine) fn read_arrives(
+        &self,
+        offset: u64,
+        len: usize,
+    ) -> (ReadInFlight<'_>, bool, bool) {
         let alone = self.reads_in_flight.fetch_add(1, Ordering::SeqCst) == 0;
         (ReadInFlight(self), self.continues(offset, len), alone)
     }
@@ -202,7 +206,7 @@ impl ReadCache {
     /// for this and then read by the engine is noted twice; by then the
     /// habit is made, and a second lone note keeps it (one with company
     /// meanwhile ends it, and the read is then read without read-ahead).
-    pub(super) fn lone_stream(&self, lone: bool) -> bool {
+    pub(in crate::engine) fn lone_stream(&self, lone: bool) -> bool {
         if !lone {
             self.lone_streak.store(0, Ordering::Relaxed);
             return false;
@@ -228,7 +232,7 @@ impl ReadCache {
 
     /// Copies `buf.len()` bytes at `offset` from one cached extent, if one
     /// holds them all.
-    pub(super) fn lookup(&self, offset: u64, buf: &mut [u8]) -> bool {
+    pub(in crate::engine) fn lookup(&self, offset: u64, buf: &mut [u8]) -> bool {
         let extents = self.extents.lock().unwrap();
         let end = offset + buf.len() as u64;
         let found = extents
@@ -250,13 +254,19 @@ impl ReadCache {
 
     /// The generation to hand back to [`insert`](Self::insert) for bytes
     /// about to be read from the members.
-    pub(super) fn generation(&self) -> u64 {
+    pub(in crate::engine) fn generation(&self) -> u64 {
         self.generation.load(Ordering::SeqCst)
     }
 
     /// Keeps bytes read from the members at `start`, unless a write began
     /// since `generation` was taken; evicts the oldest beyond `capacity`.
-    pub(super) fn insert(&self, start: u64, bytes: Vec<u8>, generation: u64, capacity: usize) {
+    pub(in crate::engine) fn insert(
+        &self,
+        start: u64,
+        bytes: Vec<u8>,
+        generation: u64,
+        capacity: usize,
+    ) {
         if bytes.is_empty() || bytes.len() > capacity {
             return;
         }
@@ -274,12 +284,12 @@ impl ReadCache {
     }
 
     /// A write to `range` begins: extents being read now must not be kept.
-    pub(super) fn write_begins(&self) {
+    pub(in crate::engine) fn write_begins(&self) {
         self.generation.fetch_add(1, Ordering::SeqCst);
     }
 
     /// A write to `range` is on the members: drop what it overlaps.
-    pub(super) fn write_done(&self, range: Range<u64>) {
+    pub(in crate::engine) fn write_done(&self, range: Range<u64>) {
         // The generation moves first, then the count is read: an insert
         // that checked the generation before it moved had announced
         // itself in the count by then (see `insert`).
@@ -294,14 +304,14 @@ impl ReadCache {
     }
 
     /// Drops everything (the benchmark's "drop caches", a reconfiguration).
-    pub(super) fn clear(&self) {
+    pub(in crate::engine) fn clear(&self) {
         let mut extents = self.extents.lock().unwrap();
         self.generation.fetch_add(1, Ordering::SeqCst);
         extents.clear();
         self.count.store(0, Ordering::SeqCst);
     }
 
-    pub(super) fn held_bytes(&self) -> usize {
+    pub(in crate::engine) fn held_bytes(&self) -> usize {
         self.extents.lock().unwrap().held
     }
 }

@@ -1,0 +1,14 @@
+//! The background jobs, which the control plane starts and the request
+//! path only yields to: resync, check and repair (`resync`), the rebuild of
+//! a member and its batched copy (`rebuild`), reshape (`reshape`), size
+//! changes (`resize`), level takeovers (`takeover`), and the scrub period
+//! (`schedule`). `job` holds what they share: the action, its progress,
+//! its outcome and the speed limits.
+
+pub(super) mod job;
+pub(super) mod rebuild;
+pub(super) mod reshape;
+pub(super) mod resize;
+pub(super) mod resync;
+pub(super) mod schedule;
+pub(super) mod takeover;

@@ -6,10 +6,10 @@
 use std::path::{Path, PathBuf};
 
 /// The longest non-test function's length in lines, today
-/// (`monitor::metrics::families`).
-const LONGEST_MAX: usize = 300;
+/// (`engine::Engine::start`).
+const LONGEST_MAX: usize = 285;
 /// How many non-test functions are over 100 lines, today.
-const OVER_100_MAX: usize = 45;
+const OVER_100_MAX: usize = 40;
 const LONG: usize = 100;
 
 #[derive(Debug)]
@@ -33,6 +33,17 @@ fn no_function_grows_past_the_longest_and_long_ones_only_go_down() {
         functions.len()
     );
     let longest = functions.iter().max_by_key(|f| f.lines).unwrap();
+    let long: Vec<&Function> = functions.iter().filter(|f| f.lines > LONG).collect();
+    // What the ceilings are measured against, for whoever lowers them
+    // (`-- --nocapture` shows it).
+    eprintln!(
+        "longest: {}:{} fn {} ({} lines); over {LONG} lines: {}",
+        longest.file.display(),
+        longest.line,
+        longest.name,
+        longest.lines,
+        long.len()
+    );
     assert!(
         longest.lines <= LONGEST_MAX,
         "{}:{} fn {} has {} lines, past the longest allowed ({LONGEST_MAX}): split it into named steps",
@@ -41,7 +52,6 @@ fn no_function_grows_past_the_longest_and_long_ones_only_go_down() {
         longest.name,
         longest.lines
     );
-    let long: Vec<&Function> = functions.iter().filter(|f| f.lines > LONG).collect();
     assert!(
         long.len() <= OVER_100_MAX,
         "{} functions are over {LONG} lines, {OVER_100_MAX} allowed: split the newest; the longest are {:?}",

@@ -160,7 +160,6 @@ fn plan_copies(shape: &RowShape) -> Result<RowPlan, Unwritable> {
         write_data.push((i, present_copies(strip)));
     }
     Ok(RowPlan {
-        method: Method::Copies,
         write_data,
         ..nothing(Method::Copies)
     })

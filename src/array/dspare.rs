@@ -259,6 +259,10 @@ pub fn spare_index(name: &str) -> Option<usize> {
 pub struct ChildIoError {
     spare: String,
     role: usize,
+    /// No I/O reached the child: it was missing or not in sync. Its loss
+    /// is already the array's, and whatever holds its role now (a disk
+    /// being rebuilt) did not fail this.
+    absent: bool,
     source: io::Error,
 }
 
@@ -278,7 +282,7 @@ impl std::error::Error for ChildIoError {
     }
 }
 
-fn child_error(spare: &str, role: usize, source: io::Error) -> io::Error {
+fn child_error(spare: &str, role: usize, absent: bool, source: io::Error) -> io::Error {
     if child_of(&source).is_some() {
         return source;
     }
@@ -287,6 +291,7 @@ fn child_error(spare: &str, role: usize, source: io::Error) -> io::Error {
         ChildIoError {
             spare: spare.to_string(),
             role,
+            absent,
             source,
         },
     )
@@ -296,12 +301,22 @@ fn child_error(spare: &str, role: usize, source: io::Error) -> io::Error {
 /// did: found through the wrappers that keep their source (the engine's
 /// tag of a member's role).
 pub fn child_of(error: &io::Error) -> Option<usize> {
+    find_child(error).map(|c| c.role)
+}
+
+/// Whether a distributed spare's error is that of a child already missing
+/// (no I/O reached it), so that nothing is to be failed for it.
+pub fn child_absent(error: &io::Error) -> bool {
+    find_child(error).is_some_and(|c| c.absent)
+}
+
+fn find_child(error: &io::Error) -> Option<&ChildIoError> {
     let mut inner: &(dyn std::error::Error + 'static) = error.get_ref()?;
     // Each step goes one wrapper down; a chain of spares is bounded by the
     // spares, and the engine adds one tag: a few steps at most.
     for _ in 0..16 {
         if let Some(child) = inner.downcast_ref::<ChildIoError>() {
-            return Some(child.role);
+            return Some(child);
         }
         let next = inner.source()?;
         inner = match next.downcast_ref::<io::Error>() {
@@ -430,6 +445,7 @@ impl DistributedSpare {
             child_error(
                 &self.name,
                 child,
+                true,
                 io::Error::other("the child is missing or not in sync"),
             )
         })?;
@@ -445,7 +461,7 @@ impl DistributedSpare {
         DEPTH.with(|d| d.set(depth));
         result
             .map(|()| piece)
-            .map_err(|e| child_error(&self.name, child, e))
+            .map_err(|e| child_error(&self.name, child, false, e))
     }
 
     /// Splits `[offset, offset+len)` into metadata and routed data pieces.

@@ -763,14 +763,16 @@ impl Engine {
         let slot = self.table().by_role[role].as_ref().map(|e| e.slot.clone());
         array.slots[role] = slot;
         self.write_state(&mut array);
-        drop(array);
         let member = self.table().by_role[role]
             .as_ref()
             .map(|e| e.slot.member.clone());
         let copied = self.returns.copy_finished(&path, member.as_ref());
+        // Logged under the array lock, as `snapshot` reads them: a status
+        // that shows the member in sync also shows why.
         self.events.push("RebuildFinished", &path, &copied);
         self.events
             .push("SpareActive", &path, &format!("role {role}"));
+        drop(array);
         // Another role may still be missing, with another spare waiting.
         self.start_recovery_if_possible();
     }
@@ -859,7 +861,7 @@ impl Engine {
                 }
                 array.slots[role] = Some(replacement.slot.clone());
                 self.write_state(&mut array);
-                drop(array);
+                // Under the array lock, as in recovery_finished.
                 self.events.push(
                     "RebuildFinished",
                     &new_path,
@@ -870,6 +872,7 @@ impl Engine {
                 } else {
                     self.events.push("Fail", &old_path, "replaced");
                 }
+                drop(array);
                 // A spare may be waiting for a role that went missing
                 // during the copy.
                 self.start_recovery_if_possible();

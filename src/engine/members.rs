@@ -319,7 +319,9 @@ impl Engine {
     /// on the child holding its space there, that child. The spare's space
     /// on every other child is sound: failing it would lose its column in
     /// every row, failing the child loses one column in the rows that use
-    /// it. A child already gone costs nothing more.
+    /// it. A child already gone costs nothing more: nothing is failed for
+    /// it, since what holds its role now (a disk being rebuilt into it)
+    /// did not meet the error.
     pub(super) fn fail_blamed(
         &self,
         role: usize,
@@ -328,6 +330,7 @@ impl Engine {
         reason: &str,
     ) {
         match crate::array::dspare::child_of(error) {
+            Some(child) if child != role && crate::array::dspare::child_absent(error) => {}
             Some(child) if child != role => {
                 let holder = self.table().entry(child).map(|e| e.slot.member.clone());
                 if let Some(holder) = holder {

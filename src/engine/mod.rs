@@ -559,14 +559,18 @@ impl Engine {
 
     /// A snapshot of the array for status and detail.
     pub fn snapshot(&self) -> Snapshot {
-        let mut snapshot = Snapshot::from_assembled(&self.array.lock().unwrap());
+        let array = self.array.lock().unwrap();
+        let mut snapshot = Snapshot::from_assembled(&array);
+        // Read under the array lock, which a job's end holds while it logs
+        // its events: the states and the events that explain them agree.
+        snapshot.events = self.events.recent();
+        drop(array);
         snapshot.sync = self
             .sync
             .progress(&self.geometry())
             .or_else(|| self.reshape_progress());
         snapshot.read_only = self.read_only;
         snapshot.serving = true;
-        snapshot.events = self.events.recent();
         snapshot.bitmap_line = self.live_bitmap().map(|b| b.mdstat_line());
         snapshot.tuning = self.tunables();
         snapshot.injected_faults = self

@@ -14,7 +14,7 @@ use proptest::prelude::*;
 use proptest::test_runner::Config;
 use uraid::format::{
     default_internal_bitmap, plan_create, sb090, sb1, ConsistencyPolicy, CreateDevice,
-    CreateMember, CreateSpec, MemberSuper, Metadata, MAX_SECTOR, MD_DISK_ROLE_SPARE,
+    CreateMember, CreateSpec, MemberSuper, Metadata, MD_DISK_ROLE_SPARE, SECTOR_MAX,
 };
 
 /// Device size used for every decode: 64 MiB plus an odd tail, so that the
@@ -116,7 +116,7 @@ fn v090_seed() -> Vec<u8> {
         utime_secs: 1_700_000_100,
         utime_micros: 0,
         events: 77,
-        resync_offset_sectors: MAX_SECTOR,
+        resync_offset_sectors: SECTOR_MAX,
         max_dev: sb090::MD_SB_DISKS as u32,
         v090: Some(sb090::extra_for_roles(&roles, 0)),
         dev_roles: roles,

@@ -5,8 +5,8 @@
 use super::assemble::{Assembled, DeviceState};
 use super::superblocks::{write_superblock, SuperblockError};
 use crate::format::{
-    MAX_SECTOR, MD_DISK_ROLE_FAULTY, MD_DISK_ROLE_JOURNAL, MD_DISK_ROLE_SPARE,
-    MD_FEATURE_RECOVERY_OFFSET, MD_FEATURE_REPLACEMENT,
+    MD_DISK_ROLE_FAULTY, MD_DISK_ROLE_JOURNAL, MD_DISK_ROLE_SPARE, MD_FEATURE_RECOVERY_OFFSET,
+    MD_FEATURE_REPLACEMENT, SECTOR_MAX,
 };
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -135,7 +135,7 @@ fn write_once(array: &mut Assembled, state: Cleanliness) -> Result<(), Superbloc
     array.sb.utime_secs = now.as_secs();
     array.sb.utime_micros = now.subsec_micros();
     array.sb.resync_offset_sectors = match state {
-        Cleanliness::Clean | Cleanliness::DirtyJournaled => MAX_SECTOR,
+        Cleanliness::Clean | Cleanliness::DirtyJournaled => SECTOR_MAX,
         Cleanliness::Dirty | Cleanliness::DirtyTracked => 0,
         Cleanliness::ResyncFrom(position) => position,
     };

@@ -10,7 +10,7 @@
 
 use super::buffers::{check_pattern, fill_pattern, noise, AlignedBuf};
 use super::targets::{thread_cpu_seconds, Access, RawStripes};
-use super::workload::{Op, Pattern, Phase, MAX_DEPTH_PER_JOB};
+use super::workload::{Op, Pattern, Phase, JOB_DEPTH_MAX};
 use crate::export::nbd::client as nbd_client;
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
@@ -386,7 +386,7 @@ impl NbdJob<'_> {
         let depth = self.phase.depth_per_job as usize;
         // The bound that lets one thread drive the connection (see
         // `nbd_client::Pipeline`).
-        assert!(depth <= MAX_DEPTH_PER_JOB as usize);
+        assert!(depth <= JOB_DEPTH_MAX as usize);
         let len = self.phase.block_bytes as usize;
         let mut conn = nbd_client::Pipeline::connect(self.socket, self.export)
             .map_err(|e| format!("{}: {e}", self.socket.display()))?;

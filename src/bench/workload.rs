@@ -81,7 +81,7 @@ pub const CACHE_MAX: (&str, &str) = ("stripe_cache_size", "32768");
 
 /// The most requests a job keeps in flight: uraid's NBD server admits 64
 /// per connection, and more per job would only queue in the socket.
-pub const MAX_DEPTH_PER_JOB: u32 = 32;
+pub const JOB_DEPTH_MAX: u32 = 32;
 
 impl Workload {
     pub const ALL: [Workload; 7] = [
@@ -215,7 +215,7 @@ mod tests {
             assert_eq!(Workload::parse(w.name()), Ok(w));
             for p in w.phases(384 << 10) {
                 assert!(p.jobs >= 1 && p.depth_per_job >= 1);
-                assert!(p.depth_per_job <= MAX_DEPTH_PER_JOB);
+                assert!(p.depth_per_job <= JOB_DEPTH_MAX);
                 assert!(p.block_bytes % 4096 == 0);
             }
         }

@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// Longest request line accepted; requests are tiny.
-const MAX_REQUEST_BYTES: u64 = 64 * 1024;
+const REQUEST_BYTES_MAX: u64 = 64 * 1024;
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
 #[serde(tag = "command", rename_all = "snake_case")]
@@ -408,10 +408,10 @@ impl ControlServer {
 
 /// Long polls waiting at once; more are answered at once (the client
 /// polls again), so that waiting clients cannot pile up threads.
-const MAX_WAITERS: usize = 32;
+const WAITERS_MAX: usize = 32;
 
 /// The longest wait a client may ask for.
-const MAX_WAIT: Duration = Duration::from_secs(3600);
+const WAIT_MAX: Duration = Duration::from_secs(3600);
 
 /// What a connection's handler needs from the server.
 struct Context<'a> {
@@ -429,7 +429,7 @@ fn handle(stream: UnixStream, context: Context) -> io::Result<()> {
     // A client that connects and closes without a word is asking whether a
     // server listens here (the registry's liveness probe, a serve checking
     // for a live socket): that is no request, and nothing to answer.
-    if BufReader::new((&stream).take(MAX_REQUEST_BYTES)).read_line(&mut line)? == 0 {
+    if BufReader::new((&stream).take(REQUEST_BYTES_MAX)).read_line(&mut line)? == 0 {
         return Ok(());
     }
     let (engine, nbd_uri, homehost) = (context.engine, context.nbd_uri, context.homehost);
@@ -438,12 +438,12 @@ fn handle(stream: UnixStream, context: Context) -> io::Result<()> {
         // the socket are served meanwhile, one at a time as before.
         Ok(Request::WaitEvents { after, timeout_ms })
             if timeout_ms > 0
-                && context.waiters.len() < MAX_WAITERS
+                && context.waiters.len() < WAITERS_MAX
                 && engine.last_event_seq() <= after =>
         {
             let (engine, stop) = (engine.clone(), context.stop.clone());
             let (nbd_uri, homehost) = (nbd_uri.to_string(), homehost.to_string());
-            let timeout = Duration::from_millis(timeout_ms).min(MAX_WAIT);
+            let timeout = Duration::from_millis(timeout_ms).min(WAIT_MAX);
             let waiter = std::thread::Builder::new()
                 .name("uraid-control-wait".into())
                 .spawn(move || {

@@ -43,7 +43,7 @@ pub const COUNTER_MAX: u32 = 16383;
 /// mdadm's DEFAULT_BITMAP_DELAY: seconds between bitmap daemon runs.
 pub const DEFAULT_DAEMON_SLEEP_SECS: u32 = 5;
 /// Smallest chunk md accepts.
-pub const MIN_CHUNK_BYTES: u32 = 512;
+pub const CHUNK_BYTES_MIN: u32 = 512;
 /// Size of the cluster name field.
 pub const CLUSTER_NAME_BYTES: usize = 64;
 /// `state` bit value: the bitmap is out of date (md's BITMAP_STALE is bit
@@ -55,7 +55,7 @@ pub const BITMAP_STATE_WRITE_ERROR: u32 = 1 << 2;
 /// one jiffy and at most MAX_SCHEDULE_TIMEOUT (LONG_MAX) jiffies. With a
 /// 32-bit field and a 64-bit long only the lower bound can fail; the upper
 /// one is checked for 32-bit kernels with HZ up to 1000.
-const MAX_DAEMON_SLEEP_SECS: u64 = i32::MAX as u64 / 1000;
+const DAEMON_SLEEP_SECS_MAX: u64 = i32::MAX as u64 / 1000;
 
 /// Byte offsets of the superblock fields (md_p.h `struct bitmap_super`).
 pub mod off {
@@ -244,7 +244,7 @@ impl BitmapSuper {
                 found: self.version,
             });
         }
-        if self.chunk_bytes < MIN_CHUNK_BYTES {
+        if self.chunk_bytes < CHUNK_BYTES_MIN {
             return Err(BitmapError::ChunkTooSmall {
                 chunk_bytes: self.chunk_bytes,
             });
@@ -254,7 +254,7 @@ impl BitmapSuper {
                 chunk_bytes: self.chunk_bytes,
             });
         }
-        if self.daemon_sleep_secs < 1 || u64::from(self.daemon_sleep_secs) > MAX_DAEMON_SLEEP_SECS {
+        if self.daemon_sleep_secs < 1 || u64::from(self.daemon_sleep_secs) > DAEMON_SLEEP_SECS_MAX {
             return Err(BitmapError::DaemonSleepOutOfRange {
                 secs: self.daemon_sleep_secs,
             });

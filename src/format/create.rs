@@ -12,8 +12,8 @@
 
 use super::{
     sb1, FormatError, MemberSuper, Metadata, Role, FAIL_FAST_1, LEVEL_FAULTY, LEVEL_MULTIPATH,
-    MAX_SECTOR, MD_DISK_ROLE_SPARE, MD_FEATURE_BITMAP_OFFSET, MD_FEATURE_JOURNAL, MD_FEATURE_PPL,
-    MD_FEATURE_RAID0_LAYOUT, SB1_MIN_DEVICE_SECTORS, WRITE_MOSTLY_1,
+    MD_DISK_ROLE_SPARE, MD_FEATURE_BITMAP_OFFSET, MD_FEATURE_JOURNAL, MD_FEATURE_PPL,
+    MD_FEATURE_RAID0_LAYOUT, SB1_MIN_DEVICE_SECTORS, SECTOR_MAX, WRITE_MOSTLY_1,
 };
 use serde::{Deserialize, Serialize};
 
@@ -24,7 +24,7 @@ pub const PPL_AREA_SECTORS: u64 = 2048;
 /// Size of the bad-block log mdadm reserves, in sectors.
 pub const BBLOG_SECTORS: u16 = 8;
 /// Largest reshape headroom mdadm leaves before the data: 128 MiB.
-const MAX_HEADROOM_SECTORS: u64 = 128 * 1024 * 2;
+const HEADROOM_SECTORS_MAX: u64 = 128 * 1024 * 2;
 /// mdadm rounds the data offset to a whole MiB.
 const ONE_MEG_SECTORS: u64 = 2048;
 /// Size of `bitmap_super_t`.
@@ -67,7 +67,7 @@ pub fn default_data_offset_sectors(device_sectors: u64, chunk_sectors: u32, ppl:
         choose_bm_space(device_sectors)
     };
     let chunk = u64::from(chunk_sectors);
-    let mut headroom = MAX_HEADROOM_SECTORS;
+    let mut headroom = HEADROOM_SECTORS_MAX;
     while (headroom << 10) > device_sectors && (chunk == 0 || headroom / 2 >= chunk * 2) {
         headroom >>= 1;
     }
@@ -554,10 +554,10 @@ impl MemberSuper {
         let mut max_dev = u64::from(default_max_dev(spec.raid_disks, spec.spare_disks));
         max_dev = max_dev.max(spec.roles.len() as u64);
         max_dev = max_dev.max(u64::from(member.dev_number) + 1);
-        if max_dev > u64::from(sb1::MAX_DEV_LIMIT) {
+        if max_dev > u64::from(sb1::DEV_ROLES_MAX) {
             return Err(FormatError::TooManyDevices {
                 found: max_dev.min(u64::from(u32::MAX)) as u32,
-                limit: sb1::MAX_DEV_LIMIT,
+                limit: sb1::DEV_ROLES_MAX,
             });
         }
         let mut dev_roles = vec![MD_DISK_ROLE_SPARE; max_dev as usize];
@@ -671,7 +671,7 @@ impl MemberSuper {
             // init_super1 writes 1; write_init_super1 resets it to 0 on
             // every device except a journal.
             events: u64::from(this_role == Role::Journal),
-            resync_offset_sectors: if spec.clean { MAX_SECTOR } else { 0 },
+            resync_offset_sectors: if spec.clean { SECTOR_MAX } else { 0 },
             max_dev: max_dev as u32,
             dev_roles,
             v090: None,

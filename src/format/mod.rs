@@ -74,7 +74,7 @@ pub fn magic_for_level(level: i32) -> u32 {
 }
 
 /// md's "MaxSector": a resync offset with this value means the array is clean.
-pub const MAX_SECTOR: u64 = u64::MAX;
+pub const SECTOR_MAX: u64 = u64::MAX;
 
 /// feature_map bit: `bitmap_offset` is valid (internal write-intent bitmap).
 pub const MD_FEATURE_BITMAP_OFFSET: u32 = 1;
@@ -459,7 +459,7 @@ pub struct MemberSuper {
     pub utime_micros: u32,
     /// Update counter.
     pub events: u64,
-    /// Data before this offset is known in sync; [`MAX_SECTOR`] means clean.
+    /// Data before this offset is known in sync; [`SECTOR_MAX`] means clean.
     pub resync_offset_sectors: u64,
     /// Number of entries in `dev_roles` (at most 1920 for 1.x, 27 for 0.90).
     pub max_dev: u32,
@@ -494,7 +494,7 @@ impl MemberSuper {
         })?;
         let limit = match self.metadata {
             Metadata::V0_90 => sb090::MD_SB_DISKS as u32,
-            _ => sb1::MAX_DEV_LIMIT,
+            _ => sb1::DEV_ROLES_MAX,
         };
         if dev_number >= limit {
             return Err(FormatError::DevNumberOutOfRange {
@@ -514,7 +514,7 @@ impl MemberSuper {
     /// True when the array was cleanly shut down (resync_offset is MaxSector),
     /// which is what mdadm prints as "State : clean".
     pub fn is_clean(&self) -> bool {
-        self.resync_offset_sectors == MAX_SECTOR
+        self.resync_offset_sectors == SECTOR_MAX
     }
 
     /// True when every bit of `bits` is set in the feature map.

@@ -26,9 +26,9 @@
 //! without losing them.
 
 use super::{
-    FormatError, MemberSuper, Metadata, Role, FAIL_FAST_1, LEVEL_MULTIPATH, MAX_SECTOR,
-    MD_DISK_ROLE_SPARE, MD_FEATURE_BITMAP_OFFSET, MD_FEATURE_RECOVERY_OFFSET,
-    MD_FEATURE_RESHAPE_ACTIVE, MD_SB_MAGIC, SB090_MIN_DEVICE_SECTORS, WRITE_MOSTLY_1,
+    FormatError, MemberSuper, Metadata, Role, FAIL_FAST_1, LEVEL_MULTIPATH, MD_DISK_ROLE_SPARE,
+    MD_FEATURE_BITMAP_OFFSET, MD_FEATURE_RECOVERY_OFFSET, MD_FEATURE_RESHAPE_ACTIVE, MD_SB_MAGIC,
+    SB090_MIN_DEVICE_SECTORS, SECTOR_MAX, WRITE_MOSTLY_1,
 };
 use serde::{Deserialize, Serialize};
 
@@ -42,7 +42,7 @@ pub const MD_RESERVED_SECTORS: u64 = 128;
 pub const BITMAP_OFFSET_SECTORS: i32 = 8;
 /// The kernel caps a 0.90 component at this many sectors for levels >= 1,
 /// because the size field holds KiB in 32 bits.
-pub const MAX_COMPONENT_SECTORS: u64 = (2 << 32) - 2;
+pub const COMPONENT_SECTORS_MAX: u64 = (2 << 32) - 2;
 
 /// Disk state bit: the device has failed.
 pub const MD_DISK_FAULTY: u32 = 0;
@@ -327,7 +327,7 @@ pub fn decode(buf: &[u8], device_sectors: u64) -> Result<MemberSuper, FormatErro
     // sectors of levels >= 1 at what that field can describe.
     let size_sectors = u64::from(get(buf, word::SIZE)) * 2;
     let data_size = if level >= 1 {
-        sb_start.min(MAX_COMPONENT_SECTORS)
+        sb_start.min(COMPONENT_SECTORS_MAX)
     } else {
         sb_start
     };
@@ -371,7 +371,7 @@ pub fn decode(buf: &[u8], device_sectors: u64) -> Result<MemberSuper, FormatErro
     // super_90_validate: clean means fully in sync; otherwise the checkpoint
     // counts only if it was written together with the current events.
     let resync_offset = if bit(state, MD_SB_CLEAN) {
-        MAX_SECTOR
+        SECTOR_MAX
     } else if events == cp_events {
         u64::from(get(buf, word::RECOVERY_CP))
     } else {
@@ -572,7 +572,7 @@ pub fn encode(sb: &MemberSuper) -> Result<Vec<u8>, FormatError> {
     };
 
     let mut state = extra.state_flags & !((1 << MD_SB_CLEAN) | (1 << MD_SB_BITMAP_PRESENT));
-    let recovery_cp = if sb.resync_offset_sectors == MAX_SECTOR {
+    let recovery_cp = if sb.resync_offset_sectors == SECTOR_MAX {
         state |= 1 << MD_SB_CLEAN;
         u32::MAX
     } else {
@@ -726,7 +726,7 @@ pub(crate) mod tests {
             utime_secs: 1_700_000_500,
             utime_micros: 0,
             events: 0x1_0000_0005,
-            resync_offset_sectors: MAX_SECTOR,
+            resync_offset_sectors: SECTOR_MAX,
             max_dev: MD_SB_DISKS as u32,
             dev_roles: roles,
             v090: Some(extra),

@@ -20,11 +20,11 @@ pub const HEADER_BYTES: usize = 256;
 /// How much the kernel reads at the superblock location.
 pub const READ_BYTES: usize = 4096;
 /// Largest max_dev the kernel accepts: (4096 - 256) / 2.
-pub const MAX_DEV_LIMIT: u32 = ((READ_BYTES - HEADER_BYTES) / 2) as u32;
+pub const DEV_ROLES_MAX: u32 = ((READ_BYTES - HEADER_BYTES) / 2) as u32;
 /// Largest bad-block log the kernel loads, in sectors (one 4 KiB page).
 pub const BBLOG_MAX_SECTORS: u16 = 8;
 /// Smallest data_size the kernel accepts, in sectors.
-pub const MIN_DATA_SIZE_SECTORS: u64 = 10;
+pub const DATA_SIZE_SECTORS_MIN: u64 = 10;
 
 /// Byte offsets of the header fields, from md_p.h.
 pub mod off {
@@ -62,7 +62,7 @@ pub mod off {
     pub const EVENTS: usize = 200;
     pub const RESYNC_OFFSET: usize = 208;
     pub const SB_CSUM: usize = 216;
-    pub const MAX_DEV: usize = 220;
+    pub const DEVICES_MAX: usize = 220;
     pub const PAD3: usize = 224;
     pub const DEV_ROLES: usize = 256;
 }
@@ -105,7 +105,7 @@ const FIELDS: [(usize, usize); 37] = [
     (off::EVENTS, 8),
     (off::RESYNC_OFFSET, 8),
     (off::SB_CSUM, 4),
-    (off::MAX_DEV, 4),
+    (off::DEVICES_MAX, 4),
     (off::PAD3, 32),
     (off::DEV_ROLES, 0),
 ];
@@ -126,7 +126,7 @@ const _: () = {
     assert!(off::DATA_OFFSET == 128);
     assert!(off::UTIME == 192);
     assert!(off::DEV_ROLES == 256);
-    assert!(MAX_DEV_LIMIT == 1920);
+    assert!(DEV_ROLES_MAX == 1920);
 };
 
 /// Bits of the 64-bit time fields that hold seconds; the top 24 hold
@@ -184,7 +184,7 @@ pub fn checksum(buf: &[u8]) -> Result<u32, FormatError> {
             got: buf.len(),
         });
     }
-    let max_dev = le32(buf, off::MAX_DEV) as usize;
+    let max_dev = le32(buf, off::DEVICES_MAX) as usize;
     let size = max_dev
         .checked_mul(2)
         .and_then(|roles| roles.checked_add(HEADER_BYTES))
@@ -306,11 +306,11 @@ fn decode_inner(
     if major != 1 {
         return Err(FormatError::BadMajorVersion { found: major });
     }
-    let max_dev = le32(buf, off::MAX_DEV);
-    if max_dev > MAX_DEV_LIMIT {
+    let max_dev = le32(buf, off::DEVICES_MAX);
+    if max_dev > DEV_ROLES_MAX {
         return Err(FormatError::TooManyDevices {
             found: max_dev,
-            limit: MAX_DEV_LIMIT,
+            limit: DEV_ROLES_MAX,
         });
     }
     let super_offset = le64(buf, off::SUPER_OFFSET);
@@ -335,7 +335,7 @@ fn decode_inner(
         return Err(FormatError::BadChecksum { stored, computed });
     }
     let data_size = le64(buf, off::DATA_SIZE);
-    if data_size < MIN_DATA_SIZE_SECTORS {
+    if data_size < DATA_SIZE_SECTORS_MIN {
         return Err(FormatError::DataSizeTooSmall { found: data_size });
     }
     let pad0 = le32(buf, off::PAD0);
@@ -426,10 +426,10 @@ fn decode_name(raw: &[u8]) -> String {
 /// the decoder and the encoder. The location rule (super_offset) and the
 /// device-size rule need the device and live in [`decode_with_block_size`].
 fn check_rules(sb: &MemberSuper, logical_block_bytes: u32) -> Result<(), FormatError> {
-    if sb.max_dev > MAX_DEV_LIMIT {
+    if sb.max_dev > DEV_ROLES_MAX {
         return Err(FormatError::TooManyDevices {
             found: sb.max_dev,
-            limit: MAX_DEV_LIMIT,
+            limit: DEV_ROLES_MAX,
         });
     }
     if sb.dev_roles.len() != sb.max_dev as usize {
@@ -458,7 +458,7 @@ fn check_rules(sb: &MemberSuper, logical_block_bytes: u32) -> Result<(), FormatE
             bits: sb.feature_map & !MD_FEATURE_ALL,
         });
     }
-    if sb.data_size_sectors < MIN_DATA_SIZE_SECTORS {
+    if sb.data_size_sectors < DATA_SIZE_SECTORS_MIN {
         return Err(FormatError::DataSizeTooSmall {
             found: sb.data_size_sectors,
         });
@@ -587,7 +587,7 @@ pub fn encode(sb: &MemberSuper) -> Result<Vec<u8>, FormatError> {
     put64(&mut buf, off::UTIME, utime);
     put64(&mut buf, off::EVENTS, sb.events);
     put64(&mut buf, off::RESYNC_OFFSET, sb.resync_offset_sectors);
-    put32(&mut buf, off::MAX_DEV, sb.max_dev);
+    put32(&mut buf, off::DEVICES_MAX, sb.max_dev);
     for (i, &role) in sb.dev_roles.iter().enumerate() {
         put16(&mut buf, off::DEV_ROLES + 2 * i, role);
     }
@@ -622,8 +622,8 @@ fn pack_time(field: &'static str, secs: u64, micros: u32) -> Result<u64, FormatE
 pub(crate) mod tests {
     use super::*;
     use crate::format::{
-        MAX_SECTOR, MD_DISK_ROLE_JOURNAL, MD_DISK_ROLE_SPARE, MD_FEATURE_NEW_OFFSET,
-        MD_FEATURE_RESHAPE_ACTIVE,
+        MD_DISK_ROLE_JOURNAL, MD_DISK_ROLE_SPARE, MD_FEATURE_NEW_OFFSET, MD_FEATURE_RESHAPE_ACTIVE,
+        SECTOR_MAX,
     };
 
     /// A 1.2 member of a 3-disk raid5 on 64 MiB devices, with the values
@@ -676,7 +676,7 @@ pub(crate) mod tests {
             utime_secs: 1_700_000_100,
             utime_micros: 0,
             events: 18,
-            resync_offset_sectors: MAX_SECTOR,
+            resync_offset_sectors: SECTOR_MAX,
             max_dev: 128,
             dev_roles: roles,
             v090: None,
@@ -736,7 +736,7 @@ pub(crate) mod tests {
         // A zero buffer with max_dev 1 (258 bytes: an odd number of 16-bit
         // words, so the trailing-halfword rule is exercised).
         let mut buf = vec![0u8; 512];
-        put32(&mut buf, off::MAX_DEV, 1);
+        put32(&mut buf, off::DEVICES_MAX, 1);
         put16(&mut buf, 256, 0xfffe);
         put32(&mut buf, off::MAGIC, MD_SB_MAGIC);
         // The sum is magic + max_dev + 0xfffe; the checksum field is skipped.
@@ -746,7 +746,7 @@ pub(crate) mod tests {
         // 0xff and max_dev 0, 62 of the 64 header words are 0xffffffff (the
         // checksum word is skipped and the max_dev word is zero).
         let mut big = vec![0xffu8; 512];
-        put32(&mut big, off::MAX_DEV, 0);
+        put32(&mut big, off::DEVICES_MAX, 0);
         let sum: u64 = 62 * 0xffff_ffff;
         let expect = ((sum & 0xffff_ffff) + (sum >> 32)) as u32;
         assert_eq!(checksum(&big).unwrap(), expect);
@@ -793,7 +793,7 @@ pub(crate) mod tests {
         // The limit is checked before the checksum, which cannot even be
         // computed over a 4 KiB read with this max_dev.
         let mut buf = encode_padded(&sample(Metadata::V1_2)).unwrap();
-        put32(&mut buf, off::MAX_DEV, 1921);
+        put32(&mut buf, off::DEVICES_MAX, 1921);
         assert_eq!(
             decode(&buf, Metadata::V1_2, DEV),
             Err(FormatError::TooManyDevices {

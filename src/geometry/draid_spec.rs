@@ -13,12 +13,12 @@ use std::str::FromStr;
 
 /// Most parity columns a group may have: three independent syndromes
 /// (P, Q, R) are all that the 1, 2, 4 coefficients give.
-pub const MAX_PARITY: u32 = 3;
+pub const PARITY_MAX: u32 = 3;
 /// Fewest and most children: ZFS's permutation maps cover 2..=255.
-pub const MIN_CHILDREN: u32 = 2;
-pub const MAX_CHILDREN: u32 = 255;
+pub const CHILDREN_MIN: u32 = 2;
+pub const CHILDREN_MAX: u32 = 255;
 /// Most distributed spares.
-pub const MAX_SPARES: u32 = 100;
+pub const SPARES_MAX: u32 = 100;
 /// Data columns per group when the spec does not say.
 pub const DEFAULT_DATA: u32 = 8;
 /// The height of one row on each child: a whole 16 MiB block fits even when
@@ -54,18 +54,18 @@ impl DraidSpec {
     /// Checks the four numbers against each other; one line saying what is
     /// wrong.
     pub fn validate(&self) -> Result<(), String> {
-        if !(1..=MAX_PARITY).contains(&self.parity) {
+        if !(1..=PARITY_MAX).contains(&self.parity) {
             return Err(format!("parity {} is not 1, 2 or 3", self.parity));
         }
-        if !(MIN_CHILDREN..=MAX_CHILDREN).contains(&self.children) {
+        if !(CHILDREN_MIN..=CHILDREN_MAX).contains(&self.children) {
             return Err(format!(
-                "{} children is outside {MIN_CHILDREN}..={MAX_CHILDREN}",
+                "{} children is outside {CHILDREN_MIN}..={CHILDREN_MAX}",
                 self.children
             ));
         }
-        if self.spares > MAX_SPARES {
+        if self.spares > SPARES_MAX {
             return Err(format!(
-                "{} distributed spares is more than {MAX_SPARES}",
+                "{} distributed spares is more than {SPARES_MAX}",
                 self.spares
             ));
         }

@@ -61,13 +61,13 @@ use std::time::{Duration, Instant};
 /// past it, the wrapper writes the cache back, as a drive destages when full.
 pub const DEFAULT_WRITE_CACHE_BYTES: u64 = 64 << 20;
 /// Upper bound of a cache, so a typo cannot make the wrapper hold gigabytes.
-pub const MAX_WRITE_CACHE_BYTES: u64 = 1 << 30;
+pub const WRITE_CACHE_BYTES_MAX: u64 = 1 << 30;
 /// Upper bound of injected latency (fixed plus jitter): longer than this is a
 /// hang, which is a different fault, and a bound keeps a typo from stalling a
 /// test for hours.
-pub const MAX_LATENCY_US: u64 = 60_000_000;
+pub const LATENCY_US_MAX: u64 = 60_000_000;
 /// Upper bound of the number of bad ranges, so that the per-I/O scan stays cheap.
-pub const MAX_BAD_RANGES: usize = 4096;
+pub const BAD_RANGES_MAX: usize = 4096;
 /// Blocks written back in one inner write when the cache is destaged; bounds
 /// the staging buffer.
 const DESTAGE_RUN_BYTES_MAX: usize = 1 << 20;
@@ -307,18 +307,18 @@ impl Fault {
             Fault::EioRate(r) => fraction("rate", r.rate),
             Fault::Crash(c) => fraction("keep", c.keep),
             Fault::Latency(l) => match l.delay_us.checked_add(l.jitter_us) {
-                Some(total) if total <= MAX_LATENCY_US => Ok(()),
+                Some(total) if total <= LATENCY_US_MAX => Ok(()),
                 _ => Err(format!(
                     "latency above {} is a hang, not a latency",
-                    format_us(MAX_LATENCY_US)
+                    format_us(LATENCY_US_MAX)
                 )),
             },
             Fault::Throttle(limits) => limits.check(),
             Fault::WriteCache(w) => match w.capacity_bytes {
                 Some(0) => Err("the cache capacity is zero".to_string()),
-                Some(c) if c > MAX_WRITE_CACHE_BYTES => Err(format!(
+                Some(c) if c > WRITE_CACHE_BYTES_MAX => Err(format!(
                     "the cache capacity is above {}",
-                    format_bytes(MAX_WRITE_CACHE_BYTES)
+                    format_bytes(WRITE_CACHE_BYTES_MAX)
                 )),
                 _ => Ok(()),
             },
@@ -1339,10 +1339,10 @@ impl FaultyMember {
         let start = range.offset_bytes / block * block;
         let end = end.div_ceil(block) * block;
         let mut plan = self.write_plan();
-        if plan.bad_ranges.len() >= MAX_BAD_RANGES {
+        if plan.bad_ranges.len() >= BAD_RANGES_MAX {
             return Err(invalid(
                 self,
-                &format!("already {MAX_BAD_RANGES} bad ranges; heal some first"),
+                &format!("already {BAD_RANGES_MAX} bad ranges; heal some first"),
             ));
         }
         plan.bad_ranges.push(BadRange {

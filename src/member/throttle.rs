@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 /// shows within a demo's first second, long enough to absorb sleep jitter.
 pub const DEFAULT_BURST_MS: u64 = 50;
 /// Upper bound of the burst; a longer one would hide the limit entirely.
-pub const MAX_BURST_MS: u64 = 10_000;
+pub const BURST_MS_MAX: u64 = 10_000;
 /// Longest single sleep while waiting for tokens, so that a change of limits
 /// is noticed within this long.
 const WAIT_SLICE: Duration = Duration::from_millis(10);
@@ -104,11 +104,11 @@ impl ThrottleLimits {
         if self.bytes_per_s == Some(0) || self.iops == Some(0) {
             return Err("a limit of 0 would stop all I/O (use 'unlimited' to lift it)".into());
         }
-        if !(1..=MAX_BURST_MS).contains(&self.burst_ms) {
+        if !(1..=BURST_MS_MAX).contains(&self.burst_ms) {
             return Err(format!(
                 "burst {} is not between 1ms and {}",
                 format_us(self.burst_ms.saturating_mul(1000)),
-                format_us(MAX_BURST_MS * 1000)
+                format_us(BURST_MS_MAX * 1000)
             ));
         }
         Ok(())

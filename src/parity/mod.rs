@@ -56,7 +56,7 @@ pub use select::{by_name, default_impl, select, select_from_env, ENV_VAR};
 /// The largest number of data blocks a stripe may have with Q: exponents are
 /// distinct values in 0..=254. (md itself allows at most 256 members, so at most
 /// 254 data blocks in RAID-6.)
-pub const MAX_Q_DATA: usize = gf::ORDER;
+pub const Q_DATA_MAX: usize = gf::ORDER;
 
 /// One implementation of the parity kernels.
 ///

@@ -156,7 +156,7 @@ const PIPELINE_INLINE_WRITE_BYTES: usize = 64 << 10;
 ///
 /// One thread is enough only because a pipeline carries one kind of
 /// request (asserted here) with a bounded number in flight (asserted by
-/// its user, the generator: at most `MAX_DEPTH_PER_JOB`): a read's
+/// its user, the generator: at most `JOB_DEPTH_MAX`): a read's
 /// requests (28 bytes each) or a write's replies (16 bytes each) always fit
 /// in the socket's buffer, so a blocking send of requests can never wait
 /// on a server that is itself blocked sending replies nobody reads.

@@ -33,12 +33,12 @@ use crate::export::{BlockSizes, ExtentUse, ZeroFlags};
 
 /// Option data beyond this is not buffered: the option is refused with
 /// `NBD_REP_ERR_TOO_BIG` (its data discarded) or, beyond
-/// `MAX_OPTION_DISCARD`, the client is dropped as hostile. The largest
+/// `OPTION_DISCARD_MAX`, the client is dropped as hostile. The largest
 /// legitimate option is INFO/GO with a 4 KiB name and a few requests.
-const MAX_OPTION_DATA: u32 = 64 * 1024;
-const MAX_OPTION_DISCARD: u32 = 1 << 20;
+const OPTION_DATA_MAX: u32 = 64 * 1024;
+const OPTION_DISCARD_MAX: u32 = 1 << 20;
 /// A client negotiating longer than this is not trying to connect.
-const MAX_OPTIONS: usize = 1024;
+const OPTIONS_MAX: usize = 1024;
 
 /// Why a connection ended early.
 enum ConnError {
@@ -221,13 +221,13 @@ fn handshake(
     let name_ok = |name: &str| name.is_empty() || name == options.export_name;
     let mut structured = false;
 
-    for _ in 0..MAX_OPTIONS {
+    for _ in 0..OPTIONS_MAX {
         let mut header = [0u8; proto::OPTION_HEADER_LEN];
         reader.read_exact(&mut header, deadline)?;
         let header = proto::decode_option_header(&header)?;
         let option = header.option;
-        if header.length > MAX_OPTION_DATA {
-            if option == proto::OPT_EXPORT_NAME || header.length > MAX_OPTION_DISCARD {
+        if header.length > OPTION_DATA_MAX {
+            if option == proto::OPT_EXPORT_NAME || header.length > OPTION_DISCARD_MAX {
                 return Err(ConnError::Refused(format!(
                     "option {option} with {} bytes of data is too large",
                     header.length
@@ -381,7 +381,7 @@ fn handshake(
         }
     }
     Err(ConnError::Refused(format!(
-        "more than {MAX_OPTIONS} options without entering transmission"
+        "more than {OPTIONS_MAX} options without entering transmission"
     )))
 }
 

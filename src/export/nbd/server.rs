@@ -345,8 +345,8 @@ pub fn serve(
                 .into(),
         ));
     }
-    if options.export_name.len() > proto::MAX_STRING_LEN
-        || options.description.len() > proto::MAX_STRING_LEN
+    if options.export_name.len() > proto::STRING_BYTES_MAX
+        || options.description.len() > proto::STRING_BYTES_MAX
     {
         return Err(invalid(
             "export name and description are limited to 4096 bytes".into(),

@@ -43,7 +43,7 @@ use super::{DataStrip, GeometryError, Located, Place, StripeMap};
 pub const ROW_SECTORS: u64 = 32768;
 
 /// The most distributed spares an array may have.
-pub const MAX_SPARES: usize = 100;
+pub const SPARES_MAX: usize = 100;
 
 /// What a dRAID array is built from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,9 +125,9 @@ fn validate(p: &DraidParams) -> Result<(), GeometryError> {
     if !(2..=255).contains(&p.children) {
         return invalid(format!("dRAID needs 2 to 255 children, got {}", p.children));
     }
-    if p.spares > MAX_SPARES {
+    if p.spares > SPARES_MAX {
         return invalid(format!(
-            "dRAID allows at most {MAX_SPARES} distributed spares, got {}",
+            "dRAID allows at most {SPARES_MAX} distributed spares, got {}",
             p.spares
         ));
     }

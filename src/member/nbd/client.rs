@@ -21,10 +21,10 @@ use std::time::{Duration, Instant};
 
 /// Option replies a handshake reads before giving up: a server sends a few
 /// `NBD_REP_INFO` before the ACK, never hundreds.
-const MAX_OPTION_REPLIES: usize = 64;
+const OPTION_REPLIES_MAX: usize = 64;
 /// Largest option reply payload accepted (the protocol's string limit plus
 /// room for the fixed fields).
-const MAX_OPTION_REPLY_BYTES: u32 = 8192;
+const OPTION_REPLY_BYTES_MAX: u32 = 8192;
 
 /// How long connecting and the handshake may take: a host that does not
 /// answer is an error in seconds, not a command that hangs.
@@ -210,7 +210,7 @@ fn read_option_reply(stream: &mut dyn Stream, option: u32) -> io::Result<(u32, V
     let mut header = [0u8; proto::OPTION_REPLY_HEADER_LEN];
     stream.read_exact(&mut header)?;
     let header = proto::decode_option_reply_header(&header).map_err(protocol_error)?;
-    if header.option != option || header.length > MAX_OPTION_REPLY_BYTES {
+    if header.option != option || header.length > OPTION_REPLY_BYTES_MAX {
         return Err(protocol_error(format!(
             "unexpected option reply {header:?}"
         )));
@@ -287,7 +287,7 @@ pub fn go(stream: &mut dyn Stream, export: &str) -> io::Result<ExportInfo> {
     send_option(stream, proto::OPT_GO, &data)?;
     let mut size_and_flags = None;
     let mut block_sizes = None;
-    for _ in 0..MAX_OPTION_REPLIES {
+    for _ in 0..OPTION_REPLIES_MAX {
         let (reply_type, data) = read_option_reply(stream, proto::OPT_GO)?;
         match reply_type {
             proto::REP_ACK => {

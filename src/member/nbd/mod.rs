@@ -46,7 +46,7 @@ use std::time::Duration;
 
 /// The largest request sent, whatever the server allows: 32 MiB is the
 /// protocol's usual cap and what nbdkit and qemu-nbd accept.
-const MAX_REQUEST_BYTES: u32 = 32 << 20;
+const REQUEST_BYTES_MAX: u32 = 32 << 20;
 
 pub struct NbdMember {
     uri: NbdUri,
@@ -115,7 +115,7 @@ impl NbdMember {
             ));
         }
         let max_request_bytes =
-            sizes.map_or(MAX_REQUEST_BYTES, |s| s.max_payload.min(MAX_REQUEST_BYTES)) / block_bytes
+            sizes.map_or(REQUEST_BYTES_MAX, |s| s.max_payload.min(REQUEST_BYTES_MAX)) / block_bytes
                 * block_bytes;
         let count = if info.has(proto::TFLAG_CAN_MULTI_CONN) {
             uri.connections

@@ -143,7 +143,7 @@ pub const EXPORT_NAME_PADDING: usize = 124;
 
 /// Longest string (export name, description, error message) the protocol
 /// allows.
-pub const MAX_STRING_LEN: usize = 4096;
+pub const STRING_BYTES_MAX: usize = 4096;
 
 /// The block size constraints a backend wants clients to obey, in bytes.
 ///
@@ -342,7 +342,7 @@ fn be_u64(buf: &[u8], at: usize) -> u64 {
 
 /// Checks a protocol string: valid UTF-8, no NUL, at most 4096 bytes.
 pub fn decode_string(bytes: &[u8]) -> Result<String, ProtoError> {
-    if bytes.len() > MAX_STRING_LEN {
+    if bytes.len() > STRING_BYTES_MAX {
         return Err(ProtoError::StringTooLong(bytes.len()));
     }
     if bytes.contains(&0) {
@@ -355,10 +355,10 @@ pub fn decode_string(bytes: &[u8]) -> Result<String, ProtoError> {
 /// messages the server composes (an over-long message must never make the
 /// server emit an invalid reply).
 pub fn clamp_string(text: &str) -> &str {
-    if text.len() <= MAX_STRING_LEN {
+    if text.len() <= STRING_BYTES_MAX {
         return text;
     }
-    let mut end = MAX_STRING_LEN;
+    let mut end = STRING_BYTES_MAX;
     while !text.is_char_boundary(end) {
         end -= 1;
     }
@@ -1180,12 +1180,12 @@ mod tests {
             Err(ProtoError::BadString)
         );
         // A name longer than 4096 bytes.
-        let mut long = ((MAX_STRING_LEN + 1) as u32).to_be_bytes().to_vec();
-        long.extend(std::iter::repeat_n(b'a', MAX_STRING_LEN + 1));
+        let mut long = ((STRING_BYTES_MAX + 1) as u32).to_be_bytes().to_vec();
+        long.extend(std::iter::repeat_n(b'a', STRING_BYTES_MAX + 1));
         long.extend([0, 0]);
         assert_eq!(
             decode_info_request(&long),
-            Err(ProtoError::StringTooLong(MAX_STRING_LEN + 1))
+            Err(ProtoError::StringTooLong(STRING_BYTES_MAX + 1))
         );
     }
 
@@ -1260,10 +1260,10 @@ mod tests {
 
     #[test]
     fn composed_strings_are_clamped() {
-        let long = "é".repeat(MAX_STRING_LEN);
+        let long = "é".repeat(STRING_BYTES_MAX);
         let clamped = clamp_string(&long);
-        assert!(clamped.len() <= MAX_STRING_LEN);
-        assert!(clamped.len() >= MAX_STRING_LEN - 1);
+        assert!(clamped.len() <= STRING_BYTES_MAX);
+        assert!(clamped.len() >= STRING_BYTES_MAX - 1);
         let chunk = encode_error_chunk(1, REPLY_FLAG_DONE, 5, &long);
         let (err, msg) = decode_error_payload(&chunk[CHUNK_HEADER_LEN..]).unwrap();
         assert_eq!(err, 5);

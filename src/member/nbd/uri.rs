@@ -14,7 +14,7 @@ pub const DEFAULT_PORT: u16 = 10809;
 pub const DEFAULT_CONNECTIONS: usize = 4;
 /// The largest `x-connections` accepted: each connection is a socket and,
 /// on the server, usually a thread.
-pub const MAX_CONNECTIONS: usize = 64;
+pub const CONNECTIONS_MAX: usize = 64;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Address {
@@ -184,10 +184,10 @@ impl std::str::FromStr for NbdUri {
                     connections = value
                         .parse()
                         .ok()
-                        .filter(|n| (1..=MAX_CONNECTIONS).contains(n))
+                        .filter(|n| (1..=CONNECTIONS_MAX).contains(n))
                         .ok_or_else(|| {
                             bad(&format!(
-                                "x-connections={value}: expected 1 to {MAX_CONNECTIONS}"
+                                "x-connections={value}: expected 1 to {CONNECTIONS_MAX}"
                             ))
                         })?
                 }

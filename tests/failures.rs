@@ -1236,8 +1236,8 @@ fn speed_limit_max_throttles_a_rebuild_and_raising_it_finishes_it() {
 
 /// `uraid status --json` shows, next to mdstat and detail, the event log,
 /// mismatch_cnt and the speed limits (README: "then: uraid status --json
-/// (mismatch_cnt)"; docs/ARCHITECTURE.md: events "kept (256) for
-/// `uraid status --json`").
+/// (mismatch_cnt)"; docs/architecture/members-and-jobs.md: events "kept
+/// (256) for `uraid status --json`").
 #[test]
 fn status_json_shows_events_mismatch_cnt_and_speed_limits() {
     let dir = scratch("fail-status");

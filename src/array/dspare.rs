@@ -26,7 +26,7 @@
 //!
 //! The engine and the offline paths do not send data through a spare they
 //! can route around: [`SpareRoutes`] finds each column's home, so that
-//! availability is asked per row (see docs/ARCHITECTURE.md, dRAID).
+//! availability is asked per row (see docs/architecture/draid.md).
 
 use crate::geometry::{Draid, Place, StripeMap};
 use crate::member::{check_io, Member, MemberRef};

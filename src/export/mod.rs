@@ -1,7 +1,7 @@
 //! Exporting a block device to clients.
 //!
-//! The export layer sits on top of whatever provides the blocks (an assembled
-//! array, later; a [`MemoryBackend`] in tests) and speaks a block protocol to
+//! The export layer sits on top of whatever provides the blocks (the engine's
+//! live array; a [`MemoryBackend`] in tests) and speaks a block protocol to
 //! clients. The only protocol so far is NBD ([`nbd`]), which the kernel's
 //! `nbd` driver, qemu, libnbd tools and fio all speak.
 //!

@@ -1,8 +1,12 @@
 //! Members: the storage an array is built on.
 //!
-//! A member is a small trait (size, read, write, flush, discard) so that the
-//! layers above never care whether they talk to a block device, an image file,
-//! memory in a test, or a wrapper that injects faults. Offsets and lengths are
+//! A member is one trait, [`Member`], so that the layers above never care
+//! whether they talk to a block device, an image file, an NBD export, memory
+//! in a test, or a wrapper that injects faults. Its core is size, read,
+//! write, flush and discard; the rest have defaults that a backend overrides
+//! when it can do better (FUA writes, reads and writes started without the
+//! caller for a batch, reconnect and reopen, the member timeout kept by the
+//! member itself, counters). Offsets and lengths are
 //! in bytes and must be multiples of the member's logical block size; every
 //! backend checks that, because a misaligned request that happens to work on a
 //! file would fail on a 4Kn disk.

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 /// The longest non-test function's length in lines, today
 /// (`engine::Engine::start`).
-const LONGEST_MAX: usize = 285;
+const LONGEST_MAX: usize = 267;
 /// How many non-test functions are over 100 lines, today.
 const OVER_100_MAX: usize = 40;
 const LONG: usize = 100;
@@ -44,6 +44,11 @@ fn no_function_grows_past_the_longest_and_long_ones_only_go_down() {
         longest.lines,
         long.len()
     );
+    let mut by_length = long.clone();
+    by_length.sort_by_key(|f| std::cmp::Reverse(f.lines));
+    for f in by_length.iter().take(12) {
+        eprintln!("  {}:{} fn {} ({})", f.file.display(), f.line, f.name, f.lines);
+    }
     assert!(
         longest.lines <= LONGEST_MAX,
         "{}:{} fn {} has {} lines, past the longest allowed ({LONGEST_MAX}): split it into named steps",

@@ -225,9 +225,20 @@ impl DetailView {
         }
     }
 
-    /// The text of mdadm --detail (without the leading "/dev/mdX:" line).
+    /// The text of mdadm --detail (without the leading "/dev/mdX:" line),
+    /// then what uraid adds after it.
     pub fn text(&self, homehost: &str) -> String {
         let mut o = String::new();
+        self.mdadm_header(&mut o);
+        self.mdadm_identity(&mut o, homehost);
+        self.mdadm_devices(&mut o);
+        self.uraid_tuning(&mut o);
+        self.uraid_members(&mut o);
+        o
+    }
+
+    /// mdadm's lines from Version to the job's progress.
+    fn mdadm_header(&self, o: &mut String) {
         let _ = writeln!(o, "           Version : {}", self.version);
         let _ = writeln!(o, "     Creation Time : {}", ctime(self.creation_time));
         let _ = writeln!(o, "        Raid Level : {}", self.raid_level);
@@ -285,8 +296,12 @@ impl DetailView {
             let _ = writeln!(o, "     {status}\n");
         }
         if let Some(reshape) = &self.reshape {
-            reshape.text(&mut o);
+            reshape.text(o);
         }
+    }
+
+    /// Name (local to this host or not), UUID and events.
+    fn mdadm_identity(&self, o: &mut String, homehost: &str) {
         let local = self
             .name
             .strip_prefix(homehost)
@@ -304,6 +319,10 @@ impl DetailView {
         );
         let _ = writeln!(o, "              UUID : {}", self.uuid);
         let _ = writeln!(o, "            Events : {}\n", self.events);
+    }
+
+    /// The device table, spares and faulty members after the roles.
+    fn mdadm_devices(&self, o: &mut String) {
         let _ = writeln!(o, "    Number   Major   Minor   RaidDevice State");
         for (i, row) in self.devices.iter().enumerate() {
             if i == self.raid_devices as usize {
@@ -329,6 +348,10 @@ impl DetailView {
                     .unwrap_or_default()
             );
         }
+    }
+
+    /// The knobs, as md keeps them in sysfs and a controller per virtual disk.
+    fn uraid_tuning(&self, o: &mut String) {
         // After mdadm's part, which stays as mdadm prints it: the knobs that
         // md keeps in sysfs and a controller shows per virtual disk.
         if !self.tuning.is_empty() {
@@ -362,6 +385,10 @@ impl DetailView {
                 let _ = writeln!(o, "{:>22} : {parity}", "parity");
             }
         }
+    }
+
+    /// Members' SMART health, why members failed, and injected faults.
+    fn uraid_members(&self, o: &mut String) {
         let health: Vec<(&str, &crate::engine::MemberHealth)> = self
             .devices
             .iter()
@@ -385,7 +412,6 @@ impl DetailView {
                 let _ = writeln!(o, "{path:>22} : {}", faults.join(", "));
             }
         }
-        o
     }
 }
 

@@ -192,7 +192,8 @@ impl Engine {
         table.refresh_routes(&self.geometry());
         // Only ever grows: a request aligned to the old block but not the
         // new one may still be in flight, and a smaller one later is fine.
-        self.block_bytes
+        self.datapath
+            .block_bytes
             .fetch_max(table.block_bytes(), Ordering::SeqCst);
         self.in_memory.store(table.in_memory(), Ordering::SeqCst);
         self.route_spares(&table);
@@ -241,7 +242,7 @@ impl Engine {
         copies
             .iter()
             .filter(|c| usable(c))
-            .min_by_key(|c| self.pending_reads[c.member].load(Ordering::Relaxed))
+            .min_by_key(|c| self.datapath.pending_reads[c.member].load(Ordering::Relaxed))
     }
 
     /// Marks the member in `role` faulty: it leaves the table, its
@@ -529,11 +530,12 @@ impl Engine {
             stripe,
         };
         let map = self.geometry().stripe(stripe);
-        let _guard = (!locked).then(|| self.locks.lock(stripe));
+        let _guard = (!locked).then(|| self.datapath.locks.lock(stripe));
         // The strip is rewritten from redundancy: parity kept hot for the
         // stripe may no longer be what its member holds (a stripe whose
         // parity disagreed with its data, not yet resynced).
-        self.parity_cache
+        self.datapath
+            .parity_cache
             .drop_stripe(stripe, map.strip_sectors as usize * SECTOR_BYTES as usize);
         // md's fix_read_error reads the rewritten sectors back: a sector
         // the drive could not remap still fails, and then so does the member.
@@ -645,7 +647,7 @@ impl View<'_> {
             let mut out = AlignedBuf::zeroed(strip_bytes);
             let data: Vec<Option<&[u8]>> = strips.iter().map(|s| Some(&s[..])).collect();
             rebuild_strip(
-                self.engine.syndrome,
+                self.engine.datapath.syndrome,
                 map,
                 &place,
                 &data,

@@ -24,10 +24,8 @@ use crate::array::{write_array_state_failing, Assembled, Cleanliness, DeviceStat
 use crate::export::{BlockBackend, BlockSizes, ZeroFlags};
 use crate::geometry::{Geometry, Level};
 use crate::member::MemberRef;
-use crate::parity::{self, Syndrome};
 use crate::units::SECTOR_BYTES;
-use datapath::locks::StripeLocks;
-use datapath::{cache, paritycache, readcache, staged, stripes};
+use datapath::{cache, Datapath};
 use events::EventLog;
 use jobs::resync::SyncWorker;
 use jobs::{reshape, schedule};
@@ -35,9 +33,6 @@ use members::{MemberEntry, MemberTable};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Duration;
-
-/// Stripe lock slots; a power of two, sized for many concurrent requests.
-const STRIPE_LOCK_SLOTS: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -91,8 +86,9 @@ pub struct Engine {
     reshape_job: reshape::ReshapeJob,
     /// The members by role; swapped whole when membership changes.
     members: RwLock<Arc<MemberTable>>,
-    locks: StripeLocks,
-    syndrome: &'static dyn Syndrome,
+    /// The row-level request path's locks, caches, workers and counters
+    /// (engine/datapath/).
+    datapath: Datapath,
     read_only: bool,
     /// The superblocks and devices, for state updates and status.
     array: Mutex<Assembled>,
@@ -100,11 +96,6 @@ pub struct Engine {
     events: EventLog,
     /// Read errors repaired by rewriting from redundancy (md's cnt_corrected_read).
     corrected_reads: AtomicU64,
-    /// Foreground requests served: the background job yields while it moves.
-    foreground_ios: AtomicU64,
-    /// Reads in flight on each role, for choosing among a mirror's copies
-    /// (`MemberTable::pick_copy`).
-    pending_reads: Arc<[std::sync::atomic::AtomicU32]>,
     /// A mirror's copies hold the same bytes: false from an unclean start
     /// until a resync has finished (md's read_balance reads the first copy
     /// above the resync point, so that a block cannot change between two
@@ -129,24 +120,6 @@ pub struct Engine {
     schedule: schedule::CheckSchedule,
     /// The seeds' knobs, live.
     tunables: tuning::Tunables,
-    /// Where partial-stripe writes gather (and wait, with write-back).
-    cache: Arc<cache::StripeCache>,
-    /// Stripe-cache worker threads started so far.
-    cache_workers: Mutex<usize>,
-    /// The threads that do the parity work of writes (group_thread_cnt).
-    stripes: Arc<stripes::StripeWorkers>,
-    /// Read-ahead and cached reads.
-    reads: readcache::ReadCache,
-    /// The shape of a row, the same for every stripe of the geometry: kept
-    /// so that the request path need not build a stripe map to learn it.
-    row: RowShape,
-    /// Parity pages a write just computed, for the next read-modify-write.
-    parity_cache: paritycache::ParityCache,
-    /// How the rows of staged writes were written.
-    staged_rows: staged::StagedRows,
-    /// The members' largest logical block (see `check_aligned`); 4 KiB at
-    /// least with a journal, which logs whole pages.
-    block_bytes: std::sync::atomic::AtomicU32,
     /// The write journal (md's raid5-cache, write-through), if the array
     /// has one.
     journal: Option<Arc<journal::Journal>>,
@@ -359,17 +332,6 @@ impl Engine {
         let sync = SyncWorker::new(geometry.stripe_count());
         let first = geometry.stripe(0);
         let full_stripe = first.data_sectors();
-        let row = RowShape {
-            strip_bytes: (first.strip_sectors * SECTOR_BYTES) as usize,
-            data_strips: first.data.len(),
-        };
-        let block_bytes = if journal.is_some() {
-            table
-                .block_bytes()
-                .max(crate::format::journal::BLOCK_BYTES as u32)
-        } else {
-            table.block_bytes()
-        };
         let in_memory = table.in_memory();
         // Counters for every role the array may come to have: a reshape
         // adds roles (up to the superblock's table of devices).
@@ -377,6 +339,12 @@ impl Engine {
             .raid_disks()
             .max(array.sb.max_dev as usize)
             .max(array.devices.len());
+        let datapath = Datapath::new(
+            &first,
+            table.block_bytes(),
+            journal.is_some(),
+            geometry_roles,
+        );
         let spare_router = array.spare_router.clone();
         let engine = Arc::new(Engine {
             geometry: RwLock::new(Arc::new(geometry)),
@@ -384,18 +352,13 @@ impl Engine {
             reshaping: std::sync::atomic::AtomicBool::new(reshaping),
             reshape_job: reshape::ReshapeJob::default(),
             members: RwLock::new(Arc::new(table)),
-            locks: StripeLocks::new(STRIPE_LOCK_SLOTS),
-            syndrome: parity::default_impl(),
+            datapath,
             read_only: options.read_only,
             array: Mutex::new(array),
             sync,
             events: EventLog::default(),
             corrected_reads: AtomicU64::new(0),
-            foreground_ios: AtomicU64::new(0),
             mirrors_in_sync: std::sync::atomic::AtomicBool::new(resync_from.is_none()),
-            pending_reads: (0..geometry_roles)
-                .map(|_| std::sync::atomic::AtomicU32::new(0))
-                .collect(),
             last_mismatch_sectors: AtomicU64::new(0),
             me: OnceLock::new(),
             injectors: Mutex::new(Vec::new()),
@@ -413,15 +376,7 @@ impl Engine {
                 // is in it first.
                 options.accept_data_loss || journal.is_some(),
             ),
-            cache: Arc::new(cache::StripeCache::new()),
-            cache_workers: Mutex::new(0),
-            stripes: Arc::new(stripes::StripeWorkers::new()),
-            reads: readcache::ReadCache::new(),
-            row,
-            block_bytes: std::sync::atomic::AtomicU32::new(block_bytes),
             in_memory: std::sync::atomic::AtomicBool::new(in_memory),
-            parity_cache: paritycache::ParityCache::new(),
-            staged_rows: staged::StagedRows::default(),
             journal,
             journal_clean,
             spare_router,
@@ -471,7 +426,7 @@ impl Engine {
 
     /// The largest logical block of any member: requests must be aligned to it.
     fn member_block_bytes(&self) -> u32 {
-        self.block_bytes.load(Ordering::SeqCst)
+        self.datapath.block_bytes.load(Ordering::SeqCst)
     }
 
     /// Refuses a request that is not aligned to the members' blocks. Such a
@@ -726,12 +681,12 @@ impl Engine {
             self.ensure_workers();
         }
         if before.write_policy != after.write_policy {
-            self.cache.wake_workers();
+            self.datapath.cache.wake_workers();
         }
         // A smaller pool lets go of its hot parity at once rather than as
         // later writes evict it (what is dropped is only read again).
         if after.stripe_cache_size < before.stripe_cache_size {
-            self.parity_cache.clear();
+            self.datapath.parity_cache.clear();
         }
         if before != after {
             self.events
@@ -807,7 +762,8 @@ impl Engine {
 
     /// Writes every batch of the stripe cache to the members.
     fn write_out_cache(&self) -> std::io::Result<()> {
-        self.cache
+        self.datapath
+            .cache
             .write_all(self.cache_entries_per_row(), &|batch, runs, buf| {
                 self.destage(batch, runs, buf)
             })
@@ -821,12 +777,12 @@ impl Engine {
             return;
         };
         let group = self.tunables.values().group_thread_cnt as usize;
-        self.stripes.ensure(&me, group);
-        let mut started = self.cache_workers.lock().unwrap();
+        self.datapath.stripes.ensure(&me, group);
+        let mut started = self.datapath.cache_workers.lock().unwrap();
         while *started < self.tunables.worker_threads() {
             let index = *started;
             let me = me.clone();
-            let cache = self.cache.clone();
+            let cache = self.datapath.cache.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("uraid-cache-{index}"))
                 .spawn(move || cache_worker(&me, &cache, index));
@@ -849,34 +805,22 @@ impl Engine {
 
     /// The stripe cache's occupancy and counters.
     pub fn cache_report(&self) -> CacheReport {
-        let mut report = self
-            .cache
-            .report(self.tunables.stripe_cache_size() as usize);
-        report.read_hits = self.reads.hits.load(Ordering::Relaxed);
-        report.read_misses = self.reads.misses.load(Ordering::Relaxed);
-        report.read_cached_bytes = self.reads.held_bytes() as u64;
-        report.parity_hits = self.parity_cache.hits.load(Ordering::Relaxed);
-        report.parity_misses = self.parity_cache.misses.load(Ordering::Relaxed);
-        report.stripe_workers = self.stripes.active();
-        report.stripe_rounds = self.stripes.rounds.load(Ordering::Relaxed);
-        report.stripe_rows = self.stripes.rows.load(Ordering::Relaxed);
-        report.stripe_rows_alone = self.stripes.rows_alone.load(Ordering::Relaxed);
-        report
+        self.datapath
+            .cache_report(self.tunables.stripe_cache_size() as usize)
     }
 
     /// Writes out what the stripe cache holds and forgets what was read
     /// (the benchmarks' "drop caches": the next read goes to the members).
     pub fn drop_caches(&self) -> std::io::Result<()> {
         self.write_out_cache()?;
-        self.reads.clear();
-        self.parity_cache.clear();
+        self.datapath.forget_reads();
         Ok(())
     }
 
     /// The knobs as `detail` shows them: each value in force (see
     /// [`tuning::TuningValues::shown`]).
     pub fn tunables(&self) -> Vec<(String, String)> {
-        self.tunables.values().shown(self.row.data_strips)
+        self.tunables.values().shown(self.datapath.row.data_strips)
     }
 
     pub fn tuning(&self) -> tuning::TuningValues {
@@ -1079,8 +1023,8 @@ impl Engine {
     /// (`failed_stop_note` says so).
     pub fn shutdown(&self) -> Result<(), EngineError> {
         // What the cache holds reaches the members before anything stops.
-        self.cache.stop.store(true, Ordering::SeqCst);
-        self.cache.wake_workers();
+        self.datapath.cache.stop.store(true, Ordering::SeqCst);
+        self.datapath.cache.wake_workers();
         // A reshape stops between two windows: its point is on disk.
         self.pause_reshape();
         let written = self.write_out_cache();
@@ -1130,13 +1074,6 @@ impl Engine {
         self.write_state_locked(&mut self.array.lock().unwrap(), state)?;
         Ok(())
     }
-}
-
-/// What every row of the geometry has in common.
-#[derive(Clone, Copy, Debug)]
-struct RowShape {
-    strip_bytes: usize,
-    data_strips: usize,
 }
 
 /// One device as the engine sees it.
@@ -1288,14 +1225,14 @@ impl BlockBackend for Engine {
     fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
         let _gate = self.request_gate();
         self.check_aligned(offset, buf.len())?;
-        self.foreground_ios.fetch_add(1, Ordering::Relaxed);
+        self.datapath.foreground_ios.fetch_add(1, Ordering::Relaxed);
         self.read_cached(offset, buf, false)
     }
 
     fn read_among(&self, offset: u64, buf: &mut [u8], company: bool) -> std::io::Result<()> {
         let _gate = self.request_gate();
         self.check_aligned(offset, buf.len())?;
-        self.foreground_ios.fetch_add(1, Ordering::Relaxed);
+        self.datapath.foreground_ios.fetch_add(1, Ordering::Relaxed);
         self.read_cached(offset, buf, company)
     }
 
@@ -1306,7 +1243,7 @@ impl BlockBackend for Engine {
         );
         let _gate = self.request_gate();
         self.check_aligned(offset, data.len())?;
-        self.foreground_ios.fetch_add(1, Ordering::Relaxed);
+        self.datapath.foreground_ios.fetch_add(1, Ordering::Relaxed);
         // A FUA write's member writes carry FUA themselves, data and parity
         // alike, so nothing else needs flushing, as md passes REQ_FUA to
         // the stripe's writes. While a reshape runs, the rows it moves are
@@ -1339,7 +1276,7 @@ impl BlockBackend for Engine {
         }
         self.check_aligned(offset, len).ok()?;
         let extents = self.file_extents(offset, len, how)?;
-        self.foreground_ios.fetch_add(1, Ordering::Relaxed);
+        self.datapath.foreground_ios.fetch_add(1, Ordering::Relaxed);
         Some(extents)
     }
 
@@ -1359,7 +1296,7 @@ impl BlockBackend for Engine {
         if self.check_aligned(offset, len).is_err() || !self.takes_staged(offset, len) {
             return None;
         }
-        self.foreground_ios.fetch_add(1, Ordering::Relaxed);
+        self.datapath.foreground_ios.fetch_add(1, Ordering::Relaxed);
         let result = self.write_staged_bytes(offset, len, data).and_then(|()| {
             if fua {
                 self.flush_members()?;

@@ -68,7 +68,7 @@ pub(crate) fn make_array_of(
 /// export/nbd/tests_engine.rs) look through: what they read of the engine's
 /// insides, and the one state they set, named here rather than opened up.
 pub(crate) fn cache_has_batches(engine: &Engine) -> bool {
-    engine.cache.has_batches()
+    engine.datapath.cache.has_batches()
 }
 
 /// Runs `f` while `role` counts as rebuilt below stripe `below` only, as in
@@ -88,6 +88,7 @@ pub(crate) fn while_rebuilt_below(engine: &Engine, role: usize, below: u64, f: i
 /// Reads handed out and not yet counted back in, per role.
 pub(crate) fn pending_reads(engine: &Engine) -> Vec<u32> {
     engine
+        .datapath
         .pending_reads
         .iter()
         .map(|p| p.load(Ordering::Relaxed))
@@ -110,7 +111,7 @@ pub(crate) struct StagedRowCounts {
 }
 
 pub(crate) fn staged_rows_of(engine: &Engine) -> StagedRowCounts {
-    let rows = &engine.staged_rows;
+    let rows = &engine.datapath.staged_rows;
     StagedRowCounts {
         mapped: rows.mapped.load(Ordering::Relaxed),
         parity_in_place: rows.parity_in_place.load(Ordering::Relaxed),
@@ -1370,9 +1371,9 @@ fn mirror_reads_stay_on_the_first_copy_until_a_resync_makes_the_copies_agree() {
     let map = engine.geometry().stripe(0);
     let copies = &map.data[0].copies;
     // Member 0 busier: a balanced choice is the second copy.
-    engine.pending_reads[0].store(100, Ordering::Relaxed);
+    engine.datapath.pending_reads[0].store(100, Ordering::Relaxed);
     assert_eq!(engine.pick_copy(copies, |_| true).unwrap().member, 1);
-    engine.pending_reads[0].store(0, Ordering::Relaxed);
+    engine.datapath.pending_reads[0].store(0, Ordering::Relaxed);
     hammer(&engine, 2, 20, 7);
 
     crash(engine);
@@ -1385,7 +1386,7 @@ fn mirror_reads_stay_on_the_first_copy_until_a_resync_makes_the_copies_agree() {
         engine.snapshot().sync.is_some(),
         "no resync after an unclean stop"
     );
-    engine.pending_reads[0].store(100, Ordering::Relaxed);
+    engine.datapath.pending_reads[0].store(100, Ordering::Relaxed);
     assert_eq!(
         engine.pick_copy(copies, |_| true).unwrap().member,
         0,
@@ -1393,7 +1394,7 @@ fn mirror_reads_stay_on_the_first_copy_until_a_resync_makes_the_copies_agree() {
     );
     wait_idle(&engine);
     assert_eq!(engine.pick_copy(copies, |_| true).unwrap().member, 1);
-    engine.pending_reads[0].store(0, Ordering::Relaxed);
+    engine.datapath.pending_reads[0].store(0, Ordering::Relaxed);
     engine.shutdown().unwrap();
 }
 
@@ -1647,7 +1648,10 @@ fn a_resume_racing_the_end_of_a_finished_recovery_loses_no_write() {
         let (engine, pumping) = (engine.clone(), pumping.clone());
         std::thread::spawn(move || {
             while pumping.load(Ordering::SeqCst) {
-                engine.foreground_ios.fetch_add(1, Ordering::Relaxed);
+                engine
+                    .datapath
+                    .foreground_ios
+                    .fetch_add(1, Ordering::Relaxed);
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
         })
@@ -1671,14 +1675,17 @@ fn a_resume_racing_the_end_of_a_finished_recovery_loses_no_write() {
     ));
     // A job that went back would wait for stripe 0's lock: the write below
     // comes before it could copy anything.
-    let stripe_0 = engine.locks.lock_slot(engine.locks.slot(0));
+    let stripe_0 = engine
+        .datapath
+        .locks
+        .lock_slot(engine.datapath.locks.slot(0));
     engine.start_recovery_if_possible();
     // A strip with a copy on role 1, in the last stripes (far from where
     // a job that went back stands), and not under stripe 0's lock.
     let (map, index, place) = (1..count)
         .rev()
         .map(|s| engine.geometry().stripe(s))
-        .filter(|m| engine.locks.slot(m.stripe) != engine.locks.slot(0))
+        .filter(|m| engine.datapath.locks.slot(m.stripe) != engine.datapath.locks.slot(0))
         .find_map(|m| {
             let (i, c) = (m.data.iter().enumerate())
                 .find_map(|(i, d)| d.copies.iter().find(|c| c.member == 1).map(|c| (i, *c)))?;
@@ -1861,7 +1868,7 @@ fn small_reads_return_the_written_bytes_in_every_state() {
             let data: Vec<u8> = (0..4096).map(|_| rng.gen()).collect();
             engine.write(at as u64, &data, false).unwrap();
             image[at..at + 4096].copy_from_slice(&data);
-            saw_pending += usize::from(engine.cache.has_batches());
+            saw_pending += usize::from(engine.datapath.cache.has_batches());
             let mut back = vec![0u8; 4096];
             engine.read(at as u64, &mut back).unwrap();
             assert!(
@@ -1884,7 +1891,7 @@ fn small_reads_return_the_written_bytes_in_every_state() {
         // behind the engine's back, and a batch written after it would
         // be missing from the copy.
         BlockBackend::flush(&*engine).unwrap();
-        assert!(!engine.cache.has_batches());
+        assert!(!engine.datapath.cache.has_batches());
         if !level.has_parity() {
             engine.shutdown().unwrap();
             continue;
@@ -2033,7 +2040,7 @@ fn journaled_array(
 /// several, part of a row or all of it. Returns the image they leave.
 fn hammer_pages(engine: &Arc<Engine>, threads: usize, writes: usize, seed: u64) -> Vec<u8> {
     let size = engine.size_bytes() as usize;
-    let row = engine.row.strip_bytes * engine.row.data_strips;
+    let row = engine.datapath.row.strip_bytes * engine.datapath.row.data_strips;
     let rows = size / row;
     let image = Arc::new(Mutex::new(vec![0u8; size]));
     std::thread::scope(|s| {
@@ -2136,7 +2143,7 @@ fn a_fua_write_is_fua_on_its_members_and_survives_a_power_cut() {
         );
         if journal {
             // The power cut takes the stripe cache's memory too.
-            engine.cache.forget_unwritten();
+            engine.datapath.cache.forget_unwritten();
         }
         crash(engine);
         for w in members {
@@ -2411,11 +2418,11 @@ fn write_back_with_a_journal_loses_nothing_acknowledged_at_a_power_cut() {
         // The cache's writers stop, so that what it acknowledges stays in
         // memory until the cut (writers still write batches out themselves
         // when the journal's share for the cache runs short).
-        engine.cache.stop.store(true, Ordering::SeqCst);
-        engine.cache.wake_workers();
+        engine.datapath.cache.stop.store(true, Ordering::SeqCst);
+        engine.datapath.cache.wake_workers();
         let image = hammer_pages(&engine, 3, 30, 11 + disks as u64);
         // The power cut takes the cache's memory with it.
-        let held = engine.cache.forget_unwritten();
+        let held = engine.datapath.cache.forget_unwritten();
         crash(engine);
         for w in &wrappers[..disks] {
             w.crash().unwrap();
@@ -2459,7 +2466,7 @@ fn write_back_rows_written_while_written_out_replay_consistently() {
         for w in &wrappers[..5] {
             w.apply_str("cache").unwrap();
         }
-        let row = engine.row.strip_bytes * engine.row.data_strips;
+        let row = engine.datapath.row.strip_bytes * engine.datapath.row.data_strips;
         let pages = 4 * row / 4096;
         let image = Arc::new(Mutex::new(vec![0u8; engine.size_bytes() as usize]));
         std::thread::scope(|s| {
@@ -2481,7 +2488,7 @@ fn write_back_rows_written_while_written_out_replay_consistently() {
                 });
             }
         });
-        engine.cache.forget_unwritten();
+        engine.datapath.cache.forget_unwritten();
         crash(engine);
         for w in &wrappers[..5] {
             w.crash().unwrap();

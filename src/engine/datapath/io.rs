@@ -154,8 +154,9 @@ impl Engine {
         self.for_each_piece(offset, len, |engine, map, in_stripe, range| {
             let out = &mut buf[range.clone()];
             // Bytes still in the stripe cache are newer than the members'.
-            let pending = if engine.cache.has_batches() {
+            let pending = if engine.datapath.cache.has_batches() {
                 engine
+                    .datapath
                     .cache
                     .pending_in(map.stripe, in_stripe..in_stripe + range.len())
             } else {
@@ -196,9 +197,11 @@ impl Engine {
         }
         // Bytes still in the stripe cache are newer than the member's; as
         // in the full path, they are looked up before the member is read.
-        let pending = if self.cache.has_batches() {
+        let pending = if self.datapath.cache.has_batches() {
             let in_stripe = at.data_index * strip_bytes + in_strip;
-            self.cache.pending_in(at.stripe, in_stripe..in_stripe + len)
+            self.datapath
+                .cache
+                .pending_in(at.stripe, in_stripe..in_stripe + len)
         } else {
             Vec::new()
         };
@@ -222,24 +225,25 @@ impl Engine {
     ) -> io::Result<()> {
         let len = buf.len();
         let t = &self.tunables;
-        let strip = self.row.strip_bytes as u64;
+        let strip = self.datapath.row.strip_bytes as u64;
         let read_ahead = t.read_ahead_sectors() as u64 * SECTOR_BYTES;
         if !t.read_cache() && read_ahead == 0 {
             return self.read_bytes(offset, buf);
         }
-        let (_in_flight, sequential, alone) = self.reads.read_arrives(offset, len);
+        let (_in_flight, sequential, alone) = self.datapath.reads.read_arrives(offset, len);
         let lone_stream = self
+            .datapath
             .reads
             .lone_stream(sequential && alone && !company && self.reads_held_by_server() == 0);
         // The fast path: a small random read goes to its member, no lookup.
         if t.fast_path() && !sequential && offset % strip + len as u64 <= strip {
             return self.read_bytes(offset, buf);
         }
-        if self.reads.lookup(offset, buf) {
+        if self.datapath.reads.lookup(offset, buf) {
             return Ok(());
         }
         let capacity = self.read_cache_bytes();
-        let generation = self.reads.generation();
+        let generation = self.datapath.reads.generation();
         // Read-ahead serves a client that reads a stream one request at a
         // time (dd, a single-threaded reader); one that keeps reads in
         // flight is its own read-ahead, and fetching more would read twice.
@@ -253,7 +257,8 @@ impl Engine {
         if total == len {
             self.read_bytes(offset, buf)?;
             if t.read_cache() {
-                self.reads
+                self.datapath
+                    .reads
                     .insert(offset, buf.to_vec(), generation, capacity);
             }
             return Ok(());
@@ -261,7 +266,9 @@ impl Engine {
         let mut ahead = vec![0u8; total];
         self.read_bytes(offset, &mut ahead)?;
         buf.copy_from_slice(&ahead[..len]);
-        self.reads.insert(offset, ahead, generation, capacity);
+        self.datapath
+            .reads
+            .insert(offset, ahead, generation, capacity);
         Ok(())
     }
 
@@ -270,14 +277,15 @@ impl Engine {
     fn read_cache_bytes(&self) -> usize {
         self.tunables.stripe_cache_size() as usize
             * crate::engine::tuning::STRIPE_CACHE_PAGE
-            * self.row.data_strips
+            * self.datapath.row.data_strips
     }
 
     /// The most one read-ahead fetches: half the read cache, so that what
     /// is fetched stays until it is read.
     pub(in crate::engine) fn read_ahead_cap_bytes(&self) -> u64 {
         let entries = self.tunables.stripe_cache_size();
-        crate::engine::tuning::read_ahead_cap_sectors(entries, self.row.data_strips) * SECTOR_BYTES
+        crate::engine::tuning::read_ahead_cap_sectors(entries, self.datapath.row.data_strips)
+            * SECTOR_BYTES
     }
 
     /// Where the bytes of a read lie on the members, for a server that
@@ -296,7 +304,11 @@ impl Engine {
     ) -> Option<Vec<FileExtent>> {
         let t = &self.tunables;
         let end = offset.checked_add(len as u64)?;
-        if len == 0 || end > self.size_bytes() || t.read_cache() || self.cache.has_batches() {
+        if len == 0
+            || end > self.size_bytes()
+            || t.read_cache()
+            || self.datapath.cache.has_batches()
+        {
             return None;
         }
         if how == ExtentUse::Read && !t.fast_path() {
@@ -351,7 +363,7 @@ impl Engine {
                             offset: member_at + piece_at,
                             len: piece as usize,
                             owner: Box::new(PendingRead::new(
-                                &self.pending_reads,
+                                &self.datapath.pending_reads,
                                 place.member,
                                 slot.member.clone(),
                             )),
@@ -367,10 +379,10 @@ impl Engine {
         // asked last, so that a read declined for another reason is not
         // noted twice (read_cached notes it).
         if t.read_ahead_sectors() > 0 {
-            let (_in_flight, sequential, alone) = self.reads.read_arrives(offset, len);
+            let (_in_flight, sequential, alone) = self.datapath.reads.read_arrives(offset, len);
             // This read's own extents are counted among those held.
             let alone = alone && self.reads_held_by_server() as usize == extents.len();
-            if self.reads.lone_stream(sequential && alone) {
+            if self.datapath.reads.lone_stream(sequential && alone) {
                 return None;
             }
         }
@@ -387,7 +399,8 @@ impl Engine {
     /// over 1.5 GB) fetched two full stripes it did not need, a third of
     /// a disk's bandwidth at 56,000 reads a second.
     fn reads_held_by_server(&self) -> u32 {
-        self.pending_reads
+        self.datapath
+            .pending_reads
             .iter()
             .map(|p| p.load(Ordering::Relaxed))
             .sum()
@@ -425,7 +438,7 @@ impl Engine {
 
     /// What a stripe-cache batch for one row costs, in entries.
     pub(in crate::engine) fn cache_entries_per_row(&self) -> usize {
-        StripeCache::entries_for(self.row.strip_bytes)
+        StripeCache::entries_for(self.datapath.row.strip_bytes)
     }
 
     /// Writes a batch of the stripe cache to the members.
@@ -454,12 +467,16 @@ impl Engine {
         fua: bool,
     ) -> io::Result<()> {
         if map.p.is_some() {
-            let slot = self.locks.slot(map.stripe);
-            if let Some(result) = self.stripes.submit(map.stripe, slot, parts, logged, fua) {
+            let slot = self.datapath.locks.slot(map.stripe);
+            if let Some(result) = self
+                .datapath
+                .stripes
+                .submit(map.stripe, slot, parts, logged, fua)
+            {
                 return result;
             }
         }
-        let _guard = self.locks.lock(map.stripe);
+        let _guard = self.datapath.locks.lock(map.stripe);
         let _in_flight = self.bitmap_start_write(map.stripe)?;
         self.write_parts_locked(map, parts, logged, fua, true)
     }
@@ -538,12 +555,14 @@ impl Engine {
         data: &[u8],
         fua: bool,
     ) -> io::Result<()> {
-        let (_in_flight, sequential) = self.cache.write_arrives(offset, data.len());
+        let (_in_flight, sequential) = self.datapath.cache.write_arrives(offset, data.len());
         // Bytes read ahead are dropped once the write is in; reads racing
         // with it keep nothing (see readcache).
-        self.reads.write_begins();
+        self.datapath.reads.write_begins();
         let result = self.write_rows(offset, data, fua, sequential);
-        self.reads.write_done(offset..offset + data.len() as u64);
+        self.datapath
+            .reads
+            .write_done(offset..offset + data.len() as u64);
         result
     }
 
@@ -582,7 +601,7 @@ impl Engine {
             let log: Option<&super::cache::LogData> =
                 (engine.journal.is_some() && write_back && bytes.len() < row_bytes)
                     .then_some(&log_data);
-            let offer = engine.cache.offer(
+            let offer = engine.datapath.cache.offer(
                 map.stripe,
                 row_bytes,
                 in_stripe,
@@ -599,7 +618,7 @@ impl Engine {
                 Offer::Done(result) => result,
                 Offer::Direct => {
                     if bytes.len() < row_bytes {
-                        let stats = &engine.cache.stats;
+                        let stats = &engine.datapath.cache.stats;
                         stats.direct_writes.fetch_add(1, Ordering::Relaxed);
                     }
                     engine.write_in_row(&map, &[(in_stripe, bytes)], false, fua)
@@ -828,7 +847,7 @@ impl View<'_> {
         }
         // Counted in flight while they run, so that reads choosing among a
         // mirror's copies meanwhile go elsewhere.
-        let pending = &self.engine.pending_reads;
+        let pending = &self.engine.datapath.pending_reads;
         for (copy, _, _) in &reads {
             pending[copy.member].fetch_add(1, Ordering::Relaxed);
         }
@@ -843,7 +862,7 @@ impl View<'_> {
         }
         // Reconstruction reads the rest of the stripe: hold its lock so
         // that no write is half-way through it.
-        let _guard = self.engine.locks.lock(piece.map.stripe);
+        let _guard = self.engine.datapath.locks.lock(piece.map.stripe);
         let window = piece.window.clone();
         // Every lost strip, touched or not, is rebuilt: the algebra needs
         // all the others as they are on disk.
@@ -931,7 +950,7 @@ impl View<'_> {
             let block = |k: usize| parity_bufs[k].as_ref().map(|(_, b)| &b[..]);
             let mut outs: Vec<&mut [u8]> = outputs.iter_mut().map(|o| &mut o[..]).collect();
             recover_lost(
-                self.engine.syndrome,
+                self.engine.datapath.syndrome,
                 map,
                 &present_data,
                 lost,

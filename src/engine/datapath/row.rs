@@ -58,7 +58,7 @@ impl View<'_> {
         // The parity cache keeps P and Q pages; a row with R (dRAID's
         // triple parity) reads its old parity from the members.
         let cacheable = map.r.is_none();
-        let hot = &self.engine.parity_cache;
+        let hot = &self.engine.datapath.parity_cache;
         let parity_hot = [Which::P, Which::Q].map(|which| {
             let column = which as usize;
             cacheable && parity_present[column] && hot.has(map.stripe, &piece.window, which)
@@ -139,7 +139,7 @@ impl View<'_> {
         let at = write.in_span();
         // A span wider than the window means none was hot.
         debug_assert!(write.span == *window || !write.plan.hot_parity.contains(&true));
-        let hot = &self.engine.parity_cache;
+        let hot = &self.engine.datapath.parity_cache;
         for which in [Which::P, Which::Q] {
             let column = which as usize;
             if write.plan.hot_parity[column] {
@@ -168,7 +168,7 @@ impl View<'_> {
         let piece = write.piece;
         let map = &piece.map;
         let window = piece.window.clone();
-        let syndrome = self.engine.syndrome;
+        let syndrome = self.engine.datapath.syndrome;
         let present = write.places.map(|p| p.is_some());
         match write.plan.method {
             Method::Copies | Method::DataOnly => return Ok(()),
@@ -321,7 +321,7 @@ impl View<'_> {
     /// alone leaves nothing behind.
     pub(in crate::engine) fn keep_parity(&self, write: &RowWrite, ok: bool) {
         let (map, window) = (&write.piece.map, &write.piece.window);
-        let hot = &self.engine.parity_cache;
+        let hot = &self.engine.datapath.parity_cache;
         match write.plan.method {
             Method::Copies => return,
             // A whole-window write needed no old parity and its row's next
@@ -382,6 +382,7 @@ impl View<'_> {
             ..(window.end.div_ceil(PARITY_PREFETCH_BYTES) * PARITY_PREFETCH_BYTES).min(strip_bytes);
         let room = self
             .engine
+            .datapath
             .parity_cache
             .has_room(span.len() / PAGE, self.engine.parity_cache_rows());
         if aligned && room && span.len() <= self.engine.max_member_io() {

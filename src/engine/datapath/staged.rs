@@ -58,7 +58,7 @@ impl Engine {
             || self.journal.is_some()
             || self.reshaping.load(Ordering::SeqCst)
             || self.tunables.write_back()
-            || self.cache.has_batches()
+            || self.datapath.cache.has_batches()
         {
             return false;
         }
@@ -76,7 +76,7 @@ impl Engine {
             return false;
         }
         // Rows of raid4/5/6 are all alike and follow each other from 0.
-        let row_bytes = (self.row.strip_bytes * self.row.data_strips) as u64;
+        let row_bytes = (self.datapath.row.strip_bytes * self.datapath.row.data_strips) as u64;
         offset.div_ceil(row_bytes) * row_bytes + row_bytes <= offset + len as u64
     }
 
@@ -89,14 +89,14 @@ impl Engine {
         len: usize,
         data: &mut dyn StagedWrite,
     ) -> io::Result<()> {
-        let (_in_flight, _sequential) = self.cache.write_arrives(offset, len);
-        self.reads.write_begins();
+        let (_in_flight, _sequential) = self.datapath.cache.write_arrives(offset, len);
+        self.datapath.reads.write_begins();
         let result = self.for_each_piece(offset, len, |engine, map, in_stripe, range| {
-            let _guard = engine.locks.lock(map.stripe);
+            let _guard = engine.datapath.locks.lock(map.stripe);
             let _in_flight = engine.bitmap_start_write(map.stripe)?;
             let view = engine.view(map.stripe);
             let row_bytes = (map.data_sectors() * SECTOR_BYTES) as usize;
-            let counters = &engine.staged_rows;
+            let counters = &engine.datapath.staged_rows;
             let taken = if map.p.is_none() {
                 write_mirrored_row(&view, &map, in_stripe, range.len(), data)?
             } else if in_stripe == 0 && range.len() == row_bytes && map.r.is_none() {
@@ -113,7 +113,7 @@ impl Engine {
             data.into_memory(&mut bytes)?;
             engine.write_parts_locked(&map, &[(in_stripe, &bytes)], false, false, true)
         });
-        self.reads.write_done(offset..offset + len as u64);
+        self.datapath.reads.write_done(offset..offset + len as u64);
         result
     }
 }
@@ -145,7 +145,7 @@ fn write_mirrored_row<'e>(
     len: usize,
     data: &mut dyn StagedWrite,
 ) -> io::Result<Option<&'e AtomicU64>> {
-    let counters = &view.engine.staged_rows;
+    let counters = &view.engine.datapath.staged_rows;
     let piece = Engine::piece(map.clone(), in_stripe, len, &[]);
     // The touched strips in order hold the row's bytes in order: a row of
     // a level without parity is its strips end to end.
@@ -277,7 +277,7 @@ fn write_parity_row(view: &View, map: &StripeMap, data: &mut dyn StagedWrite) ->
         }
     }
     let views: Vec<&[u8]> = data_slices.iter().map(|s| &**s).collect();
-    let syndrome = view.engine.syndrome;
+    let syndrome = view.engine.datapath.syndrome;
     match parity {
         [p] => syndrome.gen_p(&views, p),
         [p, q] => {
@@ -287,7 +287,10 @@ fn write_parity_row(view: &View, map: &StripeMap, data: &mut dyn StagedWrite) ->
         _ => unreachable!("a parity row has P, or P and Q"),
     }
     let window: Range<usize> = 0..strip;
-    view.engine.parity_cache.drop_window(map.stripe, &window);
+    view.engine
+        .datapath
+        .parity_cache
+        .drop_window(map.stripe, &window);
     drop(slices);
     // A strip whose mapping met a bus error is not on its member: the
     // member fails, as for any write error.

@@ -330,7 +330,10 @@ impl Engine {
             slots.windows(2).all(|w| w[0] < w[1]),
             "a round takes one job per lock slot"
         );
-        let _guards: Vec<_> = slots.iter().map(|&s| self.locks.lock_slot(s)).collect();
+        let _guards: Vec<_> = slots
+            .iter()
+            .map(|&s| self.datapath.locks.lock_slot(s))
+            .collect();
         let mut results: Vec<Option<io::Result<()>>> = jobs.iter().map(|_| None).collect();
         let mut _in_flight = Vec::new();
         for (k, job) in jobs.iter().enumerate() {
@@ -391,7 +394,10 @@ impl Engine {
         }
         for (k, result) in results.iter_mut().enumerate() {
             if result.is_none() {
-                self.stripes.rows_alone.fetch_add(1, Ordering::Relaxed);
+                self.datapath
+                    .stripes
+                    .rows_alone
+                    .fetch_add(1, Ordering::Relaxed);
                 // Some rows come here after a failed read: none prefetches.
                 let (logged, fua) = (jobs[k].logged, jobs[k].fua);
                 *result = Some(self.write_parts_locked(&maps[k], &parts[k], logged, fua, false));

@@ -100,7 +100,7 @@ impl Throttle {
     pub(in crate::engine) fn would_wait(&self, engine: &Engine) -> bool {
         let (min, max) = limits(engine);
         let speed = self.speed();
-        let foreground = engine.foreground_ios.load(Ordering::Relaxed);
+        let foreground = engine.datapath.foreground_ios.load(Ordering::Relaxed);
         speed > max as f64 || (speed > min as f64 && foreground != self.foreground_seen)
     }
 
@@ -127,7 +127,7 @@ impl Throttle {
                 }
                 continue;
             }
-            let foreground = engine.foreground_ios.load(Ordering::Relaxed);
+            let foreground = engine.datapath.foreground_ios.load(Ordering::Relaxed);
             let busy = foreground != self.foreground_seen;
             self.foreground_seen = foreground;
             if speed > min as f64 && busy && !stop.load(Ordering::SeqCst) {

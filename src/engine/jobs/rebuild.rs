@@ -271,6 +271,7 @@ impl<'e> Pipeline<'e> {
             for map in &planned.stripes {
                 // The batch may rewrite this stripe's parity: none stays hot.
                 engine
+                    .datapath
                     .parity_cache
                     .drop_stripe(map.stripe, strip_bytes(map));
             }
@@ -331,7 +332,7 @@ impl<'e> Pipeline<'e> {
 
     /// Takes the locks of `stripes` in slot order (see the module doc).
     fn lock(&mut self, stripes: &[u64]) -> Vec<MutexGuard<'e, ()>> {
-        let locks = &self.engine.locks;
+        let locks = &self.engine.datapath.locks;
         let mut slots: Vec<usize> = stripes.iter().map(|&s| locks.slot(s)).collect();
         slots.sort_unstable();
         slots.dedup();
@@ -554,7 +555,9 @@ impl<'e> Pipeline<'e> {
                     let parity = parity.map(|p| p.map(|p| p.of(&read_bufs)));
                     let out = out.of_mut(&mut write_bufs);
                     let map = &planned.stripes[*map];
-                    if rebuild_strip(engine.syndrome, map, target, &data, parity, out).is_err() {
+                    if rebuild_strip(engine.datapath.syndrome, map, target, &data, parity, out)
+                        .is_err()
+                    {
                         ok = false;
                         break;
                     }

@@ -221,9 +221,10 @@ impl Engine {
     pub(in crate::engine) fn enter_reshape_mode(&self) -> Result<(), String> {
         self.reshaping.store(true, Ordering::SeqCst);
         self.write_out_cache().map_err(|e| e.to_string())?;
-        self.parity_cache.clear();
+        self.datapath.parity_cache.clear();
         let deadline = Instant::now() + Duration::from_secs(10);
         while self
+            .datapath
             .pending_reads
             .iter()
             .any(|r| r.load(Ordering::SeqCst) > 0)
@@ -555,7 +556,7 @@ impl Engine {
             .map_err(|e| format!("reading the rows to move: {e}"))?;
         }
         self.move_point(next)?;
-        self.parity_cache.clear();
+        self.datapath.parity_cache.clear();
         if let Err(e) = self.write_bytes(from * SECTOR_BYTES, &data, false) {
             // The point goes back: the old rows are intact.
             self.move_point(position)?;

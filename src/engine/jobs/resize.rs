@@ -242,8 +242,7 @@ impl Engine {
         self.sync.set_stripe_count(new.stripe_count());
         // Cached bytes and parity belong to the old bounds; a resync below
         // rewrites parity and mirrors of the new region.
-        self.reads.clear();
-        self.parity_cache.clear();
+        self.datapath.forget_reads();
         if growing && matches!(level, Level::Raid1 | Level::Raid10) {
             self.mirrors_in_sync.store(false, Ordering::SeqCst);
         }

@@ -292,9 +292,10 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
         }
         let map = engine.geometry().stripe(stripe);
         let result = {
-            let _guard = engine.locks.lock(stripe);
+            let _guard = engine.datapath.locks.lock(stripe);
             // The job may rewrite this stripe's parity: none stays hot.
             engine
+                .datapath
                 .parity_cache
                 .drop_stripe(stripe, (map.strip_sectors * SECTOR_BYTES) as usize);
             let step = match action {

@@ -190,6 +190,18 @@ fn send_option_reply(
     )
 }
 
+/// What a handshake has agreed so far, and what it enforces.
+struct Negotiation {
+    /// Read once: what the client is told is what the connection enforces,
+    /// even if the array's size changes during the handshake.
+    size: u64,
+    deadline: Option<Instant>,
+    in_tls: bool,
+    no_zeroes: bool,
+    structured: bool,
+    tls_required: bool,
+}
+
 /// Negotiates until the client enters transmission, aborts, asks for TLS,
 /// or breaks the protocol. Inside TLS (`tls_flags` holds whether the client
 /// asked for NO_ZEROES before it) there is no greeting: the client goes on
@@ -200,189 +212,241 @@ fn handshake(
     reader: &mut SockReader,
     tls_flags: Option<bool>,
 ) -> Result<Negotiated, ConnError> {
-    // Read once: what the client is told is what the connection enforces,
-    // even if the array's size changes during the handshake.
-    let size = shared.backend.size_bytes();
     let deadline = shared.options.handshake_timeout.map(|t| Instant::now() + t);
     let in_tls = tls_flags.is_some();
-    let mut no_zeroes = tls_flags.unwrap_or(false);
-    if !in_tls {
-        let offered = proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES;
-        send(shared, sock, &[&proto::encode_greeting(offered)])?;
-        let mut flags = [0u8; 4];
-        reader.read_exact(&mut flags, deadline)?;
-        let client_flags = proto::decode_client_flags(&flags, offered)?;
-        no_zeroes = client_flags & proto::FLAG_C_NO_ZEROES != 0;
-    }
-    let tls_required =
-        !in_tls && matches!(&shared.options.tls, Some(tls) if tls.mode == super::TlsMode::Require);
-    let export = &shared.export;
-    let options = &shared.options;
-    let name_ok = |name: &str| name.is_empty() || name == options.export_name;
-    let mut structured = false;
-
+    let no_zeroes = match tls_flags {
+        Some(no_zeroes) => no_zeroes,
+        None => greet(shared, sock, reader, deadline)?,
+    };
+    let mut n = Negotiation {
+        size: shared.backend.size_bytes(),
+        deadline,
+        in_tls,
+        no_zeroes,
+        structured: false,
+        tls_required: !in_tls
+            && matches!(&shared.options.tls, Some(tls) if tls.mode == super::TlsMode::Require),
+    };
     for _ in 0..OPTIONS_MAX {
-        let mut header = [0u8; proto::OPTION_HEADER_LEN];
-        reader.read_exact(&mut header, deadline)?;
-        let header = proto::decode_option_header(&header)?;
-        let option = header.option;
-        if header.length > OPTION_DATA_MAX {
-            if option == proto::OPT_EXPORT_NAME || header.length > OPTION_DISCARD_MAX {
-                return Err(ConnError::Refused(format!(
-                    "option {option} with {} bytes of data is too large",
-                    header.length
-                )));
-            }
-            reader.discard(header.length as u64, deadline)?;
-            send_option_reply(
-                shared,
-                sock,
-                option,
-                proto::REP_ERR_TOO_BIG,
-                b"option data too large",
-            )?;
+        let Some((option, data)) = read_option(shared, sock, reader, n.deadline)? else {
             continue;
-        }
-        let mut data = vec![0u8; header.length as usize];
-        reader.read_exact(&mut data, deadline)?;
-
-        if tls_required && option != proto::OPT_STARTTLS && option != proto::OPT_ABORT {
-            if option == proto::OPT_EXPORT_NAME {
-                return Err(ConnError::Refused(
-                    "OPT_EXPORT_NAME before STARTTLS, which this server requires".into(),
-                ));
-            }
-            let msg = b"this server requires TLS: send NBD_OPT_STARTTLS first";
-            send_option_reply(shared, sock, option, proto::REP_ERR_TLS_REQD, msg)?;
-            continue;
-        }
-        match option {
-            proto::OPT_EXPORT_NAME => {
-                // This option cannot be answered with an error, so every
-                // refusal is a disconnect, as the spec requires.
-                let name = proto::decode_string(&data)?;
-                if !name_ok(&name) {
-                    return Err(ConnError::Refused(format!(
-                        "OPT_EXPORT_NAME for unknown export '{name}'"
-                    )));
-                }
-                if options.require_block_size {
-                    return Err(ConnError::Refused(
-                        "OPT_EXPORT_NAME cannot negotiate block sizes, which this server requires"
-                            .into(),
-                    ));
-                }
-                let flags = export.transmission_flags(structured);
-                send(
-                    shared,
-                    sock,
-                    &[&proto::encode_export_name_reply(size, flags, no_zeroes)],
-                )?;
-                return Ok(Negotiated::Transmission(Agreed {
-                    structured_replies: structured,
-                    size,
-                    block_sizes: false,
-                }));
-            }
-            proto::OPT_ABORT => {
-                // The client may already have closed; a failed ACK is fine.
-                let _ = send_option_reply(shared, sock, option, proto::REP_ACK, &[]);
-                return Ok(Negotiated::Aborted);
-            }
-            proto::OPT_LIST => {
-                if !data.is_empty() {
-                    send_option_reply(
-                        shared,
-                        sock,
-                        option,
-                        proto::REP_ERR_INVALID,
-                        b"OPT_LIST takes no data",
-                    )?;
-                    continue;
-                }
-                let server = proto::encode_rep_server(&options.export_name, &options.description);
-                send_option_reply(shared, sock, option, proto::REP_SERVER, &server)?;
-                send_option_reply(shared, sock, option, proto::REP_ACK, &[])?;
-            }
-            proto::OPT_INFO | proto::OPT_GO => {
-                let request = match proto::decode_info_request(&data) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        let msg = format!("malformed request: {e}");
-                        send_option_reply(
-                            shared,
-                            sock,
-                            option,
-                            proto::REP_ERR_INVALID,
-                            msg.as_bytes(),
-                        )?;
-                        continue;
-                    }
-                };
-                if !name_ok(&request.name) {
-                    let msg = format!("no export named '{}'", request.name);
-                    send_option_reply(
-                        shared,
-                        sock,
-                        option,
-                        proto::REP_ERR_UNKNOWN,
-                        msg.as_bytes(),
-                    )?;
-                    continue;
-                }
-                send_export_info(shared, sock, option, &request, structured, size)?;
-                if option == proto::OPT_GO
-                    && options.require_block_size
-                    && !request.wants(proto::INFO_BLOCK_SIZE)
-                {
-                    let msg = b"this export requires the client to accept block size constraints";
-                    send_option_reply(shared, sock, option, proto::REP_ERR_BLOCK_SIZE_REQD, msg)?;
-                    continue;
-                }
-                send_option_reply(shared, sock, option, proto::REP_ACK, &[])?;
-                if option == proto::OPT_GO {
-                    return Ok(Negotiated::Transmission(Agreed {
-                        structured_replies: structured,
-                        size,
-                        // An earlier OPT_INFO that asked commits to nothing.
-                        block_sizes: request.wants(proto::INFO_BLOCK_SIZE),
-                    }));
-                }
-            }
-            proto::OPT_STRUCTURED_REPLY => {
-                if !data.is_empty() {
-                    let msg = b"OPT_STRUCTURED_REPLY takes no data";
-                    send_option_reply(shared, sock, option, proto::REP_ERR_INVALID, msg)?;
-                    continue;
-                }
-                structured = true;
-                send_option_reply(shared, sock, option, proto::REP_ACK, &[])?;
-            }
-            proto::OPT_STARTTLS => {
-                let (reply, msg): (u32, &[u8]) = if in_tls {
-                    (proto::REP_ERR_INVALID, b"TLS is already active")
-                } else if options.tls.is_none() {
-                    (proto::REP_ERR_UNSUP, b"TLS is not enabled on this server")
-                } else if !data.is_empty() {
-                    (proto::REP_ERR_INVALID, b"OPT_STARTTLS takes no data")
-                } else {
-                    // Nothing agreed before TLS carries over: negotiation
-                    // starts afresh inside it.
-                    send_option_reply(shared, sock, option, proto::REP_ACK, &[])?;
-                    return Ok(Negotiated::StartTls(no_zeroes));
-                };
-                send_option_reply(shared, sock, option, reply, msg)?;
-            }
-            _ => {
-                // Including LIST/SET_META_CONTEXT (no block status yet) and
-                // EXTENDED_HEADERS: clients fall back when told UNSUP.
-                send_option_reply(shared, sock, option, proto::REP_ERR_UNSUP, &[])?;
-            }
+        };
+        if let Some(outcome) = answer_option(shared, sock, &mut n, option, &data)? {
+            return Ok(outcome);
         }
     }
     Err(ConnError::Refused(format!(
         "more than {OPTIONS_MAX} options without entering transmission"
     )))
+}
+
+/// The server's greeting and the client's flags: whether the client asked
+/// for NO_ZEROES.
+fn greet(
+    shared: &Shared,
+    sock: &Sock,
+    reader: &mut SockReader,
+    deadline: Option<Instant>,
+) -> Result<bool, ConnError> {
+    let offered = proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES;
+    send(shared, sock, &[&proto::encode_greeting(offered)])?;
+    let mut flags = [0u8; 4];
+    reader.read_exact(&mut flags, deadline)?;
+    let client_flags = proto::decode_client_flags(&flags, offered)?;
+    Ok(client_flags & proto::FLAG_C_NO_ZEROES != 0)
+}
+
+/// One option's header and data; None for an option too large to take,
+/// already answered (its data discarded), so the client may go on.
+fn read_option(
+    shared: &Shared,
+    sock: &Sock,
+    reader: &mut SockReader,
+    deadline: Option<Instant>,
+) -> Result<Option<(u32, Vec<u8>)>, ConnError> {
+    let mut header = [0u8; proto::OPTION_HEADER_LEN];
+    reader.read_exact(&mut header, deadline)?;
+    let header = proto::decode_option_header(&header)?;
+    let option = header.option;
+    if header.length > OPTION_DATA_MAX {
+        if option == proto::OPT_EXPORT_NAME || header.length > OPTION_DISCARD_MAX {
+            return Err(ConnError::Refused(format!(
+                "option {option} with {} bytes of data is too large",
+                header.length
+            )));
+        }
+        reader.discard(header.length as u64, deadline)?;
+        send_option_reply(
+            shared,
+            sock,
+            option,
+            proto::REP_ERR_TOO_BIG,
+            b"option data too large",
+        )?;
+        return Ok(None);
+    }
+    let mut data = vec![0u8; header.length as usize];
+    reader.read_exact(&mut data, deadline)?;
+    Ok(Some((option, data)))
+}
+
+/// Answers one option; Some when the handshake ends with it.
+fn answer_option(
+    shared: &Shared,
+    sock: &Sock,
+    n: &mut Negotiation,
+    option: u32,
+    data: &[u8],
+) -> Result<Option<Negotiated>, ConnError> {
+    let options = &shared.options;
+    if n.tls_required && option != proto::OPT_STARTTLS && option != proto::OPT_ABORT {
+        if option == proto::OPT_EXPORT_NAME {
+            return Err(ConnError::Refused(
+                "OPT_EXPORT_NAME before STARTTLS, which this server requires".into(),
+            ));
+        }
+        let msg = b"this server requires TLS: send NBD_OPT_STARTTLS first";
+        send_option_reply(shared, sock, option, proto::REP_ERR_TLS_REQD, msg)?;
+        return Ok(None);
+    }
+    match option {
+        proto::OPT_EXPORT_NAME => export_name(shared, sock, n, data).map(Some),
+        proto::OPT_ABORT => {
+            // The client may already have closed; a failed ACK is fine.
+            let _ = send_option_reply(shared, sock, option, proto::REP_ACK, &[]);
+            Ok(Some(Negotiated::Aborted))
+        }
+        proto::OPT_LIST => {
+            if !data.is_empty() {
+                send_option_reply(
+                    shared,
+                    sock,
+                    option,
+                    proto::REP_ERR_INVALID,
+                    b"OPT_LIST takes no data",
+                )?;
+                return Ok(None);
+            }
+            let server = proto::encode_rep_server(&options.export_name, &options.description);
+            send_option_reply(shared, sock, option, proto::REP_SERVER, &server)?;
+            send_option_reply(shared, sock, option, proto::REP_ACK, &[])?;
+            Ok(None)
+        }
+        proto::OPT_INFO | proto::OPT_GO => info_or_go(shared, sock, n, option, data),
+        proto::OPT_STRUCTURED_REPLY => {
+            if !data.is_empty() {
+                let msg = b"OPT_STRUCTURED_REPLY takes no data";
+                send_option_reply(shared, sock, option, proto::REP_ERR_INVALID, msg)?;
+                return Ok(None);
+            }
+            n.structured = true;
+            send_option_reply(shared, sock, option, proto::REP_ACK, &[])?;
+            Ok(None)
+        }
+        proto::OPT_STARTTLS => {
+            let (reply, msg): (u32, &[u8]) = if n.in_tls {
+                (proto::REP_ERR_INVALID, b"TLS is already active")
+            } else if options.tls.is_none() {
+                (proto::REP_ERR_UNSUP, b"TLS is not enabled on this server")
+            } else if !data.is_empty() {
+                (proto::REP_ERR_INVALID, b"OPT_STARTTLS takes no data")
+            } else {
+                // Nothing agreed before TLS carries over: negotiation
+                // starts afresh inside it.
+                send_option_reply(shared, sock, option, proto::REP_ACK, &[])?;
+                return Ok(Some(Negotiated::StartTls(n.no_zeroes)));
+            };
+            send_option_reply(shared, sock, option, reply, msg)?;
+            Ok(None)
+        }
+        _ => {
+            // Including LIST/SET_META_CONTEXT (no block status yet) and
+            // EXTENDED_HEADERS: clients fall back when told UNSUP.
+            send_option_reply(shared, sock, option, proto::REP_ERR_UNSUP, &[])?;
+            Ok(None)
+        }
+    }
+}
+
+/// Whether a client's export name names this export ("" is the default).
+fn name_ok(shared: &Shared, name: &str) -> bool {
+    name.is_empty() || name == shared.options.export_name
+}
+
+/// OPT_EXPORT_NAME: transmission at once, or a disconnect.
+fn export_name(
+    shared: &Shared,
+    sock: &Sock,
+    n: &Negotiation,
+    data: &[u8],
+) -> Result<Negotiated, ConnError> {
+    // This option cannot be answered with an error, so every refusal is a
+    // disconnect, as the spec requires.
+    let name = proto::decode_string(data)?;
+    if !name_ok(shared, &name) {
+        return Err(ConnError::Refused(format!(
+            "OPT_EXPORT_NAME for unknown export '{name}'"
+        )));
+    }
+    if shared.options.require_block_size {
+        return Err(ConnError::Refused(
+            "OPT_EXPORT_NAME cannot negotiate block sizes, which this server requires".into(),
+        ));
+    }
+    let flags = shared.export.transmission_flags(n.structured);
+    send(
+        shared,
+        sock,
+        &[&proto::encode_export_name_reply(n.size, flags, n.no_zeroes)],
+    )?;
+    Ok(Negotiated::Transmission(Agreed {
+        structured_replies: n.structured,
+        size: n.size,
+        block_sizes: false,
+    }))
+}
+
+/// OPT_INFO and OPT_GO: the export's information, and for GO the start of
+/// transmission.
+fn info_or_go(
+    shared: &Shared,
+    sock: &Sock,
+    n: &Negotiation,
+    option: u32,
+    data: &[u8],
+) -> Result<Option<Negotiated>, ConnError> {
+    let request = match proto::decode_info_request(data) {
+        Ok(r) => r,
+        Err(e) => {
+            let msg = format!("malformed request: {e}");
+            send_option_reply(shared, sock, option, proto::REP_ERR_INVALID, msg.as_bytes())?;
+            return Ok(None);
+        }
+    };
+    if !name_ok(shared, &request.name) {
+        let msg = format!("no export named '{}'", request.name);
+        send_option_reply(shared, sock, option, proto::REP_ERR_UNKNOWN, msg.as_bytes())?;
+        return Ok(None);
+    }
+    send_export_info(shared, sock, option, &request, n.structured, n.size)?;
+    if option == proto::OPT_GO
+        && shared.options.require_block_size
+        && !request.wants(proto::INFO_BLOCK_SIZE)
+    {
+        let msg = b"this export requires the client to accept block size constraints";
+        send_option_reply(shared, sock, option, proto::REP_ERR_BLOCK_SIZE_REQD, msg)?;
+        return Ok(None);
+    }
+    send_option_reply(shared, sock, option, proto::REP_ACK, &[])?;
+    if option != proto::OPT_GO {
+        return Ok(None);
+    }
+    Ok(Some(Negotiated::Transmission(Agreed {
+        structured_replies: n.structured,
+        size: n.size,
+        // An earlier OPT_INFO that asked commits to nothing.
+        block_sizes: request.wants(proto::INFO_BLOCK_SIZE),
+    })))
 }
 
 /// The `NBD_REP_INFO` replies for INFO/GO (everything but the final reply).

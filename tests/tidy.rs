@@ -6,10 +6,10 @@
 use std::path::{Path, PathBuf};
 
 /// The longest non-test function's length in lines, today
-/// (`engine::Engine::start`).
-const LONGEST_MAX: usize = 267;
+/// (`bench::parity::measure_cell` and `cli::examine::examine_text`).
+const LONGEST_MAX: usize = 188;
 /// How many non-test functions are over 100 lines, today.
-const OVER_100_MAX: usize = 40;
+const OVER_100_MAX: usize = 37;
 const LONG: usize = 100;
 
 #[derive(Debug)]
@@ -47,7 +47,13 @@ fn no_function_grows_past_the_longest_and_long_ones_only_go_down() {
     let mut by_length = long.clone();
     by_length.sort_by_key(|f| std::cmp::Reverse(f.lines));
     for f in by_length.iter().take(12) {
-        eprintln!("  {}:{} fn {} ({})", f.file.display(), f.line, f.name, f.lines);
+        eprintln!(
+            "  {}:{} fn {} ({})",
+            f.file.display(),
+            f.line,
+            f.name,
+            f.lines
+        );
     }
     assert!(
         longest.lines <= LONGEST_MAX,

@@ -171,6 +171,24 @@ fn write_once(array: &mut Assembled, state: Cleanliness) -> Result<(), Superbloc
         // A replacement says so on its own superblock too: the role
         // table cannot tell it from the member it copies (super_1_sync).
         sb.feature_map &= !MD_FEATURE_REPLACEMENT;
+        if let DeviceState::Recovering {
+            recovery_offset_sectors,
+            ..
+        }
+        | DeviceState::Replacement {
+            recovery_offset_sectors,
+            ..
+        } = device.state
+        {
+            // As the engine asserted it where it set it: a point past the
+            // data would read back as a member in sync.
+            assert!(
+                recovery_offset_sectors <= array.sb.size_sectors,
+                "{}: recovery offset {recovery_offset_sectors} past the component size {}",
+                device.path,
+                array.sb.size_sectors
+            );
+        }
         match device.state {
             DeviceState::Recovering {
                 recovery_offset_sectors,

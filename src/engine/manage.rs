@@ -32,6 +32,13 @@ pub(super) fn set_recovery_offset(
     role: usize,
     offset: u64,
 ) {
+    // A point within the member's data: array::update asserts it again as
+    // it writes it, and assembly takes one at or past the end as in sync.
+    assert!(
+        offset <= array.sb.size_sectors,
+        "recovery offset {offset} past the component size {}",
+        array.sb.size_sectors
+    );
     for d in array.devices.iter_mut() {
         match (&mut d.state, action) {
             (

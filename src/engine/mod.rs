@@ -13,6 +13,7 @@ mod journal;
 mod manage;
 mod members;
 mod readd;
+mod start;
 pub mod tuning;
 
 pub use datapath::cache::CacheReport;
@@ -20,7 +21,7 @@ pub use events::Event;
 pub use jobs::job::{SyncAction, SyncProgress};
 pub use journal::{JournalError, JournalStats};
 
-use crate::array::{write_array_state_failing, Assembled, Cleanliness, DeviceState};
+use crate::array::{Assembled, Cleanliness, DeviceState};
 use crate::export::{BlockBackend, BlockSizes, ZeroFlags};
 use crate::geometry::{Geometry, Level};
 use crate::member::MemberRef;
@@ -141,94 +142,18 @@ pub struct Engine {
 impl Engine {
     /// Starts serving an assembled array: marks it active (dirty) and, if it
     /// was not shut down cleanly, starts resyncing it in the background.
+    /// Each step is in engine/start.rs.
     pub fn start(mut array: Assembled, options: EngineOptions) -> Result<Arc<Engine>, EngineError> {
-        array.require_runnable()?;
+        start::refuse_unstartable(&array, &options)?;
         let reshaping = array.geometry.reshaping().is_some();
-        if reshaping {
-            reshape::check_resumable(&array).map_err(EngineError::Reshaping)?;
-        }
         let level = array.level();
-        // A member rebuilt along with a reshape that held only parity in
-        // the old layout has nothing a crash could make reconstruct wrongly
-        // (raid5_run's dirty_parity_disks).
-        let degraded = array.missing_roles().len() > crate::array::dirty_parity_members(&array);
-        if level.has_parity() && degraded && !array.is_clean() && !options.force {
-            return Err(EngineError::DirtyDegraded { level });
-        }
-        if array.journal_missing() && !options.read_only {
-            return Err(EngineError::JournalMissing);
-        }
-        if crate::array::has_journal_feature(&array.sb)
-            && array.sb.feature_map & crate::format::MD_FEATURE_BITMAP_OFFSET != 0
-        {
-            return Err(EngineError::JournalWithBitmap);
-        }
-        let journal = match array.journal() {
-            Some(device) => {
-                if !matches!(level, Level::Raid4 | Level::Raid5 | Level::Raid6) {
-                    return Err(EngineError::JournalLevel { level });
-                }
-                Some(Arc::new(journal::Journal::new(
-                    device.member.clone(),
-                    &device.path,
-                    device.sb.data_offset_sectors,
-                    device.sb.data_size_sectors,
-                    device.sb.recovery_offset_sectors,
-                    &array.sb.set_uuid,
-                    &array.geometry,
-                )?))
-            }
-            None => None,
+        let journal = start::open_journal(&array)?;
+        let (data_only, replayed) = match (&journal, options.read_only) {
+            (Some(journal), false) => start::replay_journal(&mut array, journal)?,
+            _ => (Vec::new(), false),
         };
-        // Rows torn by a crash are made whole from the journal before
-        // anything reads them (md's r5l_recovery_log); data logged without
-        // parity is written through the engine once it runs.
-        let mut data_only = Vec::new();
-        let mut replayed = false;
-        if let (Some(journal), false) = (&journal, options.read_only) {
-            // A member being rebuilt gets the replay too (md writes every
-            // rdev present): below its recovery offset it is trusted.
-            let mut slots = array.slots.clone();
-            for device in &array.devices {
-                if let DeviceState::Recovering { role, .. } = device.state {
-                    slots[role].get_or_insert_with(|| members::slot_of(device));
-                }
-            }
-            let recovered = journal
-                .recover(&array.geometry, &slots)
-                .map_err(EngineError::JournalReplay)?;
-            if recovered.units > 1 || !recovered.data_only.is_empty() {
-                eprintln!(
-                    "uraid: write journal {}: {} units read, {} rows replayed, {} pages of data to write",
-                    journal.path(),
-                    recovered.units,
-                    recovered.rows_replayed,
-                    recovered.data_only.len()
-                );
-            }
-            replayed = recovered.rows_replayed > 0 || !recovered.data_only.is_empty();
-            data_only = recovered.data_only;
-            let tail = journal.tail();
-            for d in array.devices.iter_mut() {
-                if d.state == DeviceState::Journal {
-                    d.sb.recovery_offset_sectors = tail;
-                }
-            }
-        }
-        // A replacement's copy resumes where it stood only after an orderly
-        // stop: after a crash, writes in flight (or replayed from the
-        // journal, or redone by the resync) may have reached the member it
-        // copies and not it, and what it holds is not trusted.
         if !array.is_clean() || replayed {
-            for d in array.devices.iter_mut() {
-                if let DeviceState::Replacement {
-                    recovery_offset_sectors,
-                    ..
-                } = &mut d.state
-                {
-                    *recovery_offset_sectors = 0;
-                }
-            }
+            start::distrust_replacements(&mut array);
         }
         let journal_clean = journal.is_some() && array.is_clean();
         let geometry = array.geometry.clone();
@@ -243,91 +168,9 @@ impl Engine {
         // which regions a crash may have left out of sync.
         let live_bitmap = bitmap::LiveBitmap::load(&array);
         if !options.read_only {
-            let state = if live_bitmap.is_some() {
-                Cleanliness::DirtyTracked
-            } else if journal_clean {
-                Cleanliness::DirtyJournaled
-            } else {
-                Cleanliness::Dirty
-            };
-            // A member whose superblock cannot be written starts out failed.
-            for lost in write_array_state_failing(&mut array, state)? {
-                eprintln!("uraid: {} failed at start: {}", lost.path, lost.error);
-            }
-            array.require_runnable()?;
+            start::mark_active(&mut array, live_bitmap.is_some(), journal_clean)?;
         }
-        let mut table = MemberTable {
-            by_role: array
-                .slots
-                .iter()
-                .map(|s| {
-                    s.clone().map(|slot| MemberEntry {
-                        slot,
-                        rebuilt_below: None,
-                    })
-                })
-                .collect(),
-            replacing: vec![None; array.slots.len()],
-            routes: None,
-        };
-        // A member left half-rebuilt is in sync below its recovery offset,
-        // and must stay so while a crash resync runs before its recovery
-        // resumes: md keeps such a member in the array, writes go to it and
-        // the resync covers it there. Left out, it would miss those writes
-        // and the recovery, resuming at the old offset, would trust it.
-        for device in &array.devices {
-            if let DeviceState::Recovering {
-                role,
-                recovery_offset_sectors,
-            } = device.state
-            {
-                if table.by_role[role].is_none() {
-                    // Along with a reshape, the done side (see check_resumable).
-                    let below = match geometry.reshaping() {
-                        Some(r) => r.done_stripes(),
-                        None => geometry.stripe_at_resync_position(recovery_offset_sectors),
-                    };
-                    // Mid-reshape, places count from the lower of the
-                    // member's two data offsets, as the slots' do.
-                    let mut slot = members::slot_of(device);
-                    if geometry.reshaping().is_some() {
-                        let new = u64::try_from(device.sb.new_data_offset_sectors()).unwrap_or(0);
-                        slot.data_offset_bytes =
-                            device.sb.data_offset_sectors.min(new) * crate::units::SECTOR_BYTES;
-                    }
-                    table.by_role[role] = Some(MemberEntry {
-                        slot,
-                        rebuilt_below: Some(Arc::new(AtomicU64::new(below))),
-                    });
-                }
-            }
-        }
-        // A replacement takes writes below where its copy stood (see
-        // manage_replace); its job resumes once the array is in sync.
-        // One whose original is gone (its superblock write failed just
-        // above) holds the role as a member being rebuilt, as at assembly.
-        for device in array.devices.iter_mut() {
-            if let DeviceState::Replacement {
-                role,
-                recovery_offset_sectors,
-            } = device.state
-            {
-                let below = geometry.stripe_at_resync_position(recovery_offset_sectors);
-                let entry = Some(MemberEntry {
-                    slot: members::slot_of(device),
-                    rebuilt_below: Some(Arc::new(AtomicU64::new(below))),
-                });
-                if table.by_role[role].is_none() {
-                    table.by_role[role] = entry;
-                    device.state = DeviceState::Recovering {
-                        role,
-                        recovery_offset_sectors,
-                    };
-                } else {
-                    table.replacing[role] = entry;
-                }
-            }
-        }
+        let mut table = start::member_table(&mut array, &geometry);
         table.refresh_routes(&geometry);
         let sync = SyncWorker::new(geometry.stripe_count());
         let first = geometry.stripe(0);
@@ -388,23 +231,7 @@ impl Engine {
         let _ = engine.me.set(Arc::downgrade(&engine));
         if !options.read_only {
             engine.ensure_workers();
-        }
-        for (array_sector, page) in data_only {
-            engine
-                .write_bytes(array_sector * SECTOR_BYTES, &page, false)
-                .map_err(EngineError::JournalReplay)?;
-        }
-        if reshaping && !options.read_only {
-            engine
-                .reshape_job
-                .resync_after
-                .store(resync_owed, Ordering::SeqCst);
-            engine.resume_reshape();
-        } else if let (Some(from), false) = (resync_from, options.read_only) {
-            let next = Arc::new(AtomicU64::new(from));
-            SyncWorker::start(&engine, SyncAction::Resync, from, next).expect("no job runs yet");
-        } else if !options.read_only {
-            engine.start_recovery_if_possible();
+            start::resume_work(&engine, data_only, reshaping, resync_owed, resync_from)?;
         }
         Ok(engine)
     }

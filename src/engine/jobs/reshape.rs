@@ -542,7 +542,7 @@ impl Engine {
             let next = window_end(reshaping, &offsets)?;
             (position, next, next)
         };
-        debug_assert!(from < to && to <= end && (next == from || next == to));
+        assert!(from < to && to <= end && (next == from || next == to));
         // The window's bytes, read in the old geometry; past the old end
         // (a grow) there are none, and the new rows hold zeroes there.
         let len = ((to - from) * SECTOR_BYTES) as usize;
@@ -609,14 +609,23 @@ impl Engine {
     /// recovery_offset to the point's member sector at each checkpoint).
     fn checkpoint(&self, position: u64) -> Result<(), String> {
         let mut array = self.array.lock().unwrap();
+        let reshaping = array.geometry.reshaping().expect("reshaping");
+        // The point recorded is the point served (move_point put it
+        // there), and it only moves the reshape's way: assembly reads it
+        // back through Reshaping::new, which checks its bounds and rows.
+        let last = array.sb.reshape_position_sectors;
+        assert_eq!(reshaping.position_sectors(), position, "checkpoint");
+        assert!(
+            if reshaping.backwards() {
+                position < last
+            } else {
+                position > last
+            },
+            "reshape point {position} after {last} (backwards: {})",
+            reshaping.backwards()
+        );
+        let new_dd = data_disks(reshaping.new_geometry()) as u64;
         array.sb.reshape_position_sectors = position;
-        let new_dd = data_disks(
-            array
-                .geometry
-                .reshaping()
-                .expect("reshaping")
-                .new_geometry(),
-        ) as u64;
         for device in array.devices.iter_mut() {
             if let DeviceState::Recovering {
                 recovery_offset_sectors,

@@ -3,6 +3,17 @@
 //! data and mirror copies are compared with the first copy; only what differs
 //! is written, so a resync of already-consistent (or sparse, all-zero) members
 //! writes nothing and keeps sparse files sparse.
+//!
+//! With two or three parities and every strip present, a check and a repair
+//! go further than md's: a 4 KiB page whose syndromes disagree with its
+//! data is decoded (`parity::locate`) to the one block that is wrong, data
+//! or parity. A check reports it; a repair rewrites that block alone, with
+//! the bytes the rest of the row says it held, where md's repair would
+//! recompute parity from the wrong data and make the corruption permanent.
+//! A page that no single block explains is repaired as md does. A resync
+//! (after a crash) never locates: a write torn between data and parity
+//! looks like wrong data, and md's rule, that the data is what was
+//! written, is the right one there.
 
 use super::stripe_io::StripeError;
 use super::Slots;
@@ -18,6 +29,46 @@ pub struct ResyncReport {
     pub mismatch_sectors: u64,
 }
 
+/// Which of md's sync actions a pass over stripes is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// Count and report; write nothing.
+    Check,
+    /// Rewrite what is wrong: the located block, or the parity where no
+    /// single block explains a page.
+    Repair,
+    /// After a crash: make the parity agree with the data, as md does.
+    Resync,
+}
+
+impl Pass {
+    fn writes(self) -> bool {
+        self != Pass::Check
+    }
+
+    fn locates(self) -> bool {
+        self != Pass::Resync
+    }
+}
+
+/// One page of a stripe whose redundancy disagreed with its data, with
+/// two or more parities to tell which block is wrong.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Finding {
+    pub stripe: u64,
+    /// The page's first sector within the strip, and its length.
+    pub strip_sector: u64,
+    pub sectors: u64,
+    /// Which block the syndromes point at (`Culprit::Data(i)`: the
+    /// stripe's data strip i).
+    pub culprit: parity::Culprit,
+    /// Where that block lies (the member's role and sector), when one
+    /// block is to blame.
+    pub place: Option<Place>,
+    /// Whether the pass rewrote it (a repair).
+    pub repaired: bool,
+}
+
 /// Resyncs stripes `range` of the array; with `repair` false it only counts
 /// (md's "check"). `progress` is called with the number of stripes done.
 pub fn resync(
@@ -25,7 +76,21 @@ pub fn resync(
     slots: &Slots,
     range: std::ops::Range<u64>,
     repair: bool,
+    progress: impl FnMut(u64),
+) -> Result<ResyncReport, StripeError> {
+    let pass = if repair { Pass::Resync } else { Pass::Check };
+    resync_with(geometry, slots, range, pass, progress, |_| {})
+}
+
+/// A pass over stripes `range`: `found` is told of each page located or
+/// not (arrays with two or more parities, every strip present).
+pub fn resync_with(
+    geometry: &Geometry,
+    slots: &Slots,
+    range: std::ops::Range<u64>,
+    pass: Pass,
     mut progress: impl FnMut(u64),
+    mut found: impl FnMut(&Finding),
 ) -> Result<ResyncReport, StripeError> {
     let mut report = ResyncReport::default();
     let mut scratch = Scratch::default();
@@ -37,7 +102,8 @@ pub fn resync(
         if let Some(routes) = &routes {
             map = routes.route_map(&map, |r| slots[r].is_some());
         }
-        report.mismatch_sectors += resync_stripe(&map, slots, repair, &mut scratch)?;
+        report.mismatch_sectors +=
+            resync_stripe(stripe, &map, slots, pass, &mut scratch, &mut found)?;
         report.stripes += 1;
         progress(report.stripes);
     }
@@ -49,6 +115,8 @@ struct Scratch {
     data: Vec<u8>,
     expected: Vec<u8>,
     found: Vec<u8>,
+    /// The stored P, Q and R of the stripe, when they are decoded together.
+    stored: Vec<u8>,
 }
 
 fn read(slots: &Slots, place: &Place, buf: &mut [u8]) -> std::io::Result<()> {
@@ -81,11 +149,14 @@ fn mark_mismatches(expected: &[u8], found: &[u8], pages: &mut [bool]) -> bool {
 }
 
 fn resync_stripe(
+    stripe: u64,
     map: &StripeMap,
     slots: &Slots,
-    repair: bool,
+    pass: Pass,
     s: &mut Scratch,
+    found: &mut dyn FnMut(&Finding),
 ) -> Result<u64, StripeError> {
+    let repair = pass.writes();
     let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
     let present = |p: &Place| slots[p.member].is_some();
     // Pages (4 KiB, strip-relative) found inconsistent in this stripe.
@@ -188,6 +259,17 @@ fn resync_stripe(
         (Some(_), None) => syndrome.gen_pq(&strips, &exps, p, q),
         (Some(_), Some(_)) => syndrome.gen_pqr(&strips, &exps, p, q, r),
     }
+    let all_present =
+        lost.is_empty() && checked.iter().zip(&places).all(|(c, p)| *c == p.is_some());
+    if pass.locates() && map.q.is_some() && all_present {
+        let fresh = [&*p, &*q, &*r];
+        let (data, stored) = (&mut s.data, &mut s.stored);
+        let wrong = locate_pages(stripe, map, slots, pass, &exps, fresh, data, stored, found)?;
+        for (page, bad) in wrong.into_iter().enumerate() {
+            pages[page] |= bad;
+        }
+        return Ok(count(&pages));
+    }
     for ((place, check), expected) in places.iter().zip(checked).zip([&*p, &*q, &*r]) {
         let Some(place) = place.filter(|_| check) else {
             continue;
@@ -198,4 +280,182 @@ fn resync_stripe(
         }
     }
     Ok(count(&pages))
+}
+
+/// The pages of a stripe with every strip present and two or more
+/// parities: the stored parity read whole, each page that disagrees with
+/// `fresh` (the parity of the data as read) decoded to its culprit,
+/// reported, and on a repair rewritten, that block alone. Returns the
+/// pages that disagreed.
+#[allow(clippy::too_many_arguments)]
+fn locate_pages(
+    stripe: u64,
+    map: &StripeMap,
+    slots: &Slots,
+    pass: Pass,
+    exps: &[u8],
+    fresh: [&[u8]; 3],
+    data: &mut [u8],
+    stored: &mut Vec<u8>,
+    found: &mut dyn FnMut(&Finding),
+) -> Result<Vec<bool>, StripeError> {
+    let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
+    let places = [map.p, map.q, map.r];
+    let parities = places.iter().filter(|p| p.is_some()).count();
+    assert!(parities >= 2, "locating needs P and Q");
+    stored.resize(strip_bytes * 3, 0);
+    for (k, place) in places.iter().enumerate() {
+        if let Some(place) = place {
+            read(
+                slots,
+                place,
+                &mut stored[k * strip_bytes..(k + 1) * strip_bytes],
+            )?;
+        }
+    }
+    let pages = strip_bytes.div_ceil(PAGE_BYTES);
+    let mut wrong = vec![false; pages];
+    for (page, bad) in wrong.iter_mut().enumerate() {
+        let at = page * PAGE_BYTES;
+        let range = at..(at + PAGE_BYTES).min(strip_bytes);
+        let stored_of =
+            |k: usize| &stored[k * strip_bytes + range.start..k * strip_bytes + range.end];
+        let agrees =
+            (0..3).all(|k| places[k].is_none() || stored_of(k) == &fresh[k][range.clone()]);
+        if agrees {
+            continue;
+        }
+        *bad = true;
+        let culprit = parity::locate(
+            parity::Syndromes {
+                p: stored_of(0),
+                q: stored_of(1),
+                r: places[2].map(|_| stored_of(2)),
+            },
+            parity::Syndromes {
+                p: &fresh[0][range.clone()],
+                q: &fresh[1][range.clone()],
+                r: places[2].map(|_| &fresh[2][range.clone()]),
+            },
+            exps,
+        );
+        let page_sector = (at / SECTOR_BYTES as usize) as u64;
+        let place = match culprit {
+            parity::Culprit::Data(i) => Some(map.data[i].copies[0]),
+            parity::Culprit::P => map.p,
+            parity::Culprit::Q => map.q,
+            parity::Culprit::R => map.r,
+            parity::Culprit::Consistent | parity::Culprit::Unknown => None,
+        }
+        .map(|p| Place {
+            member_sector: p.member_sector + page_sector,
+            ..p
+        });
+        let repaired = pass == Pass::Repair;
+        if repaired {
+            repair_page(
+                map,
+                slots,
+                culprit,
+                place,
+                range.clone(),
+                fresh,
+                data,
+                stored,
+            )?;
+        }
+        found(&Finding {
+            stripe,
+            strip_sector: page_sector,
+            sectors: ((range.end - range.start) / SECTOR_BYTES as usize) as u64,
+            culprit,
+            place,
+            repaired,
+        });
+    }
+    Ok(wrong)
+}
+
+/// The decision unit of `locate_pages`: md's unit of mismatch_cnt (a 4 KiB
+/// stripe_head page) and the smallest write safe on a 4Kn member.
+const PAGE_BYTES: usize = 4096;
+
+/// Rewrites one page of a stripe: the located block alone, with the bytes
+/// the rest of the row says it held, or every parity from the data where
+/// no single block explains the page (md's repair).
+fn repair_page(
+    map: &StripeMap,
+    slots: &Slots,
+    culprit: parity::Culprit,
+    place: Option<Place>,
+    range: std::ops::Range<usize>,
+    fresh: [&[u8]; 3],
+    data: &mut [u8],
+    stored: &[u8],
+) -> Result<(), StripeError> {
+    let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
+    let places = [map.p, map.q, map.r];
+    let page_sector = (range.start / SECTOR_BYTES as usize) as u64;
+    let at_page = |p: Place| Place {
+        member_sector: p.member_sector + page_sector,
+        ..p
+    };
+    match (culprit, place) {
+        (parity::Culprit::Data(i), Some(place)) => {
+            let block = &mut data[i * strip_bytes + range.start..i * strip_bytes + range.end];
+            parity::correct_data(block, &stored[range.clone()], &fresh[0][range.clone()]);
+            assert_repaired(map, i, &range, data, stored);
+            let block = &data[i * strip_bytes + range.start..i * strip_bytes + range.end];
+            write(slots, &place, block)?;
+        }
+        (parity::Culprit::P | parity::Culprit::Q | parity::Culprit::R, Some(place)) => {
+            let k = match culprit {
+                parity::Culprit::P => 0,
+                parity::Culprit::Q => 1,
+                _ => 2,
+            };
+            write(slots, &place, &fresh[k][range.clone()])?;
+        }
+        _ => {
+            for (k, parity_place) in places.iter().enumerate() {
+                if let Some(parity_place) = parity_place {
+                    write(slots, &at_page(*parity_place), &fresh[k][range.clone()])?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A located data block, corrected, makes its row's stored parity agree
+/// with the data again: asserted where it is fixed, before it is written,
+/// as `locate` asserted its culprit where it built it.
+fn assert_repaired(
+    map: &StripeMap,
+    i: usize,
+    range: &std::ops::Range<usize>,
+    data: &[u8],
+    stored: &[u8],
+) {
+    let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
+    let len = range.end - range.start;
+    let pages: Vec<&[u8]> = data
+        .chunks(strip_bytes)
+        .map(|strip| &strip[range.clone()])
+        .collect();
+    let exps: Vec<u8> = map.data.iter().map(|d| d.q_exponent).collect();
+    let mut again = vec![0u8; len * 3];
+    let (p, qr) = again.split_at_mut(len);
+    let (q, r) = qr.split_at_mut(len);
+    let syndrome = parity::default_impl();
+    if map.r.is_some() {
+        syndrome.gen_pqr(&pages, &exps, p, q, r);
+    } else {
+        syndrome.gen_pq(&pages, &exps, p, q);
+    }
+    let stored = |k: usize| &stored[k * strip_bytes + range.start..k * strip_bytes + range.end];
+    assert!(
+        stored(0) == &*p && stored(1) == &*q && (map.r.is_none() || stored(2) == &*r),
+        "data strip {i} corrected, its row's parity still disagrees"
+    );
 }

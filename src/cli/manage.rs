@@ -38,7 +38,11 @@ pub struct ManageArgs {
     /// e.g. `--inject d3 pull`, `--inject d1 eio:read:1M+64K`, `--inject d2 latency:5ms`,
     /// `--inject d2 throttle:50M[:iops=N]` (bytes/s, reads and writes together;
     /// `throttle:off` lifts it), `--inject d2 hang` (I/O blocks until
-    /// `hang:off`), `--inject d3 restore` (clears every fault).
+    /// `hang:off`), `--inject d2 corrupt:read:1M+4K[:seed=N]` (reads there
+    /// return wrong bytes without an error; `corrupt:write:...` stores wrong
+    /// bytes), `--inject d2 corrupt:stored:1M+4K` (the bytes on the member
+    /// go wrong now, once: bit rot), `--inject d2 heal` (clears bad and
+    /// corrupt ranges), `--inject d3 restore` (clears every fault).
     #[arg(long, num_args = 2, value_names = ["DEV", "FAULT"])]
     inject: Option<Vec<String>>,
     /// Copy a member onto a new device while it stays in service, then swap (mdadm --replace).

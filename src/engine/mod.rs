@@ -1177,6 +1177,8 @@ pub(crate) mod tests;
 #[cfg(test)]
 mod tests_draid;
 #[cfg(test)]
+mod tests_integrity;
+#[cfg(test)]
 mod tests_reshape;
 #[cfg(test)]
 mod tests_reshape_raid10;

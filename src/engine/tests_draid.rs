@@ -22,7 +22,7 @@ const CHILD_BYTES: u64 = 38 * MIB;
 /// A dRAID of `children` files with one data column per group short of a
 /// row's width, so that rows hold two groups (children that share a row
 /// with a spare's space and children that do not).
-fn make_draid(
+pub(super) fn make_draid(
     dir: &Path,
     parity: usize,
     data: usize,
@@ -78,7 +78,7 @@ fn write_some(engine: &Engine, image: &mut [u8], writes: usize, seed: u64) {
 }
 
 /// Fills the whole array with random bytes and returns them.
-fn fill(engine: &Engine, seed: u64) -> Vec<u8> {
+pub(super) fn fill(engine: &Engine, seed: u64) -> Vec<u8> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut image = vec![0u8; engine.size_bytes() as usize];
     rng.fill(&mut image[..]);

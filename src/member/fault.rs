@@ -9,8 +9,9 @@
 //! sectors that stay bad until rewritten, random errors at a seeded rate, added
 //! latency, a bandwidth and IOPS limit (a slow or worn drive), torn writes,
 //! a hang (I/O that never returns until the fault is lifted, as a device
-//! behind a dead network path or a wedged controller), and a volatile write
-//! cache that a `crash()` empties.
+//! behind a dead network path or a wedged controller), silent corruption
+//! (wrong bytes with no error: a garbled read or write path, or bit rot on
+//! the medium), and a volatile write cache that a `crash()` empties.
 //!
 //! Every change is described by a [`Fault`], which is plain serde data (so the
 //! control socket can carry it as JSON) and also has a compact command-line
@@ -29,7 +30,10 @@
 //! torn[:WRITES][:keep=BLOCKS]                    the next WRITES writes (default 1)
 //! write-cache[:on|off][:capacity=SIZE]
 //! crash[:KEEP]                                   keep each unflushed block with P=KEEP
-//! heal[:OFFSET+LEN]                              clear bad ranges (there, or all)
+//! corrupt[:read]:OFFSET+LEN[:seed=N]             reads return wrong bytes, no error; medium untouched
+//! corrupt:write:OFFSET+LEN[:seed=N]              writes store wrong bytes and succeed
+//! corrupt:stored:OFFSET+LEN[:seed=N]             one shot: the bytes held now go wrong (bit rot)
+//! heal[:OFFSET+LEN]                              clear bad and corrupt ranges (there, or all)
 //! ```
 //!
 //! Options after the kind go in any order. Sizes are bytes with an optional
@@ -68,6 +72,12 @@ pub const WRITE_CACHE_BYTES_MAX: u64 = 1 << 30;
 pub const LATENCY_US_MAX: u64 = 60_000_000;
 /// Upper bound of the number of bad ranges, so that the per-I/O scan stays cheap.
 pub const BAD_RANGES_MAX: usize = 4096;
+/// Upper bound of the number of corrupt ranges (read and write ones together),
+/// for the same reason.
+pub const CORRUPT_RANGES_MAX: usize = 4096;
+/// Bytes a `corrupt:stored` fault reads and rewrites at a time; bounds its
+/// buffer whatever the range.
+const CORRUPT_STORED_RUN_BYTES: u64 = 1 << 20;
 /// Blocks written back in one inner write when the cache is destaged; bounds
 /// the staging buffer.
 const DESTAGE_RUN_BYTES_MAX: usize = 1 << 20;
@@ -180,6 +190,120 @@ impl BadRange {
     }
 }
 
+/// Which path a `corrupt` fault garbles. Not `Ops`: a fault on reads and
+/// writes both would XOR the same mask twice and hand back the right bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CorruptMode {
+    /// Reads of the range return wrong bytes; the medium keeps the right ones.
+    #[default]
+    Read,
+    /// Writes to the range store wrong bytes and report success.
+    Write,
+    /// The bytes the member holds in the range go wrong once, when the
+    /// fault is applied (bit rot); nothing stays in force.
+    Stored,
+}
+
+impl CorruptMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            CorruptMode::Read => "read",
+            CorruptMode::Write => "write",
+            CorruptMode::Stored => "stored",
+        }
+    }
+
+    fn parse(word: &str) -> Option<CorruptMode> {
+        match word {
+            "read" | "reads" | "r" => Some(CorruptMode::Read),
+            "write" | "writes" | "w" => Some(CorruptMode::Write),
+            "stored" | "store" => Some(CorruptMode::Stored),
+            _ => None,
+        }
+    }
+
+    /// Mixed into the masks, so that bytes garbled on two paths with one
+    /// seed (written through a `write` range and read through a `read` one,
+    /// or rotten and then read through one) stay wrong instead of cancelling.
+    fn salt(self) -> u64 {
+        match self {
+            CorruptMode::Read => 0x243F_6A88_85A3_08D3,
+            CorruptMode::Write => 0x1319_8A2E_0370_7344,
+            CorruptMode::Stored => 0xA409_3822_299F_31D0,
+        }
+    }
+}
+
+/// Silent corruption: the bytes of the range come back, or go down, wrong,
+/// and no error says so.
+///
+/// The wrong byte at member offset `o` is the right one XOR a nonzero mask
+/// byte drawn from the seed, the mode and `o`. It depends on the offset, not
+/// on when or how often the range is read: every read of a `read` range
+/// returns the same wrong bytes, every byte of the range is wrong, and a
+/// seed replays a run exactly. Two members garbled with one seed at the
+/// same offsets get the same masks, which parity cannot tell apart from
+/// other errors: give each its own seed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CorruptRange {
+    #[serde(rename = "offset")]
+    pub offset_bytes: u64,
+    #[serde(rename = "len")]
+    pub len_bytes: u64,
+    #[serde(default)]
+    pub mode: CorruptMode,
+    /// `None`: the member's injector seed, or a fixed one if it has none.
+    /// A range in a member's plan holds the seed it was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+/// A byte range in a plan that heals and rewrites can cut pieces out of.
+trait Extent: Copy {
+    fn start_bytes(&self) -> u64;
+    fn stop_bytes(&self) -> u64;
+    /// The same range, narrowed to `[start, end)`.
+    fn narrowed(&self, start: u64, end: u64) -> Self;
+}
+
+impl Extent for BadRange {
+    fn start_bytes(&self) -> u64 {
+        self.offset_bytes
+    }
+
+    fn stop_bytes(&self) -> u64 {
+        self.end_bytes()
+    }
+
+    fn narrowed(&self, start: u64, end: u64) -> BadRange {
+        BadRange {
+            offset_bytes: start,
+            len_bytes: end - start,
+            ..*self
+        }
+    }
+}
+
+impl Extent for CorruptRange {
+    fn start_bytes(&self) -> u64 {
+        self.offset_bytes
+    }
+
+    fn stop_bytes(&self) -> u64 {
+        self.offset_bytes + self.len_bytes
+    }
+
+    fn narrowed(&self, start: u64, end: u64) -> CorruptRange {
+        CorruptRange {
+            offset_bytes: start,
+            len_bytes: end - start,
+            ..*self
+        }
+    }
+}
+
 /// Random EIO: each I/O the fault covers fails with probability `rate`.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -239,7 +363,8 @@ pub struct Crash {
     pub keep: f64,
 }
 
-/// Clears bad ranges: those overlapping the range (the overlap only), or all.
+/// Clears bad and corrupt ranges: those overlapping the range (the overlap
+/// only), or all.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Heal {
@@ -251,7 +376,8 @@ pub struct Heal {
 
 /// One change to a member's faults. Serialized as JSON with one key naming
 /// the fault (`{"pull":{}}`, `{"offline":{"ms":2000}}`, `{"eio":{"offset":0,
-/// "len":4096,"ops":"read"}}`, `{"latency":{"us":5000}}`, `{"restore":{}}`);
+/// "len":4096,"ops":"read"}}`, `{"corrupt":{"offset":0,"len":4096,"mode":"read",
+/// "seed":7}}`, `{"latency":{"us":5000}}`, `{"restore":{}}`);
 /// written and parsed in the command-line syntax by `Display` and `FromStr`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
@@ -271,16 +397,21 @@ pub enum Fault {
     Torn(Torn),
     WriteCache(WriteCache),
     Crash(Crash),
+    /// Wrong bytes without an error (see `CorruptRange`). A `stored` one
+    /// changes the member's bytes when applied and keeps no entry, as
+    /// `crash` does.
+    Corrupt(CorruptRange),
     Heal(Heal),
-    /// Clears every fault (pull, offline, bad ranges, rate, latency,
-    /// throttle, torn).
+    /// Clears every fault (pull, offline, hang, bad and corrupt ranges,
+    /// rate, latency, throttle, torn). Bytes a `corrupt:stored` or
+    /// `corrupt:write` fault changed stay changed: they are data now.
     /// The write cache setting stays: it is how the drive is built, not a
     /// fault.
     Restore {},
 }
 
-const FAULT_KINDS: &str =
-    "pull, offline, hang, eio, eio-rate, latency, throttle, torn, write-cache, crash, heal or restore";
+const FAULT_KINDS: &str = "pull, offline, hang, eio, eio-rate, latency, throttle, torn, \
+     write-cache, crash, corrupt, heal or restore";
 
 impl Fault {
     /// Checks values that are wrong whatever the member (a rate above 1, an
@@ -304,6 +435,7 @@ impl Fault {
         };
         match self {
             Fault::Eio(r) => range(r.offset_bytes, r.len_bytes),
+            Fault::Corrupt(r) => range(r.offset_bytes, r.len_bytes),
             Fault::EioRate(r) => fraction("rate", r.rate),
             Fault::Crash(c) => fraction("keep", c.keep),
             Fault::Latency(l) => match l.delay_us.checked_add(l.jitter_us) {
@@ -419,6 +551,21 @@ impl fmt::Display for Fault {
             }
             Fault::Crash(c) if c.keep == 0.0 => write!(f, "crash"),
             Fault::Crash(c) => write!(f, "crash:{}", c.keep),
+            Fault::Corrupt(r) => {
+                // The mode is always written: `corrupt:1M+4K` in a status
+                // line would leave the reader guessing which path lies.
+                write!(
+                    f,
+                    "corrupt:{}:{}+{}",
+                    r.mode.name(),
+                    format_bytes(r.offset_bytes),
+                    format_bytes(r.len_bytes)
+                )?;
+                match r.seed {
+                    Some(seed) => write!(f, ":seed={seed}"),
+                    None => Ok(()),
+                }
+            }
             Fault::Heal(Heal {
                 offset_bytes: Some(offset),
                 len_bytes: Some(len),
@@ -470,6 +617,7 @@ fn parse_fault(text: &str) -> Result<Fault, String> {
         "torn" => parse_torn(&args),
         "write-cache" | "cache" => parse_write_cache(&args),
         "crash" => parse_crash(&args),
+        "corrupt" => parse_corrupt(&args),
         "heal" => parse_heal(&args),
         "" => Err(format!("no fault given (expected {FAULT_KINDS})")),
         other => Err(format!("unknown fault '{other}' (expected {FAULT_KINDS})")),
@@ -677,6 +825,28 @@ fn parse_crash(args: &[Arg]) -> Result<Fault, String> {
     }))
 }
 
+fn parse_corrupt(args: &[Arg]) -> Result<Fault, String> {
+    let (mut mode, mut seed, mut range) = (CorruptMode::Read, None, None);
+    for arg in args {
+        match arg {
+            Arg::Key("seed", value) => seed = Some(parse_u64("seed", value)?),
+            Arg::Word(word) => match CorruptMode::parse(word) {
+                Some(m) => mode = m,
+                None => positional(&mut range, word)?,
+            },
+            other => return Err(unexpected(other)),
+        }
+    }
+    let range = range.ok_or("corrupt needs a range OFFSET+LEN, e.g. corrupt:read:1M+4K")?;
+    let (offset_bytes, len_bytes) = parse_range(range)?;
+    Ok(Fault::Corrupt(CorruptRange {
+        offset_bytes,
+        len_bytes,
+        mode,
+        seed,
+    }))
+}
+
 fn parse_heal(args: &[Arg]) -> Result<Fault, String> {
     let mut range = None;
     for arg in args {
@@ -741,6 +911,11 @@ pub struct FaultPlan {
     pub hang: Option<Ops>,
     /// Block-aligned (rounded outwards when added).
     pub bad_ranges: Vec<BadRange>,
+    /// `read` and `write` corrupt ranges, block-aligned like bad ranges;
+    /// ranges of one mode never overlap (a newer one replaces the older where
+    /// they meet), so no byte is masked twice on one path. `stored` entries
+    /// do nothing here.
+    pub corrupt_ranges: Vec<CorruptRange>,
     pub eio_rate: Option<EioRate>,
     pub latency: Option<Latency>,
     /// `Some` while a bandwidth or IOPS limit is in force (never unlimited).
@@ -778,6 +953,13 @@ impl FaultPlan {
         }
         faults.extend(self.hang.map(|ops| Fault::Hang(Hang { ops, lift: false })));
         faults.extend(self.bad_ranges.iter().copied().map(Fault::Eio));
+        faults.extend(
+            self.corrupt_ranges
+                .iter()
+                .filter(|r| r.mode != CorruptMode::Stored)
+                .copied()
+                .map(Fault::Corrupt),
+        );
         faults.extend(self.eio_rate.map(Fault::EioRate));
         faults.extend(self.latency.map(Fault::Latency));
         faults.extend(self.throttle.map(Fault::Throttle));
@@ -824,6 +1006,12 @@ pub struct FaultCounters {
     pub hung_ios: u64,
     /// Bad-range bytes healed by writes.
     pub healed_bytes: u64,
+    /// Reads and writes that a corrupt range garbled (they succeeded: not
+    /// in `errors_injected`), and the bytes garbled by them and by
+    /// `corrupt:stored`.
+    pub corrupted_reads: u64,
+    pub corrupted_writes: u64,
+    pub corrupted_bytes: u64,
     pub crashes: u64,
     pub crash_lost_blocks: u64,
     pub crash_kept_blocks: u64,
@@ -858,6 +1046,9 @@ struct Counters {
     delay_us: AtomicU64,
     hung_ios: AtomicU64,
     healed_bytes: AtomicU64,
+    corrupted_reads: AtomicU64,
+    corrupted_writes: AtomicU64,
+    corrupted_bytes: AtomicU64,
     crashes: AtomicU64,
     crash_lost_blocks: AtomicU64,
     crash_kept_blocks: AtomicU64,
@@ -887,6 +1078,9 @@ impl Counters {
             delay_us: get(&self.delay_us),
             hung_ios: get(&self.hung_ios),
             healed_bytes: get(&self.healed_bytes),
+            corrupted_reads: get(&self.corrupted_reads),
+            corrupted_writes: get(&self.corrupted_writes),
+            corrupted_bytes: get(&self.corrupted_bytes),
             crashes: get(&self.crashes),
             crash_lost_blocks: get(&self.crash_lost_blocks),
             crash_kept_blocks: get(&self.crash_kept_blocks),
@@ -1027,13 +1221,49 @@ struct Decision {
     torn: bool,
     /// The write cache's capacity when the write goes to the cache.
     cache_bytes: Option<u64>,
+    /// The parts of the I/O that corrupt ranges of its direction garble.
+    garbles: Vec<Garble>,
 }
+
+/// One corrupt range clipped to one I/O: member bytes `[start, end)` are
+/// XORed with the masks of `key`.
+#[derive(Clone, Copy, Debug)]
+struct Garble {
+    start: u64,
+    end: u64,
+    key: u64,
+}
+
+impl Garble {
+    /// Garbles the part of `buf` (member bytes from `offset_bytes` on) that
+    /// the spans cover; returns how many bytes that was.
+    fn apply_all(spans: &[Garble], buf: &mut [u8], offset_bytes: u64) -> u64 {
+        let end_bytes = offset_bytes + buf.len() as u64;
+        let mut garbled = 0;
+        for span in spans {
+            let (start, end) = (span.start.max(offset_bytes), span.end.min(end_bytes));
+            if start >= end {
+                continue;
+            }
+            let at = (start - offset_bytes) as usize;
+            xor_masks(&mut buf[at..at + (end - start) as usize], start, span.key);
+            garbled += end - start;
+        }
+        garbled
+    }
+}
+
+/// The seed of corrupt ranges on a member made without one, so that runs
+/// still replay.
+const UNSEEDED_CORRUPT_SEED: u64 = 0x6A09_E667_F3BC_C908;
 
 /// A member whose faults are set at run time. See the module documentation.
 pub struct FaultyMember {
     inner: MemberRef,
     plan: RwLock<FaultPlan>,
     rngs: Rngs,
+    /// The seed given to `with_seed`; corrupt ranges without one use it.
+    seed: Option<u64>,
     cache: Mutex<BlockCache>,
     /// Blocks in the cache, readable without its lock: reads skip the cache
     /// entirely while it is empty.
@@ -1051,14 +1281,19 @@ impl FaultyMember {
     /// Wraps `inner` with no faults and seed 0, so that runs are reproducible
     /// unless a seed is chosen.
     pub fn new(inner: MemberRef) -> FaultyMember {
-        FaultyMember::with_seed(inner, 0)
+        FaultyMember::build(inner, None)
     }
 
     pub fn with_seed(inner: MemberRef, seed: u64) -> FaultyMember {
+        FaultyMember::build(inner, Some(seed))
+    }
+
+    fn build(inner: MemberRef, seed: Option<u64>) -> FaultyMember {
         FaultyMember {
             inner,
             plan: RwLock::new(FaultPlan::default()),
-            rngs: Rngs::new(seed),
+            rngs: Rngs::new(seed.unwrap_or(0)),
+            seed,
             cache: Mutex::new(BlockCache::default()),
             cache_dirty_blocks: AtomicU64::new(0),
             counters: Counters::default(),
@@ -1142,6 +1377,12 @@ impl FaultyMember {
         }
         if c.hung_ios > 0 {
             line += &format!(", {} hung I/Os", c.hung_ios);
+        }
+        if c.corrupted_reads + c.corrupted_writes > 0 {
+            line += &format!(
+                ", {} corrupted reads, {} corrupted writes",
+                c.corrupted_reads, c.corrupted_writes
+            );
         }
         if c.delayed_ios > 0 {
             line += &format!(", {} delayed I/Os", c.delayed_ios);
@@ -1300,13 +1541,21 @@ impl FaultyMember {
                 self.flush_cache()
             }
             Fault::Crash(crash) => self.crash_keeping(crash.keep).map(drop),
+            Fault::Corrupt(range) if range.mode == CorruptMode::Stored => {
+                self.corrupt_stored(*range)
+            }
+            Fault::Corrupt(range) => self.add_corrupt_range(*range),
             Fault::Heal(heal) => {
                 let mut plan = self.write_plan();
                 match (heal.offset_bytes, heal.len_bytes) {
                     (Some(offset), Some(len)) => {
                         subtract(&mut plan.bad_ranges, offset, offset + len, |_| true);
+                        subtract(&mut plan.corrupt_ranges, offset, offset + len, |_| true);
                     }
-                    _ => plan.bad_ranges.clear(),
+                    _ => {
+                        plan.bad_ranges.clear();
+                        plan.corrupt_ranges.clear();
+                    }
                 }
                 Ok(())
             }
@@ -1321,23 +1570,26 @@ impl FaultyMember {
         self.apply(&fault)
     }
 
-    fn add_bad_range(&self, range: BadRange) -> io::Result<()> {
+    /// `offset+len` rounded out to whole logical blocks, or an error naming
+    /// `what` if it goes past the end.
+    fn block_span(&self, what: &str, offset_bytes: u64, len_bytes: u64) -> io::Result<(u64, u64)> {
         let block = self.inner.logical_block_bytes() as u64;
-        let end = range.offset_bytes + range.len_bytes;
+        let end = offset_bytes + len_bytes;
         if end > self.size_bytes() {
             return Err(invalid(
                 self,
                 &format!(
-                    "bad range {}+{} is beyond the end ({} bytes)",
-                    range.offset_bytes,
-                    range.len_bytes,
+                    "{what} {offset_bytes}+{len_bytes} is beyond the end ({} bytes)",
                     self.size_bytes()
                 ),
             ));
         }
+        Ok((offset_bytes / block * block, end.div_ceil(block) * block))
+    }
+
+    fn add_bad_range(&self, range: BadRange) -> io::Result<()> {
         // A bad sector is a whole block: round the range out to blocks.
-        let start = range.offset_bytes / block * block;
-        let end = end.div_ceil(block) * block;
+        let (start, end) = self.block_span("bad range", range.offset_bytes, range.len_bytes)?;
         let mut plan = self.write_plan();
         if plan.bad_ranges.len() >= BAD_RANGES_MAX {
             return Err(invalid(
@@ -1350,6 +1602,84 @@ impl FaultyMember {
             len_bytes: end - start,
             ..range
         });
+        Ok(())
+    }
+
+    /// The seed of a corrupt range that names none: the member's, else one
+    /// from its name. Two members given one seed would get one mask, and
+    /// the same range rotted on two raid6 members alike leaves P agreeing
+    /// (dP = e + e = 0): it would read as "Q is wrong", a trap a user
+    /// rehearsing bit rot did not set.
+    fn corrupt_seed(&self, range: &CorruptRange) -> u64 {
+        range.seed.or(self.seed).unwrap_or_else(|| {
+            // FNV-1a: stable across runs, unlike the std hasher's keys.
+            self.inner
+                .name()
+                .bytes()
+                .fold(UNSEEDED_CORRUPT_SEED ^ 0xcbf2_9ce4_8422_2325, |h, b| {
+                    (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+                })
+        })
+    }
+
+    /// Puts a `read` or `write` corrupt range in force, rounded out to
+    /// blocks (a drive garbles whole sectors), with its seed fixed so that
+    /// the plan says how to replay it.
+    fn add_corrupt_range(&self, range: CorruptRange) -> io::Result<()> {
+        let (start, end) = self.block_span("corrupt range", range.offset_bytes, range.len_bytes)?;
+        let entry = CorruptRange {
+            offset_bytes: start,
+            len_bytes: end - start,
+            seed: Some(self.corrupt_seed(&range)),
+            ..range
+        };
+        let mut plan = self.write_plan();
+        // Two masks on one byte could cancel: the new range replaces the
+        // older ones of its mode where they meet. Done on a copy, so that a
+        // refusal changes nothing.
+        let mut ranges = plan.corrupt_ranges.clone();
+        subtract(&mut ranges, start, end, |r| r.mode == range.mode);
+        if ranges.len() >= CORRUPT_RANGES_MAX {
+            return Err(invalid(
+                self,
+                &format!("already {CORRUPT_RANGES_MAX} corrupt ranges; heal some first"),
+            ));
+        }
+        ranges.push(entry);
+        plan.corrupt_ranges = ranges;
+        Ok(())
+    }
+
+    /// Bit rot: garbles the bytes the member holds in the range, once,
+    /// around the faults in force (a pulled member rots too). The write
+    /// cache's copies of the range's blocks are garbled with the same masks,
+    /// so that the member returns wrong bytes whichever copy a read meets,
+    /// and a destage later leaves them wrong on the medium. Applying the same
+    /// range and seed twice puts the bytes back.
+    fn corrupt_stored(&self, range: CorruptRange) -> io::Result<()> {
+        let (start, end) = self.block_span("corrupt range", range.offset_bytes, range.len_bytes)?;
+        let key = corrupt_key(self.corrupt_seed(&range), CorruptMode::Stored);
+        // Under the cache lock, so that no destage lands between reading a
+        // run and writing it back.
+        let mut cache = lock(&self.cache);
+        let mut run = vec![0u8; (end - start).min(CORRUPT_STORED_RUN_BYTES) as usize];
+        let mut at = start;
+        while at < end {
+            let chunk = &mut run[..(end - at).min(CORRUPT_STORED_RUN_BYTES) as usize];
+            self.inner.read_at(chunk, at)?;
+            xor_masks(chunk, at, key);
+            self.inner.write_at(chunk, at)?;
+            at += chunk.len() as u64;
+        }
+        let block_bytes = self.block_usize() as u64;
+        for (&block, data) in cache
+            .dirty
+            .range_mut(start / block_bytes..end / block_bytes)
+        {
+            xor_masks(data, block * block_bytes, key);
+        }
+        drop(cache);
+        bump(&self.counters.corrupted_bytes, end - start);
         Ok(())
     }
 
@@ -1421,6 +1751,20 @@ impl FaultyMember {
                 .bad_ranges
                 .iter()
                 .any(|r| r.ops == Ops::Read && r.remap && r.overlaps(offset_bytes, end));
+        let mode = match dir {
+            Dir::Read => CorruptMode::Read,
+            Dir::Write => CorruptMode::Write,
+        };
+        let garbles = plan
+            .corrupt_ranges
+            .iter()
+            .filter(|r| r.mode == mode && r.offset_bytes < end && offset_bytes < r.stop_bytes())
+            .map(|r| Garble {
+                start: r.offset_bytes.max(offset_bytes),
+                end: r.stop_bytes().min(end),
+                key: corrupt_key(self.corrupt_seed(r), mode),
+            })
+            .collect();
         Ok(Decision {
             delay: Duration::from_micros(delay_us),
             error,
@@ -1429,6 +1773,7 @@ impl FaultyMember {
             cache_bytes: plan
                 .write_cache
                 .map(|c| c.capacity_bytes.unwrap_or(DEFAULT_WRITE_CACHE_BYTES)),
+            garbles,
         })
     }
 
@@ -1480,7 +1825,17 @@ impl FaultyMember {
         let persisted_bytes = torn_keep.map_or(buf.len(), |keep| keep as usize * block_bytes);
         if persisted_bytes > 0 {
             let cache_bytes = if fua { None } else { decision.cache_bytes };
-            self.store(&buf[..persisted_bytes], offset_bytes, cache_bytes, fua)?;
+            let persisted = &buf[..persisted_bytes];
+            if decision.garbles.is_empty() {
+                self.store(persisted, offset_bytes, cache_bytes, fua)?;
+            } else {
+                // The caller's buffer is theirs: garble a copy.
+                let mut garbled = persisted.to_vec();
+                let bytes = Garble::apply_all(&decision.garbles, &mut garbled, offset_bytes);
+                self.store(&garbled, offset_bytes, cache_bytes, fua)?;
+                bump(&self.counters.corrupted_writes, 1);
+                bump(&self.counters.corrupted_bytes, bytes);
+            }
         }
         // Pulled while it ran: the write is as lost as the cache, and the
         // caller must not count it done.
@@ -1574,39 +1929,67 @@ fn invalid(member: &dyn Member, why: &str) -> io::Error {
 
 /// Removes `[start, end)` from the ranges `pick` selects, splitting those
 /// that straddle it; returns the bytes removed.
-fn subtract(
-    ranges: &mut Vec<BadRange>,
+fn subtract<R: Extent>(
+    ranges: &mut Vec<R>,
     start: u64,
     end: u64,
-    pick: impl Fn(&BadRange) -> bool,
+    pick: impl Fn(&R) -> bool,
 ) -> u64 {
     let mut removed = 0;
     let mut kept = Vec::with_capacity(ranges.len() + 1);
     for range in ranges.drain(..) {
-        if !pick(&range) || !range.overlaps(start, end) {
+        let (r_start, r_end) = (range.start_bytes(), range.stop_bytes());
+        if !pick(&range) || r_end <= start || end <= r_start {
             kept.push(range);
             continue;
         }
-        let (r_start, r_end) = (range.offset_bytes, range.end_bytes());
         removed += r_end.min(end) - r_start.max(start);
         if r_start < start {
-            kept.push(BadRange {
-                len_bytes: start - r_start,
-                ..range
-            });
+            kept.push(range.narrowed(r_start, start));
         }
         if end < r_end {
-            kept.push(BadRange {
-                offset_bytes: end,
-                len_bytes: r_end - end,
-                ..range
-            });
+            kept.push(range.narrowed(end, r_end));
         }
     }
     *ranges = kept;
     removed
 }
 
+/// The finalizer of splitmix64: a cheap, well-mixed 64-bit hash.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The key of one corrupt range's masks, computed once per I/O.
+fn corrupt_key(seed: u64, mode: CorruptMode) -> u64 {
+    splitmix64(splitmix64(seed) ^ mode.salt())
+}
+
+/// XORs `buf`, which holds the member's bytes from `offset_bytes` on, with
+/// the masks of `key`: one hash per 8 bytes of member offset, each of its
+/// bytes forced nonzero so that every byte changes. The mask of a byte
+/// depends only on its offset, wherever the buffer starts.
+fn xor_masks(buf: &mut [u8], offset_bytes: u64, key: u64) {
+    let (mut done, mut offset) = (0, offset_bytes);
+    while done < buf.len() {
+        let word = splitmix64(key ^ (offset / 8)).to_le_bytes();
+        let lane = (offset % 8) as usize;
+        let n = (8 - lane).min(buf.len() - done);
+        for (byte, mask) in buf[done..done + n].iter_mut().zip(&word[lane..lane + n]) {
+            *byte ^= (*mask).max(1);
+        }
+        done += n;
+        offset += n as u64;
+    }
+}
+
+// `start_read`, `start_write`, `raw_io`, `splice_fd` and `mapped` keep the
+// trait's defaults (none) on purpose: batched and spliced I/O then comes
+// through `read_at` and `write_at`, where every fault (corruption included)
+// is applied, instead of around them.
 impl Member for FaultyMember {
     fn name(&self) -> &str {
         self.inner.name()
@@ -1662,6 +2045,13 @@ impl Member for FaultyMember {
         // the cache the pull just dropped: old data, as no drive returns.
         self.gate(&self.read_plan(), Instant::now())?;
         bump(&self.counters.read_bytes, buf.len() as u64);
+        if !decision.garbles.is_empty() {
+            // After the cache overlay: the path lies about whichever copy
+            // the bytes came from.
+            let bytes = Garble::apply_all(&decision.garbles, buf, offset_bytes);
+            bump(&self.counters.corrupted_reads, 1);
+            bump(&self.counters.corrupted_bytes, bytes);
+        }
         Ok(())
     }
 
@@ -1702,7 +2092,7 @@ impl Member for FaultyMember {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::member::MemoryMember;
+    use crate::member::{AlignedBuf, MemoryMember};
     use std::sync::Arc;
 
     fn member(size_bytes: u64) -> FaultyMember {
@@ -1938,6 +2328,13 @@ mod tests {
             "write-cache:capacity=0",
             "crash:2",
             "heal:1M",
+            "corrupt",
+            "corrupt:read",
+            "corrupt:1M+0",
+            "corrupt:both:1M+4K",
+            "corrupt:1M+4K:2M+4K",
+            "corrupt:stored:1M+4K:seed=x",
+            "corrupt:1M+4K:noremap=1",
             "restore:all",
         ] {
             let err = text.parse::<Fault>().unwrap_err();
@@ -2124,7 +2521,15 @@ mod tests {
     #[test]
     fn restore_keeps_the_cache_setting() {
         let m = member(16 << 10);
-        for text in ["write-cache", "pull", "latency:1ms", "eio:0+512", "torn:3"] {
+        for text in [
+            "write-cache",
+            "pull",
+            "latency:1ms",
+            "eio:0+512",
+            "torn:3",
+            "corrupt:read:0+512",
+            "corrupt:write:4K+4K",
+        ] {
             m.apply_str(text).unwrap();
         }
         m.restore();
@@ -2160,5 +2565,353 @@ mod tests {
         let err = m.write_at(&[0u8; 100], 0).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
         assert_eq!(m.counters().pulled_errors, 0);
+    }
+
+    /// A member of `size` bytes (512-byte blocks) behind an injector with
+    /// `seed`, filled with a pattern that has no two equal neighbours.
+    fn patterned(size_bytes: u64, seed: u64) -> (Arc<MemoryMember>, FaultyMember, Vec<u8>) {
+        let inner = Arc::new(MemoryMember::new("m0", size_bytes, 512));
+        let m = FaultyMember::with_seed(inner.clone(), seed);
+        let pattern: Vec<u8> = (0..size_bytes).map(|i| (i * 7 + i / 251) as u8).collect();
+        m.write_at(&pattern, 0).unwrap();
+        (inner, m, pattern)
+    }
+
+    fn read(m: &FaultyMember, offset_bytes: u64, len: usize) -> Vec<u8> {
+        let mut buf = vec![0u8; len];
+        m.read_at(&mut buf, offset_bytes).unwrap();
+        buf
+    }
+
+    /// Asserts that every byte of `a` differs from `b`.
+    fn all_differ(a: &[u8], b: &[u8]) {
+        assert_eq!(a.len(), b.len());
+        let same = a.iter().zip(b).filter(|(x, y)| x == y).count();
+        assert_eq!(same, 0, "{same} of {} bytes unchanged", a.len());
+    }
+
+    #[test]
+    fn corrupt_faults_parse_print_and_serialize() {
+        let corrupt = |offset_bytes, len_bytes, mode, seed| {
+            Fault::Corrupt(CorruptRange {
+                offset_bytes,
+                len_bytes,
+                mode,
+                seed,
+            })
+        };
+        for (text, canonical, fault) in [
+            (
+                "corrupt:1M+4K",
+                "corrupt:read:1M+4K",
+                corrupt(1 << 20, 4096, CorruptMode::Read, None),
+            ),
+            (
+                "corrupt:r:2048s+8s:seed=7",
+                "corrupt:read:1M+4K:seed=7",
+                corrupt(1 << 20, 4096, CorruptMode::Read, Some(7)),
+            ),
+            (
+                "corrupt:seed=9:64K+512:write",
+                "corrupt:write:64K+512:seed=9",
+                corrupt(64 << 10, 512, CorruptMode::Write, Some(9)),
+            ),
+            (
+                "CORRUPT:stored:1M+4K",
+                "corrupt:stored:1M+4K",
+                corrupt(1 << 20, 4096, CorruptMode::Stored, None),
+            ),
+        ] {
+            let parsed: Fault = text.parse().unwrap();
+            assert_eq!(parsed, fault, "{text}");
+            assert_eq!(parsed.to_string(), canonical);
+            assert_eq!(canonical.parse::<Fault>().unwrap(), fault);
+            let json = serde_json::to_string(&fault).unwrap();
+            assert_eq!(
+                serde_json::from_str::<Fault>(&json).unwrap(),
+                fault,
+                "{json}"
+            );
+        }
+        let json = |text: &str| serde_json::to_string(&text.parse::<Fault>().unwrap()).unwrap();
+        assert_eq!(
+            json("corrupt:read:4K+4K:seed=7"),
+            r#"{"corrupt":{"offset":4096,"len":4096,"mode":"read","seed":7}}"#
+        );
+        assert_eq!(
+            json("corrupt:stored:0+512"),
+            r#"{"corrupt":{"offset":0,"len":512,"mode":"stored"}}"#
+        );
+        let parsed: Fault =
+            serde_json::from_str(r#"{"corrupt":{"offset":512,"len":512}}"#).unwrap();
+        assert_eq!(parsed.to_string(), "corrupt:read:512+512");
+        assert!(serde_json::from_str::<Fault>(
+            r#"{"corrupt":{"offset":0,"len":512,"mode":"both"}}"#
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn masks_depend_on_the_offset_only_and_change_every_byte() {
+        let key = corrupt_key(7, CorruptMode::Read);
+        let mut whole = vec![0u8; 4096];
+        xor_masks(&mut whole, 1003, key);
+        assert!(whole.iter().all(|&b| b != 0));
+        // The same bytes garbled in odd pieces get the same masks.
+        let mut pieces = vec![0u8; 4096];
+        let (a, rest) = pieces.split_at_mut(3);
+        let (b, c) = rest.split_at_mut(1000);
+        xor_masks(a, 1003, key);
+        xor_masks(b, 1006, key);
+        xor_masks(c, 2006, key);
+        assert_eq!(whole, pieces);
+        // Another seed or mode draws other masks.
+        for other in [
+            corrupt_key(8, CorruptMode::Read),
+            corrupt_key(7, CorruptMode::Write),
+        ] {
+            let mut again = vec![0u8; 4096];
+            xor_masks(&mut again, 1003, other);
+            let same = whole.iter().zip(&again).filter(|(x, y)| x == y).count();
+            assert!(same < 64, "{same} equal mask bytes");
+        }
+    }
+
+    #[test]
+    fn a_read_corrupt_range_lies_the_same_way_every_time() {
+        let (inner, m, pattern) = patterned(64 << 10, 5);
+        m.apply_str("corrupt:read:4K+4K").unwrap();
+        // The injector's seed is the default, and the plan says so.
+        assert_eq!(
+            m.faults(),
+            vec!["corrupt:read:4K+4K:seed=5".parse::<Fault>().unwrap()]
+        );
+        assert!(
+            m.describe().starts_with("corrupt:read:4K+4K:seed=5;"),
+            "{}",
+            m.describe()
+        );
+        let first = read(&m, 0, 16 << 10);
+        all_differ(&first[4096..8192], &pattern[4096..8192]);
+        assert_eq!(first[..4096], pattern[..4096]);
+        assert_eq!(first[8192..], pattern[8192..16 << 10]);
+        assert_eq!(read(&m, 0, 16 << 10), first);
+        // A read of part of the range, starting elsewhere, meets the same
+        // wrong bytes: they depend on the offset only.
+        assert_eq!(read(&m, 3584, 1536), first[3584..5120]);
+        // The medium keeps the right bytes, and nothing failed.
+        assert_eq!(inner.snapshot(), pattern);
+        let c = m.counters();
+        assert_eq!(
+            (c.corrupted_reads, c.corrupted_bytes),
+            (3, 4096 + 4096 + 1024)
+        );
+        assert_eq!(c.corrupted_writes, 0);
+        assert_eq!(c.errors_injected(), 0);
+        assert!(
+            m.describe().contains("3 corrupted reads"),
+            "{}",
+            m.describe()
+        );
+
+        // A write over the range does not heal it: the path lies, not the
+        // medium.
+        m.write_at(&pattern[4096..8192], 4096).unwrap();
+        assert_eq!(read(&m, 4096, 4096), first[4096..8192]);
+
+        // Healing half the range makes that half right.
+        m.apply_str("heal:4K+2K").unwrap();
+        let healed = read(&m, 4096, 4096);
+        assert_eq!(healed[..2048], pattern[4096..6144]);
+        assert_eq!(healed[2048..], first[6144..8192]);
+        m.apply_str("heal").unwrap();
+        assert!(m.faults().is_empty());
+        assert_eq!(read(&m, 0, 64 << 10), pattern);
+    }
+
+    #[test]
+    fn a_read_corrupt_range_also_lies_to_batched_reads() {
+        let (_, m, pattern) = patterned(64 << 10, 5);
+        m.apply_str("corrupt:read:8K+4K").unwrap();
+        // No entry point around `read_at` and `write_at`.
+        assert!(m.start_read(&mut [0u8; 512], 0).is_none());
+        assert!(m.start_write(&[0u8; 512], 0, false).is_none());
+        assert!(!m.starts_io() && m.raw_io().is_none() && m.mapped().is_none());
+        let direct = read(&m, 8192, 4096);
+        let mut batched = AlignedBuf::copy_from(&[0u8; 4096]);
+        let results =
+            crate::member::batch::run(&mut [crate::member::IoOp::read(&m, 8192, &mut batched)]);
+        assert!(results[0].is_ok(), "{results:?}");
+        assert_eq!(batched[..], direct[..]);
+        all_differ(&batched, &pattern[8192..12288]);
+    }
+
+    #[test]
+    fn corrupt_ranges_round_out_replace_each_other_and_are_capped() {
+        let (_, m, pattern) = patterned(4 << 20, 1);
+        m.apply_str("corrupt:read:1000+100:seed=3").unwrap();
+        assert_eq!(
+            m.plan().corrupt_ranges,
+            vec![CorruptRange {
+                offset_bytes: 512,
+                len_bytes: 1024,
+                mode: CorruptMode::Read,
+                seed: Some(3),
+            }]
+        );
+        m.apply_str("heal").unwrap();
+        // Where two ranges of one mode meet, the newer one wins, so that no
+        // byte is masked twice (which could undo the first mask).
+        m.apply_str("corrupt:read:0+8K:seed=1").unwrap();
+        m.apply_str("corrupt:read:4K+8K:seed=2").unwrap();
+        m.apply_str("corrupt:write:0+8K:seed=1").unwrap();
+        let listed: Vec<String> = m.faults().iter().map(Fault::to_string).collect();
+        assert_eq!(
+            listed,
+            [
+                "corrupt:read:0+4K:seed=1",
+                "corrupt:read:4K+8K:seed=2",
+                "corrupt:write:0+8K:seed=1"
+            ]
+        );
+        all_differ(&read(&m, 0, 12 << 10), &pattern[..12 << 10]);
+        let err = m.apply_str("corrupt:read:4092K+8K").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("beyond the end"), "{err}");
+
+        m.apply_str("restore").unwrap();
+        for i in 0..CORRUPT_RANGES_MAX as u64 {
+            m.apply(&Fault::Corrupt(CorruptRange {
+                offset_bytes: i * 1024,
+                len_bytes: 512,
+                mode: CorruptMode::Read,
+                seed: None,
+            }))
+            .unwrap();
+        }
+        let err = m.apply_str("corrupt:write:0+512").unwrap_err();
+        assert!(err.to_string().contains("heal some first"), "{err}");
+        assert_eq!(m.plan().corrupt_ranges.len(), CORRUPT_RANGES_MAX);
+        // A range that replaces others where they meet still fits.
+        m.apply_str("corrupt:read:0+512:seed=4").unwrap();
+        m.apply_str("restore").unwrap();
+        assert!(m.plan().corrupt_ranges.is_empty());
+        assert_eq!(read(&m, 0, 4 << 20), pattern);
+    }
+
+    #[test]
+    fn a_write_corrupt_range_stores_wrong_bytes_and_succeeds() {
+        let (inner, m, pattern) = patterned(64 << 10, 2);
+        m.apply_str("corrupt:write:8K+4K:seed=9").unwrap();
+        let before = m.counters().errors_injected();
+        m.write_at(&pattern[4096..20480], 4096).unwrap();
+        let stored = inner.snapshot();
+        all_differ(&stored[8192..12288], &pattern[8192..12288]);
+        assert_eq!(stored[..8192], pattern[..8192]);
+        assert_eq!(stored[12288..], pattern[12288..]);
+        // Reads are not garbled: they return what was stored, wrong.
+        assert_eq!(read(&m, 0, 64 << 10), stored);
+        let c = m.counters();
+        assert_eq!((c.corrupted_writes, c.corrupted_bytes), (1, 4096));
+        assert_eq!(c.corrupted_reads, 0);
+        assert_eq!(c.errors_injected(), before);
+        // A FUA write is garbled the same way.
+        m.write_at_fua(&pattern[8192..8704], 8192).unwrap();
+        assert_eq!(inner.snapshot()[8192..8704], stored[8192..8704]);
+
+        // Written through the garbled path and read through a garbled one
+        // with the same seed, the bytes stay wrong: the masks do not cancel.
+        m.apply_str("corrupt:read:8K+4K:seed=9").unwrap();
+        let twice = read(&m, 8192, 4096);
+        let right = twice
+            .iter()
+            .zip(&pattern[8192..12288])
+            .filter(|(a, b)| a == b)
+            .count();
+        assert!(right < 64, "{right} bytes came back right");
+
+        // Without the fault the stored bytes stay wrong (they are data
+        // now) until rewritten.
+        m.apply_str("heal").unwrap();
+        assert_eq!(read(&m, 0, 64 << 10), stored);
+        m.write_at(&pattern[8192..12288], 8192).unwrap();
+        assert_eq!(inner.snapshot(), pattern);
+    }
+
+    #[test]
+    fn a_write_corrupt_range_garbles_only_what_a_torn_write_keeps() {
+        let (inner, m, pattern) = patterned(64 << 10, 2);
+        m.apply_str("corrupt:write:0+8K").unwrap();
+        m.apply_str("torn:keep=2").unwrap();
+        assert!(m.write_at(&[0u8; 4096], 0).is_err());
+        let stored = inner.snapshot();
+        assert!(stored[..1024].iter().all(|&b| b != 0));
+        assert_eq!(stored[1024..], pattern[1024..]);
+        assert_eq!(m.counters().corrupted_bytes, 1024);
+    }
+
+    #[test]
+    fn stored_corruption_rots_the_medium_once() {
+        let (inner, m, pattern) = patterned(64 << 10, 4);
+        m.apply_str("corrupt:stored:4K+4K:seed=3").unwrap();
+        let rotten = inner.snapshot();
+        all_differ(&rotten[4096..8192], &pattern[4096..8192]);
+        assert_eq!(rotten[..4096], pattern[..4096]);
+        assert_eq!(rotten[8192..], pattern[8192..]);
+        // Nothing stays in force: later reads show the medium as it is now.
+        assert!(m.faults().is_empty());
+        assert!(m.plan().corrupt_ranges.is_empty());
+        assert_eq!(read(&m, 0, 64 << 10), rotten);
+        assert_eq!(read(&m, 0, 64 << 10), rotten);
+        let c = m.counters();
+        assert_eq!(c.corrupted_bytes, 4096);
+        assert_eq!((c.corrupted_reads, c.corrupted_writes), (0, 0));
+        assert_eq!(c.errors_injected(), 0);
+        // The same rot again puts the bytes back: the masks are the same.
+        m.apply_str("corrupt:stored:4K+4K:seed=3").unwrap();
+        assert_eq!(inner.snapshot(), pattern);
+        // A range past the end changes nothing.
+        let err = m.apply_str("corrupt:stored:60K+8K").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(inner.snapshot(), pattern);
+        // A pulled member rots as well: the medium does not need power.
+        m.pull();
+        m.apply_str("corrupt:stored:0+512").unwrap();
+        assert_ne!(inner.snapshot()[..512], pattern[..512]);
+    }
+
+    #[test]
+    fn stored_corruption_reaches_the_cached_copy_too() {
+        let inner = Arc::new(MemoryMember::new("m0", 16 << 10, 512));
+        let m = FaultyMember::new(inner.clone());
+        m.write_at(&[1u8; 4096], 0).unwrap();
+        m.apply_str("write-cache").unwrap();
+        m.write_at(&[2u8; 1024], 1024).unwrap();
+        m.apply_str("corrupt:stored:0+4K").unwrap();
+        // Whichever copy a read meets, the bytes are wrong, and the same
+        // masks garbled both.
+        let back = read(&m, 0, 4096);
+        assert!(back[..1024].iter().all(|&b| b != 1));
+        assert!(back[1024..2048].iter().all(|&b| b != 2));
+        assert!(back[2048..].iter().all(|&b| b != 1));
+        let medium = inner.snapshot();
+        assert_eq!(back[..1024], medium[..1024]);
+        for (i, (&cached, &old)) in back[1024..2048].iter().zip(&medium[1024..2048]).enumerate() {
+            assert_eq!(cached ^ 2, old ^ 1, "byte {}", 1024 + i);
+        }
+        m.flush().unwrap();
+        assert_eq!(inner.snapshot()[..4096], back[..]);
+        // A member made without a seed takes one from its name: a run
+        // replays, and two members are not garbled alike.
+        let rot = |name: &str| {
+            let member = Arc::new(MemoryMember::new(name, 16 << 10, 512));
+            FaultyMember::new(member.clone())
+                .apply_str("corrupt:stored:0+512")
+                .unwrap();
+            member.snapshot()
+        };
+        assert_eq!(rot("m1"), rot("m1"));
+        assert_ne!(rot("m1")[..512], rot("m2")[..512]);
+        assert!(rot("m1")[..512].iter().all(|&b| b != 0));
     }
 }

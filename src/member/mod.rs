@@ -30,8 +30,9 @@ pub use aligned::AlignedBuf;
 pub use batch::{Backend, IoOp};
 pub use deadline::DeadlineMember;
 pub use fault::{
-    injected_errno, BadRange, Crash, CrashReport, EioRate, Fault, FaultCounters, FaultPlan,
-    FaultyMember, Hang, Heal, InjectedError, Latency, Offline, OfflineUntil, Ops, Torn, WriteCache,
+    injected_errno, BadRange, CorruptMode, CorruptRange, Crash, CrashReport, EioRate, Fault,
+    FaultCounters, FaultPlan, FaultyMember, Hang, Heal, InjectedError, Latency, Offline,
+    OfflineUntil, Ops, Torn, WriteCache,
 };
 pub use file::{CacheMode, FileMember, OpenOptions, RingAlways};
 pub use memory::MemoryMember;

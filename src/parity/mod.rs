@@ -39,6 +39,7 @@
 //! trait, and are re-exported here.
 
 pub mod gf;
+pub mod locate;
 pub mod rebuild;
 pub mod recover;
 mod scalar;
@@ -48,6 +49,7 @@ mod simd;
 #[cfg(test)]
 mod testutil;
 
+pub use locate::{correct_data, locate, Culprit, Syndromes};
 pub use rebuild::{plan_rebuild, rebuild, LostData, LostParity, Path, Survivors, TooManyLost};
 pub use recover::{recover_data_from_p, recover_data_from_q, recover_two_data};
 pub use scalar::Scalar;

@@ -8,7 +8,7 @@
 
 use super::job::{Outcome, SyncAction, SyncProgress, Throttle};
 use super::rebuild;
-use crate::array::resync;
+use crate::array::{resync_with, Finding, Pass};
 use crate::engine::datapath::failure::PathError;
 use crate::engine::Engine;
 use crate::geometry::Geometry;
@@ -32,6 +32,9 @@ pub struct SyncWorker {
     first_stripe: AtomicU64,
     pub(in crate::engine) stop: AtomicBool,
     mismatch_sectors: AtomicU64,
+    /// Pages a check or repair located (or could not) and logged as
+    /// events: at most `FINDINGS_LOGGED_MAX` per job.
+    findings_logged: AtomicU64,
     started: Mutex<Option<Instant>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The running recovery copies only regions the bitmap marks (a re-add).
@@ -53,6 +56,7 @@ impl SyncWorker {
             first_stripe: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             mismatch_sectors: AtomicU64::new(0),
+            findings_logged: AtomicU64::new(0),
             started: Mutex::new(None),
             thread: Mutex::new(None),
             bitmap_guided: AtomicBool::new(false),
@@ -124,6 +128,7 @@ impl SyncWorker {
         worker.stop.store(false, Ordering::SeqCst);
         worker.bitmap_guided.store(guided, Ordering::SeqCst);
         worker.mismatch_sectors.store(0, Ordering::SeqCst);
+        worker.findings_logged.store(0, Ordering::SeqCst);
         *worker.interrupted.lock().unwrap() = None;
         *worker.started.lock().unwrap() = Some(Instant::now());
         *current = Some(action);
@@ -333,16 +338,7 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                 }
                 SyncAction::Reshape => unreachable!("a reshape is not the sync worker's job"),
                 SyncAction::Resync | SyncAction::Check | SyncAction::Repair => {
-                    let slots = engine.in_sync_slots(stripe);
-                    resync(
-                        &engine.geometry(),
-                        &slots,
-                        stripe..stripe + 1,
-                        action != SyncAction::Check,
-                        |_| {},
-                    )
-                    .map(|r| r.mismatch_sectors)
-                    .map_err(|e| PathError::Array(std::io::Error::other(e.to_string())))
+                    scrub_stripe(&engine, action, stripe)
                 }
             };
             if step.is_ok() {
@@ -430,5 +426,104 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
         let next = engine.sync.next_stripe.lock().unwrap().clone();
         engine.sync.ended(action, outcome);
         engine.sync_ended(action, outcome, &next);
+    }
+}
+
+/// How many located (or unlocatable) pages one check or repair logs as
+/// events; the count of mismatches goes on past it.
+const FINDINGS_LOGGED_MAX: u64 = 64;
+
+/// A check, repair or resync of one stripe, under its lock: md's count of
+/// mismatched sectors, and each page the syndromes could decode reported
+/// (and on a repair, healed) as an event.
+fn scrub_stripe(engine: &Arc<Engine>, action: SyncAction, stripe: u64) -> Result<u64, PathError> {
+    let pass = match action {
+        SyncAction::Check => Pass::Check,
+        SyncAction::Repair => Pass::Repair,
+        _ => Pass::Resync,
+    };
+    let slots = engine.in_sync_slots(stripe);
+    let geometry = engine.geometry();
+    let reads = &engine.datapath.reads;
+    if pass == Pass::Repair {
+        // A repair may rewrite data: what is being read now is not kept.
+        reads.write_begins();
+    }
+    let mut findings = Vec::new();
+    let report = resync_with(
+        &geometry,
+        &slots,
+        stripe..stripe + 1,
+        pass,
+        |_| {},
+        |f| findings.push(*f),
+    )
+    .map_err(|e| PathError::Array(std::io::Error::other(e.to_string())));
+    if pass == Pass::Repair {
+        let map = geometry.stripe(stripe);
+        let start = map.array_sector * SECTOR_BYTES;
+        reads.write_done(start..start + map.data_sectors() * SECTOR_BYTES);
+    }
+    for finding in &findings {
+        report_finding(engine, action, finding);
+    }
+    report.map(|r| r.mismatch_sectors)
+}
+
+/// A page a check or repair decoded, as an event: the member and sectors
+/// of the block the row's syndromes blame, or that no one block explains
+/// the page.
+fn report_finding(engine: &Engine, action: SyncAction, f: &Finding) {
+    use crate::parity::Culprit;
+    if engine.sync.findings_logged.fetch_add(1, Ordering::SeqCst) >= FINDINGS_LOGGED_MAX {
+        return;
+    }
+    let what = match f.culprit {
+        Culprit::Data(i) => format!("data strip {i}"),
+        Culprit::P => "P".to_string(),
+        Culprit::Q => "Q".to_string(),
+        Culprit::R => "R".to_string(),
+        Culprit::Consistent | Culprit::Unknown => String::new(),
+    };
+    match f.place {
+        Some(place) => {
+            let member = engine
+                .table()
+                .entry(place.member)
+                .map(|e| e.slot.member.name().to_string())
+                .unwrap_or_else(|| format!("role {}", place.member));
+            let done = match (f.repaired, f.culprit) {
+                (false, _) => format!("left as found ({})", action.word()),
+                (true, Culprit::Data(_)) => "rewritten from the row's parity".to_string(),
+                (true, _) => "recomputed from the data".to_string(),
+            };
+            engine.events.push(
+                "MismatchLocated",
+                &member,
+                &format!(
+                    "stripe {}, {what}, member sectors {}..{}: {done}",
+                    f.stripe,
+                    place.member_sector,
+                    place.member_sector + f.sectors
+                ),
+            );
+        }
+        None => {
+            let done = if f.repaired {
+                "parity recomputed from the data (md's repair)".to_string()
+            } else {
+                format!("left as found ({})", action.word())
+            };
+            engine.events.push(
+                "MismatchUnlocated",
+                "",
+                &format!(
+                    "stripe {}, strip sectors {}..{}: more than one block disagrees; {done}",
+                    f.stripe,
+                    f.strip_sector,
+                    f.strip_sector + f.sectors
+                ),
+            );
+        }
     }
 }

@@ -383,6 +383,7 @@ const PAGE_BYTES: usize = 4096;
 /// Rewrites one page of a stripe: the located block alone, with the bytes
 /// the rest of the row says it held, or every parity from the data where
 /// no single block explains the page (md's repair).
+#[allow(clippy::too_many_arguments)]
 fn repair_page(
     map: &StripeMap,
     slots: &Slots,

@@ -492,7 +492,7 @@ mod tests {
                     let strips: Vec<StripShape> = (0..n)
                         .map(|i| {
                             let c = code / 6usize.pow(i as u32) % 6;
-                            strip(c % 3 != 0, c % 3 == 2, c < 3)
+                            strip(!c.is_multiple_of(3), c % 3 == 2, c < 3)
                         })
                         .collect();
                     if !strips.iter().any(|s| s.touched) {

@@ -12,162 +12,19 @@ use super::datapath::io::{recover_lost, View};
 use super::jobs::job::SyncAction;
 use super::Engine;
 use crate::array::dspare::is_spare_name;
-use crate::array::SpareRoutes;
 use crate::array::{
     write_array_state_failing, Assembled, Cleanliness, DeviceState, Slot, SuperblockError,
 };
-use crate::geometry::{Geometry, Place, StripeMap};
+use crate::geometry::{Place, StripeMap};
 use crate::member::stats as counted;
 use crate::member::AlignedBuf;
 use crate::parity::Syndrome;
 use crate::units::SECTOR_BYTES;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// One role's member.
-#[derive(Clone)]
-pub struct MemberEntry {
-    pub slot: Slot,
-    /// For a member being rebuilt: the first stripe not yet rebuilt (shared
-    /// with the rebuild worker). None for an in-sync member.
-    pub rebuilt_below: Option<Arc<AtomicU64>>,
-}
-
-#[derive(Clone)]
-pub struct MemberTable {
-    pub by_role: Vec<Option<MemberEntry>>,
-    /// A replacement being built for a role while its member stays in
-    /// service (mdadm --replace): it receives writes below its copy point.
-    pub replacing: Vec<Option<MemberEntry>>,
-    /// Where a dRAID's distributed spares keep the roles they hold; None
-    /// when no spare holds one (every other array). Derived from
-    /// `by_role` by [`refresh_routes`](Self::refresh_routes).
-    pub routes: Option<Arc<SpareRoutes>>,
-}
-
-impl MemberTable {
-    /// Whether every member's bytes are in memory (`Member::in_memory`).
-    pub fn in_memory(&self) -> bool {
-        let mut entries = self
-            .by_role
-            .iter()
-            .chain(&self.replacing)
-            .flatten()
-            .peekable();
-        entries.peek().is_some() && entries.all(|e| e.slot.member.in_memory())
-    }
-
-    /// The largest logical block of any member, replacements included:
-    /// what every request must be aligned to (512 with none).
-    pub fn block_bytes(&self) -> u32 {
-        self.by_role
-            .iter()
-            .chain(&self.replacing)
-            .flatten()
-            .map(|e| e.slot.member.logical_block_bytes())
-            .max()
-            .unwrap_or(512)
-    }
-
-    pub fn entry(&self, role: usize) -> Option<&MemberEntry> {
-        self.by_role.get(role).and_then(Option::as_ref)
-    }
-
-    /// Whether `role` holds valid data for `stripe`.
-    pub fn usable(&self, role: usize, stripe: u64) -> bool {
-        match self.entry(role) {
-            None => false,
-            Some(e) => e
-                .rebuilt_below
-                .as_ref()
-                .is_none_or(|below| stripe < below.load(Ordering::SeqCst)),
-        }
-    }
-
-    /// Recomputes `routes` from the members now in the roles: called
-    /// wherever the table is built or changed.
-    pub fn refresh_routes(&mut self, geometry: &Geometry) {
-        self.routes = match geometry {
-            Geometry::Draid(draid) => SpareRoutes::new(
-                draid,
-                self.by_role
-                    .iter()
-                    .map(|e| e.as_ref().map(|e| e.slot.member.name())),
-            )
-            .map(Arc::new),
-            _ => None,
-        };
-    }
-
-    /// The place that holds the bytes of `place` in `stripe`: itself, or
-    /// for a role held by a distributed spare, the child that holds the
-    /// spare's space there (see [`SpareRoutes`]). The chain passes a role
-    /// only where it is usable and not being replaced: a replacement must
-    /// see the writes to every column its role holds, so I/O to such a
-    /// role goes to its member (the spare, which routes it itself).
-    pub fn home(&self, place: &Place, stripe: u64) -> Place {
-        match &self.routes {
-            None => *place,
-            Some(routes) => routes.home(place, |r| {
-                self.usable(r, stripe) && self.replacing[r].is_none()
-            }),
-        }
-    }
-
-    /// Whether the bytes of `place` can be read in `stripe`: its home's
-    /// member holds them.
-    pub fn present(&self, place: &Place, stripe: u64) -> bool {
-        let home = self.home(place, stripe);
-        self.usable(home.member, stripe)
-    }
-
-    /// The places of `map` whose home is `role`: what `role` holds in the
-    /// stripe, its own columns and the columns of spares whose space lies
-    /// on it. Asked for a role that is not usable in the stripe (a rebuild,
-    /// a read error being corrected) or being replaced, where every chain
-    /// through the role ends at it.
-    pub fn places_homed<'m>(&self, map: &'m StripeMap, role: usize) -> Vec<&'m Place> {
-        let homed: Vec<&Place> = all_places(map)
-            .filter(|p| self.home(p, map.stripe).member == role)
-            .collect();
-        debug_assert!(self.routes.is_some() || homed == places_of(map, role));
-        homed
-    }
-
-    /// Whether a write to `target` (a member building a role) at `place`
-    /// reaches a disk: a distributed spare writes on the child that holds
-    /// its space there, through the children in sync (`SpareRouter`), and
-    /// where that chain ends at a missing child the column cannot be
-    /// placed now. It stays missing, homed at that child, and is rebuilt
-    /// with it.
-    pub fn reaches_disk(&self, target: &MemberEntry, place: &Place) -> bool {
-        let (Some(routes), Some(spare)) = (
-            &self.routes,
-            crate::array::dspare::spare_index(target.slot.member.name()),
-        ) else {
-            return true;
-        };
-        let in_sync = |r: usize| self.entry(r).is_some_and(|e| e.rebuilt_below.is_none());
-        let child = routes.spare_child(spare, place.member_sector);
-        let home = routes.home(
-            &Place {
-                member: child,
-                member_sector: place.member_sector,
-            },
-            in_sync,
-        );
-        in_sync(home.member) && routes.spare_of(home.member).is_none()
-    }
-
-    /// Roles that are fully in sync.
-    pub fn in_sync(&self) -> Vec<bool> {
-        self.by_role
-            .iter()
-            .map(|e| e.as_ref().is_some_and(|e| e.rebuilt_below.is_none()))
-            .collect()
-    }
-}
+pub use super::table::{MemberEntry, MemberTable};
 
 impl Engine {
     /// A view of the members for work on `stripe`.
@@ -729,23 +586,6 @@ pub(super) fn rebuild_strip(
         )));
     }
     Ok(())
-}
-
-/// The places `role` holds in stripe `map` (data copies, P, Q), by the
-/// geometry alone: [`MemberTable::places_homed`] adds the columns of
-/// distributed spares whose space lies on the role.
-pub(super) fn places_of(map: &StripeMap, role: usize) -> Vec<&Place> {
-    all_places(map).filter(|p| p.member == role).collect()
-}
-
-/// Every place of a stripe: data copies, then P, Q and R.
-fn all_places(map: &StripeMap) -> impl Iterator<Item = &Place> {
-    map.data
-        .iter()
-        .flat_map(|d| d.copies.iter())
-        .chain(map.p.iter())
-        .chain(map.q.iter())
-        .chain(map.r.iter())
 }
 
 /// Reads back what `target` holds for `role` in stripe `map` (its places

@@ -14,6 +14,7 @@ mod manage;
 mod members;
 mod readd;
 mod start;
+mod table;
 pub mod tuning;
 
 pub use datapath::cache::CacheReport;

@@ -10,7 +10,7 @@
 
 use super::cache::{Batch, Offer, StripeCache};
 use crate::engine::datapath::failure::PathError;
-use crate::engine::members::MemberTable;
+use crate::engine::table::MemberTable;
 use crate::engine::Engine;
 use crate::export::{ExtentUse, FileExtent};
 use crate::geometry::{Located, Place, StripeMap};

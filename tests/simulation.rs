@@ -680,6 +680,7 @@ impl Sim {
             size_sectors: Some(cfg.data_bytes / SECTOR as u64),
             force: false,
             homehost: None,
+            integrity: false,
         };
         let members = devs
             .iter()

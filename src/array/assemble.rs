@@ -54,6 +54,8 @@ pub enum AssembleError {
         device_sectors: u64,
         needed_sectors: u64,
     },
+    #[error("{0}")]
+    Integrity(String),
     #[error("cannot start {level} array: {present} of {raid_disks} members present, missing roles {missing:?}")]
     TooManyMissing {
         level: Level,
@@ -117,6 +119,8 @@ pub struct Assembled {
     /// A dRAID's router of its distributed spares' I/O: whoever changes
     /// which member serves a role keeps it current.
     pub spare_router: Option<Arc<super::dspare::SpareRouter>>,
+    /// The members that carry checksums (`create --integrity`), as opened.
+    pub integrity: Vec<super::integrity::IntegrityOpened>,
 }
 
 /// md's MD_FEATURE_JOURNAL, from the freshest superblock: the array has a
@@ -229,9 +233,15 @@ pub fn assemble_members(members: Vec<(String, MemberRef)>) -> Result<Assembled, 
         return Err(AssembleError::NoDevices);
     }
     let mut found: Vec<(String, MemberSuper, MemberRef)> = Vec::new();
+    let mut integrity = Vec::new();
     for (name, member) in members {
         let sb =
             read_superblock(&*member)?.ok_or_else(|| AssembleError::NoSuperblock(name.clone()))?;
+        // The checksum layer goes over the member before anything reads
+        // its data: every read above it is verified.
+        let (member, opened) =
+            super::integrity::open_member(&name, member, &sb).map_err(AssembleError::Integrity)?;
+        integrity.extend(opened);
         if let Some((first, first_sb, _)) = found.first() {
             if first_sb.set_uuid != sb.set_uuid {
                 return Err(AssembleError::MixedArrays {
@@ -289,6 +299,7 @@ pub fn assemble_members(members: Vec<(String, MemberRef)>) -> Result<Assembled, 
             member,
         });
     }
+    refuse_mixed_integrity(&devices, &integrity)?;
     // A dRAID's distributed spares are devices like the others, found in
     // their slots on the children: they join before replacements are
     // settled, since one may be the original a replacement copies.
@@ -382,7 +393,35 @@ pub fn assemble_members(members: Vec<(String, MemberRef)>) -> Result<Assembled, 
         slots,
         devices,
         spare_router,
+        integrity,
     })
+}
+
+/// An array whose members carry checksums carries them on every disk in
+/// a role (checked before a dRAID's distributed spares join: their I/O
+/// goes through the children's layers): one without would serve unverified bytes (and a read of it
+/// could not be healed) where the others promise verified ones.
+fn refuse_mixed_integrity(
+    devices: &[FoundDevice],
+    integrity: &[super::integrity::IntegrityOpened],
+) -> Result<(), AssembleError> {
+    if integrity.is_empty() {
+        return Ok(());
+    }
+    let without = devices.iter().find(|d| {
+        matches!(
+            d.state,
+            DeviceState::Active { .. } | DeviceState::Recovering { .. }
+        ) && d.member.integrity().is_none()
+    });
+    match without {
+        Some(d) => Err(AssembleError::Integrity(format!(
+            "{} has no checksum region while {} has one: the array was made with --integrity; \
+             add {} again (manage --add) to give it one",
+            d.path, integrity[0].path, d.path
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn in_sync_members(slots: &Slots) -> Vec<Option<MemberRef>> {

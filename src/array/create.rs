@@ -43,6 +43,10 @@ pub struct CreateOptions {
     pub size_sectors: Option<u64>,
     pub force: bool,
     pub homehost: Option<String>,
+    /// A checksum of every 4 KiB of every member (`--integrity crc32c`),
+    /// kept after md's data area: reads verified and healed from
+    /// redundancy (`array::integrity`).
+    pub integrity: bool,
 }
 
 /// The write-intent bitmap a create makes (mdadm's --bitmap).
@@ -434,10 +438,26 @@ pub fn create_on_members_full(
     if missing.iter().all(|m| *m) {
         return Err(invalid("every raid device is missing"));
     }
+    if opts.integrity {
+        check_integrity_request(opts, journal_index.is_some())?;
+    }
+    // With checksums, md is given what their region leaves of each device
+    // (the journal keeps its own).
     let sizes: Vec<Option<u64>> = opened
         .iter()
-        .map(|o| o.as_ref().map(|o| o.member.size_sectors()))
-        .collect();
+        .enumerate()
+        .map(|(i, o)| {
+            let o = o.as_ref()?;
+            let device = o.member.size_sectors();
+            if !opts.integrity || Some(i) == journal_index {
+                return Some(Ok(device));
+            }
+            Some(super::integrity::usable_sectors(device).ok_or_else(|| {
+                CreateError::Device(format!("{}: too small for a checksum region", o.path))
+            }))
+        })
+        .map(Option::transpose)
+        .collect::<Result<_, _>>()?;
     let spare_end = journal_index.unwrap_or(devices.len());
     let sizing = size_members(&opened, &sizes, spare_end, opts, chunk_sectors, layout)?;
     let Sizing {
@@ -477,11 +497,14 @@ pub fn create_on_members_full(
         size_sectors,
         raid0_layout_feature,
     )?;
-    let supers = member_superblocks(opened, &dev_numbers, &spec, data_offset)?;
+    let supers = member_superblocks(opened, &sizes, &dev_numbers, &spec, data_offset)?;
     let spare_supers =
         distributed_spare_superblocks(&supers, draid_spares(level, layout), size_sectors)?;
     // Every superblock was built: only now is anything written.
     write_created(&supers, &spare_supers, &spec.policy, needs_resync)?;
+    if opts.integrity {
+        format_integrity(&supers, journal_index.is_some())?;
+    }
     let mut array = assemble_members(
         supers
             .into_iter()
@@ -491,7 +514,67 @@ pub fn create_on_members_full(
     if needs_resync {
         resync_created(&mut array, progress)?;
     }
+    if opts.integrity {
+        derive_created(&array, needs_resync)?;
+    }
     Ok(array)
+}
+
+/// What `--integrity` needs: redundancy to heal from, and a superblock at
+/// the start so that the region after md's data area is md's to ignore.
+fn check_integrity_request(opts: &CreateOptions, journal: bool) -> Result<(), CreateError> {
+    if !opts.level.redundant() {
+        return Err(invalid(format!(
+            "--integrity needs redundancy to correct from; {} has none",
+            opts.level
+        )));
+    }
+    if !matches!(opts.metadata, Metadata::V1_1 | Metadata::V1_2) {
+        return Err(invalid(format!(
+            "--integrity needs metadata 1.1 or 1.2 (its checksums live after md's data area, \
+             where {} keeps its superblock)",
+            opts.metadata
+        )));
+    }
+    if journal {
+        return Err(invalid(
+            "--integrity with --write-journal is not supported yet: the journal's replay does not \
+             carry checksums",
+        ));
+    }
+    Ok(())
+}
+
+/// Writes every member's checksum region (every block untrusted until
+/// derived), after the superblocks that place it.
+fn format_integrity(supers: &[(Opened, MemberSuper)], journal: bool) -> Result<(), CreateError> {
+    assert!(!journal, "refused by check_integrity_request");
+    for (o, sb) in supers {
+        super::integrity::format_member(o.member.clone(), sb)
+            .map_err(|e| CreateError::Device(format!("{}: {e}", o.path)))?;
+    }
+    Ok(())
+}
+
+/// Gives a new integrity array its checksums: a resync derived those of
+/// every row it made consistent; an array made --assume-clean is taken at
+/// its word and checksummed as it is. Then each region is closed at the
+/// event count its superblock ends with, so that `serve` trusts it.
+fn derive_created(array: &Assembled, resynced: bool) -> Result<(), CreateError> {
+    for opened in &array.integrity {
+        let io = |e: std::io::Error| CreateError::Device(format!("{}: {e}", opened.path));
+        let device = array
+            .devices
+            .iter()
+            .find(|d| d.path == opened.path)
+            .expect("an integrity member is a device of the array");
+        match resynced {
+            true => super::integrity::derive_unused(&opened.member, &device.sb).map_err(io)?,
+            false => opened.member.derive_all_from_disk(|_, _| {}).map_err(io)?,
+        }
+        opened.member.close(device.sb.events).map_err(io)?;
+    }
+    Ok(())
 }
 
 /// The device list as mdadm's create reads it ('missing' where a member
@@ -791,19 +874,25 @@ fn check_journal_room(
 /// One superblock per device given, numbered by the plan.
 fn member_superblocks(
     opened: Vec<Option<Opened>>,
+    sizes: &[Option<u64>],
     dev_numbers: &[Option<u32>],
     spec: &CreateSpec,
     data_offset: u64,
 ) -> Result<Vec<(Opened, MemberSuper)>, CreateError> {
     assert_eq!(opened.len(), dev_numbers.len());
+    assert_eq!(opened.len(), sizes.len());
     let mut supers = Vec::new();
-    for (o, dev_number) in opened.into_iter().zip(dev_numbers) {
+    for ((o, dev_number), size) in opened.into_iter().zip(dev_numbers).zip(sizes) {
         let (Some(o), Some(dev_number)) = (o, dev_number) else {
             continue;
         };
+        // What md may use of the device: all of it, or with checksums what
+        // their region leaves.
+        let device_sectors = size.expect("an opened device has a size");
+        assert!(device_sectors <= o.member.size_sectors());
         let member = CreateMember {
             dev_number: *dev_number,
-            device_sectors: o.member.size_sectors(),
+            device_sectors,
             data_offset_sectors: Some(data_offset),
             device_uuid: rand::random(),
             write_mostly: false,

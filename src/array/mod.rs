@@ -5,6 +5,7 @@ mod assemble;
 mod bitmap;
 mod create;
 pub mod dspare;
+pub mod integrity;
 mod reshape;
 mod reshape_raid10;
 mod resync;

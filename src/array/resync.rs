@@ -119,12 +119,63 @@ struct Scratch {
     stored: Vec<u8>,
 }
 
-fn read(slots: &Slots, place: &Place, buf: &mut [u8]) -> std::io::Result<()> {
+/// A read for the pass: a member that fails it is named, so that the job
+/// corrects it from redundancy (md corrects read errors met by a check) and
+/// tries the row again.
+fn read(slots: &Slots, place: &Place, buf: &mut [u8]) -> Result<(), StripeError> {
     let slot = slots[place.member].as_ref().expect("present member");
-    slot.member.read_at(
-        buf,
-        slot.data_offset_bytes + place.member_sector * SECTOR_BYTES,
-    )
+    slot.member
+        .read_at(
+            buf,
+            slot.data_offset_bytes + place.member_sector * SECTOR_BYTES,
+        )
+        .map_err(|error| StripeError::MemberRead {
+            role: place.member,
+            error,
+        })
+}
+
+/// Whether a member of the pass has blocks whose checksums are not known
+/// (an integrity array after writes uraid did not see, or a new member):
+/// rows found consistent then give them their checksums.
+fn deriving(slots: &Slots) -> bool {
+    slots.iter().flatten().any(|s| {
+        s.member
+            .integrity()
+            .is_some_and(|i| i.untrusted_blocks() > 0)
+    })
+}
+
+/// Gives every block of a row whose redundancy agrees with its data the
+/// checksum of the bytes it holds (`member::integrity`): data strips (each
+/// copy) from `data`, parity from `parity`. Only for rows that the pass
+/// found, or made, consistent: a checksum derived from a row that
+/// disagrees would bless whichever block is wrong.
+fn derive_row(map: &StripeMap, slots: &Slots, data: &[u8], parity: [&[u8]; 3]) {
+    let strip_bytes = (map.strip_sectors * SECTOR_BYTES) as usize;
+    assert_eq!(data.len(), strip_bytes * map.data.len());
+    let derive = |place: &Place, bytes: &[u8]| {
+        let Some(slot) = slots[place.member].as_ref() else {
+            return;
+        };
+        if let Some(integrity) = slot.member.integrity() {
+            integrity.derive(
+                slot.data_offset_bytes + place.member_sector * SECTOR_BYTES,
+                bytes,
+            );
+        }
+    };
+    for (strip, bytes) in map.data.iter().zip(data.chunks(strip_bytes)) {
+        for copy in &strip.copies {
+            derive(copy, bytes);
+        }
+    }
+    for (place, bytes) in [map.p, map.q, map.r].iter().zip(parity) {
+        if let Some(place) = place {
+            assert_eq!(bytes.len(), strip_bytes);
+            derive(place, bytes);
+        }
+    }
 }
 
 fn write(slots: &Slots, place: &Place, buf: &[u8]) -> std::io::Result<()> {
@@ -197,7 +248,11 @@ fn resync_stripe(
             }
         }
     }
+    let derive = deriving(slots);
     let Some(p_place) = map.p else {
+        if derive && (pass == Pass::Resync || !pages.contains(&true)) {
+            derive_row(map, slots, &s.data, [&[], &[], &[]]);
+        }
         return Ok(count(&pages));
     };
     let syndrome = parity::default_impl();
@@ -268,6 +323,11 @@ fn resync_stripe(
         for (page, bad) in wrong.into_iter().enumerate() {
             pages[page] |= bad;
         }
+        // A located repair leaves the row consistent, but with the stored
+        // parity, not `fresh`: its checksums wait for the next pass.
+        if derive && !pages.contains(&true) {
+            derive_row(map, slots, &s.data, [&*p, &*q, &*r]);
+        }
         return Ok(count(&pages));
     }
     for ((place, check), expected) in places.iter().zip(checked).zip([&*p, &*q, &*r]) {
@@ -278,6 +338,11 @@ fn resync_stripe(
         if mark_mismatches(expected, &s.found, &mut pages) && repair {
             write(slots, &place, expected)?;
         }
+    }
+    // A resync or repair made the parity that of the data; a check derives
+    // only from a row that agreed.
+    if derive && (repair || !pages.contains(&true)) {
+        derive_row(map, slots, &s.data, [&*p, &*q, &*r]);
     }
     Ok(count(&pages))
 }

@@ -19,6 +19,10 @@ pub enum StripeError {
         lost: usize,
         max: usize,
     },
+    /// The member in `role` failed a read (a pass over rows tells whom to
+    /// correct, as the request path does).
+    #[error("member {role}: {error}")]
+    MemberRead { role: usize, error: io::Error },
     #[error(transparent)]
     Io(#[from] io::Error),
 }

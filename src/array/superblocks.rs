@@ -179,6 +179,7 @@ mod tests {
             size_sectors: None,
             force: false,
             homehost: None,
+            integrity: false,
         };
         let named = members
             .iter()

@@ -181,6 +181,7 @@ fn a_member_that_missed_updates_is_stale_not_a_spare() {
         size_sectors: None,
         force: false,
         homehost: None,
+        integrity: false,
     };
     create_on_members(
         named(&[0, 1, 2, 3]).into_iter().map(Some).collect(),

@@ -138,6 +138,7 @@ impl LiveArray {
             size_sectors: spec.member_bytes.map(|b| b / SECTOR_BYTES),
             force,
             homehost: None,
+            integrity: false,
         };
         let journal = match spec.journal_bytes {
             Some(bytes) => {

@@ -61,6 +61,12 @@ pub struct CreateArgs {
     /// never leaves a row torn (the write hole).
     #[arg(long, value_name = "DEV")]
     write_journal: Option<PathBuf>,
+    /// `crc32c`: a checksum of every 4 KiB of every member, kept after md's
+    /// data area (metadata 1.1/1.2), so that a block a disk returns wrong
+    /// without an error is found on every read and check and rewritten
+    /// from redundancy; `none` (the default) keeps md's behaviour.
+    #[arg(long, value_name = "SCHEME", default_value = "none")]
+    integrity: String,
     /// The array's knobs, saved with its other settings (see `--set help`).
     #[command(flatten)]
     tuning: super::tuning::TuningArgs,
@@ -108,6 +114,15 @@ pub fn run(args: &CreateArgs) -> CliResult {
         }
     };
     let metadata: Metadata = args.metadata.parse().map_err(|e: String| e)?;
+    let integrity = match args.integrity.as_str() {
+        "none" => false,
+        crate::array::integrity::INTEGRITY_SCHEME => true,
+        other => {
+            return Err(format!(
+                "--integrity {other} is not a scheme uraid has; use --integrity crc32c or none"
+            ))
+        }
+    };
     // Knobs are checked before anything is written, saved after.
     let settings = args.tuning.settings(
         &crate::engine::tuning::TuningValues::defaults(8),
@@ -147,6 +162,7 @@ pub fn run(args: &CreateArgs) -> CliResult {
         size_sectors,
         force: args.force,
         homehost,
+        integrity,
     };
     let bar = ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
     bar.set_style(

@@ -298,10 +298,22 @@ impl Engine {
                 .clone();
             let mut sb = array.sb.clone();
             let needed = template.data_offset_sectors + sb.size_sectors;
-            if member.size_sectors() < needed {
+            // With checksums the new member keeps their region after md's
+            // data area, as its peers do.
+            let integrity = !array.integrity.is_empty();
+            let room = match integrity {
+                true => crate::array::integrity::usable_sectors(member.size_sectors()).unwrap_or(0),
+                false => member.size_sectors(),
+            };
+            if room < needed {
                 return Err(format!(
-                    "{name}: too small ({} sectors, needs {needed})",
-                    member.size_sectors()
+                    "{name}: too small ({} sectors, needs {needed}{})",
+                    member.size_sectors(),
+                    if integrity {
+                        " and room for its checksums"
+                    } else {
+                        ""
+                    }
                 ));
             }
             let mut taken: Vec<u32> = array.devices.iter().map(|d| d.sb.dev_number).collect();
@@ -322,7 +334,7 @@ impl Engine {
             sb.bblog_size_sectors = template.bblog_size_sectors;
             sb.data_size_sectors = match sb.metadata {
                 crate::format::Metadata::V1_1 | crate::format::Metadata::V1_2 => {
-                    member.size_sectors() - sb.data_offset_sectors
+                    room - sb.data_offset_sectors
                 }
                 _ => template.data_size_sectors,
             };
@@ -338,6 +350,10 @@ impl Engine {
             sb.feature_map = (sb.feature_map & !crate::format::MD_FEATURE_NEW_OFFSET)
                 | (template.feature_map & crate::format::MD_FEATURE_NEW_OFFSET);
             sb.new_offset_sectors = template.new_offset_sectors;
+            let member = match integrity {
+                true => self.with_integrity(&mut array, &name, member, &sb, true)?,
+                false => member,
+            };
             array.devices.push(FoundDevice {
                 path: name.clone(),
                 sb,

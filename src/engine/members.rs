@@ -373,10 +373,24 @@ impl Engine {
         role: usize,
         error: &io::Error,
         locked: bool,
-    ) {
+    ) -> Correction {
         let view = self.view(stripe);
-        if view.table.entry(role).is_none() {
-            return;
+        let Some(erring) = view.table.entry(role) else {
+            return Correction::Done;
+        };
+        if crate::member::checksum_mismatch(error).is_some()
+            && self.checksum_error_fails(erring.slot.member.name())
+            && self.survives_without(role)
+        {
+            let member = erring.slot.member.clone();
+            let reason = format!(
+                "more than {} checksum errors in {} minutes ({error}): a disk that keeps \
+                 returning wrong data is failed, as ZFS's zed faults one",
+                super::integrity::CHECKSUM_ERRORS_TOLERATED,
+                super::integrity::CHECKSUM_ERRORS_WINDOW.as_secs() / 60
+            );
+            self.fail_member_if(role, Some(&member), &reason);
+            return Correction::Done;
         }
         // Exclude the erring member: rebuild its share from the others.
         let mut table = (*view.table).clone();
@@ -410,6 +424,24 @@ impl Engine {
                     entry.slot.member.name(),
                     &format!("stripe {stripe}: {said}"),
                 );
+                Correction::Done
+            }
+            // Another block of the row failed its checksum too: more wrong
+            // blocks than redundancy. The bytes are lost in this row only;
+            // no disk is to blame for the whole of it, so none is failed
+            // (ZFS keeps a pool up with a list of permanent errors), and
+            // the request gets an I/O error, never the wrong bytes.
+            Err(PathError::MemberRead {
+                role: other,
+                error: ref other_error,
+            }) if other != role && crate::member::checksum_mismatch(other_error).is_some() => {
+                let lost = format!(
+                    "stripe {stripe}: {said}, and {other_error}: more wrong blocks in the row \
+                     than redundancy; its bytes there are lost and read as I/O errors"
+                );
+                self.events
+                    .push("ChecksumUncorrectable", entry.slot.member.name(), &lost);
+                Correction::Lost(io::Error::new(io::ErrorKind::InvalidData, lost))
             }
             Err(failure) => {
                 // The rewrite's error says who failed it; a spare's original
@@ -422,10 +454,21 @@ impl Engine {
                     format!("read error ({said}) not correctable: {failure}"),
                     &[error, failure.error()],
                 );
-                self.fail_blamed(role, Some(&entry.slot.member), blame, &reason)
+                self.fail_blamed(role, Some(&entry.slot.member), blame, &reason);
+                Correction::Done
             }
         }
     }
+}
+
+/// What came of correcting a read error.
+#[derive(Debug)]
+pub(super) enum Correction {
+    /// Rewritten from redundancy, or the member failed: try again.
+    Done,
+    /// The row has more wrong blocks than redundancy: nothing to try again
+    /// with; the request fails with this.
+    Lost(io::Error),
 }
 
 impl View<'_> {

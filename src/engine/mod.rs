@@ -8,6 +8,7 @@
 mod bitmap;
 mod datapath;
 mod events;
+mod integrity;
 mod jobs;
 mod journal;
 mod manage;
@@ -98,6 +99,8 @@ pub struct Engine {
     events: EventLog,
     /// Read errors repaired by rewriting from redundancy (md's cnt_corrected_read).
     corrected_reads: AtomicU64,
+    /// Recent checksum errors per member, for the failure policy.
+    checksum_policy: integrity::ChecksumPolicy,
     /// A mirror's copies hold the same bytes: false from an unclean start
     /// until a resync has finished (md's read_balance reads the first copy
     /// above the resync point, so that a block cannot change between two
@@ -202,6 +205,7 @@ impl Engine {
             sync,
             events: EventLog::default(),
             corrected_reads: AtomicU64::new(0),
+            checksum_policy: integrity::ChecksumPolicy::default(),
             mirrors_in_sync: std::sync::atomic::AtomicBool::new(resync_from.is_none()),
             last_mismatch_sectors: AtomicU64::new(0),
             me: OnceLock::new(),
@@ -230,9 +234,22 @@ impl Engine {
             engine.start_bitmap_daemon();
         }
         let _ = engine.me.set(Arc::downgrade(&engine));
+        let derive_by_check = engine
+            .open_integrity(resync_from.is_some() || reshaping)
+            .map_err(|source| {
+                EngineError::Superblock(crate::array::SuperblockError::Io {
+                    device: "checksum regions".into(),
+                    source,
+                })
+            })?;
         if !options.read_only {
             engine.ensure_workers();
             start::resume_work(&engine, data_only, reshaping, resync_owed, resync_from)?;
+            if derive_by_check && engine.sync.action().is_none() {
+                // Checksums no resync will derive (writes made elsewhere):
+                // a check gives them back where each row agrees.
+                let _ = engine.start_scrub(false);
+            }
         }
         Ok(engine)
     }
@@ -900,6 +917,13 @@ impl Engine {
             _ => Cleanliness::Clean,
         };
         self.write_state_locked(&mut self.array.lock().unwrap(), state)?;
+        // The checksums are closed at the event count the superblocks now
+        // hold: a start that finds more knows the array ran elsewhere.
+        self.close_integrity()
+            .map_err(|source| crate::array::SuperblockError::Io {
+                device: "checksum regions".into(),
+                source,
+            })?;
         Ok(())
     }
 }
@@ -913,6 +937,12 @@ pub struct SnapshotDevice {
     /// The member's I/O counters since it was opened (members that keep
     /// none: a distributed spare).
     pub io: Option<crate::member::IoCounts>,
+    /// Blocks that failed their checksum since the member was opened
+    /// (zpool status's CKSUM); None without `--integrity`.
+    pub checksum_errors: Option<u64>,
+    /// Blocks whose checksum is not known yet (not derived since the array
+    /// ran elsewhere or crashed, or never written on a new member).
+    pub untrusted_blocks: Option<u64>,
 }
 
 /// The live state of an array, for status, detail and monitoring.
@@ -969,6 +999,8 @@ impl Snapshot {
                     dev_number: d.sb.dev_number,
                     state: d.state.clone(),
                     io: d.member.io_stats().map(|s| s.counts()),
+                    checksum_errors: d.member.integrity().map(|i| i.checksum_errors()),
+                    untrusted_blocks: d.member.integrity().map(|i| i.untrusted_blocks()),
                 })
                 .collect(),
             level: array.level(),
@@ -1175,6 +1207,8 @@ fn flush_all(members: &[&MemberRef]) -> Vec<std::io::Result<()>> {
 
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod tests_checksums;
 #[cfg(test)]
 mod tests_draid;
 #[cfg(test)]

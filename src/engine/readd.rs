@@ -261,6 +261,12 @@ impl Engine {
         }
         let mut array = self.array.lock().unwrap();
         let (sb, role) = self.readd_refusal(&name, member, &array)?;
+        // A member of an integrity array comes back with its checksums
+        // (stale ones untrusted), or gets a region if it lost it.
+        let member = &match array.integrity.is_empty() {
+            true => member.clone(),
+            false => self.with_integrity(&mut array, &name, member.clone(), &sb, false)?,
+        };
         array.devices.retain(|d| !Self::same_device(&d.path, path));
         let next = Arc::new(AtomicU64::new(0));
         let entry = MemberEntry {

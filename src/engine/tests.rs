@@ -48,6 +48,7 @@ pub(crate) fn make_array_of(
         size_sectors,
         force: false,
         homehost: None,
+        integrity: false,
     };
     let specs: Vec<MemberSpec> = paths.iter().cloned().map(MemberSpec::Device).collect();
     match bitmap_chunk_bytes {
@@ -462,6 +463,7 @@ fn members_with_4096_byte_blocks_work_end_to_end() {
         size_sectors: None,
         force: false,
         homehost: None,
+        integrity: false,
     };
     create_on_members(
         named(&members).into_iter().map(Some).collect(),
@@ -1187,6 +1189,7 @@ fn raid5_with_bitmap(dir: &std::path::Path) -> Vec<PathBuf> {
         size_sectors: None,
         force: false,
         homehost: None,
+        integrity: false,
     };
     let specs: Vec<MemberSpec> = paths.iter().cloned().map(MemberSpec::Device).collect();
     let bitmap = BitmapRequest::Internal {
@@ -1247,6 +1250,7 @@ fn faulty_array(
         size_sectors: None,
         force: false,
         homehost: None,
+        integrity: false,
     };
     let members = wrappers
         .iter()
@@ -2016,6 +2020,7 @@ fn journaled_array(
         size_sectors: None,
         force: false,
         homehost: None,
+        integrity: false,
     };
     let mut members: Vec<Option<(String, crate::member::MemberRef)>> = wrappers
         .iter()
@@ -2254,6 +2259,7 @@ fn a_flush_reaches_every_member_at_once_and_fails_a_member_whose_flush_fails() {
         size_sectors: None,
         force: false,
         homehost: None,
+        integrity: false,
     };
     let array = crate::array::create_on_members(members, &options, |_, _| {}).unwrap();
     let engine = Engine::start(array, EngineOptions::default()).unwrap();

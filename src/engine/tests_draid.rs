@@ -43,6 +43,7 @@ pub(super) fn make_draid(
         size_sectors: None,
         force: false,
         homehost: None,
+        integrity: false,
     };
     let specs: Vec<MemberSpec> = paths.iter().cloned().map(MemberSpec::Device).collect();
     create(&specs, &options, |_, _| {}).unwrap();

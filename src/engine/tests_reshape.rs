@@ -41,6 +41,7 @@ pub(super) fn sized_array(
         size_sectors,
         force: false,
         homehost: None,
+        integrity: false,
     };
     array_with_options(dir, &options, spares, member_mib)
 }

@@ -41,6 +41,7 @@ fn raid10_on(
         size_sectors: None,
         force: false,
         homehost: None,
+        integrity: false,
     };
     array_with_options(dir, &options, spares, 12)
 }

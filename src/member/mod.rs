@@ -16,6 +16,7 @@ pub mod batch;
 mod deadline;
 mod fault;
 mod file;
+pub mod integrity;
 pub mod mapped;
 mod memory;
 mod model;
@@ -35,6 +36,10 @@ pub use fault::{
     OfflineUntil, Ops, Torn, WriteCache,
 };
 pub use file::{CacheMode, FileMember, OpenOptions, RingAlways};
+pub use integrity::{
+    checksum_mismatch, ChecksumMismatch, IntegrityHeader, IntegrityLayout, IntegrityMember,
+    INTEGRITY_BLOCK_BYTES,
+};
 pub use memory::MemoryMember;
 pub use model::{model_names, DeviceModel, ModelName, MODELS};
 pub use nbd::NbdMember;
@@ -186,6 +191,14 @@ pub trait Member: Send + Sync {
     /// cannot change under it. Wrappers pass it on.
     fn refresh_size(&self) -> io::Result<u64> {
         Ok(self.size_bytes())
+    }
+
+    /// The integrity layer this member is (`integrity::IntegrityMember`),
+    /// for the jobs that derive checksums from rows they have verified and
+    /// the reports that count checksum errors. The layer is the outermost
+    /// wrapper of a member, so no wrapper passes this on.
+    fn integrity(&self) -> Option<&integrity::IntegrityMember> {
+        None
     }
 
     /// Sectors of 512 bytes, the unit md counts in.

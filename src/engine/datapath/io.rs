@@ -538,7 +538,11 @@ impl Engine {
                 self.fail_blamed(role, member.as_ref(), &error, &reason);
             } else {
                 corrected[role] = true;
-                self.correct_read_error(stripe, role, &error, locked);
+                if let crate::engine::members::Correction::Lost(lost) =
+                    self.correct_read_error(stripe, role, &error, locked)
+                {
+                    return Err(lost);
+                }
             }
             last = Some(PathError::MemberRead { role, error });
         }

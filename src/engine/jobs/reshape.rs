@@ -71,6 +71,7 @@ impl Engine {
         if self.read_only {
             return Err("the array is served read-only".into());
         }
+        self.refuse_with_integrity("a reshape")?;
         let level = self.geometry().level();
         if level.is_draid() {
             // Neither md nor ZFS reshapes a declustered array: its layout

@@ -169,6 +169,7 @@ impl Engine {
     /// member holds (`None`, mdadm's `max`). Everything is checked before
     /// anything changes: a refusal leaves the array as it was.
     pub fn grow_size(self: &Arc<Engine>, size_sectors: Option<u64>) -> Result<String, String> {
+        self.refuse_with_integrity("a size change")?;
         let SizePlan {
             level,
             new_size,

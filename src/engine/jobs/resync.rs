@@ -8,8 +8,9 @@
 
 use super::job::{Outcome, SyncAction, SyncProgress, Throttle};
 use super::rebuild;
-use crate::array::{resync_with, Finding, Pass};
+use crate::array::{resync_with, Finding, Pass, StripeError};
 use crate::engine::datapath::failure::PathError;
+use crate::engine::members::Correction;
 use crate::engine::Engine;
 use crate::geometry::Geometry;
 use crate::units::SECTOR_BYTES;
@@ -386,8 +387,18 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                     (PathError::MemberRead { role, error }, _)
                         if again && action != (SyncAction::Recovery { role: *role }) =>
                     {
-                        engine.correct_read_error(stripe, *role, error, false);
-                        continue;
+                        match engine.correct_read_error(stripe, *role, error, false) {
+                            Correction::Done => continue,
+                            // A scrub goes on past a row whose bytes are
+                            // lost (the event names it); a rebuild or a
+                            // copy has nothing to write there and stops.
+                            Correction::Lost(_) if scrubs(action) => {
+                                next.store(stripe + 1, Ordering::SeqCst);
+                                engine.sync_progressed(action, stripe, stripe + 1);
+                                continue;
+                            }
+                            Correction::Lost(_) => {}
+                        }
                     }
                     _ => {}
                 }
@@ -436,6 +447,13 @@ const FINDINGS_LOGGED_MAX: u64 = 64;
 /// A check, repair or resync of one stripe, under its lock: md's count of
 /// mismatched sectors, and each page the syndromes could decode reported
 /// (and on a repair, healed) as an event.
+fn scrubs(action: SyncAction) -> bool {
+    matches!(
+        action,
+        SyncAction::Check | SyncAction::Repair | SyncAction::Resync
+    )
+}
+
 fn scrub_stripe(engine: &Arc<Engine>, action: SyncAction, stripe: u64) -> Result<u64, PathError> {
     let pass = match action {
         SyncAction::Check => Pass::Check,
@@ -458,7 +476,12 @@ fn scrub_stripe(engine: &Arc<Engine>, action: SyncAction, stripe: u64) -> Result
         |_| {},
         |f| findings.push(*f),
     )
-    .map_err(|e| PathError::Array(std::io::Error::other(e.to_string())));
+    .map_err(|e| match e {
+        // Corrected from redundancy by the job, as a read on the request
+        // path is, and the row tried again.
+        StripeError::MemberRead { role, error } => PathError::MemberRead { role, error },
+        e => PathError::Array(std::io::Error::other(e.to_string())),
+    });
     if pass == Pass::Repair {
         let map = geometry.stripe(stripe);
         let start = map.array_sector * SECTOR_BYTES;

@@ -151,3 +151,152 @@ pub fn derive_unused(integrity: &IntegrityMember, sb: &MemberSuper) -> std::io::
 pub fn usable_sectors(device_sectors: u64) -> Option<u64> {
     IntegrityLayout::usable_bytes(device_sectors * SECTOR_BYTES).map(|b| b / SECTOR_BYTES)
 }
+
+/// Gives an existing array checksums (`uraid integrity crc32c`), offline:
+/// each member's md data area is cut to what the array uses plus the
+/// region (refused, changing nothing, where a member has no room), the
+/// regions are written, and a check over every row derives the checksums
+/// where the row's parity agrees. Rows that disagree stay untrusted (a
+/// repair, then a check, gives them theirs). Returns what it did.
+pub fn enable(members: Vec<(String, MemberRef)>) -> Result<String, String> {
+    let array = super::assemble_members(members).map_err(|e| e.to_string())?;
+    refuse_unfit(&array)?;
+    let mut planned = Vec::new();
+    for device in &array.devices {
+        let sb = &device.sb;
+        let used = sb.data_offset_sectors + sb.size_sectors;
+        let room = usable_sectors(device.member.size_sectors()).unwrap_or(0);
+        if room < used {
+            return Err(format!(
+                "{}: no room for checksums: the array uses {used} of its {} sectors and the \
+                 checksums need {} more; shrink the array (manage --grow --size) first",
+                device.path,
+                device.member.size_sectors(),
+                used - room
+            ));
+        }
+        let mut sb = sb.clone();
+        sb.data_size_sectors = room - sb.data_offset_sectors;
+        planned.push((device.path.clone(), device.member.clone(), sb));
+    }
+    // Every member was checked: only now is anything written.
+    for (path, member, sb) in &planned {
+        super::write_superblock(member.as_ref(), sb).map_err(|e| format!("{path}: {e}"))?;
+        format_member(member.clone(), sb).map_err(|e| format!("{path}: {e}"))?;
+    }
+    let members = planned.into_iter().map(|(p, m, _)| (p, m)).collect();
+    let array = super::assemble_members(members).map_err(|e| e.to_string())?;
+    let stripes = array.geometry.stripe_count();
+    let report = super::resync_with(
+        &array.geometry,
+        &array.slots,
+        0..stripes,
+        super::Pass::Check,
+        |_| {},
+        |_| {},
+    )
+    .map_err(|e| format!("deriving the checksums: {e}"))?;
+    for opened in &array.integrity {
+        let device = array
+            .devices
+            .iter()
+            .find(|d| d.path == opened.path)
+            .expect("an integrity member is a device of the array");
+        let io = |e: std::io::Error| format!("{}: {e}", opened.path);
+        derive_unused(&opened.member, &device.sb).map_err(io)?;
+        opened.member.close(device.sb.events).map_err(io)?;
+    }
+    let mut said = format!(
+        "checksums ({INTEGRITY_SCHEME}) on {} members, derived over {stripes} stripes",
+        array.integrity.len()
+    );
+    if report.mismatch_sectors > 0 {
+        said.push_str(&format!(
+            "; {} sectors in rows whose parity disagrees with their data are left without \
+             (serve, then manage --action repair and --action check)",
+            report.mismatch_sectors
+        ));
+    }
+    Ok(said)
+}
+
+/// What `enable` needs of an array: redundancy, metadata with room after
+/// the data area, every member in sync, clean, no journal, no reshape.
+fn refuse_unfit(array: &super::Assembled) -> Result<(), String> {
+    let level = array.level();
+    if !array.integrity.is_empty() {
+        return Err(format!(
+            "the array has checksums already ({INTEGRITY_SCHEME}); `uraid integrity none` drops them"
+        ));
+    }
+    if !level.redundant() {
+        return Err(format!(
+            "{level} has no redundancy to correct from: checksums would only turn wrong bytes into errors"
+        ));
+    }
+    if level.is_draid() {
+        return Err(
+            "a dRAID keeps its distributed spares' metadata after its data: give it checksums \
+             at create (--integrity crc32c)"
+                .into(),
+        );
+    }
+    if !matches!(array.sb.metadata, Metadata::V1_1 | Metadata::V1_2) {
+        return Err(format!(
+            "checksums need metadata 1.1 or 1.2 (they live after md's data area, where {} keeps \
+             its superblock)",
+            array.sb.metadata
+        ));
+    }
+    if super::has_journal_feature(&array.sb) {
+        return Err("checksums with a write journal are not supported yet".into());
+    }
+    if array.geometry.reshaping().is_some() {
+        return Err("the array is reshaping: let the reshape finish first".into());
+    }
+    if !array.missing_roles().is_empty() {
+        return Err(format!(
+            "roles {:?} are missing: every member must be given and in sync to derive the \
+             checksums from",
+            array.missing_roles()
+        ));
+    }
+    if !array.is_clean() {
+        return Err(
+            "the array was not stopped cleanly: serve it until its resync ends, stop it, then \
+             give it checksums"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// Drops an array's checksums (`uraid integrity none`), offline: each
+/// member's region header is erased and md's data area given back the
+/// room. Returns what it did.
+pub fn disable(members: Vec<(String, MemberRef)>) -> Result<String, String> {
+    let array = super::assemble_members(members).map_err(|e| e.to_string())?;
+    if array.integrity.is_empty() {
+        return Err("the array has no checksums to drop".into());
+    }
+    let mut dropped = 0;
+    for device in &array.devices {
+        let Some(integrity) = device.member.integrity() else {
+            continue;
+        };
+        let inner = integrity.inner().clone();
+        let header_at = integrity.layout().region_start_bytes;
+        let zeros =
+            crate::member::AlignedBuf::zeroed(crate::member::INTEGRITY_BLOCK_BYTES as usize);
+        inner
+            .write_at(&zeros, header_at)
+            .and_then(|()| inner.flush())
+            .map_err(|e| format!("{}: erasing the checksum region: {e}", device.path))?;
+        let mut sb = device.sb.clone();
+        sb.data_size_sectors = inner.size_sectors() - sb.data_offset_sectors;
+        super::write_superblock(inner.as_ref(), &sb)
+            .map_err(|e| format!("{}: {e}", device.path))?;
+        dropped += 1;
+    }
+    Ok(format!("checksums dropped from {dropped} members"))
+}

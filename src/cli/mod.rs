@@ -9,6 +9,7 @@ mod copy;
 mod create;
 mod detail;
 mod doctor;
+mod integrity;
 mod man;
 mod manage;
 mod monitor;
@@ -114,6 +115,9 @@ enum Command {
     /// Erase the md superblocks (0.90, 1.x) and dRAID labels of devices
     /// that no array uses, as mdadm --zero-superblock.
     ZeroSuperblock(zero::ZeroArgs),
+    /// Give a stopped array a checksum of every 4 KiB of its members
+    /// (`crc32c`), or drop them (`none`); see `create --integrity`.
+    Integrity(integrity::IntegrityArgs),
     /// Write the manual pages, uraid(8) and one per command, into a folder.
     Man {
         /// The folder to write them into (made if missing), e.g.
@@ -248,6 +252,7 @@ pub fn main() -> i32 {
         } => copy::copy_out(&output, force, &devices),
         Command::Stop(args) => stop::run(&args),
         Command::ZeroSuperblock(args) => zero::run(&args),
+        Command::Integrity(args) => integrity::run(&args),
         Command::Man { dir } => man::write_pages(&dir),
         Command::Completions { shell } => man::print_completions(shell),
     };

@@ -83,7 +83,71 @@ pub fn run(control_socket: Option<&Path>, json: bool) -> CliResult {
 /// block's last indented line: the PID `uraid stop` ends, which /proc/mdstat
 /// has no line for. (Not the export's URI: its socket path is any word a
 /// user chose, and scripts look for words such as "resync" in this text.)
+/// Members that failed checksums are named on a line of their own before
+/// it, never in the member list, which parsers of /proc/mdstat read.
 fn served_block(r: &StatusReply) -> String {
     let block = r.mdstat.strip_suffix("      \n").unwrap_or(&r.mdstat);
-    format!("{block}      served by pid {}\n      \n", r.pid)
+    let checksums = checksum_line(r)
+        .map(|line| format!("      {line}\n"))
+        .unwrap_or_default();
+    format!("{block}{checksums}      served by pid {}\n      \n", r.pid)
+}
+
+/// "checksum errors: sdb 3, sdc 1" for the members with checksum errors
+/// since they were opened (zpool status's CKSUM), as /proc/mdstat names
+/// them; None when no member has any.
+fn checksum_line(r: &StatusReply) -> Option<String> {
+    let members: Vec<String> = r
+        .members
+        .iter()
+        .filter_map(|m| {
+            let errors = m.checksum_errors.filter(|n| *n > 0)?;
+            Some(format!("{} {errors}", crate::member::short_name(&m.path)))
+        })
+        .collect();
+    (!members.is_empty()).then(|| format!("checksum errors: {}", members.join(", ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::served_block;
+    use crate::control::{MemberStatus, StatusReply};
+
+    /// A raid1 of two members served by pid 42, with these checksum
+    /// error counts.
+    fn raid1(checksum_errors: [Option<u64>; 2]) -> StatusReply {
+        StatusReply {
+            mdstat: format!("{MDSTAT}      \n"),
+            pid: 42,
+            members: ["/d/a", "/d/b"]
+                .iter()
+                .zip(checksum_errors)
+                .map(|(path, checksum_errors)| MemberStatus {
+                    path: path.to_string(),
+                    state: "in_sync".into(),
+                    checksum_errors,
+                    untrusted_blocks: checksum_errors.map(|_| 0),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    const MDSTAT: &str = "data : active raid1 a[0] b[1]\n      1024 blocks super 1.2 [2/2] [UU]\n";
+
+    #[test]
+    fn a_member_with_checksum_errors_is_named_before_the_pid() {
+        assert_eq!(
+            served_block(&raid1([Some(0), Some(2)])),
+            format!("{MDSTAT}      checksum errors: b 2\n      served by pid 42\n      \n")
+        );
+    }
+
+    #[test]
+    fn without_checksum_errors_the_block_is_as_before() {
+        let before = format!("{MDSTAT}      served by pid 42\n      \n");
+        assert_eq!(served_block(&raid1([None, None])), before);
+        assert_eq!(served_block(&raid1([Some(0), Some(0)])), before);
+    }
 }

@@ -218,6 +218,12 @@ pub struct MemberStatus {
     /// answering).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
+    /// Blocks that failed their checksum since it was opened, and blocks
+    /// whose checksum is not known yet; absent without `--integrity`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum_errors: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub untrusted_blocks: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -329,6 +335,8 @@ fn member_status(d: &crate::engine::SnapshotDevice, snapshot: &Snapshot) -> Memb
                     .map(|(_, reason)| reason.clone())
             })
             .flatten(),
+        checksum_errors: d.checksum_errors,
+        untrusted_blocks: d.untrusted_blocks,
     }
 }
 

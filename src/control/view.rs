@@ -25,6 +25,14 @@ pub struct DeviceRow {
     /// block devices.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub health: Option<crate::engine::MemberHealth>,
+    /// Blocks that failed their checksum since the member was opened
+    /// (zpool status's CKSUM); absent without `--integrity`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub checksum_errors: Option<u64>,
+    /// Blocks whose checksum is not known yet, read unverified; absent
+    /// without `--integrity`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub untrusted_blocks: Option<u64>,
 }
 
 /// Everything mdadm --detail shows, as data.
@@ -80,6 +88,10 @@ pub struct DetailView {
     /// "timeout" when it stopped answering), while it stays failed.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty", default)]
     pub member_failures: std::collections::BTreeMap<String, String>,
+    /// The checksum scheme the members keep (`create --integrity`), when
+    /// they keep one.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub integrity: Option<String>,
 }
 
 impl DetailView {
@@ -222,6 +234,7 @@ impl DetailView {
             injected_faults: array.injected_faults.iter().cloned().collect(),
             member_failures: array.member_failures.iter().cloned().collect(),
             parity: parity_choice(array),
+            integrity: integrity_scheme(array),
         }
     }
 
@@ -291,7 +304,11 @@ impl DetailView {
             }
             _ => {}
         }
-        let _ = writeln!(o, "Consistency Policy : {}\n", self.consistency_policy);
+        let _ = writeln!(o, "Consistency Policy : {}", self.consistency_policy);
+        if let Some(scheme) = &self.integrity {
+            let _ = writeln!(o, "         Integrity : {scheme}");
+        }
+        let _ = writeln!(o);
         if let Some(status) = &self.sync_status {
             let _ = writeln!(o, "     {status}\n");
         }
@@ -387,8 +404,10 @@ impl DetailView {
         }
     }
 
-    /// Members' SMART health, why members failed, and injected faults.
+    /// Members' checksum errors, SMART health, why members failed, and
+    /// injected faults.
     fn uraid_members(&self, o: &mut String) {
+        self.uraid_checksums(o);
         let health: Vec<(&str, &crate::engine::MemberHealth)> = self
             .devices
             .iter()
@@ -413,6 +432,45 @@ impl DetailView {
             }
         }
     }
+
+    /// Each member's checksum errors (zpool status's CKSUM), zero
+    /// included, so that a member is seen to be checked; and its blocks
+    /// read unverified while their checksums are not known.
+    fn uraid_checksums(&self, o: &mut String) {
+        let Some(scheme) = &self.integrity else {
+            return;
+        };
+        let counts: Vec<(&str, u64, u64)> = self
+            .devices
+            .iter()
+            .filter_map(|r| {
+                let errors = r.checksum_errors?;
+                Some((r.path.as_deref()?, errors, r.untrusted_blocks.unwrap_or(0)))
+            })
+            .collect();
+        if counts.is_empty() {
+            return;
+        }
+        let _ = writeln!(o, "\n    Checksum errors (uraid, {scheme}):");
+        for (path, errors, untrusted) in counts {
+            let untrusted = if untrusted > 0 {
+                format!(", {untrusted} blocks untrusted")
+            } else {
+                String::new()
+            };
+            let _ = writeln!(o, "{path:>22} : {errors}{untrusted}");
+        }
+    }
+}
+
+/// The checksum scheme of an array whose members keep checksums; the
+/// engine counts checksum errors only for those.
+fn integrity_scheme(array: &Snapshot) -> Option<String> {
+    array
+        .devices
+        .iter()
+        .any(|d| d.checksum_errors.is_some())
+        .then(|| crate::array::integrity::INTEGRITY_SCHEME.to_string())
 }
 
 /// The device counts mdadm --detail prints (Active, Failed, Spare).
@@ -582,6 +640,8 @@ fn role_row(array: &Snapshot, role: usize) -> DeviceRow {
             state: "removed".into(),
             path: None,
             health: None,
+            checksum_errors: None,
+            untrusted_blocks: None,
         };
     };
     let (major, minor) = device_numbers(&d.path);
@@ -598,6 +658,8 @@ fn role_row(array: &Snapshot, role: usize) -> DeviceRow {
         state,
         path: Some(d.path.clone()),
         health: None,
+        checksum_errors: d.checksum_errors,
+        untrusted_blocks: d.untrusted_blocks,
     }
 }
 
@@ -630,6 +692,8 @@ fn roleless_row(array: &Snapshot, d: &SnapshotDevice) -> Option<DeviceRow> {
         state,
         path: Some(d.path.clone()),
         health: None,
+        checksum_errors: d.checksum_errors,
+        untrusted_blocks: d.untrusted_blocks,
     })
 }
 
@@ -761,4 +825,107 @@ pub fn mdstat_block(array: &Snapshot) -> String {
     }
     let _ = writeln!(o, "      ");
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DetailView;
+    use crate::array::{assemble, create, CreateOptions, MemberSpec};
+    use crate::engine::Snapshot;
+    use crate::format::Metadata;
+    use crate::geometry::Level;
+    use std::path::{Path, PathBuf};
+
+    /// A raid5 of three 6 MiB member files, with checksums or without,
+    /// as `detail` reads it from the members.
+    fn raid5(dir: &Path, integrity: bool) -> Snapshot {
+        let paths: Vec<PathBuf> = (0..3)
+            .map(|i| {
+                let p = dir.join(format!("m{i}"));
+                std::fs::File::create(&p).unwrap().set_len(6 << 20).unwrap();
+                p
+            })
+            .collect();
+        let options = CreateOptions {
+            level: Level::Raid5,
+            raid_disks: 3,
+            chunk_bytes: Some(64 << 10),
+            layout: None,
+            metadata: Metadata::V1_2,
+            assume_clean: true,
+            name: "data".into(),
+            size_sectors: None,
+            force: false,
+            homehost: None,
+            integrity,
+        };
+        let specs: Vec<MemberSpec> = paths.iter().cloned().map(MemberSpec::Device).collect();
+        create(&specs, &options, |_, _| {}).unwrap();
+        Snapshot::from_assembled(&assemble(&paths, false).unwrap())
+    }
+
+    #[test]
+    fn checksum_errors_show_in_the_array_and_per_member() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut snapshot = raid5(dir.path(), true);
+        assert!(snapshot
+            .devices
+            .iter()
+            .all(|d| d.checksum_errors == Some(0)));
+        snapshot.devices[1].checksum_errors = Some(2);
+        snapshot.devices[2].untrusted_blocks = Some(1536);
+        let view = DetailView::from_snapshot(&snapshot);
+        let text = view.text("");
+        assert!(
+            text.contains("Consistency Policy : resync\n         Integrity : crc32c\n\n"),
+            "{text}"
+        );
+        let path = |i: usize| &snapshot.devices[i].path;
+        let block = format!(
+            "\n    Checksum errors (uraid, crc32c):\n{:>22} : 0\n{:>22} : 2\n{:>22} : 0, 1536 blocks untrusted\n",
+            path(0),
+            path(1),
+            path(2)
+        );
+        assert!(text.ends_with(&block), "{text}");
+        let json = serde_json::to_value(&view).unwrap();
+        assert_eq!(json["integrity"], "crc32c");
+        let row = json["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["path"] == path(1).as_str())
+            .unwrap();
+        assert_eq!(row["checksum_errors"], 2);
+        assert_eq!(row["untrusted_blocks"], 0);
+    }
+
+    #[test]
+    fn without_integrity_detail_is_as_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut snapshot = raid5(dir.path(), false);
+        assert!(snapshot.devices.iter().all(|d| d.checksum_errors.is_none()));
+        let view = DetailView::from_snapshot(&snapshot);
+        let text = view.text("");
+        assert!(text.contains("Consistency Policy : resync\n\n"), "{text}");
+        assert!(!text.contains("Integrity") && !text.contains("Checksum"));
+        assert!(text.ends_with("/m2\n"), "the table ends the text:\n{text}");
+        let json = serde_json::to_string(&view).unwrap();
+        for key in ["integrity", "checksum_errors", "untrusted_blocks"] {
+            assert!(!json.contains(key), "{key} in {json}");
+        }
+        // The same array with checksums differs by exactly the two parts.
+        for d in &mut snapshot.devices {
+            d.checksum_errors = Some(0);
+            d.untrusted_blocks = Some(0);
+        }
+        let with = DetailView::from_snapshot(&snapshot).text("");
+        let stripped = with
+            .replace("         Integrity : crc32c\n", "")
+            .split("\n    Checksum errors (uraid, crc32c):\n")
+            .next()
+            .unwrap()
+            .to_string();
+        assert_eq!(stripped, text);
+    }
 }

@@ -396,7 +396,11 @@ fn a_member_added_to_an_integrity_array_gets_checksums_of_its_own() {
         .find(|d| d.path == new.display().to_string())
         .unwrap();
     assert_eq!(added.checksum_errors, Some(0));
-    assert_eq!(added.untrusted_blocks, Some(0), "the rebuild wrote every row");
+    assert_eq!(
+        added.untrusted_blocks,
+        Some(0),
+        "the rebuild wrote every row"
+    );
     // Rot on the new member is caught and healed like on any other.
     let mut all = paths.clone();
     all[2] = new.clone();
@@ -456,4 +460,83 @@ fn a_new_array_has_every_block_it_uses_checksummed() {
         }
         engine.shutdown().unwrap();
     }
+}
+
+/// A raid5 without checksums on 6 MiB files, using `size_sectors` of
+/// each (None: all).
+fn make_plain(dir: &Path, size_sectors: Option<u64>) -> Vec<PathBuf> {
+    let paths: Vec<PathBuf> = (0..4)
+        .map(|i| {
+            let p = dir.join(format!("p{i}"));
+            std::fs::File::create(&p).unwrap().set_len(6 << 20).unwrap();
+            p
+        })
+        .collect();
+    let options = CreateOptions {
+        level: Level::Raid5,
+        raid_disks: 4,
+        chunk_bytes: Some(16 << 10),
+        layout: None,
+        metadata: Metadata::V1_2,
+        assume_clean: false,
+        name: "plain".into(),
+        size_sectors,
+        force: false,
+        homehost: None,
+        integrity: false,
+    };
+    let specs: Vec<MemberSpec> = paths.iter().cloned().map(MemberSpec::Device).collect();
+    create(&specs, &options, |_, _| {}).unwrap();
+    paths
+}
+
+fn opened(paths: &[PathBuf]) -> Vec<(String, crate::member::MemberRef)> {
+    crate::array::open_members(paths, true).unwrap()
+}
+
+#[test]
+fn an_existing_array_with_room_gets_checksums_and_can_drop_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = make_plain(dir.path(), Some(8192));
+    let engine = start(&paths);
+    let image = fill(&engine, 0x3c);
+    engine.shutdown().unwrap();
+    drop(engine);
+    let said = crate::array::integrity::enable(opened(&paths)).unwrap();
+    assert!(said.contains("4 members"), "{said}");
+    let engine = start(&paths);
+    assert!(events_named(&engine, "IntegrityStale").is_empty());
+    for d in engine.snapshot().devices {
+        assert_eq!(d.untrusted_blocks, Some(0), "{}", d.path);
+    }
+    let map = engine.geometry().stripe(6);
+    let place = map.data[2].copies[0];
+    let before = rot(&paths, &place, 0);
+    assert!(read_all(&engine).unwrap() == image);
+    assert_eq!(page_of(&paths, &place, 0), before);
+    engine.shutdown().unwrap();
+    drop(engine);
+    let e = crate::array::integrity::enable(opened(&paths)).unwrap_err();
+    assert!(e.contains("already"), "{e}");
+    crate::array::integrity::disable(opened(&paths)).unwrap();
+    let engine = start(&paths);
+    assert!(engine
+        .snapshot()
+        .devices
+        .iter()
+        .all(|d| d.checksum_errors.is_none()));
+    assert!(read_all(&engine).unwrap() == image);
+    assert_eq!(check_mismatches(&engine), 0);
+    engine.shutdown().unwrap();
+}
+
+#[test]
+fn an_array_without_room_for_checksums_is_refused_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = make_plain(dir.path(), None);
+    let before: Vec<Vec<u8>> = paths.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    let e = crate::array::integrity::enable(opened(&paths)).unwrap_err();
+    assert!(e.contains("no room for checksums"), "{e}");
+    let after: Vec<Vec<u8>> = paths.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    assert!(before == after, "nothing written");
 }

@@ -13,7 +13,8 @@
 //! `uraid_*` families: the array's UUID and level (`uraid_array_info`,
 //! joined on `device`), the job's progress in bytes, ratio and ETA, the
 //! stripe cache's and the journal's counters, the bitmap, mismatch_cnt,
-//! and each member's state, I/O errors, bytes and latency histogram.
+//! and each member's state, I/O errors, bytes and latency histogram, and
+//! on arrays with `--integrity` its checksum errors and untrusted blocks.
 //!
 //! The text is encoded by the Prometheus project's client
 //! (`prometheus-client`, a collector built at each scrape) and served by
@@ -291,6 +292,7 @@ fn families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
     out.extend(journal_families(arrays));
     out.extend(member_families(arrays));
     out.extend(member_io_families(arrays));
+    out.extend(member_checksum_families(arrays));
     // Two families of one name would make the text invalid for a scraper.
     let mut names: Vec<&str> = out.iter().map(|f| f.name).collect();
     names.sort_unstable();
@@ -642,6 +644,33 @@ fn member_io_families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
     vec![errors, bytes, latency]
 }
 
+/// Each member's checksum errors (zpool status's CKSUM) and the blocks it
+/// reads unverified, on arrays whose members keep checksums.
+fn member_checksum_families(arrays: &[(String, &StatusReply)]) -> Vec<Family> {
+    let mut errors = Family::new(
+        "uraid_member_checksum_errors",
+        Kind::Counter,
+        "Member blocks that failed their checksum since the member was opened (each corrected from redundancy where it could be).",
+    );
+    let mut untrusted = Family::new(
+        "uraid_member_untrusted_blocks",
+        Kind::Gauge,
+        "Member blocks whose checksum is not known yet, read without verification until written or checked.",
+    );
+    for (device, a) in arrays {
+        for m in members_by_path(a) {
+            let labels = vec![("device", device.clone()), ("member", m.path.clone())];
+            if let Some(n) = m.checksum_errors {
+                errors.int(labels.clone(), n);
+            }
+            if let Some(n) = m.untrusted_blocks {
+                untrusted.int(labels, n);
+            }
+        }
+    }
+    vec![errors, untrusted]
+}
+
 /// An array's members in path order, as Go's registry sorts the series.
 fn members_by_path(a: &StatusReply) -> Vec<&crate::control::MemberStatus> {
     let mut members: Vec<_> = a.members.iter().collect();
@@ -725,6 +754,8 @@ mod tests {
                     io: None,
                     smart: None,
                     failure: None,
+                    checksum_errors: None,
+                    untrusted_blocks: None,
                 })
                 .collect(),
             ..Default::default()
@@ -958,6 +989,33 @@ node_md_state{device="data",state="resync"} 0"#;
         // Members without counters (loop1..3 here) have no I/O series.
         assert!(!text.contains(r#"member="/dev/loop1",op="#));
         assert!(!text.contains("uraid_journal_"), "no journal, no series");
+    }
+
+    #[test]
+    fn members_with_checksums_count_their_errors() {
+        let mut a = raid5();
+        for m in &mut a.members {
+            m.checksum_errors = Some(0);
+            m.untrusted_blocks = Some(0);
+        }
+        a.members[1].checksum_errors = Some(2);
+        a.members[3].untrusted_blocks = Some(1536);
+        let text = render(&[a]);
+        for line in [
+            "# TYPE uraid_member_checksum_errors_total counter",
+            r#"uraid_member_checksum_errors_total{device="data",member="/dev/loop0"} 0"#,
+            r#"uraid_member_checksum_errors_total{device="data",member="/dev/loop1"} 2"#,
+            "# TYPE uraid_member_untrusted_blocks gauge",
+            r#"uraid_member_untrusted_blocks{device="data",member="/dev/loop1"} 0"#,
+            r#"uraid_member_untrusted_blocks{device="data",member="/dev/loop3"} 1536"#,
+        ] {
+            has(&text, line);
+        }
+        assert!(text.contains("# HELP uraid_member_checksum_errors_total Member blocks"));
+        // Without --integrity there is nothing to count: no family at all.
+        let plain = render(&[raid5()]);
+        assert!(!plain.contains("checksum"), "{plain}");
+        assert!(!plain.contains("untrusted"), "{plain}");
     }
 
     #[test]

@@ -438,26 +438,7 @@ pub fn create_on_members_full(
     if missing.iter().all(|m| *m) {
         return Err(invalid("every raid device is missing"));
     }
-    if opts.integrity {
-        check_integrity_request(opts, journal_index.is_some())?;
-    }
-    // With checksums, md is given what their region leaves of each device
-    // (the journal keeps its own).
-    let sizes: Vec<Option<u64>> = opened
-        .iter()
-        .enumerate()
-        .map(|(i, o)| {
-            let o = o.as_ref()?;
-            let device = o.member.size_sectors();
-            if !opts.integrity || Some(i) == journal_index {
-                return Some(Ok(device));
-            }
-            Some(super::integrity::usable_sectors(device).ok_or_else(|| {
-                CreateError::Device(format!("{}: too small for a checksum region", o.path))
-            }))
-        })
-        .map(Option::transpose)
-        .collect::<Result<_, _>>()?;
+    let sizes = member_sizes(&opened, opts, journal_index)?;
     let spare_end = journal_index.unwrap_or(devices.len());
     let sizing = size_members(&opened, &sizes, spare_end, opts, chunk_sectors, layout)?;
     let Sizing {
@@ -520,9 +501,37 @@ pub fn create_on_members_full(
     Ok(array)
 }
 
+/// The sectors of each device md may use: all of it, or with checksums
+/// (refused where they cannot be) what their region leaves (the journal
+/// keeps its own).
+fn member_sizes(
+    opened: &[Option<Opened>],
+    opts: &CreateOptions,
+    journal_index: Option<usize>,
+) -> Result<Vec<Option<u64>>, CreateError> {
+    if opts.integrity {
+        check_integrity_request(opts)?;
+    }
+    opened
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let o = o.as_ref()?;
+            let device = o.member.size_sectors();
+            if !opts.integrity || Some(i) == journal_index {
+                return Some(Ok(device));
+            }
+            Some(super::integrity::usable_sectors(device).ok_or_else(|| {
+                CreateError::Device(format!("{}: too small for a checksum region", o.path))
+            }))
+        })
+        .map(Option::transpose)
+        .collect()
+}
+
 /// What `--integrity` needs: redundancy to heal from, and a superblock at
 /// the start so that the region after md's data area is md's to ignore.
-fn check_integrity_request(opts: &CreateOptions, journal: bool) -> Result<(), CreateError> {
+fn check_integrity_request(opts: &CreateOptions) -> Result<(), CreateError> {
     if !opts.level.redundant() {
         return Err(invalid(format!(
             "--integrity needs redundancy to correct from; {} has none",
@@ -536,20 +545,15 @@ fn check_integrity_request(opts: &CreateOptions, journal: bool) -> Result<(), Cr
             opts.metadata
         )));
     }
-    if journal {
-        return Err(invalid(
-            "--integrity with --write-journal is not supported yet: the journal's replay does not \
-             carry checksums",
-        ));
-    }
     Ok(())
 }
 
 /// Writes every member's checksum region (every block untrusted until
-/// derived), after the superblocks that place it.
+/// derived), after the superblocks that place it. The journal (the last
+/// device) keeps none: its blocks carry their own checksums.
 fn format_integrity(supers: &[(Opened, MemberSuper)], journal: bool) -> Result<(), CreateError> {
-    assert!(!journal, "refused by check_integrity_request");
-    for (o, sb) in supers {
+    let members = &supers[..supers.len() - usize::from(journal)];
+    for (o, sb) in members {
         super::integrity::format_member(o.member.clone(), sb)
             .map_err(|e| CreateError::Device(format!("{}: {e}", o.path)))?;
     }

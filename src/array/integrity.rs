@@ -248,9 +248,6 @@ fn refuse_unfit(array: &super::Assembled) -> Result<(), String> {
             array.sb.metadata
         ));
     }
-    if super::has_journal_feature(&array.sb) {
-        return Err("checksums with a write journal are not supported yet".into());
-    }
     if array.geometry.reshaping().is_some() {
         return Err("the array is reshaping: let the reshape finish first".into());
     }

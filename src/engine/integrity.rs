@@ -85,6 +85,18 @@ impl Engine {
                         ),
                     );
                 }
+                // With a write journal every row in flight was in it, and
+                // its replay has rewritten them through the layer; the
+                // rows it had let go of were flushed first (the journal's
+                // reclaim flushes the members, checksum pages included).
+                Trust::Unclean if self.journal.is_some() => {
+                    self.events.push(
+                        "IntegrityUnclean",
+                        &o.path,
+                        "not closed cleanly: the write journal's replay rewrote the rows that \
+                         were in flight, checksums with them",
+                    );
+                }
                 Trust::Unclean => {
                     self.untrust_crash_window(&o.member);
                     check |= !resync_owed;

@@ -64,6 +64,33 @@ pub(super) fn set_recovery_offset(
 /// (sectors of the member from its data offset). raid10's stripes are array
 /// chunks whose copies are not in member order, so a partial raid10
 /// recovery is recorded as not started, which is always safe.
+/// The sectors of a new member md may use: all of it, or with checksums
+/// what their region leaves (it keeps one after md's data area, as its
+/// peers do); refused when that is less than the array needs.
+fn room_for_new_member(
+    name: &str,
+    member: &MemberRef,
+    needed: u64,
+    integrity: bool,
+) -> Result<u64, String> {
+    let room = match integrity {
+        true => crate::array::integrity::usable_sectors(member.size_sectors()).unwrap_or(0),
+        false => member.size_sectors(),
+    };
+    if room < needed {
+        let checksums = if integrity {
+            " and room for its checksums"
+        } else {
+            ""
+        };
+        return Err(format!(
+            "{name}: too small ({} sectors, needs {needed}{checksums})",
+            member.size_sectors()
+        ));
+    }
+    Ok(room)
+}
+
 pub(super) fn recovery_offset_of(geometry: &Geometry, next_stripe: u64) -> u64 {
     match geometry {
         Geometry::Raid10(_) => 0,
@@ -297,25 +324,9 @@ impl Engine {
                 .sb
                 .clone();
             let mut sb = array.sb.clone();
-            let needed = template.data_offset_sectors + sb.size_sectors;
-            // With checksums the new member keeps their region after md's
-            // data area, as its peers do.
             let integrity = !array.integrity.is_empty();
-            let room = match integrity {
-                true => crate::array::integrity::usable_sectors(member.size_sectors()).unwrap_or(0),
-                false => member.size_sectors(),
-            };
-            if room < needed {
-                return Err(format!(
-                    "{name}: too small ({} sectors, needs {needed}{})",
-                    member.size_sectors(),
-                    if integrity {
-                        " and room for its checksums"
-                    } else {
-                        ""
-                    }
-                ));
-            }
+            let needed = template.data_offset_sectors + sb.size_sectors;
+            let room = room_for_new_member(&name, &member, needed, integrity)?;
             let mut taken: Vec<u32> = array.devices.iter().map(|d| d.sb.dev_number).collect();
             if let Some(draid) = self.geometry().draid() {
                 taken.extend(crate::array::dspare::spare_dev_numbers(

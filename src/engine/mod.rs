@@ -234,22 +234,11 @@ impl Engine {
             engine.start_bitmap_daemon();
         }
         let _ = engine.me.set(Arc::downgrade(&engine));
-        let derive_by_check = engine
-            .open_integrity(resync_from.is_some() || reshaping)
-            .map_err(|source| {
-                EngineError::Superblock(crate::array::SuperblockError::Io {
-                    device: "checksum regions".into(),
-                    source,
-                })
-            })?;
+        let derive_by_check = start::open_integrity(&engine, resync_from.is_some() || reshaping)?;
         if !options.read_only {
             engine.ensure_workers();
             start::resume_work(&engine, data_only, reshaping, resync_owed, resync_from)?;
-            if derive_by_check && engine.sync.action().is_none() {
-                // Checksums no resync will derive (writes made elsewhere):
-                // a check gives them back where each row agrees.
-                let _ = engine.start_scrub(false);
-            }
+            start::derive_by_check(&engine, derive_by_check);
         }
         Ok(engine)
     }

@@ -259,3 +259,26 @@ pub(super) fn resume_work(
     }
     Ok(())
 }
+
+/// Takes over the members opened with checksums (`Engine::open_integrity`):
+/// whether a check must derive checksums no resync will.
+pub(super) fn open_integrity(
+    engine: &Arc<Engine>,
+    resync_pending: bool,
+) -> Result<bool, EngineError> {
+    engine.open_integrity(resync_pending).map_err(|source| {
+        EngineError::Superblock(crate::array::SuperblockError::Io {
+            device: "checksum regions".into(),
+            source,
+        })
+    })
+}
+
+/// Checksums no resync will derive (writes made elsewhere): a check gives
+/// them back where each row agrees, unless a job runs already (a rebuild
+/// writes its rows; the next check derives the rest).
+pub(super) fn derive_by_check(engine: &Arc<Engine>, needed: bool) {
+    if needed && engine.sync.action().is_none() {
+        let _ = engine.start_scrub(false);
+    }
+}

@@ -1272,7 +1272,7 @@ fn reassemble(wrappers: &[Arc<crate::member::FaultyMember>]) -> Assembled {
 
 /// Drops the engine as a crash would (no shutdown) and waits until its
 /// background threads have let go of it.
-fn crash(engine: Arc<Engine>) {
+pub(crate) fn crash(engine: Arc<Engine>) {
     let weak = Arc::downgrade(&engine);
     drop(engine);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);

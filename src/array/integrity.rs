@@ -96,6 +96,9 @@ pub fn open_member(
     // window is the engine's to untrust (it knows the bitmap).
     if matches!(trust, Trust::Stale { .. }) {
         integrity.untrust_all();
+        // Past the size the array uses md writes nothing: what is there
+        // is uraid's own and keeps its checksums (no check would derive it).
+        derive_unused(&integrity, sb).map_err(|e| format!("{path}: checksum region: {e}"))?;
     }
     let opened = IntegrityOpened {
         path: path.to_string(),

@@ -156,7 +156,9 @@ impl Engine {
         let geometry = self.geometry();
         let trusted_bitmap = self.live_bitmap().is_some_and(|b| b.trusted);
         if !trusted_bitmap || geometry.draid().is_some() {
-            member.untrust_all();
+            // Every row the array uses; past them nothing is in flight.
+            let used = self.array.lock().unwrap().sb.size_sectors * SECTOR_BYTES;
+            member.untrust(member.layout().data_start_bytes, used);
             return;
         }
         let table = self.table();

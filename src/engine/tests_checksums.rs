@@ -322,6 +322,15 @@ fn writes_made_elsewhere_are_rederived_without_false_errors() {
     let engine = start(&paths);
     let stale = events_named(&engine, "IntegrityStale");
     assert_eq!(stale.len(), 4, "{stale:?}");
+    wait_idle(&engine);
+    for d in engine.snapshot().devices {
+        assert_eq!(
+            d.untrusted_blocks,
+            Some(0),
+            "the check derived every row: {}",
+            d.path
+        );
+    }
     // The check started at open has derived them again.
     assert!(read_all(&engine).unwrap() == image);
     assert!(events_named(&engine, "ChecksumError").is_empty());
@@ -616,6 +625,14 @@ fn a_crash_raises_no_false_checksum_error_with_a_bitmap_without_one_or_with_a_jo
         assert_eq!(unclean.len(), 4, "{consistency:?}: {unclean:?}");
         assert!(read_all(&engine).unwrap() == image, "{consistency:?}");
         wait_idle(&engine);
+        for d in engine
+            .snapshot()
+            .devices
+            .iter()
+            .filter(|d| !d.path.ends_with("journal"))
+        {
+            assert_eq!(d.untrusted_blocks, Some(0), "{consistency:?}: {}", d.path);
+        }
         assert!(
             events_named(&engine, "ChecksumError").is_empty(),
             "{consistency:?}: {:?}",

@@ -98,7 +98,7 @@ impl Engine {
                     );
                 }
                 Trust::Unclean => {
-                    self.untrust_crash_window(&o.member);
+                    self.untrust_crash_window(&o.member, resync_owed);
                     check |= !resync_owed;
                     self.events.push(
                         "IntegrityUnclean",
@@ -152,10 +152,14 @@ impl Engine {
     /// whose checksum pages may not have reached the disk. With a trusted
     /// bitmap, its dirty rows (bits are cleared only after the members,
     /// checksum pages included, are flushed); otherwise every block.
-    fn untrust_crash_window(&self, member: &Arc<IntegrityMember>) {
+    /// Every block too when md's superblocks owe no resync: the array was
+    /// stopped in order, or idle and marked clean, yet this region was not
+    /// closed (its close failed, or a write to it did), so no bitmap bit
+    /// tells which of its pages missed the disk.
+    fn untrust_crash_window(&self, member: &Arc<IntegrityMember>, resync_owed: bool) {
         let geometry = self.geometry();
         let trusted_bitmap = self.live_bitmap().is_some_and(|b| b.trusted);
-        if !trusted_bitmap || geometry.draid().is_some() {
+        if !trusted_bitmap || geometry.draid().is_some() || !resync_owed {
             // Every row the array uses; past them nothing is in flight.
             let used = self.array.lock().unwrap().sb.size_sectors * SECTOR_BYTES;
             member.untrust(member.layout().data_start_bytes, used);
@@ -281,13 +285,45 @@ impl Engine {
         self.geometry().survives(&missing)
     }
 
+    /// Checksums a pass could not derive because a member was missing (the
+    /// resync after a crash of a degraded array: no parity left over to
+    /// tell a rotten block from a good one) stay untrusted, and rot there
+    /// goes unseen, until a check of the whole array. Once the last missing
+    /// role is rebuilt, that check starts by itself instead of waiting for
+    /// the next scheduled scrub.
+    pub(super) fn derive_once_whole(self: &Arc<Self>) {
+        if self.read_only || self.sync.action().is_some() {
+            return;
+        }
+        let table = self.table();
+        if table.by_role.iter().any(|e| e.is_none()) {
+            return;
+        }
+        let untrusted = table.by_role.iter().flatten().any(|e| {
+            e.slot
+                .member
+                .integrity()
+                .is_some_and(|i| i.untrusted_blocks() > 0)
+        });
+        drop(table);
+        if untrusted {
+            let _ = self.start_scrub(false);
+        }
+    }
+
     /// Closes every checksum region at the event count its member's
     /// superblock ends with, after the last superblock write of a stop.
-    pub(super) fn close_integrity(&self) -> std::io::Result<()> {
+    pub(super) fn close_integrity(&self) {
         // The devices, not the list opened at start: a member that came
         // back is used through a new layer, and the old one must not write
         // its stale pages over the new one's.
+        //
+        // A member whose close fails does not fail the stop: md's
+        // superblocks are written and clean, and the region left open is
+        // untrusted whole at the next start (`untrust_crash_window`) and
+        // derived again by a check, so it can raise no false error.
         let array = self.array.lock().unwrap();
+        let mut unclosed = Vec::new();
         for device in &array.devices {
             let Some(integrity) = device.member.integrity() else {
                 continue;
@@ -295,8 +331,20 @@ impl Engine {
             if device.state == crate::array::DeviceState::Faulty {
                 continue;
             }
-            integrity.close(device.sb.events)?;
+            if let Err(e) = integrity.close(device.sb.events) {
+                unclosed.push((device.path.clone(), e));
+            }
         }
-        Ok(())
+        drop(array);
+        for (path, e) in unclosed {
+            self.events.push(
+                "IntegrityNotClosed",
+                &path,
+                &format!(
+                    "checksum region not closed ({e}): the next start trusts none of its \
+                     checksums and a check derives them again"
+                ),
+            );
+        }
     }
 }

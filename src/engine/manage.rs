@@ -809,6 +809,7 @@ impl Engine {
         drop(array);
         // Another role may still be missing, with another spare waiting.
         self.start_recovery_if_possible();
+        self.derive_once_whole();
     }
 
     /// Called by the job's thread as it ends.

@@ -107,6 +107,30 @@ fn fill(engine: &Arc<Engine>, seed: u64) -> Vec<u8> {
     image
 }
 
+/// A fresh 6 MiB member file added to the array (its rebuild starts).
+fn add_new_member(engine: &Arc<Engine>, dir: &Path) -> PathBuf {
+    let new = dir.join("new");
+    std::fs::File::create(&new)
+        .unwrap()
+        .set_len(6 << 20)
+        .unwrap();
+    engine.manage_add(&new).unwrap();
+    new
+}
+
+/// `count` writes of one to three pages at random places, not flushed,
+/// kept in `image`.
+fn scribble(engine: &Arc<Engine>, image: &mut [u8], seed: u64, count: usize) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for _ in 0..count {
+        let at = rng.gen_range(0..image.len() / 4096 - 4) * 4096;
+        let mut piece = vec![0u8; 4096 * rng.gen_range(1..4usize)];
+        rng.fill(&mut piece[..]);
+        engine.write(at as u64, &piece, false).unwrap();
+        image[at..at + piece.len()].copy_from_slice(&piece);
+    }
+}
+
 fn read_all(engine: &Arc<Engine>) -> std::io::Result<Vec<u8>> {
     let mut buf = vec![0u8; engine.size_bytes() as usize];
     // In pieces of a few rows, as a client reads.
@@ -431,12 +455,7 @@ fn a_member_added_to_an_integrity_array_gets_checksums_of_its_own() {
     let image = fill(&engine, 0x3a);
     engine.manage_fail(&paths[2]).unwrap();
     engine.manage_remove(&paths[2]).unwrap();
-    let new = dir.path().join("new");
-    std::fs::File::create(&new)
-        .unwrap()
-        .set_len(6 << 20)
-        .unwrap();
-    engine.manage_add(&new).unwrap();
+    let new = add_new_member(&engine, dir.path());
     wait_idle(&engine);
     assert!(engine.table().in_sync().iter().all(|s| *s));
     let snapshot = engine.snapshot();
@@ -611,14 +630,7 @@ fn a_crash_raises_no_false_checksum_error_with_a_bitmap_without_one_or_with_a_jo
         let mut image = fill(&engine, 0x3d);
         // Writes after the last flush: their checksum pages are in memory
         // only when the crash comes.
-        let mut rng = rand::rngs::StdRng::seed_from_u64(0x3e);
-        for _ in 0..40 {
-            let at = rng.gen_range(0..image.len() / 4096 - 4) * 4096;
-            let mut piece = vec![0u8; 4096 * rng.gen_range(1..4usize)];
-            rng.fill(&mut piece[..]);
-            engine.write(at as u64, &piece, false).unwrap();
-            image[at..at + piece.len()].copy_from_slice(&piece);
-        }
+        scribble(&engine, &mut image, 0x3e, 40);
         super::tests::crash(engine);
         let engine = start(&paths);
         let unclean = events_named(&engine, "IntegrityUnclean");
@@ -646,4 +658,64 @@ fn a_crash_raises_no_false_checksum_error_with_a_bitmap_without_one_or_with_a_jo
         assert_eq!(page_of(&paths, &place, 1), before, "{consistency:?}");
         engine.shutdown().unwrap();
     }
+}
+
+#[test]
+fn blocks_a_degraded_pass_could_not_derive_are_derived_once_the_array_is_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = make(dir.path(), Level::Raid5, Some("left-symmetric"), 4, 16);
+    let engine = start(&paths);
+    let mut image = fill(&engine, 0x3f);
+    engine.manage_fail(&paths[2]).unwrap();
+    engine.manage_remove(&paths[2]).unwrap();
+    scribble(&engine, &mut image, 0x40, 20);
+    super::tests::crash(engine);
+    // Degraded after a crash: no parity is left over to tell a rotten block
+    // from a good one, so what the crash left untrusted stays so.
+    let survivors: Vec<PathBuf> = paths
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 2)
+        .map(|(_, p)| p.clone())
+        .collect();
+    // md refuses a dirty degraded raid5 unless forced (--run --force).
+    let forced = EngineOptions {
+        force: true,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::start(assemble(&survivors, true).unwrap(), forced).unwrap();
+    wait_idle(&engine);
+    assert!(read_all(&engine).unwrap() == image);
+    let untrusted: u64 = engine
+        .snapshot()
+        .devices
+        .iter()
+        .map(|d| d.untrusted_blocks.unwrap())
+        .sum();
+    assert!(untrusted > 0, "a degraded raid5 derives nothing");
+    let new = add_new_member(&engine, dir.path());
+    // The rebuild, then the check that starts by itself as it ends.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while engine
+        .snapshot()
+        .devices
+        .iter()
+        .any(|d| d.untrusted_blocks != Some(0))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still untrusted: {:?}",
+            engine.snapshot().devices
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    wait_idle(&engine);
+    let checks = events_named(&engine, "RebuildFinished");
+    assert!(
+        checks.iter().any(|e| e.detail.starts_with("check")),
+        "{checks:?}"
+    );
+    assert!(events_named(&engine, "ChecksumError").is_empty());
+    assert!(read_all(&engine).unwrap() == image);
+    engine.shutdown().unwrap();
 }

@@ -40,6 +40,13 @@
 //!   child, with or without a distributed spare): a failure is rebuilt onto
 //!   the distributed spare, and a disk added later takes the role back
 //!   while the steps go on;
+//! * silent corruption on the seeds that draw `--integrity crc32c`
+//!   (about a third of those with 1.2 metadata, where the checksums have
+//!   room; they skip reshapes, which such arrays refuse): one to four
+//!   4 KiB pages of a member's data area overwritten on the platter
+//!   (`Fault::Corrupt`, stored), no error returned. A rotten member counts
+//!   as compromised until a check heals it, and reads must still return
+//!   the model's bytes: a `ChecksumUncorrectable` event fails the seed;
 //! * orderly restarts (shutdown, assemble, start);
 //! * crashes: power fails. The engine is dropped without a shutdown (in
 //!   half of the crashes every member is first cut off, so that power fails
@@ -142,8 +149,8 @@ use uraid::export::BlockBackend;
 use uraid::format::Metadata;
 use uraid::geometry::{Geometry, Level, Place};
 use uraid::member::{
-    BadRange, EioRate, Fault, FaultPlan, FaultyMember, FileMember, MemberRef, MemoryMember,
-    OpenOptions, Ops, Torn, WriteCache,
+    BadRange, CorruptMode, CorruptRange, EioRate, Fault, FaultPlan, FaultyMember, FileMember,
+    MemberRef, MemoryMember, OpenOptions, Ops, Torn, WriteCache,
 };
 
 const SECTOR: usize = 512;
@@ -249,6 +256,9 @@ struct Config {
     /// The speed limit while a reshape runs: low enough that it spans
     /// steps, high enough that a settle sees it end.
     reshape_kib: u64,
+    /// `create --integrity crc32c`: a checksum of every member block, and
+    /// bit rot (`corrupt:stored`) among the faults.
+    integrity: bool,
 }
 
 impl Config {
@@ -330,6 +340,22 @@ impl Config {
             cache_capacity: rng.gen_bool(0.3).then(|| 4096u64 << rng.gen_range(3..7)),
             speed_kib: rng.gen_bool(0.25).then_some(20_000),
             reshape_kib: [5_000, 20_000, 100_000][rng.gen_range(0..3)],
+            integrity: false,
+        }
+    }
+
+    /// A third of the seeds with metadata 1.2 (the checksums live after
+    /// md's data area, where 1.0 keeps its superblock) get integrity. Drawn
+    /// from a generator of its own, so that the seeds without it draw what
+    /// they drew before integrity was simulated.
+    fn draw_integrity(&mut self, seed: u64) {
+        let mut rng =
+            StdRng::seed_from_u64(seed ^ 0x1c_0000_0000 ^ (self.level.md_number() as u64) << 40);
+        if self.metadata == Metadata::V1_2 && rng.gen_bool(0.35) {
+            self.integrity = true;
+            // The region: a 4 KiB header, the untrusted bitmap and 4 bytes
+            // of checksum per 4 KiB block, with room to spare.
+            self.member_bytes += 256 << 10;
         }
     }
 
@@ -610,6 +636,13 @@ stats! {
     losses_beyond_one,
     /// Faults and failures of a member while a distributed spare held a role.
     losses_beside_spare,
+    /// Bit rot applied to a member of an integrity array, and the checks
+    /// run to heal it.
+    rots,
+    rots_healed,
+    /// ChecksumError events the engine raised (the first of each member's
+    /// blocks; reads, checks and rebuilds find rot).
+    checksum_errors,
 }
 
 struct Sim {
@@ -641,6 +674,10 @@ struct Sim {
     stats: Stats,
     /// The last engine event recorded in the trace.
     last_event: Option<uraid::engine::Event>,
+    /// Devices holding bit rot that no check has healed yet: compromised,
+    /// as a faulty member is, since the rotten blocks are lost data until
+    /// healed (the checksums find them, redundancy must rebuild them).
+    rot: BTreeSet<usize>,
 }
 
 macro_rules! fail {
@@ -652,7 +689,8 @@ macro_rules! fail {
 impl Sim {
     fn new(level: Level, seed: u64, trace: Arc<Mutex<Trace>>) -> Sim {
         let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_0000 ^ (level.md_number() as u64) << 40);
-        let cfg = Config::draw(level, &mut rng);
+        let mut cfg = Config::draw(level, &mut rng);
+        cfg.draw_integrity(seed);
         let dir = tempfile::Builder::new()
             .prefix(&format!("uraid-sim-{level}-{seed}-"))
             .tempdir_in(std::env::temp_dir())
@@ -680,7 +718,7 @@ impl Sim {
             size_sectors: Some(cfg.data_bytes / SECTOR as u64),
             force: false,
             homehost: None,
-            integrity: false,
+            integrity: cfg.integrity,
         };
         let members = devs
             .iter()
@@ -710,6 +748,7 @@ impl Sim {
             added: 0,
             stats: Stats::default(),
             last_event: None,
+            rot: BTreeSet::new(),
             cfg,
         };
         sim.layouts = vec![sim.layout(sim.geometry.clone())];
@@ -759,7 +798,17 @@ impl Sim {
         .collect();
         self.last_event = events.last().cloned();
         for text in new {
+            self.stats.checksum_errors += u64::from(text.starts_with("  (event ChecksumError "));
+            let uncorrectable = text.starts_with("  (event ChecksumUncorrectable ");
             self.op(text);
+            // The faults never exceed the level's redundancy: every block
+            // that fails its checksum has the rest of its row to come from.
+            if uncorrectable {
+                fail!(
+                    self,
+                    "a rotten block could not be corrected within the level's redundancy"
+                );
+            }
         }
     }
 
@@ -821,10 +870,11 @@ impl Sim {
     }
 
     fn has_faults(&self, dev: usize) -> bool {
-        match &self.devs[dev].wrapper {
-            Some(w) => w.plan() != self.cfg.healthy_plan(),
-            None => false,
-        }
+        self.rot.contains(&dev)
+            || match &self.devs[dev].wrapper {
+                Some(w) => w.plan() != self.cfg.healthy_plan(),
+                None => false,
+            }
     }
 
     /// With write-back the cache writes in the background: a one-shot fault
@@ -1402,6 +1452,11 @@ impl Sim {
 
     /// Power fails: see the module documentation.
     fn crash(&mut self) {
+        // Rot in a row the crash leaves dirty meets checksums the next start
+        // cannot trust (the rows in flight, or every row without a bitmap),
+        // and a resync takes the row as it finds it: what integrity does not
+        // promise (docs/architecture/integrity.md). Healed first.
+        self.heal_rot("before a crash");
         self.stats.crashes += 1;
         self.stats.crashes_reshaping += u64::from(self.reshape.is_some());
         let engine = self.engine.take().unwrap();
@@ -1770,6 +1825,21 @@ impl Sim {
             return;
         };
         let data_offset = self.engine().snapshot().sb.data_offset_sectors * SECTOR as u64;
+        if self.cfg.integrity && self.rng.gen_bool(0.4) {
+            // Integrity promises to find rot in blocks whose checksums it
+            // trusts; until a check derives them (after a crash, or writes
+            // made elsewhere) a member's blocks have none to be found by.
+            let trusted = self
+                .engine()
+                .snapshot()
+                .devices
+                .iter()
+                .any(|d| d.path == self.devs[dev].name && d.untrusted_blocks == Some(0));
+            if trusted {
+                self.rot_member(role, dev, data_offset);
+            }
+            return;
+        }
         let ops = |rng: &mut StdRng| match rng.gen_range(0..5) {
             0..=2 => Ops::Read,
             3 => Ops::Write,
@@ -1813,6 +1883,56 @@ impl Sim {
         self.stats.faults += 1;
     }
 
+    /// Bit rot on an in-sync member of an integrity array: 4 to 16 KiB of
+    /// its data area go wrong in place, with no error. Every read must still
+    /// return the model's bytes (the checksums catch the rot, the row
+    /// rebuilds it), so the member counts as compromised until a check has
+    /// verified every block and healed it (`heal_rot`).
+    fn rot_member(&mut self, role: usize, dev: usize, data_offset: u64) {
+        const PAGE: u64 = 4096;
+        let pages = self.rng.gen_range(1..=4u64);
+        let at = data_offset + self.rng.gen_range(0..self.cfg.data_bytes / PAGE - pages) * PAGE;
+        let fault = Fault::Corrupt(CorruptRange {
+            offset_bytes: at,
+            len_bytes: pages * PAGE,
+            mode: CorruptMode::Stored,
+            seed: Some(self.rng.gen()),
+        });
+        self.op(format!(
+            "rot {fault} on {} (role {role})",
+            self.devs[dev].name
+        ));
+        // Rot in a row a crash left suspect is rebuilt from parity that
+        // disagrees: the write hole, as a lost member's blocks there.
+        self.taint_role(role);
+        let wrapper = self.devs[dev].wrapper.clone().unwrap();
+        if let Err(e) = wrapper.apply(&fault) {
+            fail!(self, "applying {fault}: {e}");
+        }
+        self.rot.insert(dev);
+        self.stats.rots += 1;
+    }
+
+    /// A check verifies every block of every member against its checksum
+    /// and rewrites the rotten ones from the rest of their rows: after it,
+    /// no rot is left to count as a fault. (Had it not healed them, a later
+    /// loss of another member would make the rotten blocks unreadable,
+    /// which the model's reads catch.)
+    fn heal_rot(&mut self, why: &str) {
+        if self.rot.is_empty() {
+            return;
+        }
+        self.op(format!("check to heal the rot on {:?} {why}", self.rot));
+        self.scrub(false);
+        self.trace_events();
+        // The healing rewrites sit in the members' write caches: a crash
+        // before they reach the medium brings the rot back, under
+        // checksums the next start may not trust.
+        self.do_flush();
+        self.rot.clear();
+        self.stats.rots_healed += 1;
+    }
+
     /// Clears the faults of a member. A pulled member the engine has not
     /// noticed yet lost its cache, so the engine must notice before it
     /// answers again: a flush does that (a drive that silently comes back
@@ -1825,7 +1945,12 @@ impl Sim {
             return;
         }
         let dev = faulty[self.rng.gen_range(0..faulty.len())];
-        let wrapper = self.devs[dev].wrapper.clone().unwrap();
+        if self.rot.contains(&dev) {
+            self.heal_rot("(a restore)");
+        }
+        let Some(wrapper) = self.devs[dev].wrapper.clone() else {
+            return;
+        };
         let snapshot = self.engine().snapshot();
         let in_role = self.active_roles(&snapshot).contains(&Some(dev));
         if wrapper.plan().pulled && in_role {
@@ -1923,8 +2048,11 @@ impl Sim {
 
     fn do_reshape(&mut self) {
         // 1.0 metadata has no room before the data to move it into.
+        // Integrity arrays refuse reshapes (their checksum regions would
+        // have to move with the data).
         if !matches!(self.cfg.level, Level::Raid5 | Level::Raid6)
             || self.cfg.metadata != Metadata::V1_2
+            || self.cfg.integrity
             || self.reshape.is_some()
         {
             return;

@@ -693,7 +693,7 @@ fn blocks_a_degraded_pass_could_not_derive_are_derived_once_the_array_is_whole()
         .map(|d| d.untrusted_blocks.unwrap())
         .sum();
     assert!(untrusted > 0, "a degraded raid5 derives nothing");
-    let new = add_new_member(&engine, dir.path());
+    add_new_member(&engine, dir.path());
     // The rebuild, then the check that starts by itself as it ends.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while engine

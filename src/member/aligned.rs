@@ -8,11 +8,13 @@
 //! `AlignedBuf`s; memory that is not aligned still works, through a bounce
 //! buffer, one copy slower.
 //!
-//! Safety contract for the `unsafe` in this file: an `AlignedBuf` owns one
-//! allocation of `Layout { size: max(len, 1), align: ALIGN_BYTES }` made by
-//! `alloc_zeroed`, freed exactly once in `Drop` with the same layout; `ptr` is
-//! never null and the first `len` bytes are initialised (zeroed, then written
-//! only through safe slices).
+//! Safety contract for the `unsafe` in this file: an `AlignedBuf` of `len`
+//! above 0 owns one allocation of `Layout { size: len, align: ALIGN_BYTES }`
+//! made by `alloc_zeroed`, freed exactly once in `Drop` with the same
+//! layout; an empty one owns nothing and its `ptr` is `ALIGN_BYTES` itself,
+//! non-null, aligned and never read or written through (its slices are
+//! empty). `ptr` is never null and the first `len` bytes are initialised
+//! (zeroed, then written only through safe slices).
 
 use std::alloc::{alloc_zeroed, dealloc, handle_alloc_error, Layout};
 use std::cell::RefCell;
@@ -37,8 +39,15 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     /// `len` zero bytes, aligned to `ALIGN_BYTES`.
     pub fn zeroed(len: usize) -> AlignedBuf {
+        if len == 0 {
+            // A row write asks for an empty buffer per parity column it
+            // does not have, on every request: an aligned allocation of a
+            // byte would cost more than the 4 KiB write it serves.
+            let ptr = NonNull::new(ALIGN_BYTES as *mut u8).expect("not null");
+            return AlignedBuf { ptr, len };
+        }
         let layout = Self::layout(len);
-        // SAFETY: the layout has a non-zero size (see `layout`).
+        // SAFETY: the layout has a non-zero size (`len` is above 0).
         let raw = unsafe { alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(raw) else {
             handle_alloc_error(layout)
@@ -55,14 +64,16 @@ impl AlignedBuf {
     }
 
     fn layout(len: usize) -> Layout {
-        // A zero-sized allocation is not allowed; one byte keeps `ptr` real
-        // and aligned, so that even an empty buffer passes alignment checks.
-        Layout::from_size_align(len.max(1), ALIGN_BYTES).expect("buffer size fits in isize")
+        assert!(len > 0, "an empty buffer allocates nothing");
+        Layout::from_size_align(len, ALIGN_BYTES).expect("buffer size fits in isize")
     }
 }
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if self.len == 0 {
+            return;
+        }
         // SAFETY: allocated in `zeroed` with this very layout, freed once here.
         unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
     }

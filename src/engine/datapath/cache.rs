@@ -57,6 +57,8 @@ const ARRIVAL_GRACE: Duration = Duration::from_millis(5);
 const PEAK_WINDOW_US: u64 = 200_000;
 /// Recent write ends remembered to tell sequential writes.
 const RECENT: usize = 32;
+/// The top bit of a recent end: its write continued an earlier one.
+const CONTINUED: u64 = 1 << 63;
 
 pub(in crate::engine) struct Batch {
     pub(in crate::engine) stripe: u64,
@@ -286,15 +288,30 @@ impl StripeCache {
         }
         // Requests of one stream reach the engine slightly out of order
         // (several threads take them), so "continues" means "starts within
-        // a few of its own lengths of where a recent write ended".
+        // a few of its own lengths of where a recent write ended". A write
+        // is sequential when it continues one that itself continued
+        // another: on a small array one random write in a few hundred
+        // lands near a recent one by chance, and a batch it opened would
+        // hold it (and its thread) for the whole gather deadline, as no
+        // other write comes to join it; three in a row by chance are
+        // rarer than that by as much again.
         let reach = 8 * len as u64;
-        let sequential = others
-            && self.recent_ends.iter().any(|e| {
-                let end = e.load(Ordering::Relaxed);
-                end != u64::MAX && end.abs_diff(offset) <= reach
-            });
+        let (mut continues, mut sequential) = (false, false);
+        for e in &self.recent_ends {
+            let recent = e.load(Ordering::Relaxed);
+            let end = recent & !CONTINUED;
+            if recent != u64::MAX && end.abs_diff(offset) <= reach {
+                continues = true;
+                sequential |= others && recent & CONTINUED != 0;
+            }
+        }
+        let end = offset + len as u64;
+        assert!(end & CONTINUED == 0, "array offsets stay below 2^63");
         let slot = self.recent_next.fetch_add(1, Ordering::Relaxed) % RECENT;
-        self.recent_ends[slot].store(offset + len as u64, Ordering::Relaxed);
+        self.recent_ends[slot].store(
+            if continues { end | CONTINUED } else { end },
+            Ordering::Relaxed,
+        );
         (InFlight(self), sequential)
     }
 

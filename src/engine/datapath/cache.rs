@@ -693,4 +693,35 @@ mod tests {
         assert_eq!(s.buf[15], 1);
         assert_eq!(s.buf[45], 2);
     }
+
+    #[test]
+    fn a_write_is_sequential_only_after_two_that_follow_each_other() {
+        let cache = StripeCache::new();
+        let page = 4096;
+        // Another write in flight throughout, as with any client queue.
+        let (_other, _) = cache.write_arrives(1 << 30, page);
+        let (_a, a) = cache.write_arrives(0, page);
+        // Next to the last write by chance, as random writes on a small
+        // array sometimes are: not yet a stream.
+        let (_b, b) = cache.write_arrives(page as u64, page);
+        let (_c, c) = cache.write_arrives(2 * page as u64, page);
+        let (_d, d) = cache.write_arrives(3 * page as u64, page);
+        assert_eq!((a, b, c, d), (false, false, true, true));
+        // A lone write far from every other is never sequential.
+        let (_e, e) = cache.write_arrives(1 << 28, page);
+        assert!(!e);
+    }
+
+    #[test]
+    fn a_write_alone_in_the_engine_is_not_gathered() {
+        let cache = StripeCache::new();
+        for i in 0..4u64 {
+            let (in_flight, sequential) = cache.write_arrives(i * 4096, 4096);
+            assert!(
+                !sequential,
+                "nothing else in flight: nothing to gather with"
+            );
+            drop(in_flight);
+        }
+    }
 }

@@ -2,7 +2,8 @@
 //! events. Pure: replies in, alerts out.
 //!
 //! The engine logs most events itself (Fail, FailSpare, SpareActive,
-//! DegradedArray, RebuildStarted, RebuildFinished), numbered; they are
+//! DegradedArray, RebuildStarted, RebuildFinished, and with checksums
+//! ChecksumError and ChecksumUncorrectable), numbered; they are
 //! forwarded once each, in order. The monitor adds what only an observer
 //! knows: NewArray, DeviceDisappeared (the caller), DegradedArray when an
 //! array is first seen degraded, and RebuildNN at its own increment. Its
@@ -57,14 +58,24 @@ impl Alert {
     pub fn is_mailed(&self) -> bool {
         matches!(
             self.event.as_str(),
-            "Fail" | "FailSpare" | "DegradedArray" | "SparesMissing" | "TestMessage"
+            "Fail"
+                | "FailSpare"
+                | "DegradedArray"
+                | "SparesMissing"
+                | "TestMessage"
+                // Data a client could not read: as urgent as a failure.
+                | "ChecksumUncorrectable"
         )
     }
 
     /// syslog's priority, by mdadm's order of events.
     pub fn priority(&self) -> libc::c_int {
         match self.event.as_str() {
-            "DeviceDisappeared" | "Fail" | "FailSpare" | "DegradedArray" => libc::LOG_CRIT,
+            "DeviceDisappeared"
+            | "Fail"
+            | "FailSpare"
+            | "DegradedArray"
+            | "ChecksumUncorrectable" => libc::LOG_CRIT,
             "SpareActive" | "NewArray" | "MoveSpare" | "TestMessage" => libc::LOG_INFO,
             _ => libc::LOG_WARNING,
         }
@@ -169,7 +180,10 @@ pub fn update(
     for e in fresh {
         tracked.last_seq = e.seq;
         match e.event.as_str() {
-            "Fail" | "FailSpare" | "SpareActive" => {
+            // The checksum events have no name in mdadm, which has no
+            // checksums: they keep the engine's, with the member, as
+            // zed passes ZFS's checksum ereports on.
+            "Fail" | "FailSpare" | "SpareActive" | "ChecksumError" | "ChecksumUncorrectable" => {
                 alerts.push(Alert::new(&e.event, &md).with_component(&e.device))
             }
             "DegradedArray" => alerts.push(Alert::new("DegradedArray", &md)),
@@ -269,6 +283,30 @@ mod tests {
                 None => a.event.clone(),
             })
             .collect()
+    }
+
+    #[test]
+    fn checksum_events_are_forwarded_with_their_member_and_uncorrectable_ones_mailed() {
+        let (mut t, _) = first_sight(&reply(7, &[], None), true, None);
+        let mut notes = Vec::new();
+        let news = [
+            (1, "ChecksumError", "/d/b", "sectors 2048..2056"),
+            (2, "ChecksumUncorrectable", "/d/c", "row 12"),
+            (3, "IntegrityUnclean", "/d/b", "resync"),
+        ];
+        let alerts = update(&mut t, &reply(7, &news, None), 20, &mut notes).unwrap();
+        assert_eq!(
+            names(&alerts),
+            ["ChecksumError /d/b", "ChecksumUncorrectable /d/c"]
+        );
+        assert!(!alerts[0].is_mailed());
+        assert_eq!(alerts[0].priority(), libc::LOG_WARNING);
+        assert!(alerts[1].is_mailed());
+        assert_eq!(alerts[1].priority(), libc::LOG_CRIT);
+        assert_eq!(
+            alerts[1].message(),
+            "ChecksumUncorrectable event detected on md device /dev/md/vol, component device /d/c"
+        );
     }
 
     #[test]

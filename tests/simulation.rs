@@ -871,10 +871,10 @@ impl Sim {
 
     fn has_faults(&self, dev: usize) -> bool {
         self.rot.contains(&dev)
-            || match &self.devs[dev].wrapper {
-                Some(w) => w.plan() != self.cfg.healthy_plan(),
-                None => false,
-            }
+            || self.devs[dev]
+                .wrapper
+                .as_ref()
+                .is_some_and(|w| w.plan() != self.cfg.healthy_plan())
     }
 
     /// With write-back the cache writes in the background: a one-shot fault
@@ -1196,11 +1196,21 @@ impl Sim {
     /// RebuildFinished event, which the engine posts after recording the
     /// count (the job disappears from the status slightly earlier).
     fn scrub(&mut self, repair: bool) -> u64 {
+        match self.scrub_unless_stopped(repair) {
+            Some(found) => found,
+            None => fail!(self, "the scrub was stopped by a member's failure"),
+        }
+    }
+
+    /// A check or repair, or `None` when a member's failure stopped it
+    /// (`SyncStopped`: md does not resume a check after a failure).
+    fn scrub_unless_stopped(&mut self, repair: bool) -> Option<u64> {
         let word = if repair { "repair" } else { "check" };
         self.settle(&format!("before a {word}"));
         let prefix = format!("{word}: mismatches found:");
         let (before, _, logged) = self.events_matching("RebuildFinished", &prefix);
         let (failed_before, _, _) = self.events_matching("SyncFailed", "");
+        let (stopped_before, _, _) = self.events_matching("SyncStopped", "");
         assert!(
             logged < 200,
             "the event log of this engine is nearly full ({logged} events): the {word}'s end could not be told"
@@ -1227,6 +1237,11 @@ impl Sim {
             if failed > failed_before {
                 fail!(self, "the {word} failed: {detail:?}");
             }
+            if self.events_matching("SyncStopped", "").0 > stopped_before {
+                self.op(format!("{word} stopped by a member's failure"));
+                self.settle(&format!("after a stopped {word}"));
+                return None;
+            }
             if Instant::now() > deadline {
                 fail!(self, "the {word} did not finish within {SETTLE_LIMIT:?}");
             }
@@ -1245,7 +1260,7 @@ impl Sim {
         }
         self.op(format!("{word}: {found} mismatched sectors"));
         self.settle(&format!("after a {word}"));
-        found
+        Some(found)
     }
 
     /// After the resync that follows a crash (or at the end): a check must
@@ -1871,16 +1886,22 @@ impl Sim {
                 keep_blocks: None,
             }),
         };
+        self.inject("fault", &fault, role, dev);
+        self.stats.faults += 1;
+    }
+
+    /// Applies a fault to the member in `role` and taints the role, as
+    /// every fault and every rot does.
+    fn inject(&mut self, what: &str, fault: &Fault, role: usize, dev: usize) {
         self.op(format!(
-            "fault {fault} on {} (role {role})",
+            "{what} {fault} on {} (role {role})",
             self.devs[dev].name
         ));
         self.taint_role(role);
         let wrapper = self.devs[dev].wrapper.clone().unwrap();
-        if let Err(e) = wrapper.apply(&fault) {
+        if let Err(e) = wrapper.apply(fault) {
             fail!(self, "applying {fault}: {e}");
         }
-        self.stats.faults += 1;
     }
 
     /// Bit rot on an in-sync member of an integrity array: 4 to 16 KiB of
@@ -1898,17 +1919,10 @@ impl Sim {
             mode: CorruptMode::Stored,
             seed: Some(self.rng.gen()),
         });
-        self.op(format!(
-            "rot {fault} on {} (role {role})",
-            self.devs[dev].name
-        ));
         // Rot in a row a crash left suspect is rebuilt from parity that
-        // disagrees: the write hole, as a lost member's blocks there.
-        self.taint_role(role);
-        let wrapper = self.devs[dev].wrapper.clone().unwrap();
-        if let Err(e) = wrapper.apply(&fault) {
-            fail!(self, "applying {fault}: {e}");
-        }
+        // disagrees: the write hole, as a lost member's blocks there (the
+        // role is tainted).
+        self.inject("rot", &fault, role, dev);
         self.rot.insert(dev);
         self.stats.rots += 1;
     }
@@ -1923,7 +1937,11 @@ impl Sim {
             return;
         }
         self.op(format!("check to heal the rot on {:?} {why}", self.rot));
-        self.scrub(false);
+        if self.scrub_unless_stopped(false).is_none() {
+            // The rot stays a fault, healed by a later check.
+            self.trace_events();
+            return;
+        }
         self.trace_events();
         // The healing rewrites sit in the members' write caches: a crash
         // before they reach the medium brings the rot back, under

@@ -1163,7 +1163,12 @@ fn worker(conn: &Conn, reader: &Mutex<Reader<'_>>) {
                 match read_request(conn, sock_reader, &mut payload, &mut pipe, &mut before_wait) {
                     Ok(Some(job)) => match conn.start_fast(fast, fast_refused, job) {
                         None => continue,
-                        Some(job) if conn.serves_inline(&job) => {
+                        Some(job)
+                            if conn.serves_inline(
+                                &job,
+                                sock_reader.buffered() >= proto::REQUEST_HEADER_LEN,
+                            ) =>
+                        {
                             let served = if job.staged {
                                 &conn.shared.inline_writes
                             } else {
@@ -1343,12 +1348,31 @@ impl Conn {
         self.params.block_sizes.min < block && !unaligned::is_aligned(offset, length as u64, block)
     }
 
+    /// Whether a small read of members in memory is served by the worker
+    /// that read it after it lets go of the reader, as nbdkit's threads
+    /// do, instead of inline: when no other request is buffered behind it
+    /// and fewer connections are open than there are CPUs. A client at a
+    /// low depth sends a request at a time, and one thread that reads,
+    /// copies and replies in turn leaves the other CPU idle; handed off,
+    /// the next request is read while this one is copied and sent. With
+    /// requests buffered behind it, inline serving and held replies save
+    /// a switch and a system call a request, and with a connection per
+    /// CPU every CPU already has a reader. raid0 4K reads on one connection
+    /// (fio, QD 1 and 4): 10,000-12,700 and 44,000-61,000 IOPS inline,
+    /// 15,400-15,700 and 59,000-64,000 handed off, the same from QD 16
+    /// (docs/BENCHMARKS.md, "IOPS by queue depth").
+    fn reads_handed_off(&self, more_buffered: bool) -> bool {
+        !more_buffered
+            && self.shared.live_connections.load(Ordering::Relaxed) < self.shared.options.cpus
+    }
+
     /// Whether the worker holding the reader serves this request itself
     /// and reads on, instead of letting go of the reader. Only requests
     /// that never wait for a device (members in memory) qualify:
     /// - a small read: handing it to the next worker (a wake-up and a
     ///   switch) costs more than the copy: nbdkit memory's ratio went from
-    ///   0.78–0.90 to 0.97–1.02;
+    ///   0.78–0.90 to 0.97–1.02; except at a low depth on a lone
+    ///   connection (`reads_handed_off`);
     /// - a staged write, when more connections are busy than there are
     ///   CPUs: every core then has a connection's reader to run, and a
     ///   hand-off only adds a switch per write (raid6 full-stripe writes
@@ -1361,14 +1385,16 @@ impl Conn {
     ///   the last moment (a stripe-cache batch opened meanwhile) takes the
     ///   plain path and may wait in a batch with the reader held, for at
     ///   most the cache's gather deadlines.
-    fn serves_inline(&self, job: &Job) -> bool {
+    fn serves_inline(&self, job: &Job, more_buffered: bool) -> bool {
         let backend = &self.shared.backend;
         if job.cut {
             return false;
         }
         match job.command {
             Command::Read { length, .. } => {
-                length as usize <= INLINE_READ_MAX && backend.reads_from_memory()
+                length as usize <= INLINE_READ_MAX
+                    && backend.reads_from_memory()
+                    && !self.reads_handed_off(more_buffered)
             }
             Command::Write { .. } => {
                 job.staged

@@ -137,7 +137,7 @@ pub(crate) struct Shared {
     /// read end stays readable and wakes every poll that includes it.
     wake_r: OwnedFd,
     wake_w: OwnedFd,
-    live_connections: AtomicUsize,
+    pub(crate) live_connections: AtomicUsize,
     /// Reads answered by the fast path (see `fastpath`), since start.
     pub(crate) fast_reads: AtomicU64,
     /// Reads served inline by the worker that read them (members in

@@ -20,6 +20,20 @@ fn serve_in(
     dir: &std::path::Path,
     engine: &Arc<Engine>,
 ) -> (crate::export::nbd::ServerHandle, PathBuf) {
+    serve_with_cpus(
+        dir,
+        engine,
+        crate::export::nbd::ServeOptions::default().cpus,
+    )
+}
+
+/// `serve_in` as if the machine had `cpus` CPUs: whether small reads of
+/// members in memory are served inline depends on it (`Conn::reads_handed_off`).
+fn serve_with_cpus(
+    dir: &std::path::Path,
+    engine: &Arc<Engine>,
+    cpus: usize,
+) -> (crate::export::nbd::ServerHandle, PathBuf) {
     use crate::export::nbd::{serve, Listener, ServeOptions};
     let socket = dir.join("socket");
     let listener: Listener = format!("unix:{}", socket.display()).parse().unwrap();
@@ -27,6 +41,7 @@ fn serve_in(
     let options = ServeOptions {
         export_name: "t".into(),
         splice_to_local_clients: true,
+        cpus,
         ..ServeOptions::default()
     };
     let server = serve(&listener, engine.clone() as Arc<dyn BlockBackend>, options).unwrap();
@@ -59,7 +74,9 @@ fn reads_of_members_in_memory_are_spliced_or_served_inline_over_nbd() {
         // Read-ahead would take some reads (a lone sequential reader) off
         // the splice path, which this test wants to know it is on.
         engine.set_tunable("read_ahead", "0").unwrap();
-        let (server, socket) = serve_in(dir.path(), &engine);
+        // One CPU: no read is handed off for want of a busy CPU, so every
+        // small one is served inline however the client's requests arrive.
+        let (server, socket) = serve_with_cpus(dir.path(), &engine, 1);
         let mut client = NbdSync::connect(&socket, "t").unwrap();
         let size = engine.size_bytes() as usize;
         let mut rng = rand::rngs::StdRng::seed_from_u64(4);
@@ -201,6 +218,58 @@ fn reads_of_members_in_memory_are_spliced_or_served_inline_over_nbd() {
         server.shutdown();
         engine.shutdown().unwrap();
     }
+}
+
+/// A lone client that sends one small read at a time has each one served
+/// by the worker that read it after it lets go of the reader, not inline,
+/// so that the next request can be read on the other CPU
+/// (`Conn::reads_handed_off`); with a second connection open on two CPUs
+/// they are inline again. Either way the bytes are the array's.
+#[test]
+fn a_lone_client_at_a_low_depth_has_its_small_reads_handed_off() {
+    use crate::export::nbd::client::NbdSync;
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let paths = make_array(dir.path(), Level::Raid0, None, 3, 16);
+    let options = EngineOptions {
+        accept_data_loss: true,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::start(assemble(&paths, true).unwrap(), options).unwrap();
+    assert!(engine.reads_from_memory(), "members in /dev/shm");
+    let size = engine.size_bytes() as usize;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let image: Vec<u8> = (0..size).map(|_| rng.gen()).collect();
+    engine.write(0, &image, false).unwrap();
+    let (server, socket) = serve_with_cpus(dir.path(), &engine, 2);
+    let lone_reads = |client: &mut NbdSync, rng: &mut rand::rngs::StdRng| {
+        for _ in 0..32 {
+            let len = rng.gen_range(1..=8) * 4096;
+            let at = rng.gen_range(0..=(size - len) / 4096) * 4096;
+            let mut back = vec![0u8; len];
+            client.read_at(at as u64, &mut back).unwrap();
+            assert!(back == image[at..at + len], "{len} bytes at {at}");
+        }
+    };
+    let mut client = NbdSync::connect(&socket, "t").unwrap();
+    let before = server.inline_reads();
+    lone_reads(&mut client, &mut rng);
+    assert_eq!(
+        server.inline_reads(),
+        before,
+        "a lone client's reads inline"
+    );
+    let other = NbdSync::connect(&socket, "t").unwrap();
+    let before = server.inline_reads();
+    lone_reads(&mut client, &mut rng);
+    assert_eq!(
+        server.inline_reads() - before,
+        32,
+        "with a connection per CPU, small reads inline"
+    );
+    other.disconnect().unwrap();
+    client.disconnect().unwrap();
+    server.shutdown();
+    engine.shutdown().unwrap();
 }
 
 /// Sends 200 reads of 4..64 KiB at random 4 KiB-aligned offsets over one

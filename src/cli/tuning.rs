@@ -30,6 +30,11 @@ pub struct TuningArgs {
     /// group_thread_cnt (0 = each write's own thread does it).
     #[arg(long, value_name = "N")]
     pub group_thread_cnt: Option<String>,
+    /// Pace rebuild, resync, check, repair and reshape by the clients'
+    /// p99 request latency: as fast as it stays at or under MS
+    /// milliseconds (off or 0: md's speed limits alone).
+    #[arg(long, value_name = "MS")]
+    pub rebuild_latency_target: Option<String>,
     /// Any knob as KEY=VALUE (repeatable); `--set help` lists them.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
@@ -67,6 +72,7 @@ impl TuningArgs {
             ("fast_path", &self.fast_path),
             ("rmw_level", &self.rmw_level),
             ("group_thread_cnt", &self.group_thread_cnt),
+            ("rebuild_latency_target", &self.rebuild_latency_target),
         ];
         let mut out: Vec<(String, String)> = named
             .iter()

@@ -198,6 +198,9 @@ pub struct SyncStatus {
     pub total_kib: u64,
     /// Average speed since the job started, KiB/s per member.
     pub speed_kib_per_s: u64,
+    /// The rate the job is held to now and why (served arrays).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pace: Option<crate::engine::PaceReport>,
 }
 
 /// One device of the array.
@@ -290,6 +293,7 @@ pub fn status_of(snapshot: &Snapshot, nbd_uri: &str, homehost: &str) -> StatusRe
             done_kib: p.done_kib,
             total_kib: p.total_kib,
             speed_kib_per_s: p.speed_kib_per_s,
+            pace: p.pace,
         }),
         members: snapshot
             .devices

@@ -60,6 +60,10 @@ pub struct DetailView {
     pub bitmap: bool,
     /// "Resync Status : N% complete" and friends, while one runs.
     pub sync_status: Option<String>,
+    /// The running job's rate and why it is what it is (speed limits,
+    /// the clients' latency against rebuild_latency_target, idle).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub sync_pace: Option<String>,
     pub devices: Vec<DeviceRow>,
     /// A reshape in progress, as mdadm --detail shows it.
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -226,6 +230,7 @@ impl DetailView {
             events: sb.events,
             bitmap,
             sync_status: sync_status(array),
+            sync_pace: array.sync.as_ref().and_then(pace_line),
             devices: device_rows(array),
             reshape,
             tuning: array.tuning.iter().cloned().collect(),
@@ -310,10 +315,16 @@ impl DetailView {
         }
         let _ = writeln!(o);
         if let Some(status) = &self.sync_status {
-            let _ = writeln!(o, "     {status}\n");
+            let _ = writeln!(o, "     {status}");
         }
         if let Some(reshape) = &self.reshape {
             reshape.text(o);
+        }
+        if let Some(pace) = &self.sync_pace {
+            let _ = writeln!(o, "              Pace : {pace}");
+        }
+        if self.sync_status.is_some() || self.reshape.is_some() || self.sync_pace.is_some() {
+            let _ = writeln!(o);
         }
     }
 
@@ -588,6 +599,24 @@ fn sync_status(array: &Snapshot) -> Option<String> {
     ))
 }
 
+/// "45000K/sec per member: clients within the latency target (p99 1.8 ms,
+/// target 2 ms)": the rate a running job is held to and why, for a
+/// served array.
+pub fn pace_line(p: &crate::engine::SyncProgress) -> Option<String> {
+    let pace = p.pace?;
+    let ms = |us: u64| crate::engine::tuning::latency_target_words(us.min(u32::MAX as u64) as u32);
+    let rate = match pace.rate_kib_per_s {
+        0 => format!("{}K/sec per member", p.speed_kib_per_s),
+        r => format!("{r}K/sec per member allowed"),
+    };
+    let latency = match (pace.client_p99_us, pace.target_us) {
+        (Some(p99), Some(target)) => format!(" (p99 {} ms, target {} ms)", ms(p99), ms(target)),
+        (None, Some(target)) => format!(" (target {} ms)", ms(target)),
+        _ => String::new(),
+    };
+    Some(format!("{rate}: {}{latency}", pace.why.words()))
+}
+
 /// The parity implementation and how it was chosen; only the serving
 /// process knows what it runs.
 fn parity_choice(array: &Snapshot) -> Option<String> {
@@ -830,6 +859,41 @@ pub fn mdstat_block(array: &Snapshot) -> String {
 #[cfg(test)]
 mod tests {
     use super::DetailView;
+
+    /// The pace line says the rate, why, and the latency against the target.
+    #[test]
+    fn the_pace_line_says_the_rate_why_and_the_latency() {
+        use crate::engine::{PaceReport, PaceWhy, SyncAction, SyncProgress};
+        let progress = |pace| SyncProgress {
+            action: SyncAction::Recovery { role: 1 },
+            done_kib: 10,
+            total_kib: 100,
+            speed_kib_per_s: 900,
+            mismatch_sectors: 0,
+            pace,
+        };
+        let line = super::pace_line(&progress(Some(PaceReport {
+            rate_kib_per_s: 40_000,
+            why: PaceWhy::OverTarget,
+            client_p99_us: Some(2_500),
+            target_us: Some(2_000),
+        })))
+        .unwrap();
+        assert_eq!(
+            line,
+            "40000K/sec per member allowed: backing off: clients over the latency target \
+             (p99 2.5 ms, target 2 ms)"
+        );
+        let line = super::pace_line(&progress(Some(PaceReport {
+            rate_kib_per_s: 1_000,
+            why: PaceWhy::YieldingToClients,
+            client_p99_us: None,
+            target_us: None,
+        })))
+        .unwrap();
+        assert!(line.contains("md's rule"), "{line}");
+        assert_eq!(super::pace_line(&progress(None)), None);
+    }
     use crate::array::{assemble, create, CreateOptions, MemberSpec};
     use crate::engine::Snapshot;
     use crate::format::Metadata;

@@ -11,6 +11,7 @@ mod events;
 mod integrity;
 mod jobs;
 mod journal;
+pub mod latency;
 mod manage;
 mod members;
 mod readd;
@@ -21,6 +22,7 @@ pub mod tuning;
 pub use datapath::cache::CacheReport;
 pub use events::Event;
 pub use jobs::job::{SyncAction, SyncProgress};
+pub use jobs::pace::{PaceReport, Why as PaceWhy};
 pub use journal::{JournalError, JournalStats};
 
 use crate::array::{Assembled, Cleanliness, DeviceState};
@@ -141,6 +143,9 @@ pub struct Engine {
     /// Members removed, by path, until the last work that took them
     /// before the removal lets go (see `Engine::wait_let_go`).
     let_go: Mutex<Vec<(String, std::sync::Weak<dyn crate::member::Member>)>>,
+    /// The clients' request latency, by window, for jobs that pace
+    /// themselves by it (`rebuild_latency_target`).
+    client_latency: latency::ClientLatency,
 }
 
 impl Engine {
@@ -214,6 +219,7 @@ impl Engine {
             member_health: Mutex::new(Vec::new()),
             returns: readd::Returns::default(),
             let_go: Mutex::new(Vec::new()),
+            client_latency: latency::ClientLatency::default(),
             bitmap: RwLock::new(live_bitmap.map(Arc::new)),
             schedule: schedule::CheckSchedule::default(),
             tunables: tuning::Tunables::new(
@@ -1031,6 +1037,36 @@ fn cache_worker(engine: &Weak<Engine>, cache: &cache::StripeCache, index: usize)
     }
 }
 
+/// Records a client request's time in the engine when dropped
+/// (`Engine::timed_request`).
+struct TimedRequest<'a> {
+    latency: &'a latency::ClientLatency,
+    start: std::time::Instant,
+}
+
+impl Drop for TimedRequest<'_> {
+    fn drop(&mut self) {
+        self.latency.record(self.start.elapsed());
+    }
+}
+
+impl Engine {
+    /// Times a client request from here to the end of the caller's scope,
+    /// for `rebuild_latency_target`; the clock is read only while the
+    /// target is set.
+    fn timed_request(&self) -> Option<TimedRequest<'_>> {
+        (self.tunables.rebuild_latency_target_us() > 0).then(|| TimedRequest {
+            latency: &self.client_latency,
+            start: std::time::Instant::now(),
+        })
+    }
+
+    /// The clients' latency windows, for a job's pacer.
+    pub(in crate::engine) fn client_latency(&self) -> &latency::ClientLatency {
+        &self.client_latency
+    }
+}
+
 impl BlockBackend for Engine {
     fn size_bytes(&self) -> u64 {
         Engine::size_bytes(self)
@@ -1068,6 +1104,7 @@ impl BlockBackend for Engine {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        let _timed = self.timed_request();
         let _gate = self.request_gate();
         self.check_aligned(offset, buf.len())?;
         self.datapath.foreground_ios.fetch_add(1, Ordering::Relaxed);
@@ -1075,10 +1112,19 @@ impl BlockBackend for Engine {
     }
 
     fn read_among(&self, offset: u64, buf: &mut [u8], company: bool) -> std::io::Result<()> {
+        let _timed = self.timed_request();
         let _gate = self.request_gate();
         self.check_aligned(offset, buf.len())?;
         self.datapath.foreground_ios.fetch_add(1, Ordering::Relaxed);
         self.read_cached(offset, buf, company)
+    }
+
+    fn times_requests(&self) -> bool {
+        self.tunables.rebuild_latency_target_us() > 0
+    }
+
+    fn request_done(&self, elapsed: std::time::Duration) {
+        self.client_latency.record(elapsed);
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> std::io::Result<()> {
@@ -1086,6 +1132,7 @@ impl BlockBackend for Engine {
             !self.read_only,
             "the export refuses writes on a read-only array"
         );
+        let _timed = self.timed_request();
         let _gate = self.request_gate();
         self.check_aligned(offset, data.len())?;
         self.datapath.foreground_ios.fetch_add(1, Ordering::Relaxed);
@@ -1137,6 +1184,7 @@ impl BlockBackend for Engine {
         fua: bool,
         data: &mut dyn crate::export::StagedWrite,
     ) -> Option<std::io::Result<()>> {
+        let _timed = self.timed_request();
         let _gate = self.request_gate();
         if self.check_aligned(offset, len).is_err() || !self.takes_staged(offset, len) {
             return None;
@@ -1198,6 +1246,8 @@ mod tests_checksums;
 mod tests_draid;
 #[cfg(test)]
 mod tests_integrity;
+#[cfg(test)]
+mod tests_pace;
 #[cfg(test)]
 mod tests_reshape;
 #[cfg(test)]

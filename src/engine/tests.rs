@@ -1227,7 +1227,7 @@ pub(crate) fn has_event(snapshot: &Snapshot, event: &str) -> bool {
 
 /// An array on in-memory members behind fault injectors: `disks` members,
 /// then `spares` spares; 4 MiB each, 8 KiB chunks.
-fn faulty_array(
+pub(crate) fn faulty_array(
     level: Level,
     disks: usize,
     spares: usize,

@@ -11,6 +11,10 @@
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 
+/// The longest latency target a background job may be given, in ms: a
+/// minute is far beyond any client's timeout already.
+pub const REBUILD_LATENCY_TARGET_MAX_MS: f64 = 60_000.0;
+
 /// md's limits for stripe_cache_size (raid5.c: 17..=32768 entries).
 pub const STRIPE_CACHE_MIN: u32 = 17;
 pub const STRIPE_CACHE_MAX: u32 = 32768;
@@ -82,6 +86,10 @@ pub const KNOBS: &[(&str, &str)] = &[
         "group_thread_cnt",
         "stripe worker threads doing the parity work of writes, as md's group_thread_cnt (0 = each write's own thread does it; the stripe cache then writes out with one thread per core)",
     ),
+    (
+        "rebuild_latency_target",
+        "ms (fractions allowed): rebuild, resync, check, repair and reshape run as fast as the clients' p99 request latency stays at or under it, between speed_limit_min and speed_limit_max; off (0) keeps md's rule (above speed_limit_min a job yields to any client I/O)",
+    ),
 ];
 
 /// The values in force, in a form to save, print and compare.
@@ -95,6 +103,10 @@ pub struct TuningValues {
     pub fast_path: bool,
     pub rmw_level: u8,
     pub group_thread_cnt: u32,
+    /// The clients' p99 latency background jobs keep to, in µs; 0 is off
+    /// (md's speed limits alone).
+    #[serde(default)]
+    pub rebuild_latency_target_us: u32,
 }
 
 impl TuningValues {
@@ -110,6 +122,7 @@ impl TuningValues {
             fast_path: true,
             rmw_level: 1,
             group_thread_cnt: 0,
+            rebuild_latency_target_us: 0,
         }
     }
 
@@ -165,6 +178,7 @@ impl TuningValues {
             "group_thread_cnt" => {
                 next.group_thread_cnt = number(key, value, 0, GROUP_THREAD_CNT_MAX as u64)? as u32
             }
+            "rebuild_latency_target" => next.rebuild_latency_target_us = latency_target_us(value)?,
             _ => {
                 let names: Vec<&str> = KNOBS.iter().map(|(k, _)| *k).collect();
                 return Err(format!(
@@ -192,6 +206,10 @@ impl TuningValues {
             ("fast_path".into(), on(self.fast_path)),
             ("rmw_level".into(), self.rmw_level.to_string()),
             ("group_thread_cnt".into(), self.group_thread_cnt.to_string()),
+            (
+                "rebuild_latency_target".into(),
+                latency_target_words(self.rebuild_latency_target_us),
+            ),
         ]
     }
 
@@ -245,6 +263,40 @@ fn number(key: &str, value: &str, min: u64, max: u64) -> Result<u64, String> {
     Ok(n)
 }
 
+/// A latency target in ms (`off` or 0 for none) as µs: at least 50 µs,
+/// below which no member's own latency lets a job run at all.
+fn latency_target_us(value: &str) -> Result<u32, String> {
+    let key = "rebuild_latency_target";
+    if value == "off" {
+        return Ok(0);
+    }
+    let ms: f64 = value
+        .strip_suffix("ms")
+        .unwrap_or(value)
+        .parse()
+        .ok()
+        .filter(|ms: &f64| ms.is_finite())
+        .ok_or_else(|| format!("{key} {value:?}: expected milliseconds (2, 0.5) or off"))?;
+    if ms == 0.0 {
+        return Ok(0);
+    }
+    if !(0.05..=REBUILD_LATENCY_TARGET_MAX_MS).contains(&ms) {
+        return Err(format!(
+            "{key} {value}: outside 0.05..{REBUILD_LATENCY_TARGET_MAX_MS} ms (or off)"
+        ));
+    }
+    Ok((ms * 1000.0).round() as u32)
+}
+
+/// A latency target as `pairs` prints it: ms, or off.
+pub fn latency_target_words(us: u32) -> String {
+    match us {
+        0 => "off".into(),
+        us if us.is_multiple_of(1000) => format!("{}", us / 1000),
+        us => format!("{}", us as f64 / 1000.0),
+    }
+}
+
 fn on_off(key: &str, value: &str) -> Result<bool, String> {
     match value {
         "on" | "yes" | "1" | "true" => Ok(true),
@@ -263,6 +315,7 @@ pub struct Tunables {
     fast_path: AtomicBool,
     rmw_level: AtomicU8,
     group_thread_cnt: AtomicU32,
+    rebuild_latency_target_us: AtomicU32,
     /// Whether write-back may be chosen on this array.
     write_back_allowed: AtomicBool,
     /// Serialises changes so that `values()` never sees half of one.
@@ -280,6 +333,7 @@ impl Tunables {
             fast_path: AtomicBool::new(false),
             rmw_level: AtomicU8::new(0),
             group_thread_cnt: AtomicU32::new(0),
+            rebuild_latency_target_us: AtomicU32::new(0),
             write_back_allowed: AtomicBool::new(write_back_allowed),
             change: std::sync::Mutex::new(()),
         };
@@ -298,6 +352,8 @@ impl Tunables {
         self.fast_path.store(v.fast_path, r);
         self.rmw_level.store(v.rmw_level, r);
         self.group_thread_cnt.store(v.group_thread_cnt, r);
+        self.rebuild_latency_target_us
+            .store(v.rebuild_latency_target_us, r);
     }
 
     pub fn values(&self) -> TuningValues {
@@ -316,6 +372,7 @@ impl Tunables {
             fast_path: self.fast_path.load(r),
             rmw_level: self.rmw_level.load(r),
             group_thread_cnt: self.group_thread_cnt.load(r),
+            rebuild_latency_target_us: self.rebuild_latency_target_us.load(r),
         }
     }
 
@@ -356,6 +413,10 @@ impl Tunables {
     }
     pub fn rmw_level(&self) -> u8 {
         self.rmw_level.load(Ordering::Relaxed)
+    }
+    /// The clients' p99 latency background jobs keep to, µs (0: off).
+    pub fn rebuild_latency_target_us(&self) -> u32 {
+        self.rebuild_latency_target_us.load(Ordering::Relaxed)
     }
     /// Threads writing the stripe cache out: group_thread_cnt, or one per
     /// core for 0.

@@ -95,6 +95,19 @@ pub trait BlockBackend: Send + Sync {
         self.read(offset, buf)
     }
 
+    /// Whether the backend wants `request_done` for the reads it answers
+    /// with extents (`read_extents`), which the server completes itself.
+    /// The default says no.
+    fn times_requests(&self) -> bool {
+        false
+    }
+
+    /// A read answered through `read_extents` (the fast path, a splice)
+    /// took `elapsed` from its request's arrival to its reply: the backend
+    /// may count it as it counts the requests it serves itself. The
+    /// default ignores it.
+    fn request_done(&self, _elapsed: std::time::Duration) {}
+
     /// Whether reads never wait for a device (every byte is in memory): a
     /// server may then serve small reads on the thread that reads
     /// requests, which saves handing each to another thread. The default

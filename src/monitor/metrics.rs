@@ -768,6 +768,7 @@ mod tests {
             done_kib,
             total_kib,
             speed_kib_per_s: 100,
+            pace: None,
         })
     }
 

@@ -2,8 +2,10 @@
 //! that runs it (resync.rs) and the batched rebuild it hands rows to
 //! (rebuild.rs), so that both build on these without importing each other:
 //! the action a job does to each stripe, its progress for status, how it
-//! ended, and md's throttle between speed_limit_min and speed_limit_max.
+//! ended, and the throttle between speed_limit_min and speed_limit_max:
+//! md's rule, or the pace the clients' latency allows (pace.rs).
 
+use super::pace::{Pace, PaceReport, Why};
 use crate::engine::Engine;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -50,6 +52,9 @@ pub struct SyncProgress {
     /// Average speed since the start, KiB/s per member.
     pub speed_kib_per_s: u64,
     pub mismatch_sectors: u64,
+    /// The rate the job is held to now and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pace: Option<PaceReport>,
 }
 
 /// How a finished job ended.
@@ -60,13 +65,18 @@ pub enum Outcome {
     Failed,
 }
 
-/// md's throttle: the per-member rate since the job started (or since the
-/// last mark) above the maximum sleeps; above the minimum it yields while
-/// foreground I/O is active.
+/// A job's throttle. Without a latency target, md's: the per-member rate
+/// since the job started (or since the last mark) above the maximum
+/// sleeps; above the minimum it yields while foreground I/O is active.
+/// With `rebuild_latency_target`, the rate the clients' latency allows
+/// (`Pace`), within the same limits. The target may be set or cleared
+/// while the job runs: the next step follows it.
 pub(in crate::engine) struct Throttle {
     mark: Instant,
     done_kib: u64,
     foreground_seen: u64,
+    /// The pacer, while a latency target is set.
+    pace: Option<Pace>,
 }
 
 impl Throttle {
@@ -75,6 +85,7 @@ impl Throttle {
             mark: Instant::now(),
             done_kib: 0,
             foreground_seen: 0,
+            pace: None,
         }
     }
 
@@ -87,6 +98,9 @@ impl Throttle {
 
     /// Accounts `kib` per member done, without waiting.
     pub(in crate::engine) fn count(&mut self, kib: u64) {
+        if let Some(pace) = &mut self.pace {
+            pace.count(kib);
+        }
         self.done_kib += kib;
         // A 30-second window, as md measures its speed over SYNC_MARKS.
         if self.mark.elapsed() > Duration::from_secs(30) {
@@ -97,7 +111,10 @@ impl Throttle {
 
     /// Whether `wait` would wait now: the job is above the maximum, or
     /// above the minimum while foreground I/O has come since the last look.
-    pub(in crate::engine) fn would_wait(&self, engine: &Engine) -> bool {
+    pub(in crate::engine) fn would_wait(&mut self, engine: &Engine) -> bool {
+        if let Some(pace) = self.paced(engine) {
+            return !pace.owed().is_zero();
+        }
         let (min, max) = limits(engine);
         let speed = self.speed();
         let foreground = engine.datapath.foreground_ios.load(Ordering::Relaxed);
@@ -110,20 +127,74 @@ impl Throttle {
         self.done_kib as f64 / elapsed
     }
 
+    /// The pacer when a latency target is set (made or dropped as the
+    /// target comes and goes), its window brought up to date.
+    fn paced(&mut self, engine: &Engine) -> Option<&mut Pace> {
+        let target_us = engine.tunables.rebuild_latency_target_us() as u64;
+        if target_us == 0 {
+            self.pace = None;
+            return None;
+        }
+        let (min, max) = limits(engine);
+        let (min, max) = (min.max(1) as f64, max as f64);
+        let pace = self.pace.get_or_insert_with(|| Pace::new(min));
+        if let Some(report) = pace.tick(engine.client_latency(), target_us, min, max.max(min)) {
+            engine.sync.pace.show(report);
+        }
+        Some(pace)
+    }
+
     /// Waits while the job runs too fast; `stop` ends a wait early.
     pub(in crate::engine) fn wait(&mut self, engine: &Engine, stop: &AtomicBool) {
+        if self.paced(engine).is_some() {
+            self.wait_paced(engine, stop);
+            return;
+        }
+        self.wait_md(engine, stop);
+    }
+
+    /// Waits out what the job owes at the rate the clients' latency
+    /// allows, in slices, so that a window that ends meanwhile (the
+    /// clients went idle, the target changed) takes effect at once.
+    fn wait_paced(&mut self, engine: &Engine, stop: &AtomicBool) {
+        while let Some(pace) = self.paced(engine) {
+            let owed = pace.owed();
+            if owed.is_zero() || stop.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(owed.min(Duration::from_millis(20)));
+        }
+    }
+
+    /// md's rule; says in status why the job goes as it does.
+    fn wait_md(&mut self, engine: &Engine, stop: &AtomicBool) {
+        // What held this step back, if anything: shown until the next step.
+        let held = self.wait_md_steps(engine, stop);
+        engine.sync.pace.show(PaceReport {
+            rate_kib_per_s: held.1,
+            why: held.0,
+            client_p99_us: None,
+            target_us: None,
+        });
+    }
+
+    /// md's rule's waits; returns what held the step back and the limit
+    /// it was held to (0: nothing held it).
+    fn wait_md_steps(&mut self, engine: &Engine, stop: &AtomicBool) -> (Why, u64) {
         let (min, max) = limits(engine);
+        let mut held = (Why::Unthrottled, 0);
         loop {
             let elapsed = self.mark.elapsed().as_secs_f64().max(1e-3);
             let speed = self.speed();
             if speed > max as f64 {
+                held = (Why::SpeedLimitMax, max);
                 // Sleep just long enough to fall back to the maximum.
                 let wanted = self.done_kib as f64 / max as f64;
                 std::thread::sleep(Duration::from_secs_f64(
                     (wanted - elapsed).clamp(0.001, 0.5),
                 ));
                 if stop.load(Ordering::SeqCst) {
-                    return;
+                    return held;
                 }
                 continue;
             }
@@ -131,11 +202,12 @@ impl Throttle {
             let busy = foreground != self.foreground_seen;
             self.foreground_seen = foreground;
             if speed > min as f64 && busy && !stop.load(Ordering::SeqCst) {
+                held = (Why::YieldingToClients, min);
                 // Foreground I/O goes first while the minimum is met.
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
-            return;
+            return held;
         }
     }
 }

@@ -3,9 +3,11 @@
 //! a member and its batched copy (`rebuild`), reshape (`reshape`), size
 //! changes (`resize`), level takeovers (`takeover`), and the scrub period
 //! (`schedule`). `job` holds what they share: the action, its progress,
-//! its outcome and the speed limits.
+//! its outcome and the speed limits; `pace` the pacing by the clients'
+//! latency (`rebuild_latency_target`).
 
 pub(super) mod job;
+pub mod pace;
 pub(super) mod rebuild;
 pub(super) mod reshape;
 pub(super) mod resize;

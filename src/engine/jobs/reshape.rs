@@ -511,6 +511,7 @@ impl Engine {
             total_kib,
             speed_kib_per_s: speed,
             mismatch_sectors: 0,
+            pace: self.reshape_running().then(|| self.sync.pace.report()),
         })
     }
 

@@ -46,6 +46,8 @@ pub struct SyncWorker {
     closed: AtomicBool,
     pub speed_limit_min_kib_per_s: AtomicU64,
     pub speed_limit_max_kib_per_s: AtomicU64,
+    /// The running job's pace, for status (written by its throttle).
+    pub(in crate::engine) pace: super::pace::PaceShown,
 }
 
 impl SyncWorker {
@@ -65,6 +67,7 @@ impl SyncWorker {
             closed: AtomicBool::new(false),
             speed_limit_min_kib_per_s: AtomicU64::new(SPEED_LIMIT_MIN_KIB_PER_S),
             speed_limit_max_kib_per_s: AtomicU64::new(SPEED_LIMIT_MAX_KIB_PER_S),
+            pace: super::pace::PaceShown::default(),
         })
     }
 
@@ -132,6 +135,13 @@ impl SyncWorker {
         worker.findings_logged.store(0, Ordering::SeqCst);
         *worker.interrupted.lock().unwrap() = None;
         *worker.started.lock().unwrap() = Some(Instant::now());
+        // A new job has shown no pace yet.
+        worker.pace.show(super::pace::PaceReport {
+            rate_kib_per_s: 0,
+            why: super::pace::Why::Unthrottled,
+            client_p99_us: None,
+            target_us: None,
+        });
         *current = Some(action);
         // The thread holds the engine weakly: dropping the engine ends it.
         let weak: Weak<Engine> = Arc::downgrade(engine);
@@ -242,6 +252,7 @@ impl SyncWorker {
             total_kib,
             speed_kib_per_s: speed,
             mismatch_sectors: self.mismatch_sectors.load(Ordering::SeqCst),
+            pace: Some(self.pace.report()),
         })
     }
 }

@@ -1728,7 +1728,11 @@ impl Conn {
                 &format!("read failed: {e}"),
             );
         }
+        let timed = backend.times_requests();
         for d in done {
+            if timed {
+                backend.request_done(d.queued.elapsed());
+            }
             self.inflight.release(d.cost);
             fast.recycle(d.buf);
         }
@@ -1752,6 +1756,7 @@ impl Conn {
             return false;
         }
         let backend = &*self.shared.backend;
+        let start = backend.times_requests().then(std::time::Instant::now);
         let Ok(Some(extents)) = catch_unwind(AssertUnwindSafe(|| {
             backend.read_extents(offset, length, ExtentUse::Splice)
         })) else {
@@ -1791,6 +1796,9 @@ impl Conn {
         // socket, must not look like a lone reader that read-ahead would
         // serve by copy.
         drop(extents);
+        if let Some(start) = start {
+            backend.request_done(start.elapsed());
+        }
         true
     }
 

@@ -75,6 +75,8 @@ pub(super) struct Done {
     pub(super) cost: u64,
     pub(super) buf: AlignedBuf,
     pub(super) failed: bool,
+    /// When its reads were queued: the request's time on the ring.
+    pub(super) queued: std::time::Instant,
 }
 
 /// A connection's ring and the reads on it. Used only by the worker that
@@ -243,6 +245,7 @@ impl FastReads {
                     cost: op.cost,
                     buf: op.buf,
                     failed: op.failed,
+                    queued: op.queued,
                 });
             }
         }

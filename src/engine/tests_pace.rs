@@ -1,0 +1,118 @@
+//! Background jobs paced by the clients' latency (`rebuild_latency_target`,
+//! engine/jobs/pace.rs): the mechanism, not its speed.
+
+use super::tests::*;
+use super::*;
+use crate::engine::jobs::pace::Why;
+use crate::geometry::Level;
+use std::sync::atomic::AtomicBool;
+
+fn pace_of(snapshot: &Snapshot) -> Option<PaceReport> {
+    snapshot.sync.as_ref().and_then(|p| p.pace)
+}
+
+/// A check under clients whose reads take longer than the target backs
+/// off to speed_limit_min and says why; when the clients stop it takes
+/// speed_limit_max at once; with the target off it follows md's rule
+/// again, and status shows no latency. The job's progress goes on all the
+/// while, and a client's bytes stay right.
+#[test]
+fn a_job_paced_by_latency_backs_off_over_the_target_and_takes_the_limit_when_clients_stop() {
+    let (array, wrappers) = faulty_array(Level::Raid1, 2, 0);
+    let engine = Engine::start(array, EngineOptions::default()).unwrap();
+    wait_idle(&engine);
+    let image = hammer(&engine, 2, 20, 5);
+    // Slow enough that the check is still running when looked at: 4 MiB
+    // members at most 256 KiB/s.
+    engine.set_speed_limits(Some(64), Some(256));
+    engine.set_tunable("rebuild_latency_target", "1").unwrap();
+    engine.set_tunable("read_ahead", "0").unwrap();
+    for w in &wrappers {
+        w.apply_str("latency:3ms").unwrap();
+    }
+    engine.start_scrub(false).unwrap();
+    let clients_stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut buf = vec![0u8; 4096];
+            let mut k = 0u64;
+            while !clients_stop.load(Ordering::Relaxed) {
+                let at = (k * 4096 * 7) % (image.len() as u64 - 4096);
+                engine.read(at, &mut buf).unwrap();
+                assert!(
+                    buf == image[at as usize..at as usize + 4096],
+                    "bytes at {at}"
+                );
+                k += 1;
+            }
+        });
+        // Every client read takes 3 ms or more, over the 1 ms target.
+        wait_until(&engine, "backed off to speed_limit_min", |s| {
+            pace_of(s).is_some_and(|p| p.why == Why::SpeedLimitMin)
+        });
+        let pace = pace_of(&engine.snapshot()).unwrap();
+        assert_eq!(pace.rate_kib_per_s, 64, "{pace:?}");
+        assert_eq!(pace.target_us, Some(1000));
+        assert!(pace.client_p99_us.unwrap() >= 3000, "{pace:?}");
+        assert!(pace.why.words().contains("held at speed_limit_min"));
+        clients_stop.store(true, Ordering::Relaxed);
+    });
+    wait_until(&engine, "the limit once the clients stop", |s| {
+        pace_of(s).is_some_and(|p| p.why == Why::Idle && p.rate_kib_per_s == 256)
+    });
+    assert!(
+        pace_of(&engine.snapshot()).unwrap().client_p99_us.is_none(),
+        "no client, no latency"
+    );
+    // Off: md's rule, which shows no latency and no target.
+    engine.set_tunable("rebuild_latency_target", "off").unwrap();
+    wait_until(&engine, "md's rule again", |s| {
+        pace_of(s).is_some_and(|p| p.target_us.is_none() && p.why != Why::Idle)
+    });
+    let done = engine.snapshot().sync.unwrap().done_kib;
+    assert!(done > 0, "the check made progress");
+    engine.stop_sync().unwrap();
+    wait_idle(&engine);
+    engine.shutdown().unwrap();
+}
+
+/// The knob reads milliseconds, fractions and `off`, refuses what is out
+/// of range with one line, and prints back as given.
+#[test]
+fn the_latency_target_knob_parses_and_prints_back() {
+    let (array, _wrappers) = faulty_array(Level::Raid1, 2, 0);
+    let engine = Engine::start(array, EngineOptions::default()).unwrap();
+    let shown = |engine: &Engine| {
+        engine
+            .tuning()
+            .pairs()
+            .into_iter()
+            .find(|(k, _)| k == "rebuild_latency_target")
+            .unwrap()
+            .1
+    };
+    assert_eq!(shown(&engine), "off", "md's rule is the default");
+    for (given, us, back) in [("2", 2000, "2"), ("0.5", 500, "0.5"), ("3ms", 3000, "3")] {
+        engine.set_tunable("rebuild_latency_target", given).unwrap();
+        assert_eq!(engine.tunables.rebuild_latency_target_us(), us);
+        assert_eq!(shown(&engine), back);
+    }
+    for bad in ["-1", "0.01", "fast", "70000"] {
+        let e = engine
+            .set_tunable("rebuild_latency_target", bad)
+            .unwrap_err();
+        assert!(
+            e.contains("rebuild_latency_target") && !e.contains('\n'),
+            "{e}"
+        );
+        assert_eq!(
+            engine.tunables.rebuild_latency_target_us(),
+            3000,
+            "unchanged"
+        );
+    }
+    engine.set_tunable("rebuild_latency_target", "0").unwrap();
+    assert_eq!(shown(&engine), "off");
+    wait_idle(&engine);
+    engine.shutdown().unwrap();
+}

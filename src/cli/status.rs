@@ -55,6 +55,8 @@ pub fn run(control_socket: Option<&Path>, json: bool) -> CliResult {
                     "bitmap_dirty_chunks": r.bitmap_dirty_chunks,
                     "stripe_cache": r.stripe_cache,
                     "journal": r.journal,
+                    "sync": r.sync,
+                    "members": r.members,
                 })
             })
             .collect();

@@ -64,6 +64,10 @@ pub struct DetailView {
     /// the clients' latency against rebuild_latency_target, idle).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub sync_pace: Option<String>,
+    /// The same as data: the rate allowed (KiB/s per member), why, and
+    /// the clients' p99 against the latency target.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub pace: Option<crate::engine::PaceReport>,
     pub devices: Vec<DeviceRow>,
     /// A reshape in progress, as mdadm --detail shows it.
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -231,6 +235,7 @@ impl DetailView {
             bitmap,
             sync_status: sync_status(array),
             sync_pace: array.sync.as_ref().and_then(pace_line),
+            pace: array.sync.as_ref().and_then(|p| p.pace),
             devices: device_rows(array),
             reshape,
             tuning: array.tuning.iter().cloned().collect(),

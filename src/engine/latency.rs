@@ -20,6 +20,33 @@ use std::time::Duration;
 /// the last bucket starts at 2^23 µs (8.4 s).
 const BUCKETS: usize = 1 + 4 * 24;
 
+/// The requests of one or more windows, by latency bucket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Counts([u64; BUCKETS]);
+
+impl Counts {
+    pub fn requests(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    /// Adds another window's requests.
+    pub fn add(&mut self, other: &Counts) {
+        for (a, b) in self.0.iter_mut().zip(&other.0) {
+            *a += b;
+        }
+    }
+
+    pub fn window(&self) -> Window {
+        window_of(&self.0)
+    }
+}
+
+impl Default for Counts {
+    fn default() -> Counts {
+        Counts([0; BUCKETS])
+    }
+}
+
 /// A window's requests and their 99th percentile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Window {
@@ -68,14 +95,12 @@ impl ClientLatency {
     /// one left is read and emptied. One caller at a time (the pacer of
     /// the one job that runs); a request that picked the old histogram
     /// just before the flip lands in the next window read of it, once.
-    pub fn take(&self) -> Window {
+    pub fn take(&self) -> Counts {
         let left = self.current.fetch_add(1, Ordering::AcqRel) & 1;
-        let counts: Vec<u64> = self.histograms[left]
-            .buckets
-            .iter()
-            .map(|b| b.swap(0, Ordering::AcqRel))
-            .collect();
-        window_of(&counts)
+        let buckets = &self.histograms[left].buckets;
+        Counts(std::array::from_fn(|i| {
+            buckets[i].swap(0, Ordering::AcqRel)
+        }))
     }
 }
 
@@ -158,7 +183,7 @@ mod tests {
     fn a_window_gives_its_p99_and_the_next_starts_empty() {
         let latency = ClientLatency::default();
         assert_eq!(
-            latency.take(),
+            latency.take().window(),
             Window {
                 requests: 0,
                 p99_us: 0
@@ -172,7 +197,8 @@ mod tests {
         for _ in 0..10 {
             latency.record(Duration::from_millis(8));
         }
-        let w = latency.take();
+        let first = latency.take();
+        let w = first.window();
         assert_eq!(w.requests, 1000);
         assert!((100..=125).contains(&w.p99_us), "{w:?}");
         for _ in 0..980 {
@@ -181,11 +207,16 @@ mod tests {
         for _ in 0..20 {
             latency.record(Duration::from_millis(8));
         }
-        let w = latency.take();
+        let mut second = latency.take();
+        let w = second.window();
         assert_eq!(w.requests, 1000);
         assert!((8000..=10_000).contains(&w.p99_us), "{w:?}");
-        assert_eq!(latency.take().requests, 0, "taken windows are emptied");
+        // Together, 30 slow ones in 2000: still the slow bucket.
+        second.add(&first);
+        assert_eq!(second.requests(), 2000);
+        assert!(second.window().p99_us >= 8000);
+        assert_eq!(latency.take().requests(), 0, "taken windows are emptied");
         latency.record(Duration::from_micros(3));
-        assert_eq!(latency.take().requests, 1);
+        assert_eq!(latency.take().requests(), 1);
     }
 }

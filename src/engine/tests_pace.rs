@@ -116,3 +116,22 @@ fn the_latency_target_knob_parses_and_prints_back() {
     wait_idle(&engine);
     engine.shutdown().unwrap();
 }
+
+/// A job held back by a low speed_limit_max takes a raised one at its
+/// next look, as md reads its limits at every step, not after sleeping
+/// off what the old limit owed (at 1 KiB/s, hours for this check).
+#[test]
+fn a_raised_speed_limit_frees_a_job_that_sleeps_under_the_old_one() {
+    let (array, _wrappers) = faulty_array(Level::Raid1, 2, 0);
+    let engine = Engine::start(array, EngineOptions::default()).unwrap();
+    wait_idle(&engine);
+    engine.set_speed_limits(Some(1), Some(1));
+    engine.start_scrub(false).unwrap();
+    wait_until(&engine, "the check's first step", |s| {
+        s.sync.as_ref().is_some_and(|p| p.done_kib > 0)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    engine.set_speed_limits(Some(1000), Some(1_000_000));
+    wait_until(&engine, "the check's end", |s| s.sync.is_none());
+    engine.shutdown().unwrap();
+}

@@ -181,9 +181,15 @@ impl Throttle {
     /// md's rule's waits; returns what held the step back and the limit
     /// it was held to (0: nothing held it).
     fn wait_md_steps(&mut self, engine: &Engine, stop: &AtomicBool) -> (Why, u64) {
-        let (min, max) = limits(engine);
         let mut held = (Why::Unthrottled, 0);
         loop {
+            // Read again each time: a limit raised while the job sleeps
+            // (or a latency target set) takes effect at once, as md reads
+            // its limits at every step.
+            if engine.tunables.rebuild_latency_target_us() > 0 {
+                return held;
+            }
+            let (min, max) = limits(engine);
             let elapsed = self.mark.elapsed().as_secs_f64().max(1e-3);
             let speed = self.speed();
             if speed > max as f64 {

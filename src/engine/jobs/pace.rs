@@ -4,8 +4,8 @@
 //! load however idle the members are between requests.
 //!
 //! Every `WINDOW` the pacer reads the clients' p99 request latency
-//! (engine/latency.rs) and sets the job's rate, per member, between
-//! speed_limit_min and speed_limit_max:
+//! (engine/latency.rs) over the last `HORIZON` windows, and sets the
+//! job's rate, per member, between speed_limit_min and speed_limit_max:
 //! - no client request in the window: the limit at once (the clients
 //!   paused, the job takes the members);
 //! - p99 over the target: half of what the job did (or was allowed, the
@@ -19,8 +19,9 @@
 //! bucket is not in debt and pays for itself after, so a step larger than
 //! the bucket still runs, followed by the wait it owes.
 
-use crate::engine::latency::{ClientLatency, Window};
+use crate::engine::latency::{ClientLatency, Counts, Window};
 use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
@@ -28,6 +29,11 @@ use std::time::{Duration, Instant};
 /// job backs off before many requests suffer, long enough to hold a few
 /// hundred requests at any load worth protecting.
 pub const WINDOW: Duration = Duration::from_millis(200);
+
+/// The windows whose requests together give the p99 the rate follows: a
+/// window at a light load holds too few requests for its own p99 to be
+/// more than its slowest one.
+const HORIZON: usize = 5;
 
 /// The most the bucket saves up while the job is busy elsewhere.
 const BURST: Duration = Duration::from_millis(50);
@@ -122,6 +128,13 @@ impl PaceShown {
         self.target_us.store(report.target_us.unwrap_or(0), r);
     }
 
+    /// The rate a pacer allows now, KiB/s per member, when one paces
+    /// the job.
+    pub(in crate::engine) fn paced_rate_kib_per_s(&self) -> Option<u64> {
+        let r = Ordering::Relaxed;
+        (self.target_us.load(r) > 0).then(|| self.rate_kib_per_s.load(r))
+    }
+
     pub fn report(&self) -> PaceReport {
         let r = Ordering::Relaxed;
         let some = |v: u64| (v > 0).then_some(v);
@@ -189,6 +202,12 @@ pub(in crate::engine) struct Pace {
     /// The bucket: KiB the job may do before it waits (negative: owed).
     tokens: f64,
     filled: Instant,
+    /// The last windows' requests, newest last.
+    recent: VecDeque<Counts>,
+    /// Windows until the rate may fall again on the horizon's p99 alone:
+    /// the slow requests that made it fall stay in the horizon for
+    /// `HORIZON` windows and must not make it fall again and again.
+    settle: usize,
 }
 
 impl Pace {
@@ -203,6 +222,8 @@ impl Pace {
             window_kib: 0,
             tokens: 0.0,
             filled: now,
+            recent: VecDeque::new(),
+            settle: 0,
         }
     }
 
@@ -225,9 +246,35 @@ impl Pace {
         if elapsed < WINDOW {
             return None;
         }
-        let window = latency.take();
+        let last = latency.take();
+        let idle = last.requests() == 0;
+        self.recent.push_back(last);
+        if self.recent.len() > HORIZON {
+            self.recent.pop_front();
+        }
+        let mut horizon = Counts::default();
+        self.recent.iter().for_each(|c| horizon.add(c));
+        // Clients that stopped are idle at once, whatever came before.
+        let window = if idle {
+            Window {
+                requests: 0,
+                p99_us: 0,
+            }
+        } else {
+            horizon.window()
+        };
         let done = self.window_kib as f64 / elapsed.as_secs_f64();
-        let (rate, why) = next_rate(self.rate, done, window, target_us, min, max);
+        let (mut rate, why) = next_rate(self.rate, done, window, target_us, min, max);
+        let newest_over = self.recent.back().map(|c| c.window().p99_us) > Some(target_us);
+        self.settle = self.settle.saturating_sub(1);
+        if rate < self.rate {
+            if self.settle > 0 && !newest_over {
+                // Still the slow requests of the last fall: held.
+                rate = self.rate;
+            } else {
+                self.settle = HORIZON;
+            }
+        }
         self.refill();
         self.rate = rate;
         self.why = why;

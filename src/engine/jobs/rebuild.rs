@@ -608,13 +608,24 @@ impl<'e> Pipeline<'e> {
 
 /// Bytes per member one batch moves at most. Under a speed limit a batch is
 /// a tenth of a second's worth at the limit, so that the throttle, which
-/// accounts a batch at a time, keeps the rate smooth.
+/// accounts a batch at a time, keeps the rate smooth. Paced by the
+/// clients' latency, a twentieth of a second's worth at the rate allowed:
+/// a client's request that lands behind a batch's member I/O waits for
+/// all of it, so the slower the job must go, the smaller its bites (a
+/// batch holds at least one stripe).
 fn batch_budget(engine: &Engine) -> u64 {
     let max_kib = engine
         .sync
         .speed_limit_max_kib_per_s
         .load(Ordering::Relaxed);
-    BATCH_BYTES_PER_MEMBER.min(max_kib.saturating_mul(1024) / 10)
+    let budget = BATCH_BYTES_PER_MEMBER.min(max_kib.saturating_mul(1024) / 10);
+    let paced_kib = engine.sync.pace.paced_rate_kib_per_s();
+    match paced_kib {
+        Some(rate) if engine.tunables.rebuild_latency_target_us() > 0 => {
+            budget.min(rate.saturating_mul(1024) / 20)
+        }
+        _ => budget,
+    }
 }
 
 /// What the job's thread does with one strip of the target.

@@ -304,9 +304,23 @@ fn knobs_are_saved_set_live_shown_and_checked() {
         vec!["--set", "colour=blue"],
         vec!["--set", "max_sectors_kb=6"],
         vec!["--write-policy", "write-back"],
+        vec!["--rebuild-latency-target", "0.01"],
+        vec!["--set", "rebuild_latency_target=soon"],
     ] {
         manage_refused(&served.control, &bad);
     }
+    // The latency target for background jobs: md's rule by default, set by
+    // its own flag or as a knob, shown in ms.
+    assert_eq!(
+        served.detail_json()["tuning"]["rebuild_latency_target"],
+        "off"
+    );
+    manage_ok(&served.control, &["--set", "rebuild_latency_target=0.5"]);
+    assert_eq!(
+        served.detail_json()["tuning"]["rebuild_latency_target"],
+        "0.5"
+    );
+    manage_ok(&served.control, &["--rebuild-latency-target", "4"]);
     let detail = served.detail_json();
     assert_eq!(detail["tuning"]["stripe_cache_size"], "8192", "{detail}");
     assert_eq!(detail["tuning"]["fast_path"], "off", "{detail}");
@@ -344,6 +358,10 @@ fn knobs_are_saved_set_live_shown_and_checked() {
     // Changes made live are saved with the array.
     let served = serve(dir.path(), &[], &m);
     assert_eq!(served.detail_json()["tuning"]["stripe_cache_size"], "8192");
+    assert_eq!(
+        served.detail_json()["tuning"]["rebuild_latency_target"],
+        "4"
+    );
     served.stop();
     // Offline, detail shows what a server would start with, and says so.
     let mut args = vec!["detail"];

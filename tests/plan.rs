@@ -34,6 +34,7 @@ fn plan_json_has_the_documented_fields() {
             "rebuild_seconds",
             "rebalance_seconds",
             "reduced_redundancy_seconds",
+            "zero_redundancy_seconds",
             "capacity_bytes",
             "failures_tolerated",
             "p_data_loss",

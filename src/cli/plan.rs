@@ -199,13 +199,14 @@ fn duration(seconds: f64) -> String {
 fn row(o: &mut String, l: &LayoutPlan) {
     let _ = writeln!(
         o,
-        "{} {:<22} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10}",
+        "{} {:<22} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10}",
         if l.requested { "*" } else { " " },
         l.level,
         decimal(l.capacity_bytes as f64),
         l.failures_tolerated,
         duration(l.rebuild_seconds),
         duration(l.reduced_redundancy_seconds),
+        duration(l.zero_redundancy_seconds),
         duration(l.rebalance_seconds),
         format!("{:.1e}", l.p_data_loss),
     );
@@ -230,8 +231,8 @@ fn text(plan: &Plan) -> String {
     );
     let _ = writeln!(
         o,
-        "  {:<22} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10}",
-        "layout", "usable", "tolerates", "rebuild", "degraded", "rebalance", "P(loss)"
+        "  {:<22} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "layout", "usable", "tolerates", "rebuild", "degraded", "zero-red.", "rebalance", "P(loss)"
     );
     for layout in &plan.layouts {
         row(&mut o, layout);

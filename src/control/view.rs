@@ -68,6 +68,10 @@ pub struct DetailView {
     /// the clients' p99 against the latency target.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub pace: Option<crate::engine::PaceReport>,
+    /// The time at zero redundancy (one more failure would lose data),
+    /// now and in all since the server started; absent if none.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub zero_redundancy: Option<crate::engine::exposure::ExposureReport>,
     pub devices: Vec<DeviceRow>,
     /// A reshape in progress, as mdadm --detail shows it.
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -236,6 +240,7 @@ impl DetailView {
             sync_status: sync_status(array),
             sync_pace: array.sync.as_ref().and_then(pace_line),
             pace: array.sync.as_ref().and_then(|p| p.pace),
+            zero_redundancy: array.zero_redundancy,
             devices: device_rows(array),
             reshape,
             tuning: array.tuning.iter().cloned().collect(),
@@ -328,7 +333,14 @@ impl DetailView {
         if let Some(pace) = &self.sync_pace {
             let _ = writeln!(o, "              Pace : {pace}");
         }
-        if self.sync_status.is_some() || self.reshape.is_some() || self.sync_pace.is_some() {
+        if let Some(z) = &self.zero_redundancy {
+            let _ = writeln!(o, "   Zero Redundancy : {}", zero_redundancy_words(z));
+        }
+        if self.sync_status.is_some()
+            || self.reshape.is_some()
+            || self.sync_pace.is_some()
+            || self.zero_redundancy.is_some()
+        {
             let _ = writeln!(o);
         }
     }
@@ -602,6 +614,17 @@ fn sync_status(array: &Snapshot) -> Option<String> {
         "{word:>7} Status : {}% complete",
         p.done_kib * 100 / p.total_kib.max(1)
     ))
+}
+
+/// "for 12.0 s now (one more failure loses data); 40.5 s in all".
+fn zero_redundancy_words(z: &crate::engine::exposure::ExposureReport) -> String {
+    match z.now_secs {
+        Some(now) => format!(
+            "for {now:.1} s now (one more failure loses data); {:.1} s in all",
+            z.total_secs
+        ),
+        None => format!("none now; {:.1} s in all", z.total_secs),
+    }
 }
 
 /// "45000K/sec per member: clients within the latency target (p99 1.8 ms,

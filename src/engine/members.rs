@@ -54,8 +54,31 @@ impl Engine {
             .fetch_max(table.block_bytes(), Ordering::SeqCst);
         self.in_memory.store(table.in_memory(), Ordering::SeqCst);
         self.route_spares(&table);
+        // Under the table's lock: the exposure follows the tables in the
+        // order they were made.
+        self.note_exposure(&table);
         *members = Arc::new(table);
         result
+    }
+
+    /// Notes whether the array is at zero redundancy with `table`, and
+    /// says so when that starts or ends (exposure.rs).
+    pub(super) fn note_exposure(&self, table: &MemberTable) {
+        use super::exposure::{at_zero_redundancy, Change};
+        let exposed = at_zero_redundancy(&self.geometry(), &table.in_sync());
+        match self.exposure.note(exposed) {
+            Change::None => {}
+            Change::Started => self.events.push(
+                "NoRedundancy",
+                "",
+                "one more member failure loses data until a rebuild ends",
+            ),
+            Change::Ended(spell) => self.events.push(
+                "RedundancyRestored",
+                "",
+                &format!("after {:.1} s at zero redundancy", spell.as_secs_f64()),
+            ),
+        }
     }
 
     /// Points a dRAID's distributed spares at the members now in sync in

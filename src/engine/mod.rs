@@ -8,6 +8,7 @@
 mod bitmap;
 mod datapath;
 mod events;
+pub mod exposure;
 mod integrity;
 mod jobs;
 mod journal;
@@ -146,6 +147,9 @@ pub struct Engine {
     /// The clients' request latency, by window, for jobs that pace
     /// themselves by it (`rebuild_latency_target`).
     client_latency: latency::ClientLatency,
+    /// The time at zero redundancy (exposure.rs), kept where the member
+    /// table changes.
+    exposure: exposure::Exposure,
 }
 
 impl Engine {
@@ -220,6 +224,7 @@ impl Engine {
             returns: readd::Returns::default(),
             let_go: Mutex::new(Vec::new()),
             client_latency: latency::ClientLatency::default(),
+            exposure: exposure::Exposure::default(),
             bitmap: RwLock::new(live_bitmap.map(Arc::new)),
             schedule: schedule::CheckSchedule::default(),
             tunables: tuning::Tunables::new(
@@ -236,6 +241,7 @@ impl Engine {
             spare_router,
         });
         engine.route_spares(&engine.table());
+        engine.note_exposure(&engine.table());
         if !options.read_only {
             engine.start_bitmap_daemon();
         }
@@ -380,6 +386,7 @@ impl Engine {
             .collect();
         snapshot.member_health = self.member_health.lock().unwrap().clone();
         snapshot.member_failures = self.returns.reasons();
+        snapshot.zero_redundancy = self.exposure.report();
         snapshot
     }
 
@@ -948,6 +955,8 @@ pub struct Snapshot {
     pub read_only: bool,
     /// Whether a running engine serves it (else it was read from the members).
     pub serving: bool,
+    /// The time at zero redundancy, if there was any (served arrays).
+    pub zero_redundancy: Option<exposure::ExposureReport>,
     /// Whether every array sector can be read.
     pub runnable: bool,
     /// Recent events (Fail, RebuildStarted, ...), oldest first.
@@ -1000,6 +1009,7 @@ impl Snapshot {
             sync: None,
             read_only: false,
             serving: false,
+            zero_redundancy: None,
             runnable: array.runnable(),
             events: Vec::new(),
             bitmap_line: None,

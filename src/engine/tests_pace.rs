@@ -135,3 +135,42 @@ fn a_raised_speed_limit_frees_a_job_that_sleeps_under_the_old_one() {
     wait_until(&engine, "the check's end", |s| s.sync.is_none());
     engine.shutdown().unwrap();
 }
+
+/// A raid5 that loses a member is at zero redundancy until the rebuild
+/// onto a spare ends: an event at each end, and the time in the snapshot.
+/// A raid6 that loses one member is not; its second loss is.
+#[test]
+fn the_time_at_zero_redundancy_is_reported_from_the_failure_to_the_rebuild() {
+    let (array, wrappers) = faulty_array(Level::Raid5, 4, 1);
+    let engine = Engine::start(array, EngineOptions::default()).unwrap();
+    wait_idle(&engine);
+    assert_eq!(engine.snapshot().zero_redundancy, None);
+    // Slow enough that the exposure is seen while it lasts.
+    for w in &wrappers {
+        w.apply_str("latency:1ms").unwrap();
+    }
+    engine.fail_member(1, "failed by the test");
+    let now = engine.snapshot();
+    assert!(has_event(&now, "NoRedundancy"), "{:?}", now.events);
+    wait_idle(&engine);
+    let after = engine.snapshot();
+    assert!(
+        has_event(&after, "RedundancyRestored"),
+        "{:?}",
+        after.events
+    );
+    let z = after.zero_redundancy.unwrap();
+    assert_eq!(z.now_secs, None, "whole again");
+    assert!(z.total_secs > 0.0);
+    engine.shutdown().unwrap();
+
+    let (array, _wrappers) = faulty_array(Level::Raid6, 5, 0);
+    let engine = Engine::start(array, EngineOptions::default()).unwrap();
+    wait_idle(&engine);
+    engine.fail_member(1, "failed by the test");
+    assert_eq!(engine.snapshot().zero_redundancy, None, "one loss left");
+    engine.fail_member(3, "failed by the test");
+    let z = engine.snapshot().zero_redundancy.unwrap();
+    assert!(z.now_secs.is_some());
+    engine.shutdown().unwrap();
+}

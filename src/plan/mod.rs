@@ -265,7 +265,7 @@ const NOTES: &[&str] = &[
     "Hot spare (raid levels, dRAID without distributed spares): survivors read the member once and the spare writes it once, in step; time is one pass at the members' mean bandwidth.",
     "Distributed spare: each of the C-1 survivors reads DX/(C-1) and writes X/(C-1) (uraid reads the D columns a recovery needs, ZFS all W-1); reads and writes share the disk; times the imbalance.",
     "Rebalance: the replacement disk is written whole at one disk's bandwidth, with redundancy already restored; hot-spare layouts have none.",
-    "Reduced redundancy lasts the rebuild; the time to notice the failure and to fetch a replacement is not counted.",
+    "Reduced redundancy lasts the rebuild; the time to notice the failure and to fetch a replacement is not counted. Zero redundancy (one more failure loses data) lasts it too where the layout tolerates one failure; uraid reports the time it really spent so in detail and the NoRedundancy/RedundancyRestored events.",
     "A further failure beyond the layout's tolerance during the window loses data: dRAID spreads every group over all children, so any two children share groups.",
     "Unrecoverable read errors count on the reads made with no redundancy left, taking the whole window's reads when the last redundancy is lost mid-window.",
     "Times are divided by the efficiency, the engine's rebuild rate over the disks' streaming rate, to be calibrated against what uraid measures.",
@@ -284,6 +284,10 @@ pub struct LayoutPlan {
     pub rebuild_seconds: f64,
     /// How long the array runs with one failure's redundancy missing.
     pub reduced_redundancy_seconds: f64,
+    /// How long of that one more failure would lose data (no redundancy
+    /// left): the whole rebuild where the layout tolerates one failure,
+    /// none where it tolerates more.
+    pub zero_redundancy_seconds: f64,
     pub rebalance_seconds: f64,
     /// Bytes the busiest survivor reads and writes in the rebuild.
     pub busiest_survivor_bytes: f64,
@@ -361,6 +365,11 @@ pub fn plan(scheme: Scheme, members: &Members, a: &Assumptions) -> LayoutPlan {
         rebuild_target: target,
         rebuild_seconds: rebuild,
         reduced_redundancy_seconds: rebuild,
+        zero_redundancy_seconds: if scheme.failures_tolerated(n) <= 1 {
+            rebuild
+        } else {
+            0.0
+        },
         rebalance_seconds: rebalance,
         busiest_survivor_bytes: busiest,
         read_bytes,

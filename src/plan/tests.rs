@@ -182,3 +182,19 @@ fn few_slices_plan_with_the_maps_own_imbalance() {
         None
     );
 }
+
+/// After one failure a layout that tolerates one has no redundancy left
+/// for the whole rebuild; one that tolerates two keeps one failure's.
+#[test]
+fn zero_redundancy_lasts_the_rebuild_only_where_one_failure_was_all_it_took() {
+    let members = hdd16(12);
+    let a = defaults();
+    let raid5 = plan(Scheme::Raid5, &members, &a);
+    assert_eq!(raid5.zero_redundancy_seconds, raid5.rebuild_seconds);
+    let draid1 = plan(Scheme::parse("draid1:8d:1s", 12).unwrap(), &members, &a);
+    assert_eq!(draid1.zero_redundancy_seconds, draid1.rebuild_seconds);
+    let raid6 = plan(Scheme::Raid6, &members, &a);
+    assert_eq!(raid6.zero_redundancy_seconds, 0.0);
+    let draid2 = plan(Scheme::parse("draid2:8d:1s", 12).unwrap(), &members, &a);
+    assert_eq!(draid2.zero_redundancy_seconds, 0.0);
+}

@@ -1272,6 +1272,22 @@ fn reassemble(wrappers: &[Arc<crate::member::FaultyMember>]) -> Assembled {
 
 /// Drops the engine as a crash would (no shutdown) and waits until its
 /// background threads have let go of it.
+/// Assembles `paths` again after `crash`: the engine's last reference may
+/// have gone in one of its own threads, which may still be closing the
+/// member files when `crash` sees no reference left, and a file still
+/// open there is still claimed (flock) for a moment.
+pub(crate) fn assemble_after_crash(paths: &[PathBuf]) -> Assembled {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match assemble(paths, true) {
+            Err(e) if e.to_string().contains("in use") && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            other => return other.unwrap(),
+        }
+    }
+}
+
 pub(crate) fn crash(engine: Arc<Engine>) {
     let weak = Arc::downgrade(&engine);
     drop(engine);
@@ -1593,7 +1609,7 @@ fn a_half_rebuilt_member_takes_writes_during_the_resync_after_a_crash() {
         has_event(s, "Rebuild20")
     });
     crash(engine);
-    let array = assemble(&paths, true).unwrap();
+    let array = assemble_after_crash(&paths);
     let offset = match array.devices[1].state {
         DeviceState::Recovering {
             recovery_offset_sectors,

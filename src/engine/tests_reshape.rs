@@ -2,6 +2,7 @@
 //! moves to the new geometry under concurrent writes, and ends in md's
 //! format with consistent parity.
 
+use super::tests::assemble_after_crash;
 use super::*;
 use crate::array::{assemble, create, CreateOptions, MemberSpec, ReshapeRequest};
 use crate::format::Metadata;
@@ -333,7 +334,7 @@ pub(super) fn crash_until_done(
         std::thread::sleep(Duration::from_millis(rng.gen_range(10..200)));
         crash(engine);
         crashes += 1;
-        let array = assemble(paths, true).unwrap();
+        let array = assemble_after_crash(paths);
         engine = Engine::start(array, EngineOptions::default()).unwrap();
         engine.set_speed_limits(Some(1000), Some(6000));
     }

@@ -3,6 +3,7 @@
 //! crash at any point resumes, and the result is md's: new shape, data
 //! offset moved up, the removed members spares.
 
+use super::tests::assemble_after_crash;
 use super::tests_reshape::{crash, random_image, sized_array, wait_reshaped};
 use super::*;
 use crate::array::{assemble, ReshapeRequest};
@@ -139,7 +140,7 @@ fn a_shrink_crashed_at_random_points_resumes_and_keeps_every_byte() {
         std::thread::sleep(Duration::from_millis(rng.gen_range(10..200)));
         crash(engine);
         crashes += 1;
-        engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+        engine = Engine::start(assemble_after_crash(&paths), EngineOptions::default()).unwrap();
         engine.set_speed_limits(Some(1000), Some(6000));
     }
     assert!(

@@ -568,12 +568,13 @@ mod tests {
         for _ in 0..21 {
             m.read_at(&mut buf, 0).unwrap();
         }
-        // One I/O from the burst, twenty at 5 ms each.
+        // One I/O from the burst, twenty at 5 ms each: never faster. No
+        // upper bound and no exact count of throttled I/Os: on a loaded
+        // machine a thread descheduled for 5 ms finds its token waiting.
         let elapsed = start.elapsed();
         assert!(elapsed >= Duration::from_millis(95), "{elapsed:?}");
-        assert!(elapsed < Duration::from_millis(500), "{elapsed:?}");
         assert_eq!(m.stats().ios, 21);
-        assert!(m.stats().throttled_ios >= 19);
+        assert!(m.stats().throttled_ios >= 1);
     }
 
     #[test]

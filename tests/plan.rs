@@ -35,6 +35,7 @@ fn plan_json_has_the_documented_fields() {
             "rebalance_seconds",
             "reduced_redundancy_seconds",
             "zero_redundancy_seconds",
+            "zero_redundancy_at_tolerance_seconds",
             "capacity_bytes",
             "failures_tolerated",
             "p_data_loss",

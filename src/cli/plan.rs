@@ -199,7 +199,7 @@ fn duration(seconds: f64) -> String {
 fn row(o: &mut String, l: &LayoutPlan) {
     let _ = writeln!(
         o,
-        "{} {:<22} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "{} {:<22} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
         if l.requested { "*" } else { " " },
         l.level,
         decimal(l.capacity_bytes as f64),
@@ -207,6 +207,7 @@ fn row(o: &mut String, l: &LayoutPlan) {
         duration(l.rebuild_seconds),
         duration(l.reduced_redundancy_seconds),
         duration(l.zero_redundancy_seconds),
+        duration(l.zero_redundancy_at_tolerance_seconds),
         duration(l.rebalance_seconds),
         format!("{:.1e}", l.p_data_loss),
     );
@@ -231,8 +232,16 @@ fn text(plan: &Plan) -> String {
     );
     let _ = writeln!(
         o,
-        "  {:<22} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "layout", "usable", "tolerates", "rebuild", "degraded", "zero-red.", "rebalance", "P(loss)"
+        "  {:<22} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "layout",
+        "usable",
+        "tolerates",
+        "rebuild",
+        "degraded",
+        "zero-red.",
+        "at most",
+        "rebalance",
+        "P(loss)"
     );
     for layout in &plan.layouts {
         row(&mut o, layout);
@@ -240,7 +249,9 @@ fn text(plan: &Plan) -> String {
     let _ = writeln!(
         o,
         "\n(* the layout asked for; degraded: time with one failure's redundancy \
-         missing; P(loss): of losing data before the rebuild ends)\n\nAssumptions: \
+         missing; zero-red.: of it, with none left; at most: with none left when \
+         as many fail as the layout tolerates, the rows that hold them all rebuilt \
+         first; P(loss): of losing data before the rebuild ends)\n\nAssumptions: \
          efficiency {}, dRAID imbalance {} or the maps' own over members of few slices, annual failure rate {}%, unrecoverable read \
          errors {:e} per bit, chunk {} KiB.",
         a.efficiency,

@@ -64,6 +64,10 @@ pub struct DetailView {
     /// the clients' latency against rebuild_latency_target, idle).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub sync_pace: Option<String>,
+    /// A rebuild taking the rows at zero redundancy first: what it has
+    /// done of them.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub rebuild_order: Option<String>,
     /// The same as data: the rate allowed (KiB/s per member), why, and
     /// the clients' p99 against the latency target.
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -239,6 +243,7 @@ impl DetailView {
             bitmap,
             sync_status: sync_status(array),
             sync_pace: array.sync.as_ref().and_then(pace_line),
+            rebuild_order: array.sync.as_ref().and_then(order_line),
             pace: array.sync.as_ref().and_then(|p| p.pace),
             zero_redundancy: array.zero_redundancy,
             devices: device_rows(array),
@@ -332,6 +337,9 @@ impl DetailView {
         }
         if let Some(pace) = &self.sync_pace {
             let _ = writeln!(o, "              Pace : {pace}");
+        }
+        if let Some(order) = &self.rebuild_order {
+            let _ = writeln!(o, "     Rebuild Order : {order}");
         }
         if let Some(z) = &self.zero_redundancy {
             let _ = writeln!(o, "   Zero Redundancy : {}", zero_redundancy_words(z));
@@ -645,6 +653,21 @@ pub fn pace_line(p: &crate::engine::SyncProgress) -> Option<String> {
     Some(format!("{rate}: {}{latency}", pace.why.words()))
 }
 
+/// "rows at zero redundancy first: 412 rebuilt, under way": a rebuild
+/// that takes its most endangered rows before the rest.
+pub fn order_line(p: &crate::engine::SyncProgress) -> Option<String> {
+    let first = p.endangered_first?;
+    let state = if first.walking {
+        "under way; the position waits for them"
+    } else {
+        "done; the rest in order"
+    };
+    Some(format!(
+        "rows at zero redundancy first: {} rebuilt ahead, {state}",
+        first.rows_done
+    ))
+}
+
 /// The parity implementation and how it was chosen; only the serving
 /// process knows what it runs.
 fn parity_choice(array: &Snapshot) -> Option<String> {
@@ -899,6 +922,7 @@ mod tests {
             speed_kib_per_s: 900,
             mismatch_sectors: 0,
             pace,
+            endangered_first: None,
         };
         let line = super::pace_line(&progress(Some(PaceReport {
             rate_kib_per_s: 40_000,

@@ -7,7 +7,9 @@
 //! (RedundancyRestored, with how long), and in status the time so far.
 //!
 //! Asked of the geometry alone (`Geometry::survives`), over the roles in
-//! sync: a rebuilt member counts once its rebuild is done.
+//! sync: a rebuilt member counts once its rebuild is done, or once it has
+//! rebuilt every row that was at zero redundancy without it (a rebuild
+//! takes those first, jobs/rebuild.rs).
 
 use crate::geometry::Geometry;
 use serde::{Deserialize, Serialize};

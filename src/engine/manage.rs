@@ -9,12 +9,13 @@ use super::members::MemberEntry;
 use super::Engine;
 use crate::array::dspare::is_spare_name;
 use crate::array::{DeviceState, FoundDevice, Slot};
+use crate::engine::position::Position;
 use crate::format::MD_FEATURE_RECOVERY_OFFSET;
 use crate::geometry::Geometry;
 use crate::member::{MemberRef, OpenOptions};
 use crate::units::SECTOR_BYTES;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// How long `--add` waits for work still holding a member removed under the
@@ -525,7 +526,7 @@ impl Engine {
                     new.display()
                 )
             })?;
-        let next = Arc::new(AtomicU64::new(0));
+        let next = Arc::new(Position::new(0));
         let entry = MemberEntry {
             slot: Slot {
                 member: device.member.clone(),
@@ -704,7 +705,7 @@ impl Engine {
             recovery_offset_sectors: 0,
         };
         let path = device.path.clone();
-        let next = Arc::new(AtomicU64::new(0));
+        let next = Arc::new(Position::new(0));
         let entry = MemberEntry {
             slot: Slot {
                 member: device.member.clone(),
@@ -752,7 +753,7 @@ impl Engine {
     /// entry with a new position replaced it, the job is a stale one. Its
     /// writes would land on a member whose position it does not move, and
     /// its end would declare in sync a member it never wholly built.
-    pub(super) fn job_owns_target(&self, action: SyncAction, next: &Arc<AtomicU64>) -> bool {
+    pub(super) fn job_owns_target(&self, action: SyncAction, next: &Arc<Position>) -> bool {
         let table = self.table();
         let shares = |e: Option<&MemberEntry>| {
             e.and_then(|e| e.rebuilt_below.as_ref())
@@ -770,7 +771,7 @@ impl Engine {
 
     /// A member rebuilt to the end holds its role: it is in sync, on disk
     /// too, and another missing role may take the next spare.
-    fn recovery_finished(self: &Arc<Engine>, role: usize, next: &Arc<AtomicU64>) {
+    fn recovery_finished(self: &Arc<Engine>, role: usize, next: &Arc<Position>) {
         let mut array = self.array.lock().unwrap();
         if !self.job_owns_target(SyncAction::Recovery { role }, next) {
             // A stale job (see job_owns_target): the member now in the
@@ -817,7 +818,7 @@ impl Engine {
         self: &Arc<Engine>,
         action: SyncAction,
         outcome: Outcome,
-        next: &Arc<AtomicU64>,
+        next: &Arc<Position>,
     ) {
         match (action, outcome) {
             // A stale job (see job_owns_target), however it ended: the
@@ -937,7 +938,7 @@ impl Engine {
     /// The new member could not be written, or nothing is left to rebuild
     /// it from: it leaves the array as faulty, so that no automatic retry
     /// loops on it; a fresh --add starts over. A spare may take the role.
-    fn recovery_failed(self: &Arc<Engine>, action: SyncAction, next: &Arc<AtomicU64>) {
+    fn recovery_failed(self: &Arc<Engine>, action: SyncAction, next: &Arc<Position>) {
         let (SyncAction::Recovery { role } | SyncAction::Replace { role }) = action else {
             unreachable!("only a rebuild has a member being built");
         };

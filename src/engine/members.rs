@@ -61,17 +61,25 @@ impl Engine {
         result
     }
 
+    /// Notes the exposure where it changes with the table unchanged: a
+    /// rebuild has done the rows that were at zero redundancy without its
+    /// member (`MemberTable::redundant`).
+    pub(super) fn note_exposure_again(&self) {
+        let members = self.members.write().unwrap();
+        self.note_exposure(&members);
+    }
+
     /// Notes whether the array is at zero redundancy with `table`, and
     /// says so when that starts or ends (exposure.rs).
     pub(super) fn note_exposure(&self, table: &MemberTable) {
         use super::exposure::{at_zero_redundancy, Change};
-        let exposed = at_zero_redundancy(&self.geometry(), &table.in_sync());
+        let exposed = at_zero_redundancy(&self.geometry(), &table.redundant());
         match self.exposure.note(exposed) {
             Change::None => {}
             Change::Started => self.events.push(
                 "NoRedundancy",
                 "",
-                "one more member failure loses data until a rebuild ends",
+                "one more member failure loses data until the rows at zero redundancy are rebuilt",
             ),
             Change::Ended(spell) => self.events.push(
                 "RedundancyRestored",

@@ -15,6 +15,7 @@ mod journal;
 pub mod latency;
 mod manage;
 mod members;
+mod position;
 mod readd;
 mod start;
 mod table;
@@ -27,6 +28,7 @@ pub use jobs::pace::{PaceReport, Why as PaceWhy};
 pub use journal::{JournalError, JournalStats};
 
 use crate::array::{Assembled, Cleanliness, DeviceState};
+use crate::engine::position::Position;
 use crate::export::{BlockBackend, BlockSizes, ZeroFlags};
 use crate::geometry::{Geometry, Level};
 use crate::member::MemberRef;
@@ -445,7 +447,7 @@ impl Engine {
             Some(next) => next.load(Ordering::SeqCst),
             None => geometry.stripe_at_resync_position(offset),
         };
-        let next = live.unwrap_or_else(|| Arc::new(AtomicU64::new(from)));
+        let next = live.unwrap_or_else(|| Arc::new(Position::new(from)));
         let entry = members::MemberEntry {
             slot: members::slot_of(device),
             rebuilt_below: Some(next.clone()),
@@ -478,7 +480,7 @@ impl Engine {
         } else {
             SyncAction::Check
         };
-        SyncWorker::start(self, action, 0, Arc::new(AtomicU64::new(0)))?;
+        SyncWorker::start(self, action, 0, Arc::new(Position::new(0)))?;
         if repair {
             self.restart_waiting_replacements();
         }

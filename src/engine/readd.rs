@@ -19,12 +19,13 @@ use super::jobs::resync::SyncWorker;
 use super::members::MemberEntry;
 use super::Engine;
 use crate::array::{Assembled, DeviceState, FoundDevice, Slot};
+use crate::engine::position::Position;
 use crate::format::{MemberSuper, Role, MD_FEATURE_RECOVERY_OFFSET, MD_FEATURE_REPLACEMENT};
 use crate::member::MemberRef;
 use crate::units::SECTOR_BYTES;
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -69,7 +70,7 @@ pub(super) struct Returns {
 struct QueuedReAdd {
     path: String,
     role: usize,
-    next: Arc<AtomicU64>,
+    next: Arc<Position>,
 }
 
 /// How a re-add was taken.
@@ -268,7 +269,7 @@ impl Engine {
             false => self.with_integrity(&mut array, &name, member.clone(), &sb, false)?,
         };
         array.devices.retain(|d| !Self::same_device(&d.path, path));
-        let next = Arc::new(AtomicU64::new(0));
+        let next = Arc::new(Position::new(0));
         let entry = MemberEntry {
             slot: Slot {
                 member: member.clone(),

@@ -4,10 +4,11 @@
 //! devices' states, and the work an array resumes once it serves.
 
 use super::{
-    journal, members, reshape, Arc, AtomicU64, Engine, EngineError, EngineOptions, MemberEntry,
-    MemberTable, Ordering, SyncAction, SyncWorker, SECTOR_BYTES,
+    journal, members, reshape, Arc, Engine, EngineError, EngineOptions, MemberEntry, MemberTable,
+    Ordering, SyncAction, SyncWorker, SECTOR_BYTES,
 };
 use crate::array::{write_array_state_failing, Assembled, Cleanliness, DeviceState};
+use crate::engine::position::Position;
 use crate::geometry::{Geometry, Level};
 
 /// Refuses what md refuses to run: an array without enough members, a
@@ -195,7 +196,7 @@ fn add_half_rebuilt(table: &mut MemberTable, array: &Assembled, geometry: &Geome
         }
         table.by_role[role] = Some(MemberEntry {
             slot,
-            rebuilt_below: Some(Arc::new(AtomicU64::new(below))),
+            rebuilt_below: Some(Arc::new(Position::new(below))),
         });
     }
 }
@@ -216,7 +217,7 @@ fn add_replacements(table: &mut MemberTable, array: &mut Assembled, geometry: &G
         let below = geometry.stripe_at_resync_position(recovery_offset_sectors);
         let entry = Some(MemberEntry {
             slot: members::slot_of(device),
-            rebuilt_below: Some(Arc::new(AtomicU64::new(below))),
+            rebuilt_below: Some(Arc::new(Position::new(below))),
         });
         if table.by_role[role].is_none() {
             table.by_role[role] = entry;
@@ -252,7 +253,7 @@ pub(super) fn resume_work(
             .store(resync_owed, Ordering::SeqCst);
         engine.resume_reshape();
     } else if let Some(from) = resync_from {
-        let next = Arc::new(AtomicU64::new(from));
+        let next = Arc::new(Position::new(from));
         SyncWorker::start(engine, SyncAction::Resync, from, next).expect("no job runs yet");
     } else {
         engine.start_recovery_if_possible();

@@ -6,17 +6,18 @@
 //! swap it in.
 
 use crate::array::{Slot, SpareRoutes};
+use crate::engine::position::Position;
 use crate::geometry::{Geometry, Place, StripeMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// One role's member.
 #[derive(Clone)]
 pub struct MemberEntry {
     pub slot: Slot,
-    /// For a member being rebuilt: the first stripe not yet rebuilt (shared
-    /// with the rebuild worker). None for an in-sync member.
-    pub rebuilt_below: Option<Arc<AtomicU64>>,
+    /// For a member being rebuilt: the first stripe not yet rebuilt and the
+    /// rows rebuilt ahead of it (shared with the rebuild worker). None for
+    /// an in-sync member.
+    pub rebuilt_below: Option<Arc<Position>>,
 }
 
 #[derive(Clone)]
@@ -66,8 +67,30 @@ impl MemberTable {
             Some(e) => e
                 .rebuilt_below
                 .as_ref()
-                .is_none_or(|below| stripe < below.load(Ordering::SeqCst)),
+                .is_none_or(|below| below.covers(stripe)),
         }
+    }
+
+    /// How many more of the row's places could be lost with every strip
+    /// still readable, `role` counted lost (the member a rebuild builds):
+    /// 0 for a row at zero redundancy without it. None when the row cannot
+    /// be read even so.
+    pub fn margin_without(&self, map: &StripeMap, role: usize) -> Option<usize> {
+        let stripe = map.stripe;
+        let lost = |p: &Place| self.home(p, stripe).member == role || !self.present(p, stripe);
+        if map.p.is_none() {
+            // Mirrors: the strip with the fewest copies left.
+            return map
+                .data
+                .iter()
+                .map(|d| d.copies.iter().filter(|c| !lost(c)).count().checked_sub(1))
+                .min()
+                .flatten();
+        }
+        let parity: Vec<Place> = map.parity_places().collect();
+        let missing = map.data.iter().filter(|d| lost(&d.copies[0])).count()
+            + parity.iter().filter(|p| lost(p)).count();
+        parity.len().checked_sub(missing)
     }
 
     /// Recomputes `routes` from the members now in the roles: called
@@ -143,6 +166,23 @@ impl MemberTable {
             in_sync,
         );
         in_sync(home.member) && routes.spare_of(home.member).is_none()
+    }
+
+    /// Roles that would leave no row at zero redundancy if the others
+    /// were lost: in sync, or being rebuilt with the rows that were at
+    /// zero redundancy without them already rebuilt (position.rs). What
+    /// the time at zero redundancy counts.
+    pub fn redundant(&self) -> Vec<bool> {
+        self.by_role
+            .iter()
+            .map(|e| {
+                e.as_ref().is_some_and(|e| {
+                    e.rebuilt_below
+                        .as_ref()
+                        .is_none_or(|below| below.endangered_done())
+                })
+            })
+            .collect()
     }
 
     /// Roles that are fully in sync.

@@ -672,3 +672,95 @@ fn a_child_lost_during_the_rebalance_costs_the_spare_nothing() {
     check_finds_nothing(&engine, "after the lost child's rebuild");
     engine.shutdown().unwrap();
 }
+
+/// Two children of a draid2 lost, the second while the first one's
+/// rebuild runs: the groups that hold both are at zero
+/// redundancy, the others are not. The first rebuild takes those groups'
+/// rows first: once its walk of them ends, every one of them is in sync
+/// on the spare while rows after the position are not, the array is no
+/// longer at zero redundancy though the rebuild runs on, and status says
+/// what the walk did. Then everything is rebuilt and reads back.
+#[test]
+fn a_rebuild_takes_the_rows_at_zero_redundancy_first() {
+    let dir = tempfile::tempdir().unwrap();
+    // Three groups per row of 12 children besides the spares: two
+    // children share a group in one slice and not in the other.
+    let paths = make_draid(dir.path(), 2, 2, 14, 2);
+    let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+    let image = fill(&engine, 77);
+    // Two children that share some groups, not all.
+    let geometry = engine.geometry();
+    let holds = |map: &crate::geometry::StripeMap, r: usize| {
+        !crate::engine::table::places_of(map, r).is_empty()
+    };
+    let with_3 = |b: usize, together: bool| {
+        (0..engine.sync.stripe_count()).any(|s| {
+            let map = geometry.stripe(s);
+            holds(&map, 3) && holds(&map, b) == together
+        })
+    };
+    let second = (0..14)
+        .find(|&b| b != 3 && with_3(b, true) && with_3(b, false))
+        .expect("a child sharing some groups with child 3");
+    // Slow enough that the walk and what follows it can be seen.
+    engine.set_speed_limits(Some(1000), Some(6000));
+    engine.manage_fail_with(&paths[3], false).unwrap();
+    engine.manage_fail_with(&paths[second], false).unwrap();
+    wait_for(&engine, "the walk of the endangered rows", |s| {
+        s.sync
+            .as_ref()
+            .and_then(|p| p.endangered_first)
+            .is_some_and(|f| !f.walking && f.rows_done > 0)
+    });
+    let s = engine.snapshot();
+    let role = match s.sync.as_ref().map(|p| p.action) {
+        Some(SyncAction::Recovery { role }) => role,
+        other => panic!("not a recovery: {other:?}"),
+    };
+    let other = if role == 3 { second } else { 3 };
+    assert_eq!(
+        s.zero_redundancy.and_then(|z| z.now_secs),
+        None,
+        "{:?}",
+        events(&s)
+    );
+    assert!(
+        events(&s).iter().any(|e| e.contains("RedundancyRestored")),
+        "{:?}",
+        events(&s)
+    );
+    let table = engine.table();
+    let (mut endangered, mut waiting) = (0, 0);
+    for stripe in 0..engine.sync.stripe_count() {
+        let map = geometry.stripe(stripe);
+        if !holds(&map, role) {
+            continue;
+        }
+        if holds(&map, other) {
+            endangered += 1;
+            assert!(
+                table.usable(role, stripe),
+                "stripe {stripe} not rebuilt first"
+            );
+        } else if !table.usable(role, stripe) {
+            waiting += 1;
+        }
+    }
+    assert!(endangered > 0 && waiting > 0, "{endangered} {waiting}");
+    let detail = crate::control::view::DetailView::from_snapshot(&s);
+    assert!(
+        detail
+            .rebuild_order
+            .as_deref()
+            .is_some_and(|o| o.contains("rows at zero redundancy first")),
+        "{:?}",
+        detail.rebuild_order
+    );
+    engine.set_speed_limits(None, Some(1_000_000));
+    wait_for(&engine, "both rebuilds", |s| {
+        idle(s) && s.missing_roles.is_empty()
+    });
+    assert_reads(&engine, &image, "after both rebuilds");
+    check_finds_nothing(&engine, "after both rebuilds");
+    engine.shutdown().unwrap();
+}

@@ -288,6 +288,13 @@ pub struct LayoutPlan {
     /// left): the whole rebuild where the layout tolerates one failure,
     /// none where it tolerates more.
     pub zero_redundancy_seconds: f64,
+    /// The same when as many members fail as the layout tolerates (a
+    /// second failure during a raid6's or draid2's rebuild): until no row
+    /// is left without redundancy. Where every row holds every member
+    /// (md's levels) that is the first rebuild; a dRAID rebuilds the rows
+    /// that hold every failed child first, and they are that share of its
+    /// rows.
+    pub zero_redundancy_at_tolerance_seconds: f64,
     pub rebalance_seconds: f64,
     /// Bytes the busiest survivor reads and writes in the rebuild.
     pub busiest_survivor_bytes: f64,
@@ -370,6 +377,7 @@ pub fn plan(scheme: Scheme, members: &Members, a: &Assumptions) -> LayoutPlan {
         } else {
             0.0
         },
+        zero_redundancy_at_tolerance_seconds: rebuild * endangered_share(scheme),
         rebalance_seconds: rebalance,
         busiest_survivor_bytes: busiest,
         read_bytes,
@@ -377,6 +385,24 @@ pub fn plan(scheme: Scheme, members: &Members, a: &Assumptions) -> LayoutPlan {
         p_unrecoverable_read: p_ure,
         p_data_loss: p_loss,
     }
+}
+
+/// The share of the first failed member's rows that also hold every other
+/// failed one, when as many fail as the layout tolerates: the rows a
+/// rebuild that takes the most endangered first must do before none is
+/// left at zero redundancy. A dRAID group of W columns among the N
+/// children outside the spares holds another given child with
+/// probability (W-1)/(N-1), a third (W-2)/(N-2), and so on; md's levels
+/// put every member in every row.
+fn endangered_share(scheme: Scheme) -> f64 {
+    let Scheme::Draid(s) = scheme else {
+        return 1.0;
+    };
+    let width = f64::from(s.data + s.parity);
+    let disks = f64::from(s.children - s.spares);
+    (1..s.parity)
+        .map(|k| (width - f64::from(k)) / (disks - f64::from(k)))
+        .product()
 }
 
 /// The most slices [`layout_imbalance`] walks (a few tens of

@@ -198,3 +198,29 @@ fn zero_redundancy_lasts_the_rebuild_only_where_one_failure_was_all_it_took() {
     let draid2 = plan(Scheme::parse("draid2:8d:1s", 12).unwrap(), &members, &a);
     assert_eq!(draid2.zero_redundancy_seconds, 0.0);
 }
+
+/// When as many members fail as the layout tolerates, md's levels are at
+/// zero redundancy for the whole first rebuild; a dRAID for the share of
+/// the first child's rows that hold the others too (draid2:8d over 24
+/// children: 9 of the 23 others share a group).
+#[test]
+fn zero_redundancy_at_the_tolerance_is_the_endangered_rows_share_of_a_draid_rebuild() {
+    let members = hdd16(24);
+    let a = defaults();
+    let raid6 = plan(Scheme::Raid6, &members, &a);
+    assert_eq!(
+        raid6.zero_redundancy_at_tolerance_seconds,
+        raid6.rebuild_seconds
+    );
+    let raid5 = plan(Scheme::Raid5, &members, &a);
+    assert_eq!(
+        raid5.zero_redundancy_at_tolerance_seconds,
+        raid5.rebuild_seconds
+    );
+    let draid2 = plan(Scheme::parse("draid2:8d:24c:0s", 24).unwrap(), &members, &a);
+    let share = draid2.zero_redundancy_at_tolerance_seconds / draid2.rebuild_seconds;
+    assert!((share - 9.0 / 23.0).abs() < 1e-9, "{share}");
+    let draid3 = plan(Scheme::parse("draid3:8d:24c:1s", 24).unwrap(), &members, &a);
+    let share = draid3.zero_redundancy_at_tolerance_seconds / draid3.rebuild_seconds;
+    assert!((share - 10.0 / 22.0 * 9.0 / 21.0).abs() < 1e-9, "{share}");
+}

@@ -790,7 +790,7 @@ impl View<'_> {
         let copied = replacement
             .rebuilt_below
             .as_ref()
-            .is_none_or(|b| self.stripe < b.load(std::sync::atomic::Ordering::SeqCst));
+            .is_none_or(|b| b.covers(self.stripe));
         let base = self
             .table
             .entry(place.member)

@@ -55,6 +55,19 @@ pub struct SyncProgress {
     /// The rate the job is held to now and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pace: Option<PaceReport>,
+    /// A rebuild that takes the rows at zero redundancy first: whether it
+    /// walks them now, and how many it did ahead of its position.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endangered_first: Option<FirstRows>,
+}
+
+/// A rebuild's walk of the rows at zero redundancy (jobs/rebuild.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FirstRows {
+    /// The walk runs now; the position (done_kib) waits for it.
+    pub walking: bool,
+    /// Rows rebuilt ahead of the position.
+    pub rows_done: u64,
 }
 
 /// How a finished job ended.

@@ -25,6 +25,16 @@
 //! the busy one, holding nothing but slots below it. That is the rule every
 //! thread taking several stripe locks keeps, so no cycle can form.
 //!
+//! Most endangered rows first: where a failure leaves some rows with less
+//! redundancy than others (a dRAID's groups that hold two of its failed
+//! children, a raid10 chunk whose copies lie on two failed members), the
+//! rows the target's loss leaves at zero redundancy go first, in a walk of
+//! their own (`Walk::Endangered`) that marks them done ahead of the
+//! position (position.rs) rather than moving it; the walk in order then
+//! passes them. Only the position is checkpointed, so after a restart the
+//! walk is made again from it. md's levels whose every row holds every
+//! member have nothing to order and take the walk in order alone.
+//!
 //! Anything out of the ordinary (a read or write error, a stripe with a
 //! third parity column, a target gone from the table) ends the batches: the
 //! stripes of the batches concerned go through the one-stripe path
@@ -34,13 +44,14 @@
 use super::job::{SyncAction, Throttle};
 use crate::engine::datapath::io::{run_reads, View};
 use crate::engine::members::{rebuild_strip, MemberEntry};
+use crate::engine::position::Position;
 use crate::engine::Engine;
-use crate::geometry::{Place, StripeMap};
+use crate::geometry::{Geometry, Place, StripeMap};
 use crate::member::{batch, AlignedBuf, IoOp, MemberRef};
 use crate::units::SECTOR_BYTES;
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, MutexGuard};
 
@@ -67,6 +78,9 @@ pub(in crate::engine) enum Ended {
     /// The stripes from the shared position up to `until` must take the
     /// one-stripe path.
     OneByOne { until: u64 },
+    /// Another role went missing while a recovery walked in order: rows
+    /// it leaves at zero redundancy may go first now.
+    Reorder,
 }
 
 /// Whether `action` can run in batches.
@@ -77,22 +91,132 @@ pub(in crate::engine) fn batched(action: SyncAction) -> bool {
     )
 }
 
+/// Which rows a run of batches takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Walk {
+    /// Every row from the position on, moving it.
+    InOrder,
+    /// Only the rows the target's loss leaves at zero redundancy, marked
+    /// done ahead of the position.
+    Endangered,
+}
+
 /// Runs batches of `action` from the shared position `next` until the job
 /// is stopped or done, a while has passed, or a stripe needs the
 /// one-stripe path.
 pub(in crate::engine) fn run_batches(
     engine: &Arc<Engine>,
     action: SyncAction,
-    next: &Arc<AtomicU64>,
+    next: &Arc<Position>,
     guided: bool,
     throttle: &mut Throttle,
 ) -> Ended {
+    walk(engine, action, next, guided, throttle, Walk::InOrder).0
+}
+
+/// Rebuilds first the rows of a recovery's target that are at zero
+/// redundancy without it, where the array has such rows and others (see
+/// the module doc). Anything out of the ordinary ends the walk: the rows
+/// it left go in order, where the one-stripe path handles them. Returns
+/// whether every such row is rebuilt (none were wanted: false).
+pub(in crate::engine) fn rebuild_endangered_first(
+    engine: &Arc<Engine>,
+    action: SyncAction,
+    next: &Arc<Position>,
+    guided: bool,
+    throttle: &mut Throttle,
+) -> bool {
+    let SyncAction::Recovery { role } = action else {
+        return false;
+    };
+    // Looked at before the rows are: a role lost after this makes the
+    // walk in order come back here (Ended::Reorder).
+    engine.sync.order_chosen(missing_roles(engine));
+    if !margins_differ(engine, role, next.load(Ordering::SeqCst)) {
+        return false;
+    }
+    engine.sync.walking_endangered(true);
+    engine.events.push(
+        "RebuildOrder",
+        "",
+        &format!("role {role}: the rows at zero redundancy first, then the rest in order"),
+    );
+    let (ended, whole) = walk(engine, action, next, guided, throttle, Walk::Endangered);
+    engine.sync.walking_endangered(false);
+    let whole = whole && matches!(ended, Ended::Yielded);
+    if whole {
+        engine.events.push(
+            "RebuildOrder",
+            "",
+            &format!(
+                "role {role}: {} rows at zero redundancy rebuilt; the rest in order",
+                next.ahead_count()
+            ),
+        );
+        next.set_endangered_done();
+        engine.note_exposure_again();
+    }
+    whole
+}
+
+/// Roles not in sync: missing, or being rebuilt.
+fn missing_roles(engine: &Engine) -> usize {
+    engine.table().in_sync().iter().filter(|s| !**s).count()
+}
+
+/// Whether the rows that hold `role` from stripe `from` on are at
+/// different redundancy without it: some at zero, some above. Only where
+/// another role is missing too and rows hold different sets of roles
+/// (dRAID, raid10): elsewhere every row that holds the role has the same
+/// margin, and the scan (which stops at the first row of each kind) would
+/// read the whole geometry for nothing.
+fn margins_differ(engine: &Engine, role: usize, from: u64) -> bool {
+    let geometry = engine.geometry();
+    let table = engine.table();
+    let others_missing = table
+        .in_sync()
+        .iter()
+        .enumerate()
+        .any(|(r, in_sync)| r != role && !in_sync);
+    if !others_missing || !matches!(*geometry, Geometry::Draid(_) | Geometry::Raid10(_)) {
+        return false;
+    }
+    let (mut zero, mut above) = (false, false);
+    for stripe in from..engine.sync.stripe_count() {
+        if stripe % 4096 == 0 && engine.sync.stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        let map = geometry.stripe(stripe);
+        if table.places_homed(&map, role).is_empty() {
+            continue;
+        }
+        match table.margin_without(&map, role) {
+            Some(0) => zero = true,
+            Some(_) => above = true,
+            None => {}
+        }
+        if zero && above {
+            return true;
+        }
+    }
+    false
+}
+
+/// Runs batches of `action` taking the rows `walk` picks; returns how the
+/// run ended and whether it planned every row to the end and wrote them.
+fn walk(
+    engine: &Arc<Engine>,
+    action: SyncAction,
+    next: &Arc<Position>,
+    guided: bool,
+    throttle: &mut Throttle,
+    walk: Walk,
+) -> (Ended, bool) {
     let role = match action {
         SyncAction::Recovery { role } | SyncAction::Replace { role } => role,
         _ => {
-            return Ended::OneByOne {
-                until: next.load(Ordering::SeqCst) + 1,
-            }
+            let until = next.load(Ordering::SeqCst) + 1;
+            return (Ended::OneByOne { until }, false);
         }
     };
     let (to_writer, batches) = mpsc::sync_channel::<Written>(BATCHES_IN_FLIGHT);
@@ -104,20 +228,21 @@ pub(in crate::engine) fn run_batches(
             .spawn_scoped(scope, move || write_batches(batches, done_tx, next, max_io));
         if writer.is_err() {
             // No thread for the writes: this stretch goes one stripe at a time.
-            return Ended::OneByOne {
-                until: next.load(Ordering::SeqCst) + 1,
-            };
+            let until = next.load(Ordering::SeqCst) + 1;
+            return (Ended::OneByOne { until }, false);
         }
         let mut pipeline = Pipeline {
             engine,
             action,
             role,
             guided,
+            walk,
             done,
             next,
             in_flight: VecDeque::new(),
             handed_end: 0,
             failed: false,
+            reached_end: false,
             pool: Vec::new(),
         };
         let ended = pipeline.run(next.load(Ordering::SeqCst), &to_writer, throttle);
@@ -130,15 +255,17 @@ pub(in crate::engine) fn run_batches(
         // written: they go one stripe at a time (the position has stayed
         // at the failed batch's start).
         let after = next.load(Ordering::SeqCst) + 1;
-        match ended {
+        let whole = pipeline.reached_end && !pipeline.failed;
+        let ended = match ended {
             Ended::OneByOne { until } => Ended::OneByOne {
                 until: until.max(pipeline.handed_end).max(after),
             },
-            Ended::Yielded if pipeline.failed => Ended::OneByOne {
+            Ended::Yielded | Ended::Reorder if pipeline.failed => Ended::OneByOne {
                 until: pipeline.handed_end.max(after),
             },
-            Ended::Yielded => Ended::Yielded,
-        }
+            other => other,
+        };
+        (ended, whole)
     })
 }
 
@@ -146,6 +273,9 @@ pub(in crate::engine) fn run_batches(
 struct Written {
     /// The position after the batch, stored once it is written.
     end: u64,
+    /// In the walk of endangered rows: the rows to mark done ahead once
+    /// written (of `stripes` in all), the position left where it is.
+    ahead: Option<(Vec<u64>, u64)>,
     target: MemberRef,
     /// Byte offset on the target, and the bytes of `buffer` that go there.
     writes: Vec<(u64, std::ops::Range<usize>)>,
@@ -162,7 +292,7 @@ struct Done {
 /// it. After a failure it writes nothing more (a later batch written would
 /// move the position over the failed one) and answers every batch with an
 /// error, so that the job's thread sees where the batches stopped.
-fn write_batches(batches: Receiver<Written>, done: Sender<Done>, next: &AtomicU64, max_io: usize) {
+fn write_batches(batches: Receiver<Written>, done: Sender<Done>, next: &Position, max_io: usize) {
     let mut failed = false;
     for batch in batches {
         let result = if failed {
@@ -170,9 +300,14 @@ fn write_batches(batches: Receiver<Written>, done: Sender<Done>, next: &AtomicU6
         } else {
             write_batch(&batch, max_io)
         };
-        match result {
-            Ok(()) => next.store(batch.end, Ordering::SeqCst),
-            Err(_) => failed = true,
+        match (&result, &batch.ahead) {
+            (Ok(()), None) => next.store(batch.end, Ordering::SeqCst),
+            (Ok(()), Some((rows, stripes))) => {
+                for &row in rows {
+                    next.mark_ahead(row, *stripes);
+                }
+            }
+            (Err(_), _) => failed = true,
         }
         let answer = Done {
             result,
@@ -228,14 +363,17 @@ struct Pipeline<'e> {
     action: SyncAction,
     role: usize,
     guided: bool,
+    walk: Walk,
     /// The job's position, shared with the entry of the member it builds.
-    next: &'e Arc<AtomicU64>,
+    next: &'e Arc<Position>,
     done: Receiver<Done>,
     in_flight: VecDeque<InFlight<'e>>,
     /// The end of the last batch handed to the writer.
     handed_end: u64,
     /// A batch failed to be written (or the writer is gone).
     failed: bool,
+    /// The walk planned its last row.
+    reached_end: bool,
     /// Buffers to reuse: a batch's worth is megabytes, and fresh ones cost
     /// a page fault per page.
     pool: Vec<AlignedBuf>,
@@ -253,6 +391,12 @@ impl<'e> Pipeline<'e> {
             if engine.sync.stop.load(Ordering::SeqCst) || self.failed {
                 return Ended::Yielded;
             }
+            if self.walk == Walk::InOrder
+                && matches!(self.action, SyncAction::Recovery { .. })
+                && missing_roles(engine) > engine.sync.order_chosen_for()
+            {
+                return Ended::Reorder;
+            }
             if Arc::strong_count(engine) <= 1 {
                 // Only this job holds the engine: it is being dropped, and
                 // the job ends when it lets go.
@@ -262,7 +406,10 @@ impl<'e> Pipeline<'e> {
                 self.settle_oldest();
             }
             let planned = match self.plan(pos) {
-                Plan::End => return Ended::Yielded,
+                Plan::End => {
+                    self.reached_end = true;
+                    return Ended::Yielded;
+                }
                 Plan::Batch(planned) => planned,
             };
             let numbers: Vec<u64> = planned.stripes.iter().map(|m| m.stripe).collect();
@@ -320,7 +467,8 @@ impl<'e> Pipeline<'e> {
                 buffer,
             }) => {
                 self.give([buffer]);
-                if !self.failed {
+                // Rows done ahead move no position: nothing to checkpoint.
+                if !self.failed && self.walk == Walk::InOrder {
                     self.engine
                         .sync_progressed(self.action, batch.start, batch.end);
                 }
@@ -367,9 +515,10 @@ impl<'e> Pipeline<'e> {
         let mut stripes = Vec::new();
         let mut end = pos;
         while end < count && end - pos < BATCH_STRIPES_MAX {
-            if self.guided && !engine.stripe_needs_resync(end) {
+            if (self.guided && !engine.stripe_needs_resync(end)) || self.next.is_ahead(end) {
                 // The bitmap says this region was quiet while the member
-                // was away.
+                // was away, or the row was rebuilt ahead (the walk of
+                // endangered rows).
                 end += 1;
                 continue;
             }
@@ -378,6 +527,11 @@ impl<'e> Pipeline<'e> {
                 // Nothing of the role here (most of a dRAID's stripes): no
                 // I/O and no lock (no write to it touches the target), so
                 // it takes none of the budget; the position passes it.
+                end += 1;
+                continue;
+            }
+            if self.walk == Walk::Endangered && table.margin_without(&map, self.role) != Some(0) {
+                // Not at zero redundancy: the walk in order takes it.
                 end += 1;
                 continue;
             }
@@ -570,8 +724,13 @@ impl<'e> Pipeline<'e> {
             return None;
         }
         let base = target.slot.data_offset_bytes;
+        let ahead = (self.walk == Walk::Endangered).then(|| {
+            let rows = planned.stripes.iter().map(|m| m.stripe).collect();
+            (rows, engine.sync.stripe_count())
+        });
         Some(Written {
             end: planned.end,
+            ahead,
             target: target.slot.member.clone(),
             writes: writes
                 .runs

@@ -34,6 +34,7 @@ use crate::array::{
     lowest_data_offset, plan_level_change, plan_reshape, reshape_backwards, room_after_data,
     DeviceState, MemberRoom, ReshapeContext, ReshapePlan, ReshapeRequest, Takeover,
 };
+use crate::engine::position::Position;
 use crate::engine::{Engine, MemberEntry};
 use crate::format::{MD_FEATURE_NEW_OFFSET, MD_FEATURE_RESHAPE_ACTIVE};
 use crate::geometry::{Geometry, GeometryParams, ReshapePoint, Reshaping};
@@ -375,7 +376,7 @@ impl Engine {
                         role,
                         MemberEntry {
                             slot,
-                            rebuilt_below: Some(Arc::new(AtomicU64::new(below))),
+                            rebuilt_below: Some(Arc::new(Position::new(below))),
                         },
                     ))
                 }
@@ -512,6 +513,7 @@ impl Engine {
             speed_kib_per_s: speed,
             mismatch_sectors: 0,
             pace: self.reshape_running().then(|| self.sync.pace.report()),
+            endangered_first: None,
         })
     }
 
@@ -730,7 +732,7 @@ fn run(weak: Weak<Engine>) {
                     .resync_after
                     .swap(false, Ordering::SeqCst);
                 if resync {
-                    let next = Arc::new(AtomicU64::new(0));
+                    let next = Arc::new(Position::new(0));
                     let _ = crate::engine::SyncWorker::start(&engine, SyncAction::Resync, 0, next);
                 } else {
                     engine.start_recovery_if_possible();

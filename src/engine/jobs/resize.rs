@@ -14,10 +14,11 @@
 use super::job::SyncAction;
 use super::resync::SyncWorker;
 use crate::array::DeviceState;
+use crate::engine::position::Position;
 use crate::engine::Engine;
 use crate::format::Metadata;
 use crate::geometry::{Geometry, GeometryParams, Level};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// A size change that passed every check.
@@ -270,7 +271,7 @@ impl Engine {
             self,
             SyncAction::Resync,
             from,
-            Arc::new(AtomicU64::new(from)),
+            Arc::new(Position::new(from)),
         )?;
         self.events
             .push("RebuildStarted", "", "resync of the grown region");

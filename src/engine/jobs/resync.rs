@@ -11,6 +11,7 @@ use super::rebuild;
 use crate::array::{resync_with, Finding, Pass, StripeError};
 use crate::engine::datapath::failure::PathError;
 use crate::engine::members::Correction;
+use crate::engine::position::Position;
 use crate::engine::Engine;
 use crate::geometry::Geometry;
 use crate::units::SECTOR_BYTES;
@@ -29,7 +30,7 @@ pub struct SyncWorker {
     stripe_count: AtomicU64,
     action: Mutex<Option<SyncAction>>,
     /// The next stripe to process; shared with a rebuilding member's entry.
-    next_stripe: Mutex<Arc<AtomicU64>>,
+    next_stripe: Mutex<Arc<Position>>,
     first_stripe: AtomicU64,
     pub(in crate::engine) stop: AtomicBool,
     mismatch_sectors: AtomicU64,
@@ -48,6 +49,10 @@ pub struct SyncWorker {
     pub speed_limit_max_kib_per_s: AtomicU64,
     /// The running job's pace, for status (written by its throttle).
     pub(in crate::engine) pace: super::pace::PaceShown,
+    /// The running rebuild is taking the rows at zero redundancy first.
+    endangered_walk: AtomicBool,
+    /// The roles missing when the running rebuild chose its order.
+    order_missing: std::sync::atomic::AtomicUsize,
 }
 
 impl SyncWorker {
@@ -55,7 +60,7 @@ impl SyncWorker {
         Arc::new(SyncWorker {
             stripe_count: AtomicU64::new(stripe_count),
             action: Mutex::new(None),
-            next_stripe: Mutex::new(Arc::new(AtomicU64::new(stripe_count))),
+            next_stripe: Mutex::new(Arc::new(Position::new(stripe_count))),
             first_stripe: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             mismatch_sectors: AtomicU64::new(0),
@@ -68,7 +73,23 @@ impl SyncWorker {
             speed_limit_min_kib_per_s: AtomicU64::new(SPEED_LIMIT_MIN_KIB_PER_S),
             speed_limit_max_kib_per_s: AtomicU64::new(SPEED_LIMIT_MAX_KIB_PER_S),
             pace: super::pace::PaceShown::default(),
+            endangered_walk: AtomicBool::new(false),
+            order_missing: std::sync::atomic::AtomicUsize::new(0),
         })
+    }
+
+    /// The running rebuild chose its order with `missing` roles missing.
+    pub(in crate::engine) fn order_chosen(&self, missing: usize) {
+        self.order_missing.store(missing, Ordering::SeqCst);
+    }
+
+    pub(in crate::engine) fn order_chosen_for(&self) -> usize {
+        self.order_missing.load(Ordering::SeqCst)
+    }
+
+    /// Says whether the running rebuild walks its endangered rows now.
+    pub(in crate::engine) fn walking_endangered(&self, walking: bool) {
+        self.endangered_walk.store(walking, Ordering::SeqCst);
     }
 
     /// The array's size or shape changed: jobs walk `stripe_count` stripes
@@ -92,7 +113,7 @@ impl SyncWorker {
         engine: &Arc<Engine>,
         action: SyncAction,
         from_stripe: u64,
-        next: Arc<AtomicU64>,
+        next: Arc<Position>,
     ) -> Result<(), String> {
         Self::start_guided(engine, action, from_stripe, next, false)
     }
@@ -106,7 +127,7 @@ impl SyncWorker {
         engine: &Arc<Engine>,
         action: SyncAction,
         from_stripe: u64,
-        next: Arc<AtomicU64>,
+        next: Arc<Position>,
         guided: bool,
     ) -> Result<(), String> {
         let worker = engine.sync.clone();
@@ -246,6 +267,12 @@ impl SyncWorker {
         } else {
             0
         };
+        let walking = self.endangered_walk.load(Ordering::SeqCst);
+        let ahead_rows = self.next_stripe.lock().unwrap().ahead_count();
+        let first = (walking || ahead_rows > 0).then_some(super::job::FirstRows {
+            walking,
+            rows_done: ahead_rows,
+        });
         Some(SyncProgress {
             action,
             done_kib,
@@ -253,6 +280,7 @@ impl SyncWorker {
             speed_kib_per_s: speed,
             mismatch_sectors: self.mismatch_sectors.load(Ordering::SeqCst),
             pace: Some(self.pace.report()),
+            endangered_first: first,
         })
     }
 }
@@ -267,12 +295,26 @@ fn join_unless_self(handle: Option<std::thread::JoinHandle<()>>) {
     }
 }
 
+/// Whether the job copies only what the bitmap marks: a resync, and a
+/// recovery started guided (a re-add).
+fn guided(worker: &SyncWorker, action: SyncAction) -> bool {
+    action == SyncAction::Resync
+        || (matches!(action, SyncAction::Recovery { .. })
+            && worker.bitmap_guided.load(Ordering::SeqCst))
+}
+
 fn run(weak: Weak<Engine>, action: SyncAction) {
     let mut throttle = Throttle::new();
     let mut retries = 0usize;
     // Up to here the job goes one stripe at a time (after a batch that met
     // an error, or a stripe batches do not handle); past it, in batches.
     let mut one_by_one_until = 0u64;
+    if let Some(engine) = weak.upgrade() {
+        // The rows one more failure would lose go first (rebuild.rs).
+        let next = engine.sync.next_stripe.lock().unwrap().clone();
+        let guided = guided(&engine.sync, action);
+        rebuild::rebuild_endangered_first(&engine, action, &next, guided, &mut throttle);
+    }
     let outcome = loop {
         let Some(engine) = weak.upgrade() else { return };
         let worker = &engine.sync;
@@ -292,18 +334,26 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
                 mismatch_sectors: worker.mismatch_sectors.load(Ordering::SeqCst),
             };
         }
-        let guided = action == SyncAction::Resync
-            || (matches!(action, SyncAction::Recovery { .. })
-                && worker.bitmap_guided.load(Ordering::SeqCst));
+        let guided = guided(worker, action);
         if rebuild::batched(action) && stripe >= one_by_one_until {
             match rebuild::run_batches(&engine, action, &next, guided, &mut throttle) {
                 rebuild::Ended::Yielded => {}
+                rebuild::Ended::Reorder => {
+                    rebuild::rebuild_endangered_first(
+                        &engine,
+                        action,
+                        &next,
+                        guided,
+                        &mut throttle,
+                    );
+                }
                 rebuild::Ended::OneByOne { until } => one_by_one_until = until.max(stripe + 1),
             }
             continue;
         }
-        if guided && !engine.stripe_needs_resync(stripe) {
-            // The bitmap says this region was quiet at the crash.
+        if (guided && !engine.stripe_needs_resync(stripe)) || next.is_ahead(stripe) {
+            // The bitmap says this region was quiet at the crash, or the
+            // row was rebuilt ahead with the endangered ones.
             next.store(stripe + 1, Ordering::SeqCst);
             continue;
         }

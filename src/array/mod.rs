@@ -31,7 +31,9 @@ pub use reshape::{
     reshape_removed_disks, room_after_data, MemberRoom, ReshapeContext, ReshapePlan,
     ReshapeRequest,
 };
-pub use resync::{resync, resync_with, Finding, Pass, ResyncReport};
+pub use resync::{
+    places_read, resync, resync_ahead, resync_with, Finding, Pass, ReadAhead, ResyncReport,
+};
 pub use stripe_io::{recover_lost, StripeError, StripeIo};
 pub use superblocks::{read_superblock, write_superblock, SuperblockError};
 pub use takeover::{plan_level_change, raid6_twin, LevelChange, Roles, Takeover};

@@ -82,6 +82,53 @@ pub fn resync(
     resync_with(geometry, slots, range, pass, progress, |_| {})
 }
 
+/// Strips of several rows read ahead, in large reads of each member (a
+/// background job's batch), for a pass over those rows to take instead of
+/// reading each strip itself: keyed by role and member sector, each the
+/// bytes of one strip. A pass reads each strip of a row once, before any
+/// write it makes to it, so what is here is what the member held.
+#[derive(Default)]
+pub struct ReadAhead {
+    strips: std::collections::HashMap<(usize, u64), (usize, usize)>,
+    bufs: Vec<crate::member::AlignedBuf>,
+}
+
+impl ReadAhead {
+    /// Adds `buf`, whose bytes from `offset` are the strips of `places`
+    /// back to back, `strip_bytes` each.
+    pub fn add(&mut self, buf: crate::member::AlignedBuf, at: &[(Place, usize)]) {
+        let k = self.bufs.len();
+        for (place, offset) in at {
+            self.strips
+                .insert((place.member, place.member_sector), (k, *offset));
+        }
+        self.bufs.push(buf);
+    }
+
+    /// The strip of `place` of `len` bytes, when it was read ahead.
+    fn strip(&self, place: &Place, len: usize) -> Option<&[u8]> {
+        let &(k, offset) = self.strips.get(&(place.member, place.member_sector))?;
+        self.bufs[k].get(offset..offset + len)
+    }
+}
+
+/// The places a pass reads in `stripe` with `slots`, each where its bytes
+/// are (a dRAID's distributed spares routed as `resync_with` routes them):
+/// every present copy of each data strip, then the present parity.
+pub fn places_read(geometry: &Geometry, slots: &Slots, stripe: u64) -> Vec<Place> {
+    let mut map = geometry.stripe(stripe);
+    if let Some(routes) = super::dspare::SpareRoutes::of_slots(geometry, slots) {
+        map = routes.route_map(&map, |r| slots[r].is_some());
+    }
+    let present = |p: &Place| slots[p.member].is_some();
+    map.data
+        .iter()
+        .flat_map(|d| d.copies.iter().copied())
+        .chain(map.parity_places())
+        .filter(present)
+        .collect()
+}
+
 /// A pass over stripes `range`: `found` is told of each page located or
 /// not (arrays with two or more parities, every strip present).
 pub fn resync_with(
@@ -89,11 +136,38 @@ pub fn resync_with(
     slots: &Slots,
     range: std::ops::Range<u64>,
     pass: Pass,
+    progress: impl FnMut(u64),
+    found: impl FnMut(&Finding),
+) -> Result<ResyncReport, StripeError> {
+    resync_ahead(
+        geometry,
+        slots,
+        range,
+        pass,
+        &ReadAhead::default(),
+        progress,
+        found,
+    )
+}
+
+/// [`resync_with`], taking the strips read ahead in `ahead` from there.
+pub fn resync_ahead(
+    geometry: &Geometry,
+    slots: &Slots,
+    range: std::ops::Range<u64>,
+    pass: Pass,
+    ahead: &ReadAhead,
     mut progress: impl FnMut(u64),
     mut found: impl FnMut(&Finding),
 ) -> Result<ResyncReport, StripeError> {
     let mut report = ResyncReport::default();
-    let mut scratch = Scratch::default();
+    let mut scratch = Scratch {
+        ahead,
+        data: Vec::new(),
+        expected: Vec::new(),
+        found: Vec::new(),
+        stored: Vec::new(),
+    };
     // A dRAID's distributed spares: each column is read and written on the
     // child that holds it (see `SpareRoutes`).
     let routes = super::dspare::SpareRoutes::of_slots(geometry, slots);
@@ -110,8 +184,9 @@ pub fn resync_with(
     Ok(report)
 }
 
-#[derive(Default)]
-struct Scratch {
+struct Scratch<'a> {
+    /// Strips read ahead: taken from here rather than read.
+    ahead: &'a ReadAhead,
     data: Vec<u8>,
     expected: Vec<u8>,
     found: Vec<u8>,
@@ -122,7 +197,16 @@ struct Scratch {
 /// A read for the pass: a member that fails it is named, so that the job
 /// corrects it from redundancy (md corrects read errors met by a check) and
 /// tries the row again.
-fn read(slots: &Slots, place: &Place, buf: &mut [u8]) -> Result<(), StripeError> {
+fn read(
+    ahead: &ReadAhead,
+    slots: &Slots,
+    place: &Place,
+    buf: &mut [u8],
+) -> Result<(), StripeError> {
+    if let Some(bytes) = ahead.strip(place, buf.len()) {
+        buf.copy_from_slice(bytes);
+        return Ok(());
+    }
     let slot = slots[place.member].as_ref().expect("present member");
     slot.member
         .read_at(
@@ -240,9 +324,9 @@ fn resync_stripe(
             lost.push(i);
             continue;
         };
-        read(slots, first, buf)?;
+        read(s.ahead, slots, first, buf)?;
         for copy in copies {
-            read(slots, copy, &mut s.found)?;
+            read(s.ahead, slots, copy, &mut s.found)?;
             if mark_mismatches(buf, &s.found, &mut pages) && repair {
                 write(slots, copy, buf)?;
             }
@@ -275,7 +359,12 @@ fn resync_stripe(
         for (k, read_it) in path.reads().into_iter().enumerate() {
             if read_it {
                 let mut buf = vec![0u8; strip_bytes];
-                read(slots, &places[k].expect("a present parity strip"), &mut buf)?;
+                read(
+                    s.ahead,
+                    slots,
+                    &places[k].expect("a present parity strip"),
+                    &mut buf,
+                )?;
                 used[k] = Some(buf);
                 checked[k] = false;
             }
@@ -319,7 +408,10 @@ fn resync_stripe(
     if pass.locates() && map.q.is_some() && all_present {
         let fresh = [&*p, &*q, &*r];
         let (data, stored) = (&mut s.data, &mut s.stored);
-        let wrong = locate_pages(stripe, map, slots, pass, &exps, fresh, data, stored, found)?;
+        let ahead = s.ahead;
+        let wrong = locate_pages(
+            stripe, map, ahead, slots, pass, &exps, fresh, data, stored, found,
+        )?;
         for (page, bad) in wrong.into_iter().enumerate() {
             pages[page] |= bad;
         }
@@ -334,7 +426,7 @@ fn resync_stripe(
         let Some(place) = place.filter(|_| check) else {
             continue;
         };
-        read(slots, &place, &mut s.found)?;
+        read(s.ahead, slots, &place, &mut s.found)?;
         if mark_mismatches(expected, &s.found, &mut pages) && repair {
             write(slots, &place, expected)?;
         }
@@ -356,6 +448,7 @@ fn resync_stripe(
 fn locate_pages(
     stripe: u64,
     map: &StripeMap,
+    ahead: &ReadAhead,
     slots: &Slots,
     pass: Pass,
     exps: &[u8],
@@ -372,6 +465,7 @@ fn locate_pages(
     for (k, place) in places.iter().enumerate() {
         if let Some(place) = place {
             read(
+                ahead,
                 slots,
                 place,
                 &mut stored[k * strip_bytes..(k + 1) * strip_bytes],

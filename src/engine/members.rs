@@ -64,7 +64,10 @@ impl Engine {
     /// Notes the exposure where it changes with the table unchanged: a
     /// rebuild has done the rows that were at zero redundancy without its
     /// member (`MemberTable::redundant`).
+    #[allow(clippy::readonly_write_lock)]
     pub(super) fn note_exposure_again(&self) {
+        // The write lock, though nothing is written: notes of the exposure
+        // keep the order of the tables (update_table notes under it too).
         let members = self.members.write().unwrap();
         self.note_exposure(&members);
     }

@@ -1433,7 +1433,7 @@ fn mirror_reads_stay_on_the_first_copy_until_a_resync_makes_the_copies_agree() {
 /// A raid5 of 4 in memory, written (returns the expected image), whose
 /// member 1 then fails reads of its first 64 KiB of data; `remap` is ""
 /// (a rewrite fixes them) or ":noremap" (they stay bad).
-fn raid5_with_a_bad_start_on_member_1(seed: u64, remap: &str) -> (Arc<Engine>, Vec<u8>) {
+pub(crate) fn raid5_with_a_bad_start_on_member_1(seed: u64, remap: &str) -> (Arc<Engine>, Vec<u8>) {
     let (array, wrappers) = faulty_array(Level::Raid5, 4, 0);
     let engine = Engine::start(array, EngineOptions::default()).unwrap();
     let image = hammer(&engine, 2, 40, seed);

@@ -174,3 +174,60 @@ fn the_time_at_zero_redundancy_is_reported_from_the_failure_to_the_rebuild() {
     assert!(z.now_secs.is_some());
     engine.shutdown().unwrap();
 }
+
+/// A check and a repair read their rows in batches: each member's reads
+/// are a few large requests, not one per row, and a row the check finds
+/// wrong is counted, and repaired, all the same.
+#[test]
+fn check_and_repair_read_their_rows_in_batches() {
+    let (array, wrappers) = faulty_array(Level::Raid5, 4, 0);
+    let engine = Engine::start(array, EngineOptions::default()).unwrap();
+    wait_idle(&engine);
+    let stripes = engine.sync.stripe_count();
+    // The fault injector counts every read request, batched or not.
+    let reads_of_m0 = || wrappers[0].counters().reads;
+    // One strip of a row made wrong behind the engine's back.
+    let map = engine.geometry().stripe(stripes / 2);
+    let place = map.data[0].copies[0];
+    let slot = engine.table().entry(place.member).unwrap().slot.clone();
+    let at = slot.data_offset_bytes + place.member_sector * crate::units::SECTOR_BYTES;
+    slot.member.write_at(&[0x5a; 4096], at).unwrap();
+    for (repair, found) in [(false, 8), (true, 8), (false, 0)] {
+        let before = reads_of_m0();
+        engine.start_scrub(repair).unwrap();
+        wait_idle(&engine);
+        let ops = reads_of_m0() - before;
+        assert!(
+            ops * 8 < stripes,
+            "{ops} reads of a member for {stripes} rows"
+        );
+        assert_eq!(engine.mismatch_sectors(), found, "repair {repair}");
+    }
+    engine.shutdown().unwrap();
+}
+
+/// A read error inside a check's batch: the batch ends, the row goes the
+/// one-stripe way, which corrects it from redundancy (md rewrites a bad
+/// sector a check meets), and the check goes on in batches to the end.
+#[test]
+fn a_read_error_in_a_checks_batch_is_corrected_and_the_check_goes_on() {
+    let (engine, image) = raid5_with_a_bad_start_on_member_1(23, "");
+    engine.start_scrub(false).unwrap();
+    wait_idle(&engine);
+    let s = engine.snapshot();
+    assert!(s.missing_roles.is_empty(), "{:?}", s.events);
+    assert!(
+        engine
+            .corrected_reads
+            .load(std::sync::atomic::Ordering::SeqCst)
+            > 0,
+        "{:?}",
+        s.events
+    );
+    assert_eq!(engine.mismatch_sectors(), 0);
+    assert!(has_event(&s, "RebuildFinished"), "{:?}", s.events);
+    let mut back = vec![0u8; image.len()];
+    engine.read(0, &mut back).unwrap();
+    assert!(back == image);
+    engine.shutdown().unwrap();
+}

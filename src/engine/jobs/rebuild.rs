@@ -68,7 +68,7 @@ const BATCHES_IN_FLIGHT: usize = 2;
 /// The most stripes one batch spans, clean ones that a bitmap-guided
 /// recovery skips included, so that a long clean region still moves the
 /// position (and the progress shown) along in steps.
-const BATCH_STRIPES_MAX: u64 = 4096;
+pub(in crate::engine) const BATCH_STRIPES_MAX: u64 = 4096;
 
 /// How a run of batches ended.
 pub(in crate::engine) enum Ended {
@@ -510,8 +510,7 @@ impl<'e> Pipeline<'e> {
         }
         let geometry = engine.geometry();
         let table = engine.table();
-        let budget = batch_budget(engine);
-        let mut share = vec![0u64; geometry.raid_disks()];
+        let mut shares = Shares::new(engine, geometry.raid_disks());
         let mut stripes = Vec::new();
         let mut end = pos;
         while end < count && end - pos < BATCH_STRIPES_MAX {
@@ -536,20 +535,15 @@ impl<'e> Pipeline<'e> {
                 continue;
             }
             let bytes = map.strip_sectors * SECTOR_BYTES;
-            let mut this = vec![0u64; share.len()];
-            for place in map
+            let members = map
                 .data
                 .iter()
-                .flat_map(|d| d.copies.iter())
-                .chain(map.parity_places().collect::<Vec<_>>().iter())
-            {
-                this[table.home(place, end).member] += bytes;
-            }
-            let over = share.iter().zip(&this).any(|(s, t)| s + t > budget);
-            if over && !stripes.is_empty() {
+                .flat_map(|d| d.copies.iter().copied())
+                .chain(map.parity_places())
+                .map(|place| table.home(&place, end).member);
+            if !shares.take(members, bytes, stripes.is_empty()) {
                 break;
             }
-            share.iter_mut().zip(&this).for_each(|(s, t)| *s += t);
             stripes.push(map);
             end += 1;
         }
@@ -762,6 +756,46 @@ impl<'e> Pipeline<'e> {
                 }
             })
             .collect()
+    }
+}
+
+/// What a batch being planned takes of each member, against the budget.
+pub(in crate::engine) struct Shares {
+    taken: Vec<u64>,
+    budget: u64,
+}
+
+impl Shares {
+    pub(in crate::engine) fn new(engine: &Engine, members: usize) -> Shares {
+        Shares {
+            taken: vec![0; members],
+            budget: batch_budget(engine),
+        }
+    }
+
+    /// Takes a row that moves `bytes` on each of `members` (a member once
+    /// per strip), unless it would put one over the budget; the first row
+    /// of a batch is always taken.
+    pub(in crate::engine) fn take(
+        &mut self,
+        members: impl Iterator<Item = usize>,
+        bytes: u64,
+        first: bool,
+    ) -> bool {
+        let mut this = vec![0u64; self.taken.len()];
+        for member in members {
+            this[member] += bytes;
+        }
+        let over = self
+            .taken
+            .iter()
+            .zip(&this)
+            .any(|(s, t)| s + t > self.budget);
+        if over && !first {
+            return false;
+        }
+        self.taken.iter_mut().zip(&this).for_each(|(s, t)| *s += t);
+        true
     }
 }
 

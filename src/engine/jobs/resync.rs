@@ -1,13 +1,15 @@
 //! The background sync job: resync, recovery (rebuild onto a member),
 //! check and repair, one at a time, as md's sync thread runs them. It walks
-//! the stripes in order, holding each stripe's lock while it works on it so
-//! that it never races a write, and honours md's speed limits: above
+//! the stripes in order, in batches (rebuild.rs for recovery and replace,
+//! scrub.rs for the rest) or one at a time where a batch met something
+//! out of the ordinary, holding the stripes' locks while it works on them
+//! so that it never races a write, and honours md's speed limits: above
 //! speed_limit_max it sleeps; above speed_limit_min it yields to foreground
 //! I/O. Its position is what a shutdown records (resync_offset, or the
 //! rebuilt member's recovery_offset) so that a restart resumes.
 
 use super::job::{Outcome, SyncAction, SyncProgress, Throttle};
-use super::rebuild;
+use super::{rebuild, scrub};
 use crate::array::{resync_with, Finding, Pass, StripeError};
 use crate::engine::datapath::failure::PathError;
 use crate::engine::members::Correction;
@@ -85,6 +87,11 @@ impl SyncWorker {
 
     pub(in crate::engine) fn order_chosen_for(&self) -> usize {
         self.order_missing.load(Ordering::SeqCst)
+    }
+
+    /// Adds to the running job's count of mismatched sectors.
+    pub(in crate::engine) fn add_mismatches(&self, sectors: u64) {
+        self.mismatch_sectors.fetch_add(sectors, Ordering::SeqCst);
     }
 
     /// Says whether the running rebuild walks its endangered rows now.
@@ -335,6 +342,14 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
             };
         }
         let guided = guided(worker, action);
+        if scrub::batched(action) && stripe >= one_by_one_until {
+            let mut report = |f: &crate::array::Finding| report_finding(&engine, action, f);
+            match scrub::run_batches(&engine, action, &next, guided, &mut throttle, &mut report) {
+                rebuild::Ended::OneByOne { until } => one_by_one_until = until.max(stripe + 1),
+                rebuild::Ended::Yielded | rebuild::Ended::Reorder => {}
+            }
+            continue;
+        }
         if rebuild::batched(action) && stripe >= one_by_one_until {
             match rebuild::run_batches(&engine, action, &next, guided, &mut throttle) {
                 rebuild::Ended::Yielded => {}

@@ -11,6 +11,7 @@ use common::*;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 
@@ -417,4 +418,63 @@ fn clients_that_hang_up_leave_nothing_in_the_servers_log() {
     served.status_text();
     let said = served.stop();
     assert!(!said.contains("control connection"), "{said}");
+}
+
+/// A stop in the middle of a resync says where it stopped, not "clean":
+/// md's resync_offset holds the point, and the next start resumes there.
+#[test]
+fn a_stop_during_a_resync_says_where_it_stopped() {
+    let dir = scratch("guard-resync-stop");
+    let d = dir.path();
+    let files = create_array(
+        d,
+        "m",
+        &["-l", "5", "-n", "3", "--assume-clean"],
+        3,
+        16 * MIB,
+    );
+    let members = paths(&files);
+    // Killed: the array is left dirty, so the next start resyncs it.
+    serve(d, &[], &members).kill();
+    let uuid = detail_offline(&members[..1])["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // At 1 MiB/s per member from its start, the resync takes 16 s.
+    let conf = d.join("uraid.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "DEVICE {}/m*\nSYSFS uuid={uuid} sync_speed_max=1000\n",
+            d.display()
+        ),
+    )
+    .unwrap();
+    let conf = conf.to_str().unwrap();
+    let served = serve(d, &["--scan", "--config", conf, "--uuid", &uuid], &[]);
+    let status = wait_status(
+        &served.control,
+        "the resync under way",
+        Duration::from_secs(30),
+        |s| s["sync"]["action"] == "resync" && s["sync"]["done_kib"].as_u64() > Some(0),
+    );
+    assert_eq!(status["jobs_idle"], false, "{status}");
+    let said = served.stop();
+    assert!(!said.contains("stopped cleanly"), "{said}");
+    assert!(
+        said.contains("uraid: stopped: the resync stopped at")
+            && said.contains("the next start (uraid or md) resumes the resync there"),
+        "{said}"
+    );
+    assert_eq!(examine_state_lines(&members), vec!["active"; 3]);
+
+    // The next start goes on from there, to the end.
+    let served = serve(d, &[], &members);
+    let said = manage_ok(&served.control, &["--wait"]);
+    assert!(
+        said.contains("resync ended; 3 of 3 members in sync"),
+        "{said}"
+    );
+    assert!(served.stop().contains("uraid: stopped cleanly"));
+    assert_eq!(examine_state_lines(&members), vec!["clean"; 3]);
 }

@@ -418,3 +418,43 @@ fn grow_size_max_sees_members_grown_while_served() {
     assert_same_bytes(&back[..data.len()], &data, "below the old end");
     served.stop();
 }
+
+/// `manage --wait`, as mdadm --wait: it returns once the recovery has
+/// ended and its member is in sync (not in the moment between the job's
+/// end and the member's), says so, and returns at once when nothing runs.
+#[test]
+fn wait_returns_once_the_job_has_ended_and_says_how() {
+    let dir = scratch("guard-wait");
+    let shape = ["--level", "raid6", "--raid-devices", "6", "--assume-clean"];
+    let (members, served, data) = filled(dir.path(), &shape, 6, 0x3a1);
+    let said = manage_ok(&served.control, &["--wait"]);
+    assert!(said.contains("no resync, recovery"), "{said}");
+
+    // About two seconds of recovery at 3 MiB/s per member.
+    manage_ok(&served.control, &["--speed-limit-max", "3000"]);
+    manage_ok(&served.control, &["--fail", &members[2]]);
+    manage_ok(&served.control, &["--remove", &members[2]]);
+    manage_ok(&served.control, &["--add", &members[2], "--force"]);
+    let said = manage_ok(&served.control, &["--wait"]);
+    assert!(
+        said.contains("recovery ended; 6 of 6 members in sync"),
+        "{said}"
+    );
+    let status = array_status(&served.control);
+    assert!(status["sync"].is_null(), "{status}");
+    assert_eq!(status["jobs_idle"], true, "{status}");
+    assert_eq!(member_state(&served.control, &members[2]), "active sync");
+
+    manage_ok(&served.control, &["--action", "check"]);
+    let said = manage_ok(&served.control, &["--wait"]);
+    assert!(
+        said.contains("check ended") && said.contains("mismatch_cnt 0"),
+        "{said}"
+    );
+    assert_same_bytes(
+        &nbdcopy_out(served.uri(), dir.path()),
+        &data,
+        "after the wait",
+    );
+    served.stop();
+}

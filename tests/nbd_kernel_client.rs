@@ -113,6 +113,9 @@ umount $M && step umount2 ok || step umount2 failed
 fsck.ext4 -fn /dev/nbd0 >/run/fsck.log 2>&1; step fsck2 "$? $(grep -c 'Fix?' /run/fsck.log)"
 nbd-client -d /dev/nbd0 >/run/detach.log 2>&1 && step detach2 ok || step detach2 "failed $(tr '\n' ' ' </run/detach.log)"
 step detached2 "$(cat /sys/block/nbd0/size)"
+# The resync the dirty start began ends first (mdadm --wait's way), so
+# that md finds the array clean.
+$U manage --control $C --wait >/run/wait.log 2>&1 && step wait2 ok || step wait2 "failed $(tr '\n' ' ' </run/wait.log)"
 kill -TERM $SP; wait $SP; step serve2_exit $?
 
 # The kernel's md on the same disks.
@@ -185,6 +188,7 @@ fn kernel_nbd_client_on_raid6_survives_a_killed_server() {
         "sums2",
         "umount2",
         "detach2",
+        "wait2",
         "md_assemble",
         "md_mount",
         "md_sums",

@@ -307,6 +307,9 @@ impl LiveArray {
         if let Some(server) = self.server.take() {
             server.shutdown();
         }
-        self.engine.shutdown().map_err(|e| e.to_string())
+        self.engine
+            .shutdown()
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 }

@@ -101,12 +101,23 @@ pub struct ManageArgs {
     /// --speed-limit-min or alone).
     #[arg(long, conflicts_with_all = ["fail", "remove", "add", "re_add", "replace", "action", "inject", "check_period", "grow", "auto_re_add"])]
     speed_limit_max: Option<u64>,
+    /// Wait until no resync, recovery, check, repair or reshape runs
+    /// (mdadm --wait), then say how what ran ended; fails if a job stopped
+    /// on an error.
+    #[arg(long, conflicts_with_all = ["fail", "remove", "add", "re_add", "replace", "action", "inject", "check_period", "grow", "auto_re_add", "speed_limit_min", "speed_limit_max", "force"])]
+    wait: bool,
     /// The array's knobs, changed live and saved (see `--set help`).
     #[command(flatten)]
     tuning: super::tuning::TuningArgs,
 }
 
 pub fn run(args: &ManageArgs) -> CliResult {
+    if args.wait {
+        if !args.tuning.is_empty() {
+            return Err("--wait cannot be combined with a setting".into());
+        }
+        return wait(&args.control);
+    }
     // One change per command, as mdadm --manage takes one; the knobs
     // (several at once) are one change.
     let other = [
@@ -237,6 +248,59 @@ pub fn run(args: &ManageArgs) -> CliResult {
     };
     let message = control::command(&args.control, &request)?;
     eprintln!("uraid: {message}");
+    Ok(())
+}
+
+/// mdadm --wait: blocks on the server's events until its jobs are idle
+/// (none runs and none is ending), then says what ran and how it ended.
+fn wait(socket: &std::path::Path) -> CliResult {
+    let first = control::request(socket, &Request::Status)?;
+    if first.jobs_idle.is_none() {
+        return Err(format!(
+            "{}: this server does not report when its jobs end; restart it with this uraid",
+            socket.display()
+        ));
+    }
+    let mut after = first.events.iter().map(|e| e.seq).max().unwrap_or(0);
+    let mut ran: Vec<String> = first.sync_action.iter().cloned().collect();
+    let mut status = first;
+    let mut failures = Vec::new();
+    while status.jobs_idle != Some(true) {
+        let pid = status.pid;
+        status = control::wait_events(socket, after, std::time::Duration::from_secs(1))?;
+        if status.pid != pid {
+            return Err(format!(
+                "{}: the server was restarted while waiting (pid {pid}, now {})",
+                socket.display(),
+                status.pid
+            ));
+        }
+        for event in status.events.iter().filter(|e| e.seq > after) {
+            if event.event == "SyncFailed" {
+                failures.push(event.detail.clone());
+            }
+        }
+        after = status.events.iter().map(|e| e.seq).max().unwrap_or(after);
+        if let Some(action) = &status.sync_action {
+            if ran.last() != Some(action) {
+                ran.push(action.clone());
+            }
+        }
+    }
+    if !failures.is_empty() {
+        return Err(failures.join("; "));
+    }
+    if ran.is_empty() {
+        eprintln!("uraid: idle: no resync, recovery, check, repair or reshape was running");
+    } else {
+        eprintln!(
+            "uraid: idle: {} ended; {} of {} members in sync, mismatch_cnt {}",
+            ran.join(", then "),
+            status.in_sync_disks,
+            status.raid_disks,
+            status.mismatch_cnt
+        );
+    }
     Ok(())
 }
 

@@ -313,7 +313,7 @@ pub fn run(args: &ServeArgs) -> CliResult {
     );
     let signal = wait_for_stop_signal(&signals);
     if engine.runnable() {
-        eprintln!("uraid: signal {signal}: finishing in-flight I/O and marking the array clean");
+        eprintln!("uraid: signal {signal}: finishing in-flight I/O and writing the superblocks");
     } else {
         eprintln!("uraid: signal {signal}: finishing in-flight I/O; the array has failed and is not marked clean");
     }
@@ -327,10 +327,12 @@ pub fn run(args: &ServeArgs) -> CliResult {
     // A member lost in the last flush may fail the array during the stop.
     if let Some(note) = engine.failed_stop_note() {
         eprintln!("uraid: stopped: {note}");
-        return stopped;
+        return stopped.map(|_| ());
     }
-    stopped?;
-    eprintln!("uraid: stopped cleanly");
+    match stopped? {
+        crate::engine::Stopped::Clean => eprintln!("uraid: stopped cleanly"),
+        other => eprintln!("uraid: stopped: {other}"),
+    }
     Ok(())
 }
 

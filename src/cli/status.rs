@@ -56,6 +56,7 @@ pub fn run(control_socket: Option<&Path>, json: bool) -> CliResult {
                     "stripe_cache": r.stripe_cache,
                     "journal": r.journal,
                     "sync": r.sync,
+                    "jobs_idle": r.jobs_idle,
                     "members": r.members,
                 })
             })

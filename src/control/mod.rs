@@ -186,6 +186,10 @@ pub struct StatusReply {
     pub sync_action: Option<String>,
     #[serde(default)]
     pub sync_percent: Option<u32>,
+    /// No background job runs and none is ending (Engine::jobs_idle);
+    /// None from a server that does not say.
+    #[serde(default)]
+    pub jobs_idle: Option<bool>,
 }
 
 /// A running background job, counted as md counts it.
@@ -306,6 +310,7 @@ pub fn status_of(snapshot: &Snapshot, nbd_uri: &str, homehost: &str) -> StatusRe
             .sync
             .as_ref()
             .map(|p| (p.done_kib * 100 / p.total_kib.max(1)).min(100) as u32),
+        jobs_idle: None,
     }
 }
 
@@ -510,6 +515,7 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
                 "pid", status.pid, "nbd"
             );
             status.mismatch_cnt = engine.mismatch_sectors();
+            status.jobs_idle = Some(engine.jobs_idle());
             status.check_period_days = engine
                 .check_schedule()
                 .map(|(p, _)| p.as_secs_f64() / 86400.0);

@@ -866,11 +866,17 @@ impl Engine {
         ))
     }
 
+    /// No background job runs and none is ending (its member marked in
+    /// sync, the next job started): what mdadm --wait waits for.
+    pub fn jobs_idle(&self) -> bool {
+        self.sync.action().is_none() && !self.sync.threads.any()
+    }
+
     /// Orderly stop: ends the background job, flushes, and marks the array
     /// clean — or records where an unfinished resync or recovery resumes.
     /// A failed array is not marked clean: its superblocks stay as they were
     /// (`failed_stop_note` says so).
-    pub fn shutdown(&self) -> Result<(), EngineError> {
+    pub fn shutdown(&self) -> Result<Stopped, EngineError> {
         // What the cache holds reaches the members before anything stops.
         self.datapath.cache.stop.store(true, Ordering::SeqCst);
         self.datapath.cache.wake_workers();
@@ -884,7 +890,7 @@ impl Engine {
             bitmap.stop();
         }
         if self.read_only {
-            return Ok(());
+            return Ok(Stopped::ReadOnly);
         }
         written
             .and_then(|()| self.flush_members())
@@ -905,9 +911,15 @@ impl Engine {
                 self.set_journal_tail(&mut self.array.lock().unwrap(), tail);
             }
         }
-        let state = match resume {
+        let percent = |stripe: u64| stripe * 100 / self.sync.stripe_count().max(1);
+        let (state, stopped) = match resume {
             Some((SyncAction::Resync, stripe)) => {
-                Cleanliness::ResyncFrom(self.geometry().resync_position_sectors(stripe))
+                let sectors = self.geometry().resync_position_sectors(stripe);
+                let stopped = Stopped::ResyncAt {
+                    sectors,
+                    percent: percent(stripe),
+                };
+                (Cleanliness::ResyncFrom(sectors), stopped)
             }
             Some((
                 action @ (SyncAction::Recovery { role } | SyncAction::Replace { role }),
@@ -916,15 +928,55 @@ impl Engine {
                 let offset = manage::recovery_offset_of(&self.geometry(), stripe);
                 let mut array = self.array.lock().unwrap();
                 manage::set_recovery_offset(&mut array, action, role, offset);
-                Cleanliness::Clean
+                let stopped = Stopped::RecoveryAt {
+                    role,
+                    percent: percent(stripe),
+                };
+                (Cleanliness::Clean, stopped)
             }
-            _ => Cleanliness::Clean,
+            // A check or repair is not resumed (md starts none at assembly).
+            _ => (Cleanliness::Clean, Stopped::Clean),
         };
         self.write_state_locked(&mut self.array.lock().unwrap(), state)?;
         // The checksums are closed at the event count the superblocks now
         // hold: a start that finds more knows the array ran elsewhere.
         self.close_integrity();
-        Ok(())
+        Ok(stopped)
+    }
+}
+
+/// What an orderly stop left on the members, to be said as it is: a
+/// resync or recovery cut short is resumed at the next start, by uraid or
+/// md, from the point written here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// Marked clean, nothing left to do.
+    Clean,
+    /// Served read-only: nothing was written.
+    ReadOnly,
+    /// Clean below md's resync_offset, `sectors`; a resync resumes there.
+    ResyncAt { sectors: u64, percent: u64 },
+    /// The member in `role` is rebuilt up to its recovery_offset; the
+    /// recovery resumes there.
+    RecoveryAt { role: usize, percent: u64 },
+}
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stopped::Clean => write!(f, "the array is marked clean"),
+            Stopped::ReadOnly => write!(f, "served read-only, nothing written"),
+            Stopped::ResyncAt { sectors, percent } => write!(
+                f,
+                "the resync stopped at {percent}% (resync_offset {sectors}): the array is clean \
+                 below that point only, and the next start (uraid or md) resumes the resync there"
+            ),
+            Stopped::RecoveryAt { role, percent } => write!(
+                f,
+                "the recovery of role {role} stopped at {percent}%: the next start (uraid or md) \
+                 resumes it there, and the array stays degraded until it ends"
+            ),
+        }
     }
 }
 

@@ -578,18 +578,8 @@ pub(crate) fn check_mismatches(engine: &Arc<Engine>) -> u64 {
 
 pub(crate) fn wait_idle(engine: &Arc<Engine>) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    // A recovery leaves status (its action cleared, so that the next job
-    // may start) a moment before its end marks the member in sync: a
-    // member built to the end but not yet in sync is still the job's.
-    let finishing = || {
-        let end = engine.sync.stripe_count();
-        engine.table().by_role.iter().flatten().any(|e| {
-            e.rebuilt_below
-                .as_ref()
-                .is_some_and(|b| b.load(std::sync::atomic::Ordering::SeqCst) >= end)
-        })
-    };
-    while engine.snapshot().sync.is_some() || finishing() {
+    // Not only no job shown: none ending either (its member marked in sync).
+    while !engine.jobs_idle() {
         assert!(
             std::time::Instant::now() < deadline,
             "background job did not finish"

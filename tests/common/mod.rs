@@ -1236,6 +1236,8 @@ pub fn status_whole_and_idle(status: &serde_json::Value) -> bool {
     detail["active_devices"] == detail["raid_devices"]
         && sync_line(status["mdstat"].as_str().unwrap_or_default()).is_none()
         && detail["sync_status"].is_null()
+        // No job is ending either (its member marked, its successor started).
+        && status["jobs_idle"] != false
 }
 
 /// The row of `detail` for a member path (compared canonically).

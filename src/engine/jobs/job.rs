@@ -42,6 +42,37 @@ impl SyncAction {
     }
 }
 
+/// The job threads alive. A job's end runs after it clears its action
+/// (so that the next job may start): the member it rebuilt is marked in
+/// sync, the job that waited for it starts. Whoever waits for the array to
+/// be idle (`manage --wait`, as mdadm --wait) asks this too, or it would
+/// see a moment with no job and a member not yet in sync.
+#[derive(Clone, Debug, Default)]
+pub struct JobThreads(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+/// One job thread, counted from before its spawn to its end.
+#[derive(Debug)]
+pub struct JobThread(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl JobThreads {
+    /// Counts a thread about to be spawned; the guard goes into it.
+    pub fn enter(&self) -> JobThread {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        JobThread(self.0.clone())
+    }
+
+    pub fn any(&self) -> bool {
+        self.0.load(Ordering::SeqCst) > 0
+    }
+}
+
+impl Drop for JobThread {
+    fn drop(&mut self) {
+        let before = self.0.fetch_sub(1, Ordering::SeqCst);
+        assert!(before > 0, "a job thread leaves that was never counted");
+    }
+}
+
 /// Progress of the running background operation, for status output.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct SyncProgress {

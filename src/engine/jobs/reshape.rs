@@ -409,9 +409,13 @@ impl Engine {
             .map_or(0, |r| r.position_sectors());
         *job.started.lock().unwrap() = Some((Instant::now(), position));
         let weak: Weak<Engine> = Arc::downgrade(self);
+        let alive = self.sync.threads.enter();
         let handle = std::thread::Builder::new()
             .name("uraid-reshape".into())
-            .spawn(move || run(weak))
+            .spawn(move || {
+                run(weak);
+                drop(alive);
+            })
             .map_err(|e| e.to_string())?;
         *job.thread.lock().unwrap() = Some(handle);
         Ok(())

@@ -55,6 +55,8 @@ pub struct SyncWorker {
     endangered_walk: AtomicBool,
     /// The roles missing when the running rebuild chose its order.
     order_missing: std::sync::atomic::AtomicUsize,
+    /// This worker's job threads and the reshape's, alive.
+    pub(in crate::engine) threads: super::job::JobThreads,
 }
 
 impl SyncWorker {
@@ -77,6 +79,7 @@ impl SyncWorker {
             pace: super::pace::PaceShown::default(),
             endangered_walk: AtomicBool::new(false),
             order_missing: std::sync::atomic::AtomicUsize::new(0),
+            threads: super::job::JobThreads::default(),
         })
     }
 
@@ -173,9 +176,13 @@ impl SyncWorker {
         *current = Some(action);
         // The thread holds the engine weakly: dropping the engine ends it.
         let weak: Weak<Engine> = Arc::downgrade(engine);
+        let alive = worker.threads.enter();
         let handle = std::thread::Builder::new()
             .name(format!("uraid-{}", action.word()))
-            .spawn(move || run(weak, action))
+            .spawn(move || {
+                run(weak, action);
+                drop(alive);
+            })
             .map_err(|e| e.to_string())?;
         *worker.thread.lock().unwrap() = Some(handle);
         Ok(())

@@ -15,9 +15,22 @@ use std::sync::Arc;
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
-    /// Where to export: unix:PATH (default: a socket in /run/uraid) or tcp:HOST:PORT.
+    /// Where to export: unix:PATH (default: a socket in /run/uraid, unless
+    /// --ublk alone is given) or tcp:HOST:PORT.
     #[arg(long)]
     nbd: Option<String>,
+    /// Also (or, without --nbd, only) serve the array as a local block
+    /// device, /dev/ublkbN, through the kernel's ublk driver (Linux 6.0+,
+    /// root).
+    #[arg(long)]
+    ublk: bool,
+    /// With --ublk: the device's hardware queues, each a thread with its
+    /// own ring (1-64).
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "ublk")]
+    ublk_queues: u16,
+    /// With --ublk: requests in flight per queue (1-4096).
+    #[arg(long, value_name = "D", default_value_t = crate::export::ublk::DEPTH_DEFAULT, requires = "ublk")]
+    ublk_depth: u16,
     /// The control socket for status, detail and manage (default: <name>.ctl in the runtime folder: $URAID_RUNTIME_DIR, else /run/uraid for root, else $XDG_RUNTIME_DIR/uraid).
     #[arg(long)]
     control: Option<PathBuf>,
@@ -198,14 +211,30 @@ pub fn run(args: &ServeArgs) -> CliResult {
     let set_name = array.sb.set_name.clone();
     let label = registry::label_for(&set_name, &array.sb.uuid_string());
     let (nbd_address, control_path) = addresses(args, &label)?;
-    let listener: Listener = nbd_address
-        .parse()
-        .map_err(|e| format!("--nbd {nbd_address}: {e}"))?;
-    // Refuse sockets that a running server owns before anything is written:
-    // starting the engine marks the members active.
-    refuse_live_socket(&nbd_address)?;
+    let listener: Option<Listener> = nbd_address
+        .as_ref()
+        .map(|a| a.parse().map_err(|e| format!("--nbd {a}: {e}")))
+        .transpose()?;
+    if listener.is_none() && tls.is_some() {
+        return Err("--tls goes with an NBD export (--nbd); --ublk alone has no socket".into());
+    }
+    let ublk = args.ublk.then_some(crate::export::ublk::UblkOptions {
+        queues: args.ublk_queues,
+        depth: args.ublk_depth,
+    });
+    // Refuse sockets that a running server owns, and a ublk device this
+    // kernel or user cannot make, before anything is written: starting the
+    // engine marks the members active.
+    if let Some(address) = &nbd_address {
+        refuse_live_socket(address)?;
+    }
     refuse_live_socket(&format!("unix:{}", control_path.display()))?;
-    if matches!(listener, Listener::Tcp { .. }) {
+    if let Some(options) = &ublk {
+        options.check()?;
+        crate::export::ublk::probe()?;
+    }
+    let nbd_address = nbd_address.unwrap_or_default();
+    if matches!(listener, Some(Listener::Tcp { .. })) {
         match &tls {
             None => eprintln!(
                 "uraid: WARNING: {nbd_address} without TLS: anyone who reaches this port can read \
@@ -256,18 +285,43 @@ pub fn run(args: &ServeArgs) -> CliResult {
         tls,
         ..ServeOptions::default()
     };
-    let server = match nbd::serve(&listener, engine.clone() as Arc<dyn BlockBackend>, options) {
+    let server = match listener
+        .as_ref()
+        .map(|l| nbd::serve(l, engine.clone() as Arc<dyn BlockBackend>, options))
+        .transpose()
+    {
         Ok(server) => server,
         Err(e) => {
             let _ = engine.shutdown();
             return Err(format!("{nbd_address}: {e}"));
         }
     };
-    let uri = server.uri();
-    let control = match ControlServer::start(&control_path, engine.clone(), uri.clone()) {
+    let stop_exports = |server: Option<nbd::ServerHandle>| {
+        if let Some(server) = server {
+            server.shutdown();
+        }
+    };
+    let device = match ublk
+        .map(|o| crate::export::ublk::serve(engine.clone() as Arc<dyn BlockBackend>, o))
+        .transpose()
+    {
+        Ok(device) => device,
+        Err(e) => {
+            stop_exports(server);
+            let _ = engine.shutdown();
+            return Err(e);
+        }
+    };
+    let uri = server.as_ref().map(|s| s.uri()).unwrap_or_default();
+    let exports = crate::control::Exports {
+        nbd_uri: uri.clone(),
+        ublk: device.as_ref().map(|d| d.path()),
+    };
+    let control = match ControlServer::start(&control_path, engine.clone(), exports.clone()) {
         Ok(control) => control,
         Err(e) => {
-            server.shutdown();
+            drop(device);
+            stop_exports(server);
             let _ = engine.shutdown();
             return Err(e.to_string());
         }
@@ -297,6 +351,7 @@ pub fn run(args: &ServeArgs) -> CliResult {
         pid: std::process::id(),
         control: absolute(&control_path),
         nbd_uri: uri.clone(),
+        ublk: exports.ublk.clone(),
         // The engine's own list, kept current by the registration.
         members: Vec::new(),
         started_secs: std::time::SystemTime::now()
@@ -307,8 +362,16 @@ pub fn run(args: &ServeArgs) -> CliResult {
     let registration = Registration::register_served(entry, engine.clone())
         .map_err(|e| eprintln!("uraid: not registered for status and monitor --scan: {e}"))
         .ok();
+    let on: Vec<&str> = [
+        Some(uri.as_str()).filter(|u| !u.is_empty()),
+        exports.ublk.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     eprintln!(
-        "uraid: serving {level} array {uuid} ({size} bytes) on {uri} (control {})",
+        "uraid: serving {level} array {uuid} ({size} bytes) on {} (control {})",
+        on.join(" and "),
         control_path.display()
     );
     let signal = wait_for_stop_signal(&signals);
@@ -321,7 +384,14 @@ pub fn run(args: &ServeArgs) -> CliResult {
         smart.stop();
     }
     drop(registration);
-    server.shutdown();
+    // The block device first: the kernel hands over what it still holds
+    // (the page cache's last writes, a flush) before the device goes.
+    if let Some(device) = &device {
+        if let Err(e) = device.stop() {
+            eprintln!("uraid: {}: {e}", device.path());
+        }
+    }
+    stop_exports(server);
     control.stop();
     let stopped = engine.shutdown().map_err(|e| e.to_string());
     // A member lost in the last flush may fail the array during the stop.
@@ -359,15 +429,21 @@ fn refuse_live_socket(address: &str) -> Result<(), String> {
 }
 
 /// The NBD address and control socket path, with defaults in the socket folder.
-fn addresses(args: &ServeArgs, label: &str) -> Result<(String, PathBuf), String> {
+fn addresses(args: &ServeArgs, label: &str) -> Result<(Option<String>, PathBuf), String> {
     let dir = registry::runtime_dir();
-    if args.nbd.is_none() || args.control.is_none() {
+    // --ublk alone exports no socket.
+    let nbd_default = args.nbd.is_none() && !args.ublk;
+    if nbd_default || args.control.is_none() {
         registry::ensure_private_dir(&dir)?;
     }
-    let nbd = args
-        .nbd
-        .clone()
-        .unwrap_or_else(|| format!("unix:{}", dir.join(format!("{label}.nbd")).display()));
+    let nbd = match &args.nbd {
+        Some(address) => Some(address.clone()),
+        None if nbd_default => Some(format!(
+            "unix:{}",
+            dir.join(format!("{label}.nbd")).display()
+        )),
+        None => None,
+    };
     let control = args
         .control
         .clone()

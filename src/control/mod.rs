@@ -190,6 +190,17 @@ pub struct StatusReply {
     /// None from a server that does not say.
     #[serde(default)]
     pub jobs_idle: Option<bool>,
+    /// The ublk block device serving the array (/dev/ublkbN), if any.
+    #[serde(default)]
+    pub ublk: Option<String>,
+}
+
+/// Where a served array is exported: its NBD URI (empty when it is
+/// served over ublk alone) and its ublk device.
+#[derive(Clone, Debug, Default)]
+pub struct Exports {
+    pub nbd_uri: String,
+    pub ublk: Option<String>,
 }
 
 /// A running background job, counted as md counts it.
@@ -311,6 +322,7 @@ pub fn status_of(snapshot: &Snapshot, nbd_uri: &str, homehost: &str) -> StatusRe
             .as_ref()
             .map(|p| (p.done_kib * 100 / p.total_kib.max(1)).min(100) as u32),
         jobs_idle: None,
+        ublk: None,
     }
 }
 
@@ -358,7 +370,7 @@ pub struct ControlServer {
 impl ControlServer {
     /// Listens on `path`. A stale socket file (nothing listening) is replaced;
     /// a live one is refused, so two servers never share a control socket.
-    pub fn start(path: &Path, engine: Arc<Engine>, nbd_uri: String) -> io::Result<ControlServer> {
+    pub fn start(path: &Path, engine: Arc<Engine>, exports: Exports) -> io::Result<ControlServer> {
         if path.exists() {
             if UnixStream::connect(path).is_ok() {
                 return Err(io::Error::new(
@@ -385,7 +397,7 @@ impl ControlServer {
                             waiters.retain(|w| !w.is_finished());
                             let context = Context {
                                 engine: &engine,
-                                nbd_uri: &nbd_uri,
+                                exports: &exports,
                                 homehost: &homehost,
                                 stop: &thread_stop,
                                 waiters: &mut waiters,
@@ -433,7 +445,7 @@ const WAIT_MAX: Duration = Duration::from_secs(3600);
 /// What a connection's handler needs from the server.
 struct Context<'a> {
     engine: &'a Arc<Engine>,
-    nbd_uri: &'a str,
+    exports: &'a Exports,
     homehost: &'a str,
     stop: &'a Arc<AtomicBool>,
     waiters: &'a mut Vec<JoinHandle<()>>,
@@ -449,7 +461,7 @@ fn handle(stream: UnixStream, context: Context) -> io::Result<()> {
     if BufReader::new((&stream).take(REQUEST_BYTES_MAX)).read_line(&mut line)? == 0 {
         return Ok(());
     }
-    let (engine, nbd_uri, homehost) = (context.engine, context.nbd_uri, context.homehost);
+    let (engine, exports, homehost) = (context.engine, context.exports, context.homehost);
     let reply = match serde_json::from_str::<Request>(line.trim()) {
         // A long poll waits in a thread of its own: the other clients of
         // the socket are served meanwhile, one at a time as before.
@@ -459,19 +471,19 @@ fn handle(stream: UnixStream, context: Context) -> io::Result<()> {
                 && engine.last_event_seq() <= after =>
         {
             let (engine, stop) = (engine.clone(), context.stop.clone());
-            let (nbd_uri, homehost) = (nbd_uri.to_string(), homehost.to_string());
+            let (exports, homehost) = (exports.clone(), homehost.to_string());
             let timeout = Duration::from_millis(timeout_ms).min(WAIT_MAX);
             let waiter = std::thread::Builder::new()
                 .name("uraid-control-wait".into())
                 .spawn(move || {
                     engine.wait_for_event(after, timeout, || stop.load(Ordering::SeqCst));
-                    let reply = execute(&engine, Request::Status, &nbd_uri, &homehost);
+                    let reply = execute(&engine, Request::Status, &exports, &homehost);
                     let _ = send_reply(&stream, &reply);
                 })?;
             context.waiters.push(waiter);
             return Ok(());
         }
-        Ok(request) => execute(engine, request, nbd_uri, homehost),
+        Ok(request) => execute(engine, request, exports, homehost),
         Err(e) => Reply::Error {
             message: format!("bad request: {e}"),
         },
@@ -502,7 +514,8 @@ fn done(result: Result<(), String>, message: String) -> Reply {
     }
 }
 
-fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str) -> Reply {
+fn execute(engine: &Arc<Engine>, request: Request, exports: &Exports, homehost: &str) -> Reply {
+    let nbd_uri = exports.nbd_uri.as_str();
     match request {
         Request::Status | Request::WaitEvents { .. } => {
             let mut status = status_of(&engine.snapshot(), nbd_uri, homehost);
@@ -511,9 +524,21 @@ fn execute(engine: &Arc<Engine>, request: Request, nbd_uri: &str, homehost: &str
             // ends and the export clients connect to.
             status.detail["pid"] = status.pid.into();
             status.detail_text += &format!(
-                "\n    Served (uraid):\n{:>22} : {}\n{:>22} : {nbd_uri}\n",
-                "pid", status.pid, "nbd"
+                "\n    Served (uraid):\n{:>22} : {}\n{:>22} : {}\n",
+                "pid",
+                status.pid,
+                "nbd",
+                if nbd_uri.is_empty() {
+                    "(none)"
+                } else {
+                    nbd_uri
+                }
             );
+            if let Some(device) = &exports.ublk {
+                status.detail["ublk"] = device.as_str().into();
+                status.detail_text += &format!("{:>22} : {device}\n", "ublk");
+            }
+            status.ublk = exports.ublk.clone();
             status.mismatch_cnt = engine.mismatch_sectors();
             status.jobs_idle = Some(engine.jobs_idle());
             status.check_period_days = engine

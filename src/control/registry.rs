@@ -82,6 +82,9 @@ pub struct Entry {
     pub pid: u32,
     pub control: PathBuf,
     pub nbd_uri: String,
+    /// The ublk block device (/dev/ublkbN), when it serves one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ublk: Option<String>,
     /// The devices the server holds (members, spares, failed members not
     /// yet removed) by [`crate::member::canonical_name`], as
     /// [`member_names`] lists them.
@@ -295,6 +298,7 @@ mod tests {
             pid,
             control,
             nbd_uri: "nbd+unix:///vol?socket=/x".into(),
+            ublk: None,
             members: vec!["/a".into(), "/b".into()],
             started_secs: 1,
         };

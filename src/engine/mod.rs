@@ -1263,6 +1263,27 @@ impl BlockBackend for Engine {
         Some(result)
     }
 
+    fn optimal_io_bytes(&self) -> Option<u64> {
+        let geometry = self.geometry();
+        let row = match &*geometry {
+            Geometry::Raid456(_) | Geometry::Raid0(_) | Geometry::Draid(_) => {
+                geometry.stripe(0).data_sectors() * SECTOR_BYTES
+            }
+            // md's raid10: the chunk times the members one copy spans.
+            Geometry::Raid10(r) if geometry.raid_disks().is_multiple_of(r.copies()) => {
+                geometry.stripe(0).strip_sectors
+                    * SECTOR_BYTES
+                    * (geometry.raid_disks() / r.copies()) as u64
+            }
+            _ => return None,
+        };
+        Some(row)
+    }
+
+    fn max_io_bytes(&self) -> Option<u32> {
+        Some(self.tuning().max_sectors_kb.saturating_mul(1024))
+    }
+
     fn trim(&self, _offset: u64, _len: u64) -> std::io::Result<()> {
         // Trim is a hint. Passing it to members would leave copies and
         // parity disagreeing on devices that do not read back zeroes, so

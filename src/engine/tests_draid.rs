@@ -764,3 +764,82 @@ fn a_rebuild_takes_the_rows_at_zero_redundancy_first() {
     check_finds_nothing(&engine, "after both rebuilds");
     engine.shutdown().unwrap();
 }
+
+/// raid10 with three copies over five members, two failed: the chunks
+/// whose copies both lost members held are left with one, the others
+/// with two. The spare's recovery takes those first (raid10's rows differ
+/// as dRAID's do): once its walk ends every one of them is rebuilt while
+/// later chunks are not. Then everything is rebuilt and reads back.
+#[test]
+fn a_raid10_rebuild_takes_the_chunks_left_with_one_copy_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut paths = super::tests::make_array(dir.path(), Level::Raid10, Some("n3"), 5, 64);
+    let engine = Engine::start(assemble(&paths, true).unwrap(), EngineOptions::default()).unwrap();
+    super::tests::wait_idle(&engine);
+    let image = fill(&engine, 78);
+    engine.set_speed_limits(Some(1000), Some(6000));
+    engine.manage_fail_with(&paths[0], false).unwrap();
+    engine.manage_fail_with(&paths[1], false).unwrap();
+    // Before the spare: which chunks each role's loss leaves at one copy.
+    let geometry = engine.geometry();
+    let table = engine.table();
+    let stripes = engine.sync.stripe_count();
+    let endangered: Vec<Vec<bool>> = (0..2)
+        .map(|role| {
+            (0..stripes)
+                .map(|s| table.margin_without(&geometry.stripe(s), role) == Some(0))
+                .collect()
+        })
+        .collect();
+    drop(table);
+    let spare = dir.path().join("spare");
+    std::fs::File::create(&spare)
+        .unwrap()
+        .set_len(6 << 20)
+        .unwrap();
+    engine.manage_add(&spare).unwrap();
+    paths.push(spare);
+    wait_for(&engine, "the walk of the endangered chunks", |s| {
+        s.sync
+            .as_ref()
+            .and_then(|p| p.endangered_first)
+            .is_some_and(|f| !f.walking && f.rows_done > 0)
+    });
+    let s = engine.snapshot();
+    let role = match s.sync.as_ref().map(|p| p.action) {
+        Some(SyncAction::Recovery { role }) => role,
+        other => panic!("not a recovery: {other:?}"),
+    };
+    let table = engine.table();
+    let holds = |s: u64| !crate::engine::table::places_of(&geometry.stripe(s), role).is_empty();
+    let (mut first, mut waiting) = (0, 0);
+    for stripe in 0..stripes {
+        if !holds(stripe) {
+            continue;
+        }
+        if endangered[role][stripe as usize] {
+            first += 1;
+            assert!(
+                table.usable(role, stripe),
+                "chunk {stripe} not rebuilt first"
+            );
+        } else if !table.usable(role, stripe) {
+            waiting += 1;
+        }
+    }
+    assert!(first > 0 && waiting > 0, "{first} {waiting}");
+    drop(table);
+    engine.set_speed_limits(None, Some(1_000_000));
+    let spare2 = dir.path().join("spare2");
+    std::fs::File::create(&spare2)
+        .unwrap()
+        .set_len(6 << 20)
+        .unwrap();
+    engine.manage_add(&spare2).unwrap();
+    wait_for(&engine, "both rebuilds", |s| {
+        idle(s) && s.missing_roles.is_empty()
+    });
+    assert_reads(&engine, &image, "after both rebuilds");
+    check_finds_nothing(&engine, "after both rebuilds");
+    engine.shutdown().unwrap();
+}

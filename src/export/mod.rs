@@ -12,6 +12,7 @@
 
 pub mod memory;
 pub mod nbd;
+pub mod ublk;
 
 pub use crate::member::nbd::proto::BlockSizes;
 pub use memory::MemoryBackend;
@@ -114,6 +115,19 @@ pub trait BlockBackend: Send + Sync {
     /// says no.
     fn reads_from_memory(&self) -> bool {
         false
+    }
+
+    /// The I/O size that writes whole rows (chunk × data members), for a
+    /// block device's optimal_io_size; None where there is none.
+    fn optimal_io_bytes(&self) -> Option<u64> {
+        None
+    }
+
+    /// The largest request the backend wants at once (the array's
+    /// max_sectors_kb), for a block device's max_sectors; None: any up to
+    /// `block_sizes().max_payload`.
+    fn max_io_bytes(&self) -> Option<u32> {
+        None
     }
 
     /// Whether the device is a rotating disk (a scheduling hint for clients).

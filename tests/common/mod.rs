@@ -104,11 +104,39 @@ pub fn in_kernel(script: &str, timeout_s: u32) -> String {
 /// Runs a whole bash script (its own `set` options included) inside
 /// user-mode Linux with `disks` attached as /dev/ubda, /dev/ubdb, ...
 pub fn in_kernel_with_disks(script: &str, disks: &[PathBuf], timeout_s: u32) -> String {
+    in_kernel_of(None, script, disks, timeout_s)
+}
+
+/// The user-mode Linux 6.12 with ublk_drv (and md 6.12) that
+/// tests/kernel/build-uml-ublk builds once per machine (install-deps runs
+/// it), or why it is not there.
+pub fn ublk_kernel() -> Result<PathBuf, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(root.join("tests/kernel/build-uml-ublk"))
+        .arg("--print")
+        .output()
+        .map_err(|e| format!("tests/kernel/build-uml-ublk: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// [`in_kernel_with_disks`] in the kernel `linux` (None: Debian's UML 6.1).
+pub fn in_kernel_of(
+    linux: Option<&Path>,
+    script: &str,
+    disks: &[PathBuf],
+    timeout_s: u32,
+) -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = scratch("uml-script");
     let script_path = dir.path().join("script.sh");
     std::fs::write(&script_path, script).unwrap();
     let mut cmd = Command::new(root.join("tests/kernel/uml-run"));
+    if let Some(linux) = linux {
+        cmd.env("UML_RUN_LINUX", linux);
+    }
     cmd.args(["--mem", "768M", "--timeout", &timeout_s.to_string()]);
     for d in disks {
         cmd.arg("--disk").arg(d);

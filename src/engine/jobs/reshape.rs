@@ -1052,10 +1052,16 @@ pub(in crate::engine) fn check_resumable(array: &crate::array::Assembled) -> Res
         Some("a member is being replaced, which md never runs along with a reshape")
     } else if array.devices.iter().any(|d| {
         // A member rebuilt along with the reshape (a level change) must
-        // be in sync up to the point, as md's checkpoints keep it.
+        // be in sync up to the point, as md's checkpoints keep it. One
+        // whose superblock is a single update behind missed only the last
+        // checkpoint (a stop between two members' superblock writes): the
+        // rows up to that point were written, on it too, before the
+        // checkpoint began, so it holds them.
         let new_dd = data_disks(reshaping.new_geometry()) as u64;
+        let missed_last_checkpoint = d.sb.events + 1 == array.sb.events;
         matches!(d.state, DeviceState::Recovering { recovery_offset_sectors, .. }
-            if recovery_offset_sectors < reshaping.position_sectors() / new_dd)
+            if recovery_offset_sectors < reshaping.position_sectors() / new_dd
+                && !missed_last_checkpoint)
     }) {
         Some("a member being rebuilt along with it lags behind the reshape point")
     } else {

@@ -12,7 +12,8 @@
 //! - a member fails under the mounted file system, the spare is added and
 //!   rebuilt (`manage --wait`), and fsck finds nothing;
 //! - kill -9 of the server removes the block device (no hung device, I/O
-//!   on the dead mount fails); a new server resyncs the dirty array and
+//!   on the dead mount fails); a new server deletes the dead one's char
+//!   device, resyncs the dirty array and
 //!   serves every file as written; a SIGTERM stop deletes both device
 //!   nodes;
 //! - the kernel's md 6.12 assembles the disks uraid wrote: clean,
@@ -82,6 +83,7 @@ step discard "$(cat $Q/discard_max_bytes)"
 step zeroes "$(cat $Q/write_zeroes_max_bytes)"
 step cache "$(cat $Q/write_cache) $(cat $Q/fua)"
 step detail "$($U detail --control $C | grep -c "ublk : $D")"
+step status "$($U status --json | grep -c "\"ublk\": \"$D\"")"
 mkfs.ext4 -q -F $D && step mkfs ok || step mkfs failed
 mkdir -p $M
 mount $D $M && step mount ok || step mount failed
@@ -119,6 +121,7 @@ umount $M 2>/dev/null || umount -l $M
 # A new server: the dirty array resyncs; every file is there.
 start /run/serve2.log "$NEW" && step serve2 ok || step serve2 "failed $(tr '\n' ' ' </run/serve2.log)"
 B2=$(basename $D)
+step stale_deleted "$(grep -c 'deleted /dev/ublkc[0-9]*, left by a uraid serve' /run/serve2.log)"
 $U manage --control $C --wait >/run/wait2.log 2>&1 && step resync2 "$(grep -c 'resync ended' /run/wait2.log)" || step resync2 "failed $(tr '\n' ' ' </run/wait2.log)"
 mount $D $M && step mount2 ok || step mount2 failed
 (cd $M && sha256sum -c /run/sums >/dev/null 2>&1) && step sums2 ok || step sums2 differ
@@ -235,12 +238,16 @@ fn serve_ublk_in_linux_6_12() {
         ("zeroes", (1u64 << 30).to_string()),
         ("cache", "write back 1".to_string()),
         ("detail", "1".to_string()),
+        // The array's entry and its detail both name the device.
+        ("status", "2".to_string()),
         ("fio", "0 0".to_string()),
         ("rebuilt", "1".to_string()),
         ("fsck", "0 0".to_string()),
         ("killed_device", "gone".to_string()),
         ("write_dead", "1".to_string()),
         ("resync2", "1".to_string()),
+        // The killed server's /dev/ublkcN, deleted by the next.
+        ("stale_deleted", "1".to_string()),
         ("serve2_exit", "0".to_string()),
         ("stopped_device", "gone gone".to_string()),
         ("md_resync_start", "none".to_string()),

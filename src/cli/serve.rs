@@ -285,62 +285,16 @@ pub fn run(args: &ServeArgs) -> CliResult {
         tls,
         ..ServeOptions::default()
     };
-    let server = match listener
-        .as_ref()
-        .map(|l| nbd::serve(l, engine.clone() as Arc<dyn BlockBackend>, options))
-        .transpose()
-    {
-        Ok(server) => server,
-        Err(e) => {
-            let _ = engine.shutdown();
-            return Err(format!("{nbd_address}: {e}"));
-        }
-    };
-    let stop_exports = |server: Option<nbd::ServerHandle>| {
-        if let Some(server) = server {
-            server.shutdown();
-        }
-    };
-    let device = match ublk
-        .map(|o| crate::export::ublk::serve(engine.clone() as Arc<dyn BlockBackend>, o))
-        .transpose()
-    {
-        Ok(device) => device,
-        Err(e) => {
-            stop_exports(server);
-            let _ = engine.shutdown();
-            return Err(e);
-        }
-    };
-    let uri = server.as_ref().map(|s| s.uri()).unwrap_or_default();
-    let exports = crate::control::Exports {
-        nbd_uri: uri.clone(),
-        ublk: device.as_ref().map(|d| d.path()),
-    };
-    let control = match ControlServer::start(&control_path, engine.clone(), exports.clone()) {
-        Ok(control) => control,
-        Err(e) => {
-            drop(device);
-            stop_exports(server);
-            let _ = engine.shutdown();
-            return Err(e.to_string());
-        }
-    };
-    // In its own thread: a smartctl that hangs never holds up serving.
-    let smart = if args.smart_interval > 0 {
-        match crate::smart::SmartPoller::start(
-            engine.clone(),
-            std::time::Duration::from_secs(args.smart_interval),
-        ) {
-            Ok(poller) => Some(poller),
-            Err(e) => {
-                eprintln!("uraid: SMART polling not started: {e}");
-                None
-            }
-        }
-    } else {
-        None
-    };
+    let serving = start_exports(
+        &engine,
+        listener.as_ref(),
+        options,
+        ublk,
+        &control_path,
+        &nbd_address,
+    )?;
+    let (uri, exports) = (serving.exports.nbd_uri.clone(), serving.exports.clone());
+    let smart = start_smart(&engine, args.smart_interval);
     // Registered once both sockets answer, so that whoever lists it can
     // reach it; a registry that cannot be written costs only the listing.
     let entry = registry::Entry {
@@ -384,15 +338,7 @@ pub fn run(args: &ServeArgs) -> CliResult {
         smart.stop();
     }
     drop(registration);
-    // The block device first: the kernel hands over what it still holds
-    // (the page cache's last writes, a flush) before the device goes.
-    if let Some(device) = &device {
-        if let Err(e) = device.stop() {
-            eprintln!("uraid: {}: {e}", device.path());
-        }
-    }
-    stop_exports(server);
-    control.stop();
+    serving.stop();
     let stopped = engine.shutdown().map_err(|e| e.to_string());
     // A member lost in the last flush may fail the array during the stop.
     if let Some(note) = engine.failed_stop_note() {
@@ -404,6 +350,94 @@ pub fn run(args: &ServeArgs) -> CliResult {
         other => eprintln!("uraid: stopped: {other}"),
     }
     Ok(())
+}
+
+/// What serves the array: its NBD server, its ublk device, the control
+/// socket, and where they are.
+struct Serving {
+    server: Option<nbd::ServerHandle>,
+    device: Option<crate::export::ublk::UblkDevice>,
+    control: ControlServer,
+    exports: crate::control::Exports,
+}
+
+impl Serving {
+    /// The block device first: the kernel hands over what it still holds
+    /// (the page cache's last writes, a flush) before the device goes.
+    fn stop(self) {
+        if let Some(device) = &self.device {
+            if let Err(e) = device.stop() {
+                eprintln!("uraid: {}: {e}", device.path());
+            }
+        }
+        drop(self.device);
+        if let Some(server) = self.server {
+            server.shutdown();
+        }
+        self.control.stop();
+    }
+}
+
+/// Starts the NBD server (when there is a listener), the ublk device
+/// (when asked for) and the control socket; if one fails, what started
+/// stops and the engine shuts down.
+fn start_exports(
+    engine: &Arc<Engine>,
+    listener: Option<&Listener>,
+    options: ServeOptions,
+    ublk: Option<crate::export::ublk::UblkOptions>,
+    control_path: &Path,
+    nbd_address: &str,
+) -> Result<Serving, String> {
+    let backend = || engine.clone() as Arc<dyn BlockBackend>;
+    let failed = |server: Option<nbd::ServerHandle>, e: String| {
+        if let Some(server) = server {
+            server.shutdown();
+        }
+        let _ = engine.shutdown();
+        e
+    };
+    let server = listener
+        .map(|l| nbd::serve(l, backend(), options))
+        .transpose()
+        .map_err(|e| failed(None, format!("{nbd_address}: {e}")))?;
+    let device = match ublk
+        .map(|o| crate::export::ublk::serve(backend(), o))
+        .transpose()
+    {
+        Ok(device) => device,
+        Err(e) => return Err(failed(server, e)),
+    };
+    let exports = crate::control::Exports {
+        nbd_uri: server.as_ref().map(|s| s.uri()).unwrap_or_default(),
+        ublk: device.as_ref().map(|d| d.path()),
+    };
+    match ControlServer::start(control_path, engine.clone(), exports.clone()) {
+        Ok(control) => Ok(Serving {
+            server,
+            device,
+            control,
+            exports,
+        }),
+        Err(e) => {
+            drop(device);
+            Err(failed(server, e.to_string()))
+        }
+    }
+}
+
+/// SMART polling, in its own thread: a smartctl that hangs never holds up
+/// serving.
+fn start_smart(engine: &Arc<Engine>, interval_secs: u64) -> Option<crate::smart::SmartPoller> {
+    if interval_secs == 0 {
+        return None;
+    }
+    crate::smart::SmartPoller::start(
+        engine.clone(),
+        std::time::Duration::from_secs(interval_secs),
+    )
+    .map_err(|e| eprintln!("uraid: SMART polling not started: {e}"))
+    .ok()
 }
 
 /// Fails if `address` is a unix socket on which a server answers, or a TCP

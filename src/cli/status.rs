@@ -43,6 +43,7 @@ pub fn run(control_socket: Option<&Path>, json: bool) -> CliResult {
             .map(|r| {
                 serde_json::json!({
                     "nbd": r.nbd_uri,
+                    "ublk": r.ublk,
                     "pid": r.pid,
                     "mdstat": r.mdstat,
                     "detail": r.detail,

@@ -380,58 +380,7 @@ fn run(weak: Weak<Engine>, action: SyncAction) {
             continue;
         }
         let map = engine.geometry().stripe(stripe);
-        let result = {
-            let _guard = engine.datapath.locks.lock(stripe);
-            // The job may rewrite this stripe's parity: none stays hot.
-            engine
-                .datapath
-                .parity_cache
-                .drop_stripe(stripe, (map.strip_sectors * SECTOR_BYTES) as usize);
-            let step = match action {
-                SyncAction::Recovery { role } => {
-                    let view = engine.view(stripe);
-                    let target = view.table.entry(role).cloned().filter(|e| {
-                        e.rebuilt_below
-                            .as_ref()
-                            .is_some_and(|below| Arc::ptr_eq(below, &next))
-                    });
-                    match target {
-                        Some(target) => view.rebuild_onto(&map, role, &target).map(|_| 0),
-                        None => Err(PathError::Array(std::io::Error::other(
-                            "the member being rebuilt is gone",
-                        ))),
-                    }
-                }
-                SyncAction::Replace { role } => {
-                    // The member itself still serves, so its content is read
-                    // (or rebuilt, if it fails to read) and written to the copy.
-                    // Its original failed and it holds the role now, still
-                    // rebuilt only up to here: the copy goes on as a rebuild.
-                    let view = engine.view(stripe);
-                    let promoted = || {
-                        view.table.by_role[role]
-                            .clone()
-                            .filter(|e| e.rebuilt_below.is_some())
-                    };
-                    match view.table.replacing[role].clone().or_else(promoted) {
-                        Some(target) => view.rebuild_onto(&map, role, &target).map(|_| 0),
-                        None => Err(PathError::Array(std::io::Error::other(
-                            "the replacement is gone",
-                        ))),
-                    }
-                }
-                SyncAction::Reshape => unreachable!("a reshape is not the sync worker's job"),
-                SyncAction::Resync | SyncAction::Check | SyncAction::Repair => {
-                    scrub_stripe(&engine, action, stripe)
-                }
-            };
-            if step.is_ok() {
-                // Advanced under the stripe lock: a writer waiting for this
-                // stripe then sees a rebuilt member as in sync here.
-                next.store(stripe + 1, Ordering::SeqCst);
-            }
-            step
-        };
+        let result = one_stripe(&engine, action, stripe, &map, &next);
         match result {
             Ok(mismatches) => {
                 retries = 0;
@@ -530,6 +479,68 @@ const FINDINGS_LOGGED_MAX: u64 = 64;
 /// A check, repair or resync of one stripe, under its lock: md's count of
 /// mismatched sectors, and each page the syndromes could decode reported
 /// (and on a repair, healed) as an event.
+/// One stripe of the job, under its lock: rebuilt onto the target, copied
+/// onto the replacement, or scrubbed; the position moves past it when it
+/// is done. Returns the mismatched sectors found.
+fn one_stripe(
+    engine: &Arc<Engine>,
+    action: SyncAction,
+    stripe: u64,
+    map: &crate::geometry::StripeMap,
+    next: &Arc<Position>,
+) -> Result<u64, PathError> {
+    let _guard = engine.datapath.locks.lock(stripe);
+    // The job may rewrite this stripe's parity: none stays hot.
+    engine
+        .datapath
+        .parity_cache
+        .drop_stripe(stripe, (map.strip_sectors * SECTOR_BYTES) as usize);
+    let step = match action {
+        SyncAction::Recovery { role } => {
+            let view = engine.view(stripe);
+            let target = view.table.entry(role).cloned().filter(|e| {
+                e.rebuilt_below
+                    .as_ref()
+                    .is_some_and(|below| Arc::ptr_eq(below, next))
+            });
+            match target {
+                Some(target) => view.rebuild_onto(map, role, &target).map(|_| 0),
+                None => Err(PathError::Array(std::io::Error::other(
+                    "the member being rebuilt is gone",
+                ))),
+            }
+        }
+        SyncAction::Replace { role } => {
+            // The member itself still serves, so its content is read
+            // (or rebuilt, if it fails to read) and written to the copy.
+            // Its original failed and it holds the role now, still
+            // rebuilt only up to here: the copy goes on as a rebuild.
+            let view = engine.view(stripe);
+            let promoted = || {
+                view.table.by_role[role]
+                    .clone()
+                    .filter(|e| e.rebuilt_below.is_some())
+            };
+            match view.table.replacing[role].clone().or_else(promoted) {
+                Some(target) => view.rebuild_onto(map, role, &target).map(|_| 0),
+                None => Err(PathError::Array(std::io::Error::other(
+                    "the replacement is gone",
+                ))),
+            }
+        }
+        SyncAction::Reshape => unreachable!("a reshape is not the sync worker's job"),
+        SyncAction::Resync | SyncAction::Check | SyncAction::Repair => {
+            scrub_stripe(engine, action, stripe)
+        }
+    };
+    if step.is_ok() {
+        // Advanced under the stripe lock: a writer waiting for this
+        // stripe then sees a rebuilt member as in sync here.
+        next.store(stripe + 1, Ordering::SeqCst);
+    }
+    step
+}
+
 fn scrubs(action: SyncAction) -> bool {
     matches!(
         action,

@@ -88,6 +88,20 @@ impl Control {
         Ok(info)
     }
 
+    /// GET_DEV_INFO: what the driver holds of device `dev_id`.
+    pub fn info(&self, dev_id: u32) -> io::Result<DevInfo> {
+        let mut info = DevInfo::default();
+        let cmd = CtrlCmd {
+            dev_id,
+            queue_id: u16::MAX,
+            len: std::mem::size_of::<DevInfo>() as u16,
+            addr: &mut info as *mut DevInfo as u64,
+            ..CtrlCmd::default()
+        };
+        self.command(sys::CMD_GET_DEV_INFO, cmd)?;
+        Ok(info)
+    }
+
     pub fn set_params(&self, dev_id: u32, params: &Params) -> io::Result<()> {
         assert_eq!(params.len, sys::PARAMS_LEN);
         let cmd = CtrlCmd {

@@ -136,6 +136,7 @@ pub fn probe() -> Result<(), String> {
 pub fn serve(backend: Arc<dyn BlockBackend>, options: UblkOptions) -> Result<UblkDevice, String> {
     options.check()?;
     let control = ctrl::Control::open()?;
+    delete_dead(&control);
     let buf_bytes = buffer_bytes(&*backend);
     let info = sys::DevInfo {
         nr_hw_queues: options.queues,
@@ -143,6 +144,7 @@ pub fn serve(backend: Arc<dyn BlockBackend>, options: UblkOptions) -> Result<Ubl
         max_io_buf_bytes: buf_bytes as u32,
         dev_id: u32::MAX,
         flags: sys::F_CMD_IOCTL_ENCODE,
+        ublksrv_flags: sys::URAID_MARK,
         ..sys::DevInfo::default()
     };
     let info = control
@@ -208,6 +210,42 @@ pub fn serve(backend: Arc<dyn BlockBackend>, options: UblkOptions) -> Result<Ubl
         return Err(delete(device, format!("ublk START_DEV: {e}")));
     }
     Ok(device)
+}
+
+/// Deletes the devices an earlier uraid made whose server is gone (killed:
+/// the driver removed the block device but keeps /dev/ublkcN until it is
+/// deleted), so that they do not pile up. Devices of other servers, and
+/// of uraid servers alive, are left alone.
+fn delete_dead(control: &ctrl::Control) {
+    let Ok(entries) = std::fs::read_dir("/dev") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(id) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("ublkc"))
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(info) = control.info(id) else { continue };
+        // SAFETY: kill(2) with signal 0 only asks whether the pid exists.
+        let alive = info.ublksrv_pid > 0
+            && (unsafe { libc::kill(info.ublksrv_pid, 0) } == 0
+                || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM));
+        if info.ublksrv_flags == sys::URAID_MARK && !alive {
+            match control.delete(id) {
+                Ok(()) => eprintln!(
+                    "uraid: deleted /dev/ublkc{id}, left by a uraid serve (pid {}) that is gone",
+                    info.ublksrv_pid
+                ),
+                Err(e) => eprintln!(
+                    "uraid: /dev/ublkc{id}, left by a uraid serve that is gone, not deleted: {e}"
+                ),
+            }
+        }
+    }
 }
 
 /// The request buffer per tag: the largest I/O the backend takes, a whole

@@ -126,25 +126,10 @@ pub fn run(setup: QueueSetup, char_dev: &File, fetched: impl FnOnce()) -> io::Re
         // SAFETY: within the mapping of depth * buf_bytes.
         unsafe { (buffers.ptr as *mut u8).add(usize::from(tag) * setup.buf_bytes) }
     };
-    // SAFETY: eventfd(2) returns a new descriptor, owned here.
-    let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-    if wake < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let wake = unsafe { OwnedFd::from_raw_fd(wake) };
+    let wake = eventfd()?;
     let mut ring = IoUring::new(u32::from(depth) * 2 + 2)?;
     let exchange = Arc::new(Exchange::default());
-    let workers: Vec<_> = (0..setup.workers.max(1))
-        .map(|i| {
-            let exchange = exchange.clone();
-            let backend = setup.backend.clone();
-            let wake = wake.as_raw_fd();
-            std::thread::Builder::new()
-                .name(format!("uraid-ublk{}q{}w{i}", setup.dev_id, setup.q_id))
-                .spawn(move || work(&exchange, &*backend, wake, setup.buf_bytes))
-        })
-        .collect::<io::Result<_>>()?;
-
+    let workers = spawn_workers(&setup, &exchange, wake.as_raw_fd())?;
     let dev = types::Fd(char_dev.as_raw_fd());
     let io_cmd = |op: u32, tag: u16, result: i32| {
         let cmd = IoCmd {
@@ -203,22 +188,7 @@ pub fn run(setup: QueueSetup, char_dev: &File, fetched: impl FnOnce()) -> io::Re
             }
             let tag = user_data as u16;
             match res {
-                sys::IO_RES_OK => {
-                    // SAFETY: the driver wrote this tag's descriptor before
-                    // completing its fetch; the area is depth descriptors.
-                    let desc = unsafe {
-                        (descs.ptr as *const IoDesc)
-                            .add(usize::from(tag))
-                            .read_volatile()
-                    };
-                    let job = Job {
-                        tag,
-                        desc,
-                        buf: buf_of(tag),
-                    };
-                    exchange.jobs.lock().unwrap().0.push_back(job);
-                    exchange.ready.notify_one();
-                }
+                sys::IO_RES_OK => hand_over(&exchange, &descs, tag, buf_of(tag)),
                 sys::IO_RES_ABORT => aborted += 1,
                 other => {
                     result = Err(io::Error::other(format!(
@@ -239,6 +209,53 @@ pub fn run(setup: QueueSetup, char_dev: &File, fetched: impl FnOnce()) -> io::Re
     drop(descs);
     drop(buffers);
     result
+}
+
+/// The queue's wake-up: workers write to it, the ring reads it.
+fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd(2) returns a new descriptor, owned by the result.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn spawn_workers(
+    setup: &QueueSetup,
+    exchange: &Arc<Exchange>,
+    wake: i32,
+) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
+    (0..setup.workers.max(1))
+        .map(|i| {
+            let exchange = exchange.clone();
+            let backend = setup.backend.clone();
+            let buf_bytes = setup.buf_bytes;
+            std::thread::Builder::new()
+                .name(format!("uraid-ublk{}q{}w{i}", setup.dev_id, setup.q_id))
+                .spawn(move || work(&exchange, &*backend, wake, buf_bytes))
+        })
+        .collect()
+}
+
+/// A fetch completed with a request for `tag`: its descriptor goes to a
+/// worker with the tag's buffer.
+fn hand_over(exchange: &Exchange, descs: &Mapping, tag: u16, buf: *mut u8) {
+    // SAFETY: the driver wrote this tag's descriptor before completing its
+    // fetch; the area holds the queue's depth of descriptors, and the tag
+    // is below it (run asserts it in buf_of).
+    let desc = unsafe {
+        (descs.ptr as *const IoDesc)
+            .add(usize::from(tag))
+            .read_volatile()
+    };
+    exchange
+        .jobs
+        .lock()
+        .unwrap()
+        .0
+        .push_back(Job { tag, desc, buf });
+    exchange.ready.notify_one();
 }
 
 /// A worker: takes requests, serves them from the backend, hands the

@@ -4,6 +4,7 @@
 //! (Documentation/block/ublk.rst) and checked by size below.
 
 /// Control commands, sent as io_uring URING_CMD on /dev/ublk-control.
+pub const CMD_GET_DEV_INFO: u32 = 0x02;
 pub const CMD_ADD_DEV: u32 = 0x04;
 pub const CMD_DEL_DEV: u32 = 0x05;
 pub const CMD_START_DEV: u32 = 0x06;
@@ -21,18 +22,32 @@ pub const IO_RES_ABORT: i32 = -libc::ENODEV;
 
 /// Commands are sent ioctl-encoded (_IOWR('u', nr, size)), which every
 /// kernel since 6.4 takes and which needs no legacy-opcode support.
-const fn iowr(nr: u32, size: usize) -> u32 {
-    const READ_WRITE: u32 = 3;
-    (READ_WRITE << 30) | ((size as u32) << 16) | ((b'u' as u32) << 8) | nr
+const fn ioc(dir: u32, nr: u32, size: usize) -> u32 {
+    (dir << 30) | ((size as u32) << 16) | ((b'u' as u32) << 8) | nr
 }
 
+const fn iowr(nr: u32, size: usize) -> u32 {
+    ioc(3, nr, size)
+}
+
+/// _IOWR for the commands that change something, _IOR for GET_DEV_INFO
+/// (as the header encodes them).
 pub const fn ctrl_op(nr: u32) -> u32 {
-    iowr(nr, std::mem::size_of::<CtrlCmd>())
+    if nr == CMD_GET_DEV_INFO {
+        ioc(2, nr, std::mem::size_of::<CtrlCmd>())
+    } else {
+        iowr(nr, std::mem::size_of::<CtrlCmd>())
+    }
 }
 
 pub const fn io_op(nr: u32) -> u32 {
     iowr(nr, std::mem::size_of::<IoCmd>())
 }
+
+/// uraid's mark in ublksrv_ctrl_dev_info.ublksrv_flags, a field the driver
+/// keeps for the server and gives back: a later `serve` knows the devices
+/// uraid made ("URAIDdev").
+pub const URAID_MARK: u64 = u64::from_be_bytes(*b"URAIDdev");
 
 /// Device flags (ublksrv_ctrl_dev_info.flags).
 pub const F_CMD_IOCTL_ENCODE: u64 = 1 << 6;
@@ -189,6 +204,7 @@ mod tests {
         // _IOWR('u', 0x04, 32) and _IOWR('u', 0x20, 16).
         assert_eq!(ctrl_op(CMD_ADD_DEV), 0xc020_7504);
         assert_eq!(io_op(IO_FETCH_REQ), 0xc010_7520);
+        assert_eq!(ctrl_op(CMD_GET_DEV_INFO), 0x8020_7502);
         let cmd = IoCmd {
             q_id: 1,
             tag: 2,

@@ -185,9 +185,15 @@ pub fn serve(backend: Arc<dyn BlockBackend>, options: UblkOptions) -> Result<Ubl
         let spawned = std::thread::Builder::new()
             .name(format!("uraid-ublk{dev_id}q{q_id}"))
             .spawn(move || {
-                queue::run(setup, &char_dev, move || {
+                let ran = queue::run(setup, &char_dev, move || {
                     let _ = fetched.send(());
-                })
+                });
+                // Said at once: the queue's requests fail from here on
+                // (the driver cancels what its ring held).
+                if let Err(e) = &ran {
+                    eprintln!("uraid: /dev/ublkb{dev_id}: queue {q_id} ended: {e}");
+                }
+                ran
             });
         match spawned {
             Ok(handle) => device.queues.lock().unwrap().push(handle),

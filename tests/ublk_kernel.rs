@@ -146,6 +146,18 @@ else
 fi
 step md_version "$(uname -r)"
 
+# A stop with the file system still mounted: the kernel writes it back,
+# the device goes, and the server exits without waiting for the umount.
+start /run/serve4.log "$NEW" && step serve4 ok || step serve4 "failed $(tr '\n' ' ' </run/serve4.log)"
+B4=$(basename $D)
+mount $D $M
+head -c $((1 << 20)) /dev/urandom > $M/f5
+kill -TERM $SP
+for i in $(seq 300); do kill -0 $SP 2>/dev/null || break; sleep 0.1; done
+step mounted_stop "$(kill -0 $SP 2>/dev/null && echo waiting || echo exited) $([ -e /sys/block/$B4 ] && echo present || echo gone)"
+kill -9 $SP 2>/dev/null; wait $SP 2>/dev/null
+umount $M 2>/dev/null || umount -l $M
+
 # A failed array fails its I/O with EIO and never hangs it.
 start /run/serve3.log "$NEW" && step serve3 ok || step serve3 "failed $(tr '\n' ' ' </run/serve3.log)"
 $U manage --control $C --fail /dev/ubdc >/dev/null 2>&1
@@ -217,6 +229,8 @@ fn serve_ublk_in_linux_6_12() {
         "md_assemble",
         "md_mount",
         "md_sums",
+        "serve4",
+        "serve3",
     ]
     .iter()
     .map(|s| (*s, ok()))
@@ -252,6 +266,7 @@ fn serve_ublk_in_linux_6_12() {
         ("stopped_device", "gone gone".to_string()),
         ("md_resync_start", "none".to_string()),
         ("md_mismatch", "0".to_string()),
+        ("mounted_stop", "exited gone".to_string()),
         ("failed_read", "1 1".to_string()),
         ("failed_gone", "gone".to_string()),
     ]);

@@ -132,9 +132,17 @@ impl Control {
         self.on_device(sys::CMD_STOP_DEV, dev_id)
     }
 
-    /// DEL_DEV: returns once /dev/ublkcN is closed by every queue.
+    /// DEL_DEV: returns once the device is released: /dev/ublkcN closed
+    /// by every queue, and /dev/ublkbN by every opener (a mounted file
+    /// system holds it).
     pub fn delete(&self, dev_id: u32) -> io::Result<()> {
         self.on_device(sys::CMD_DEL_DEV, dev_id)
+    }
+
+    /// DEL_DEV_ASYNC: deleted now, released when its last opener closes;
+    /// kernels before 6.7 refuse it.
+    pub fn delete_async(&self, dev_id: u32) -> io::Result<()> {
+        self.on_device(sys::CMD_DEL_DEV_ASYNC, dev_id)
     }
 
     /// A command that names the device and nothing else.

@@ -110,7 +110,16 @@ impl UblkDevice {
                 Err(_) => failure = failure.or(Some("a ublk queue thread panicked".into())),
             }
         }
-        if let Err(e) = self.control.delete(self.dev_id) {
+        // Without waiting for whoever still holds /dev/ublkbN open (a
+        // file system left mounted would hold the stop for ever); a kernel
+        // before 6.7 has only the waiting DEL_DEV.
+        let deleted = match self.control.delete_async(self.dev_id) {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {
+                self.control.delete(self.dev_id)
+            }
+            other => other,
+        };
+        if let Err(e) = deleted {
             failure = failure.or(Some(format!("ublk DEL_DEV: {e}")));
         }
         failure.map_or(Ok(()), Err)

@@ -10,6 +10,8 @@ pub const CMD_DEL_DEV: u32 = 0x05;
 pub const CMD_START_DEV: u32 = 0x06;
 pub const CMD_STOP_DEV: u32 = 0x07;
 pub const CMD_SET_PARAMS: u32 = 0x08;
+/// DEL_DEV without waiting for the device's last opener (Linux 6.7+).
+pub const CMD_DEL_DEV_ASYNC: u32 = 0x14;
 
 /// I/O commands, sent as URING_CMD on /dev/ublkcN, one per tag.
 pub const IO_FETCH_REQ: u32 = 0x20;
@@ -31,9 +33,9 @@ const fn iowr(nr: u32, size: usize) -> u32 {
 }
 
 /// _IOWR for the commands that change something, _IOR for GET_DEV_INFO
-/// (as the header encodes them).
+/// and DEL_DEV_ASYNC (as the header encodes them).
 pub const fn ctrl_op(nr: u32) -> u32 {
-    if nr == CMD_GET_DEV_INFO {
+    if nr == CMD_GET_DEV_INFO || nr == CMD_DEL_DEV_ASYNC {
         ioc(2, nr, std::mem::size_of::<CtrlCmd>())
     } else {
         iowr(nr, std::mem::size_of::<CtrlCmd>())

@@ -18,6 +18,8 @@
 //!   nodes;
 //! - the kernel's md 6.12 assembles the disks uraid wrote: clean,
 //!   mismatch_cnt 0 after a check, the same files;
+//! - `uraid bench --targets ublk` measures a device of its own with fio;
+//! - a stop with ext4 still mounted exits and removes the device;
 //! - an array failed under the device (two of four members) fails its
 //!   reads with EIO, and its stop still removes the device.
 //!
@@ -146,6 +148,13 @@ else
 fi
 step md_version "$(uname -r)"
 
+# uraid bench's ublk target: fio's io_uring engine on a device of its own.
+BD=$(mktemp -d /tmp/uraid-ublk-bench.XXXXXX)
+(cd $BD && timeout 120 $U bench --targets ublk --level raid5 --devices 4 --size 16M --workload randread \
+    --seconds 0.3 --warmup 0.1 --client fio --dir $BD --json $BD/bench.json >/run/bench.log 2>&1)
+step bench "$? $(grep -o '"target": *"ublk"' $BD/bench.json | wc -l)"
+rm -rf $BD
+
 # A stop with the file system still mounted: the kernel writes it back,
 # the device goes, and the server exits without waiting for the umount.
 start /run/serve4.log "$NEW" && step serve4 ok || step serve4 "failed $(tr '\n' ' ' </run/serve4.log)"
@@ -267,6 +276,7 @@ fn serve_ublk_in_linux_6_12() {
         ("md_resync_start", "none".to_string()),
         ("md_mismatch", "0".to_string()),
         ("mounted_stop", "exited gone".to_string()),
+        ("bench", "0 1".to_string()),
         ("failed_read", "1 1".to_string()),
         ("failed_gone", "gone".to_string()),
     ]);

@@ -98,25 +98,38 @@ pub fn run_phase(
     data: DataMode,
     at_window: &(dyn Fn() + Sync),
 ) -> Result<(Outcome, Client), String> {
-    let Access::Nbd {
-        socket,
-        export,
-        size_bytes,
-    } = access
-    else {
-        let outcome = generator::run_phase(access, phase, limits, data, at_window)?;
-        return Ok((outcome, Client::Uraid));
-    };
     if phase.op == Op::Mixed {
         let outcome = generator::run_phase(access, phase, limits, data, at_window)?;
         return Ok((outcome, Client::Uraid));
     }
-    let uri = nbd_uri(socket, export);
+    let (socket, export, size_bytes) = match access {
+        Access::Nbd {
+            socket,
+            export,
+            size_bytes,
+        } => (socket, export, size_bytes),
+        // A block device: fio's io_uring engine on it, as a user measures
+        // one, unless the own client is asked for.
+        Access::Files(files) if client != Client::Uraid && files.device.is_some() => {
+            let device = files.device.as_ref().expect("checked");
+            let target = FioTarget::Device(device.display().to_string());
+            return run_fio(&target, phase, files.size_bytes(), limits, at_window)
+                .map(|o| (o, Client::Fio));
+        }
+        Access::Files(_) => {
+            let outcome = generator::run_phase(access, phase, limits, data, at_window)?;
+            return Ok((outcome, Client::Uraid));
+        }
+    };
+    let uri = FioTarget::Nbd(nbd_uri(socket, export));
     let fio_installed = || client == Client::Fio || installed("fio");
     match client {
         Client::Nbdcopy if phase.op == Op::Read && phase.pattern == Pattern::Sequential => {
             at_window();
-            run_nbdcopy(&uri, phase, *size_bytes).map(|o| (o, Client::Nbdcopy))
+            let FioTarget::Nbd(uri) = &uri else {
+                unreachable!("an NBD target")
+            };
+            run_nbdcopy(uri, phase, *size_bytes).map(|o| (o, Client::Nbdcopy))
         }
         Client::Fio | Client::Nbdcopy if fio_installed() => {
             run_fio(&uri, phase, *size_bytes, limits, at_window).map(|o| (o, Client::Fio))
@@ -136,8 +149,15 @@ fn fio_ms(d: Duration) -> String {
     format!("{}ms", d.as_millis().max(1))
 }
 
+/// What fio opens: an NBD URI (its nbd engine) or a block device (its
+/// io_uring engine, O_DIRECT).
+enum FioTarget {
+    Nbd(String),
+    Device(String),
+}
+
 fn run_fio(
-    uri: &str,
+    target: &FioTarget,
     phase: &Phase,
     size_bytes: u64,
     limits: Limits,
@@ -171,10 +191,16 @@ fn run_fio(
         ));
     }
     let mut command = Command::new("fio");
+    match target {
+        FioTarget::Nbd(uri) => command.args(["--ioengine=nbd".to_string(), format!("--uri={uri}")]),
+        FioTarget::Device(path) => command.args([
+            "--ioengine=io_uring".to_string(),
+            "--direct=1".to_string(),
+            format!("--filename={path}"),
+        ]),
+    };
     command.args([
         "--name=bench",
-        "--ioengine=nbd",
-        &format!("--uri={uri}"),
         &format!("--rw={rw}"),
         &format!("--bs={block}"),
         &format!("--iodepth={}", phase.depth_per_job),

@@ -40,6 +40,9 @@ pub enum TargetKind {
     Uraid,
     Raw,
     Nbdkit,
+    /// The array as /dev/ublkbN, where the host has ublk (asked for
+    /// by name; not in the default set).
+    Ublk,
 }
 
 impl TargetKind {
@@ -48,8 +51,9 @@ impl TargetKind {
             "uraid" => Ok(TargetKind::Uraid),
             "raw" => Ok(TargetKind::Raw),
             "nbdkit" => Ok(TargetKind::Nbdkit),
+            "ublk" => Ok(TargetKind::Ublk),
             other => Err(format!(
-                "unknown target '{other}' (known: uraid, raw, nbdkit)"
+                "unknown target '{other}' (known: uraid, raw, nbdkit, ublk)"
             )),
         }
     }
@@ -334,9 +338,8 @@ fn run_phases(
             Some(setting) => run.knob.map(|set| (set, setting)),
             None => None,
         };
-        if (phase.raw_only && !matches!(access, Access::Files(_)))
-            || (phase.setting.is_some() && knob.is_none())
-        {
+        let raw_files = matches!(access, Access::Files(f) if f.device.is_none());
+        if (phase.raw_only && !raw_files) || (phase.setting.is_some() && knob.is_none()) {
             m.progress.inc(1);
             continue;
         }
@@ -561,7 +564,8 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
     let total = phase_count(1 << 20)
         * (u64::from(wants(TargetKind::Uraid)) * uraid_rounds
             + u64::from(wants(TargetKind::Raw))
-            + u64::from(wants(TargetKind::Nbdkit)));
+            + u64::from(wants(TargetKind::Nbdkit))
+            + u64::from(wants(TargetKind::Ublk)));
     let progress = indicatif::ProgressBar::new(total);
     progress.set_style(
         indicatif::ProgressStyle::with_template("bench [{bar:30}] {pos}/{len} {msg} eta {eta}")
@@ -606,6 +610,10 @@ pub fn run(options: &BenchOptions) -> Result<Report, String> {
         stopped?;
         // Once stopped: a rebuild still running would slow the probe.
         m.probe_disk("after uraid", true);
+    }
+    if wants(TargetKind::Ublk) {
+        measure_ublk(&mut m, &workdir.0, &paths, assume_clean)?;
+        m.probe_disk("after ublk", true);
     }
     let mut raw_direct = None;
     if wants(TargetKind::Raw) {
@@ -799,6 +807,71 @@ fn measure_uraid(
     }
     *tunables_in_force = tunables::list(&live.engine);
     Ok(())
+}
+
+/// The array served in process as /dev/ublkbN, measured by fio's io_uring
+/// engine on the device (healthy, the knobs as given): the block-device
+/// path next to the NBD one. A host without ublk gets a note instead.
+fn measure_ublk(
+    m: &mut Measure,
+    workdir: &Path,
+    paths: &[PathBuf],
+    assume_clean: bool,
+) -> Result<(), String> {
+    if let Err(e) = crate::export::ublk::probe() {
+        m.note(format!("ublk target skipped: {e}"));
+        let skipped = all_phases(&m.options.workloads, 1 << 20);
+        m.progress
+            .inc(skipped.iter().map(|(_, p)| p.len() as u64).sum());
+        return Ok(());
+    }
+    let options = m.options;
+    let socket = workdir.join("ublk.nbd");
+    let live =
+        LiveArray::create_and_serve(paths, &options.spec, assume_clean, !assume_clean, &socket)?;
+    for (key, value) in &options.settings {
+        tunables::set(&live.engine, key, value).map_err(|e| format!("--set {e}"))?;
+    }
+    let measured = (|| {
+        let backend = live.engine.clone() as Arc<dyn crate::export::BlockBackend>;
+        let device = crate::export::ublk::serve(backend, Default::default())?;
+        let size = live.engine.size_bytes();
+        let files = Arc::new(targets::RawStripes::open_device(
+            Path::new(&device.path()),
+            size,
+        )?);
+        let access = Access::Files(files);
+        m.progress
+            .set_message("ublk: filling the target before its phases");
+        access.prefill(options.verify.then_some(SALT_URAID), options.seed)?;
+        let engine = live.engine.clone();
+        let drop = || {
+            tunables::drop_engine_caches(&engine)?;
+            targets::drop_file_caches(paths)
+        };
+        let cpu = || Some(targets::process_cpu_seconds());
+        let run = TargetRun {
+            name: "ublk",
+            state: "healthy",
+            setting: None,
+            salt: SALT_URAID,
+            cpu: &cpu,
+            in_process: true,
+            drop_caches: &drop,
+            background: &|| None,
+            prepare: &|| Ok(()),
+            rows_written: &|| Some(tunables::row_counters(&live.engine)),
+            knob: None,
+            on_members: true,
+        };
+        for (_, phases) in all_phases(&options.workloads, live.stripe_data_bytes()) {
+            run_phases(m, &access, &run, &phases)?;
+        }
+        device.stop()
+    })();
+    let stopped = live.stop();
+    measured?;
+    stopped
 }
 
 pub(crate) fn date_utc() -> String {

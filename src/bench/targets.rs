@@ -8,7 +8,9 @@
 //!   1 MiB stripes (a raid0 without metadata), O_DIRECT when the file system
 //!   takes it;
 //! - `nbdkit`: `nbdkit memory`, the transport ceiling: the same client and
-//!   socket with nothing behind them but memory.
+//!   socket with nothing behind them but memory;
+//! - `ublk`: the array served in process as /dev/ublkbN, reached by fio's
+//!   io_uring engine through the kernel's block layer (hosts with ublk).
 
 use super::buffers::{fill_pattern, noise, AlignedBuf};
 use crate::export::nbd::client::NbdSync;
@@ -95,6 +97,9 @@ impl Access {
 /// The member files as one device: 1 MiB units dealt round-robin.
 pub struct RawStripes {
     files: Vec<File>,
+    /// The one block device these are (the array's ublk device), which fio
+    /// opens itself; None for member files.
+    pub device: Option<PathBuf>,
     /// Bytes used on each file, a multiple of the unit.
     file_bytes: u64,
     /// Whether the files were opened with O_DIRECT.
@@ -126,9 +131,17 @@ impl RawStripes {
             .collect::<Result<_, _>>()?;
         Ok(RawStripes {
             files,
+            device: None,
             file_bytes,
             direct,
         })
+    }
+
+    /// A block device of `bytes` (the array's /dev/ublkbN) as a target.
+    pub fn open_device(path: &Path, bytes: u64) -> Result<RawStripes, String> {
+        let mut one = RawStripes::open(&[path.to_path_buf()], bytes)?;
+        one.device = Some(path.to_path_buf());
+        Ok(one)
     }
 
     pub fn size_bytes(&self) -> u64 {

@@ -83,7 +83,9 @@ struct EndToEndArgs {
     /// randread-qd, seq-1m, seq-stripe, randread; default all.
     #[arg(long, value_delimiter = ',')]
     workload: Vec<String>,
-    /// Targets (comma-separated): uraid, raw, nbdkit; default all.
+    /// Targets (comma-separated): uraid, raw, nbdkit, and ublk (the array
+    /// as /dev/ublkbN, measured by fio's io_uring engine on it; a host
+    /// with ublk, as root); default uraid, raw and nbdkit.
     #[arg(long, value_delimiter = ',', default_value = "uraid,raw,nbdkit")]
     targets: Vec<String>,
     /// Who sends the requests to the NBD targets (uraid, nbdkit): fio
